@@ -1,0 +1,1124 @@
+"""Autodidax: a small JAX core built from scratch.
+
+GENERATED FILE: do not edit it by hand. It is tangled from the code cells
+tagged ``export`` in the book's chapters (book/*.md, in _toc.yml order) by
+build_tools/tangle.py. To change it, edit a chapter and regenerate it with
+
+    python3 build_tools/book.py tangle
+
+or, to also resync and re-execute the chapter's notebook,
+
+    python3 build_tools/book.py refresh book/<chapter>.md
+"""
+
+# ==== chapter: part1_interpreters ====
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+RULE_KINDS = ("impl", "jvp", "vmap")
+"""The kinds of rules a primitive can carry; later parts add more."""
+
+PRIMITIVES: dict[str, Primitive] = {}
+"""Every primitive ever created, by name."""
+
+
+class Primitive:
+    """A named operation with one rule per interpreter.
+
+    Rules take lists and return lists, so a primitive may have several outputs
+    (set ``multiple_results``); most have exactly one.
+    """
+
+    def __init__(self, name: str, multiple_results: bool = False) -> None:
+        self.name = name
+        self.multiple_results = multiple_results
+        self.rules: dict[str, Callable[..., Any]] = {}
+        PRIMITIVES[name] = self
+
+    def def_rule(self, kind: str) -> Callable[[Callable], Callable]:
+        """Decorator: register ``rule`` as this primitive's ``kind`` rule."""
+
+        def register(rule: Callable) -> Callable:
+            self.rules[kind] = rule
+            return rule
+
+        return register
+
+    def rule(self, kind: str) -> Callable[..., Any]:
+        """Look up a rule, with a readable error when it is missing."""
+        try:
+            return self.rules[kind]
+        except KeyError:
+            raise NotImplementedError(
+                f"primitive '{self.name}' has no {kind} rule"
+            ) from None
+
+    def bind(self, *args: Any, **params: Any) -> Any:
+        return bind(self, *args, **params)
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+add_p = Primitive("add")
+mul_p = Primitive("mul")
+neg_p = Primitive("neg")
+sin_p = Primitive("sin")
+cos_p = Primitive("cos")
+greater_p = Primitive("greater")
+less_p = Primitive("less")
+reduce_sum_p = Primitive("reduce_sum")
+transpose_p = Primitive("transpose")
+broadcast_p = Primitive("broadcast")
+
+
+def add(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x + y``."""
+    return _bind_binary(add_p, x, y)
+
+
+def mul(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x * y``."""
+    return _bind_binary(mul_p, x, y)
+
+
+def greater(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x > y``, a boolean array."""
+    return _bind_binary(greater_p, x, y)
+
+
+def less(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x < y``, a boolean array."""
+    return _bind_binary(less_p, x, y)
+
+
+def neg(x: ArrayLike) -> ArrayLike:
+    """Elementwise ``-x``."""
+    return bind(neg_p, x)
+
+
+def sin(x: ArrayLike) -> ArrayLike:
+    """Elementwise sine."""
+    return bind(sin_p, x)
+
+
+def cos(x: ArrayLike) -> ArrayLike:
+    """Elementwise cosine."""
+    return bind(cos_p, x)
+
+
+def reduce_sum(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:
+    """Sum over ``axis`` (an int, a sequence of ints, or None for all axes)."""
+    ndim = get_aval(x).ndim
+    if axis is None:
+        axes = tuple(range(ndim))
+    else:
+        axes = _normalize_axes("reduce_sum", axis, ndim)
+    return bind(reduce_sum_p, x, axes=axes)
+
+
+def transpose(x: ArrayLike, perm: Sequence[int]) -> ArrayLike:
+    """Permute the axes of ``x``: output axis ``i`` is input axis ``perm[i]``."""
+    ndim = get_aval(x).ndim
+    perm = _normalize_axes("transpose", perm, ndim)
+    if sorted(perm) != list(range(ndim)):
+        raise ValueError(
+            f"transpose: perm must be a permutation of the {ndim} axes "
+            f"0..{ndim - 1} of the input, got {perm}"
+        )
+    return bind(transpose_p, x, perm=perm)
+
+
+def broadcast(x: ArrayLike, shape: Sequence[int], axes: Sequence[int]) -> ArrayLike:
+    """Broadcast ``x`` to ``shape`` by inserting new axes at positions ``axes``.
+
+    The axes of the result that are not in ``axes`` are the axes of ``x``, in
+    order, and must have the same sizes as in ``x``.
+    """
+    in_shape = get_aval(x).shape
+    shape = _check_shape("broadcast", shape)
+    axes = _normalize_axes("broadcast", axes, len(shape))
+    kept = [size for i, size in enumerate(shape) if i not in axes]
+    if tuple(kept) != in_shape:
+        raise ValueError(
+            f"broadcast: cannot broadcast an array of shape {in_shape} to shape "
+            f"{shape} by inserting axes {axes}: the remaining axes have sizes "
+            f"{tuple(kept)}, which must equal the input shape"
+        )
+    return bind(broadcast_p, x, shape=shape, axes=tuple(sorted(axes)))
+
+
+ArrayLike = Any
+"""Anything that can stand for an array: NumPy arrays and scalars, Python
+numbers, and tracers."""
+
+
+def _normalize_axes(name: str, axes: int | Sequence[int], ndim: int) -> tuple:
+    """Check axis numbers against ``ndim`` and make negative ones positive."""
+    if isinstance(axes, (int, np.integer)) and not isinstance(axes, bool):
+        axes = (axes,)
+    try:
+        axes = tuple(axes)
+    except TypeError:
+        raise TypeError(
+            f"{name}: axes must be integers, got {type(axes).__name__}"
+        ) from None
+    out = []
+    for a in axes:
+        if not isinstance(a, (int, np.integer)) or isinstance(a, bool):
+            raise TypeError(f"{name}: axes must be integers, got {a!r}")
+        if not -ndim <= a < ndim:
+            raise ValueError(
+                f"{name}: axis {a} is out of range for an array of rank {ndim}"
+            )
+        out.append(int(a) % ndim)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{name}: repeated axis in {axes}")
+    return tuple(out)
+
+
+def _check_shape(name: str, shape: Sequence[int]) -> tuple:
+    """Check that ``shape`` is a sequence of non-negative integers."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise TypeError(
+            f"{name}: shape must be a sequence of integers, got {shape!r}"
+        ) from None
+    for d in dims:
+        if not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d < 0:
+            raise ValueError(
+                f"{name}: shape must contain non-negative integers, got {shape!r}"
+            )
+    return tuple(int(d) for d in dims)
+
+
+def _is_python_scalar(x: Any) -> bool:
+    return type(x) in (bool, int, float)
+
+
+def _scalar_like(name: str, c: bool | int | float, other: ArrayLike) -> ArrayLike:
+    """Turn the Python number ``c`` into an array shaped like ``other``."""
+    aval = get_aval(other)
+    kind = aval.dtype.kind
+    # Refuse every conversion that would change the number's value.
+    if (kind == "b" and type(c) is not bool) or (kind in "iu" and type(c) is float):
+        raise TypeError(
+            f"{name}: cannot combine the {type(c).__name__} {c!r} with an array "
+            f"of dtype {aval.dtype.name}; use a constant of the array's kind"
+        )
+    if kind in "iu" and not np.iinfo(aval.dtype).min <= c <= np.iinfo(aval.dtype).max:
+        raise TypeError(
+            f"{name}: the integer {c} does not fit in the dtype "
+            f"{aval.dtype.name} of the other operand"
+        )
+    const = np.asarray(c, dtype=aval.dtype)
+    if aval.ndim == 0:
+        return const
+    return broadcast(const, aval.shape, tuple(range(aval.ndim)))
+
+
+def _bind_binary(prim: Primitive, x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    if _is_python_scalar(x) and _is_python_scalar(y):
+        dtype = np.result_type(type(x), type(y))  # e.g. 2.0 and 3 give float64
+        x, y = np.asarray(x, dtype), np.asarray(y, dtype)
+    elif _is_python_scalar(x):
+        x = _scalar_like(prim.name, x, y)
+    elif _is_python_scalar(y):
+        y = _scalar_like(prim.name, y, x)
+    check_binary_operands(prim.name, get_aval(x), get_aval(y))
+    return bind(prim, x, y)
+
+
+def check_binary_operands(name: str, x: ShapedArray, y: ShapedArray) -> None:
+    """Raise a TypeError unless two operands have the same shape and dtype."""
+    if x.shape != y.shape:
+        raise TypeError(
+            f"{name}: operands must have the same shape, got {x.str_short()} and "
+            f"{y.str_short()} (use broadcast to make them match)"
+        )
+    if x.dtype != y.dtype:
+        raise TypeError(
+            f"{name}: operands must have the same dtype, got {x.str_short()} and "
+            f"{y.str_short()}"
+        )
+
+
+class ShapedArray:
+    """The abstract value of an array: its shape and dtype, not its contents."""
+
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape: Sequence[int], dtype: Any) -> None:
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = np.dtype(dtype)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def str_short(self) -> str:
+        """Compact form such as ``float64[3,4]``."""
+        return f"{self.dtype.name}[{','.join(str(d) for d in self.shape)}]"
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            type(other) is ShapedArray
+            and self.shape == other.shape
+            and self.dtype == other.dtype
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.shape, self.dtype))
+
+    def __repr__(self) -> str:
+        return f"ShapedArray(shape={self.shape}, dtype={self.dtype.name})"
+
+
+class ConcreteArray(ShapedArray):
+    """A ShapedArray that also knows the array's value."""
+
+    __slots__ = ("val",)
+
+    def __init__(self, val: np.ndarray) -> None:
+        super().__init__(val.shape, val.dtype)
+        self.val = val
+
+    # Two concrete avals are the same only if they are the same object:
+    # comparing the arrays inside would be slow and rarely what we mean.
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return f"ConcreteArray({self.val!r})"
+
+
+def raise_to_shaped(aval: ShapedArray) -> ShapedArray:
+    """Forget the value, keep the type."""
+    return ShapedArray(aval.shape, aval.dtype)
+
+
+_ARRAY_KINDS = "biuf"  # bool, signed int, unsigned int, float
+
+
+def as_array(x: Any, context: str = "autodidax") -> np.ndarray:
+    """Convert a NumPy array or Python/NumPy number to an ndarray, or fail."""
+    if isinstance(x, np.ndarray):
+        arr = x
+    elif isinstance(x, (bool, int, float, np.generic)):
+        arr = np.asarray(x)
+    else:
+        raise TypeError(
+            f"{context}: expected an array or a number, got {type(x).__name__} "
+            f"{_short_repr(x)}"
+        )
+    if arr.dtype.kind not in _ARRAY_KINDS:
+        raise TypeError(
+            f"{context}: expected an array of booleans, integers or floats, got "
+            f"dtype {arr.dtype} ({_short_repr(x)})"
+        )
+    return arr
+
+
+def get_aval(x: Any) -> ShapedArray:
+    """The abstract value of a tracer, array or number."""
+    if isinstance(x, Tracer):
+        return x.aval
+    return ConcreteArray(as_array(x))
+
+
+def _short_repr(x: Any, limit: int = 40) -> str:
+    text = repr(x)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class Level:
+    """One entry on the interpreter stack."""
+
+    __slots__ = ("depth", "trace_type", "payload")
+
+    def __init__(self, depth: int, trace_type: type[Trace], payload: Any) -> None:
+        self.depth = depth
+        self.trace_type = trace_type
+        self.payload = payload  # transformation-specific data, e.g. a batch size
+
+    def __repr__(self) -> str:
+        return f"Level({self.depth}, {self.trace_type.__name__})"
+
+
+class Trace:
+    """An interpreter: how to process primitives applied to its tracers."""
+
+    def __init__(self, level: Level) -> None:
+        self.level = level
+
+    def pure(self, val: Any) -> Tracer:
+        raise NotImplementedError
+
+    def lift(self, tracer: Tracer) -> Tracer:
+        raise NotImplementedError
+
+    def process_primitive(
+        self, prim: Primitive, tracers: list[Any], params: dict[str, Any]
+    ) -> list[Any]:
+        raise NotImplementedError
+
+    def full_raise(self, val: Any) -> Any:
+        """Make ``val`` a tracer of this trace, boxing it if needed."""
+        if not isinstance(val, Tracer):
+            return self.pure(val)
+        level = val._trace.level
+        if level is self.level:
+            return val
+        if level.depth < self.level.depth:
+            return self.lift(val)
+        # Same depth but another level object: the tracer's transformation has
+        # already finished. find_top_trace reports that case to the user.
+        raise _leaked_tracer_error(val)
+
+
+class ConcretizationError(TypeError):
+    """Python needed an actual value (e.g. for ``if``) from an abstract tracer."""
+
+
+class UnexpectedTracerError(TypeError):
+    """A tracer was used after the transformation that made it had finished."""
+
+
+class Tracer:
+    """A stand-in for an array while a transformation runs a function."""
+
+    _trace: Trace
+    __array_ufunc__ = None  # let our reflected operators win over NumPy's
+
+    @property
+    def aval(self) -> ShapedArray:
+        raise NotImplementedError
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.aval.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.aval.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self.aval.ndim
+
+    def full_lower(self) -> Any:
+        return self
+
+    def __add__(self, other):
+        return add(self, other)
+
+    def __radd__(self, other):
+        return add(other, self)
+
+    def __mul__(self, other):
+        return mul(self, other)
+
+    def __rmul__(self, other):
+        return mul(other, self)
+
+    def __neg__(self):
+        return neg(self)
+
+    def __sub__(self, other):
+        # A Python number is negated by Python, so it stays a Python number
+        # and keeps broadcasting like one.
+        return add(self, -other if _is_python_scalar(other) else neg(other))
+
+    def __rsub__(self, other):
+        return add(other, neg(self))
+
+    def __gt__(self, other):
+        return greater(self, other)
+
+    def __lt__(self, other):
+        return less(self, other)
+
+    def __bool__(self) -> bool:
+        raise ConcretizationError(
+            f"the truth value of a traced {self.aval.str_short()} value is not "
+            "known while tracing, so Python `if`/`while`/`bool()` cannot use it"
+        )
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError(
+            f"a {type(self).__name__} cannot be turned into a NumPy array: it "
+            "stands for a value being transformed. Use autodidax's operations "
+            "(add, mul, sin, ...) instead of NumPy functions on traced values."
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}<{self.aval.str_short()}>"
+
+
+def full_lower(x: Any) -> Any:
+    return x.full_lower() if isinstance(x, Tracer) else x
+
+
+class EvalTrace(Trace):
+    """The interpreter at depth 0: apply each primitive to concrete arrays."""
+
+    def pure(self, val: Any) -> Any:
+        return val
+
+    lift = pure
+
+    def process_primitive(self, prim, tracers, params):
+        return prim.rule("impl")(*tracers, **params)
+
+
+def _impl_from_numpy(prim: Primitive, np_fn: Callable) -> None:
+    prim.def_rule("impl")(lambda *args: [np_fn(*args)])
+
+
+for _prim, _np_fn in [
+    (add_p, np.add),
+    (mul_p, np.multiply),
+    (neg_p, np.negative),
+    (sin_p, np.sin),
+    (cos_p, np.cos),
+    (greater_p, np.greater),
+    (less_p, np.less),
+]:
+    _impl_from_numpy(_prim, _np_fn)
+
+
+@reduce_sum_p.def_rule("impl")
+def _reduce_sum_impl(x, *, axes):
+    return [np.sum(x, axis=axes)]
+
+
+@transpose_p.def_rule("impl")
+def _transpose_impl(x, *, perm):
+    return [np.transpose(x, perm)]
+
+
+@broadcast_p.def_rule("impl")
+def _broadcast_impl(x, *, shape, axes):
+    return [np.broadcast_to(np.expand_dims(x, axes), shape)]
+
+
+class _InterpreterState(threading.local):
+    """The interpreter stack. Each thread gets its own."""
+
+    def __init__(self) -> None:
+        self.stack: list[Level] = [Level(0, EvalTrace, None)]
+
+
+_state = _InterpreterState()
+
+
+@contextmanager
+def new_level(trace_type: type[Trace], payload: Any = None) -> Iterator[Level]:
+    """Push a level for one run of a transformation; pop it when done."""
+    stack = _state.stack
+    level = Level(len(stack), trace_type, payload)
+    stack.append(level)
+    try:
+        yield level
+    finally:
+        stack.pop()
+
+
+def _is_live(tracer: Tracer) -> bool:
+    """Is the tracer's level still on the stack (its transformation running)?"""
+    level, stack = tracer._trace.level, _state.stack
+    return level.depth < len(stack) and stack[level.depth] is level
+
+
+def _leaked_tracer_error(tracer: Tracer) -> UnexpectedTracerError:
+    kind = tracer._trace.level.trace_type.__name__
+    return UnexpectedTracerError(
+        f"found a {type(tracer).__name__} ({kind}) whose transformation has "
+        "already finished: a traced value escaped its transformation, for "
+        "example by being stored in a global or a list inside the transformed "
+        "function. Return values from the function instead."
+    )
+
+
+def find_top_trace(args: Sequence[Any]) -> Trace:
+    """The trace of the deepest live level among the tracers in ``args``."""
+    stack = _state.stack
+    top = stack[0]
+    for x in args:
+        if isinstance(x, Tracer):
+            if not _is_live(x):
+                raise _leaked_tracer_error(x)
+            if x._trace.level.depth > top.depth:
+                top = x._trace.level
+    return top.trace_type(top)
+
+
+def bind(prim: Primitive, *args: Any, **params: Any) -> Any:
+    """Apply a primitive: the single entry point of every operation."""
+    args = [x if isinstance(x, Tracer) else as_array(x, prim.name) for x in args]
+    trace = find_top_trace(args)
+    tracers = [trace.full_raise(x) for x in args]
+    outs = trace.process_primitive(prim, tracers, params)
+    outs = [full_lower(out) for out in outs]
+    return outs if prim.multiple_results else outs[0]
+
+
+def zeros_like(x: Any) -> np.ndarray:
+    """A zero array with the shape and dtype of ``x`` (array or tracer)."""
+    aval = get_aval(x)
+    return np.zeros(aval.shape, aval.dtype)
+
+
+class JVPTracer(Tracer):
+    """A value being differentiated: its primal and its tangent."""
+
+    def __init__(self, trace: JVPTrace, primal: Any, tangent: Any) -> None:
+        self._trace = trace
+        self.primal = primal
+        self.tangent = tangent
+
+    @property
+    def aval(self) -> ShapedArray:
+        return get_aval(self.primal)
+
+    def __bool__(self) -> bool:
+        # Branching depends only on the primal, which a JVP knows exactly.
+        return bool(self.primal)
+
+    def __repr__(self) -> str:
+        return f"JVPTracer(primal={self.primal!r}, tangent={self.tangent!r})"
+
+
+class JVPTrace(Trace):
+    """The forward-mode differentiation interpreter."""
+
+    def pure(self, val: Any) -> JVPTracer:
+        # A value that does not depend on the inputs has a zero tangent.
+        return JVPTracer(self, val, zeros_like(val))
+
+    lift = pure
+
+    def process_primitive(self, prim, tracers, params):
+        primals = [t.primal for t in tracers]
+        tangents = [t.tangent for t in tracers]
+        primals_out, tangents_out = prim.rule("jvp")(primals, tangents, **params)
+        return [JVPTracer(self, p, t) for p, t in zip(primals_out, tangents_out)]
+
+
+def _linear_jvp(prim: Primitive) -> None:
+    @prim.def_rule("jvp")
+    def rule(primals, tangents, **params):
+        return [bind(prim, *primals, **params)], [bind(prim, *tangents, **params)]
+
+
+for _prim in [add_p, neg_p, reduce_sum_p, transpose_p, broadcast_p]:
+    _linear_jvp(_prim)
+
+
+@mul_p.def_rule("jvp")
+def _mul_jvp(primals, tangents):
+    (x, y), (dx, dy) = primals, tangents
+    return [mul(x, y)], [add(mul(dx, y), mul(x, dy))]
+
+
+@sin_p.def_rule("jvp")
+def _sin_jvp(primals, tangents):
+    (x,), (dx,) = primals, tangents
+    return [sin(x)], [mul(dx, cos(x))]
+
+
+@cos_p.def_rule("jvp")
+def _cos_jvp(primals, tangents):
+    (x,), (dx,) = primals, tangents
+    return [cos(x)], [neg(mul(dx, sin(x)))]
+
+
+def _comparison_jvp(prim: Primitive) -> None:
+    @prim.def_rule("jvp")
+    def rule(primals, tangents):
+        out = bind(prim, *primals)
+        return [out], [zeros_like(out)]
+
+
+for _prim in [greater_p, less_p]:
+    _comparison_jvp(_prim)
+
+
+def _as_input(x: Any, context: str) -> Any:
+    """Validate a value entering or leaving a transformation."""
+    if isinstance(x, Tracer):
+        if not _is_live(x):
+            raise _leaked_tracer_error(x)
+        return x
+    return as_array(x, context)
+
+
+def jvp_flat(
+    f: Callable, primals: Sequence[Any], tangents: Sequence[Any]
+) -> tuple[list[Any], list[Any]]:
+    """JVP of ``f``, a function from a list of arrays to a list of arrays."""
+    with new_level(JVPTrace) as level:
+        trace = JVPTrace(level)
+        tracers_in = [JVPTracer(trace, p, t) for p, t in zip(primals, tangents)]
+        outs = f(*tracers_in)
+        outs = [_as_input(out, "jvp: output of the function") for out in outs]
+        tracers_out = [trace.full_raise(out) for out in outs]
+        primals_out = [full_lower(t.primal) for t in tracers_out]
+        tangents_out = [full_lower(t.tangent) for t in tracers_out]
+    return primals_out, tangents_out
+
+
+def jvp(f: Callable, primals: tuple, tangents: tuple) -> tuple[Any, Any]:
+    """Evaluate ``f(*primals)`` and its derivative in the direction ``tangents``.
+
+    This first version handles a function of arrays returning one array.
+    """
+    primals_out, tangents_out = jvp_flat(lambda *xs: [f(*xs)], primals, tangents)
+    return primals_out[0], tangents_out[0]
+
+
+class NodeHandler(NamedTuple):
+    """How to take a container apart and put it back together."""
+
+    to_children: Callable[[Any], tuple[Sequence[Any], Hashable]]
+    from_children: Callable[[Hashable, list[Any]], Any]
+
+
+PYTREE_NODES: dict[type, NodeHandler] = {}
+
+
+def register_pytree_node(
+    node_type: type,
+    to_children: Callable[[Any], tuple[Sequence[Any], Hashable]],
+    from_children: Callable[[Hashable, list[Any]], Any],
+) -> None:
+    """Teach the pytree functions a new container type.
+
+    ``to_children(x)`` returns ``(children, aux)``; ``from_children(aux,
+    children)`` rebuilds the container. ``aux`` must be hashable.
+    """
+    PYTREE_NODES[node_type] = NodeHandler(to_children, from_children)
+
+
+register_pytree_node(tuple, lambda t: (t, None), lambda _, kids: tuple(kids))
+register_pytree_node(list, lambda xs: (xs, None), lambda _, kids: list(kids))
+register_pytree_node(
+    dict,
+    lambda d: ([d[k] for k in sorted(d)], tuple(sorted(d))),
+    lambda keys, kids: dict(zip(keys, kids)),
+)
+register_pytree_node(type(None), lambda _: ((), None), lambda _, kids: None)
+
+
+@dataclass(frozen=True)
+class PyTreeDef:
+    """The structure of a pytree, without its leaves."""
+
+    node_type: type | None  # None marks a leaf
+    aux: Hashable = None
+    children: tuple[PyTreeDef, ...] = ()
+
+    @property
+    def num_leaves(self) -> int:
+        if self.node_type is None:
+            return 1
+        return sum(child.num_leaves for child in self.children)
+
+    def __str__(self) -> str:
+        if self.node_type is None:
+            return "*"
+        kids = [str(child) for child in self.children]
+        if self.node_type is tuple:
+            return "(" + ", ".join(kids) + ("," if len(kids) == 1 else "") + ")"
+        if self.node_type is list:
+            return "[" + ", ".join(kids) + "]"
+        if self.node_type is dict:
+            items = (f"{key!r}: {kid}" for key, kid in zip(self.aux, kids))
+            return "{" + ", ".join(items) + "}"
+        if self.node_type is type(None):
+            return "None"
+        return f"{self.node_type.__name__}({', '.join(kids)})"
+
+
+LEAF = PyTreeDef(None)
+
+
+def tree_flatten(tree: Any) -> tuple[list[Any], PyTreeDef]:
+    """Split a pytree into its list of leaves and its structure."""
+    leaves: list[Any] = []
+
+    def visit(node: Any) -> PyTreeDef:
+        handler = PYTREE_NODES.get(type(node))
+        if handler is None:
+            leaves.append(node)
+            return LEAF
+        children, aux = handler.to_children(node)
+        return PyTreeDef(type(node), aux, tuple(visit(c) for c in children))
+
+    return leaves, visit(tree)
+
+
+def tree_unflatten(treedef: PyTreeDef, leaves: Sequence[Any]) -> Any:
+    """Rebuild a pytree of structure ``treedef`` from its leaves."""
+    leaves = list(leaves)
+    if len(leaves) != treedef.num_leaves:
+        raise ValueError(
+            f"tree_unflatten: structure {treedef} has {treedef.num_leaves} "
+            f"leaves, got {len(leaves)}"
+        )
+    remaining = iter(leaves)
+
+    def build(node: PyTreeDef) -> Any:
+        if node.node_type is None:
+            return next(remaining)
+        kids = [build(child) for child in node.children]
+        return PYTREE_NODES[node.node_type].from_children(node.aux, kids)
+
+    return build(treedef)
+
+
+class flatten_fun:
+    """``f(*args)`` as a function of the flat list of leaves of ``args``.
+
+    After a call, ``out_tree`` holds the structure of what ``f`` returned.
+    """
+
+    def __init__(self, f: Callable, in_tree: PyTreeDef) -> None:
+        self.f = f
+        self.in_tree = in_tree
+        self.out_tree: PyTreeDef | None = None
+
+    def __call__(self, *leaves: Any) -> list[Any]:
+        args = tree_unflatten(self.in_tree, leaves)
+        out_leaves, self.out_tree = tree_flatten(self.f(*args))
+        return out_leaves
+
+
+def _check_tangents(name: str, primals: list, tangents: list) -> None:
+    for i, (p, t) in enumerate(zip(primals, tangents)):
+        p_aval, t_aval = get_aval(p), get_aval(t)
+        if p_aval.shape != t_aval.shape:
+            raise ValueError(
+                f"{name}: tangent {i} has shape {t_aval.shape} but its primal has "
+                f"shape {p_aval.shape}; each tangent must match its primal"
+            )
+        if p_aval.dtype != t_aval.dtype:
+            raise TypeError(
+                f"{name}: tangent {i} has dtype {t_aval.dtype.name} but its primal "
+                f"has dtype {p_aval.dtype.name}; each tangent must match its primal"
+            )
+
+
+def jvp(f: Callable, primals: tuple, tangents: tuple) -> tuple[Any, Any]:
+    """Evaluate ``f(*primals)`` and its derivative in the direction ``tangents``.
+
+    ``primals`` and ``tangents`` are tuples of pytrees with the same structure;
+    the results have the structure of ``f``'s output.
+    """
+    if not isinstance(primals, (tuple, list)) or not isinstance(
+        tangents, (tuple, list)
+    ):
+        raise TypeError(
+            "jvp: primals and tangents must be tuples with one entry per "
+            f"argument of f, got {type(primals).__name__} and "
+            f"{type(tangents).__name__}"
+        )
+    primals_flat, in_tree = tree_flatten(tuple(primals))
+    tangents_flat, tangent_tree = tree_flatten(tuple(tangents))
+    if in_tree != tangent_tree:
+        raise TypeError(
+            "jvp: primals and tangents must have the same structure, got "
+            f"{in_tree} and {tangent_tree}"
+        )
+    primals_flat = [_as_input(x, "jvp primal") for x in primals_flat]
+    tangents_flat = [_as_input(x, "jvp tangent") for x in tangents_flat]
+    _check_tangents("jvp", primals_flat, tangents_flat)
+    flat_f = flatten_fun(f, in_tree)
+    primals_out, tangents_out = jvp_flat(flat_f, primals_flat, tangents_flat)
+    out_tree = flat_f.out_tree
+    return tree_unflatten(out_tree, primals_out), tree_unflatten(out_tree, tangents_out)
+
+
+BatchAxis = int | None
+
+
+class BatchTracer(Tracer):
+    """A batch of values stacked along ``batch_axis`` (None: not batched)."""
+
+    def __init__(self, trace: BatchTrace, val: Any, batch_axis: BatchAxis) -> None:
+        self._trace = trace
+        self.val = val
+        self.batch_axis = batch_axis
+
+    @property
+    def aval(self) -> ShapedArray:
+        aval = get_aval(self.val)
+        if self.batch_axis is None:
+            return aval
+        shape = list(aval.shape)
+        del shape[self.batch_axis]
+        return ShapedArray(shape, aval.dtype)
+
+    def full_lower(self) -> Any:
+        if self.batch_axis is None:
+            return full_lower(self.val)
+        return self
+
+    def __bool__(self) -> bool:
+        if self.batch_axis is None:
+            return bool(self.val)
+        raise ConcretizationError(
+            "vmap: Python `if`, `while` or bool() on a batched value: each "
+            "example of the batch may need a different branch, but Python can "
+            "take only one. Compute both branches and choose elementwise "
+            "instead (a select primitive, or cond in Part 5)."
+        )
+
+    def __repr__(self) -> str:
+        return f"BatchTracer(val={self.val!r}, batch_axis={self.batch_axis})"
+
+
+class BatchTrace(Trace):
+    """The batching interpreter; its level's payload is the batch size."""
+
+    def pure(self, val: Any) -> BatchTracer:
+        return BatchTracer(self, val, None)
+
+    lift = pure
+
+    @property
+    def axis_size(self) -> int:
+        return self.level.payload
+
+    def process_primitive(self, prim, tracers, params):
+        vals = [t.val for t in tracers]
+        dims = [t.batch_axis for t in tracers]
+        outs, out_dims = prim.rule("vmap")(self.axis_size, vals, dims, **params)
+        return [BatchTracer(self, x, d) for x, d in zip(outs, out_dims)]
+
+
+def move_batch_axis(axis_size: int, src: BatchAxis, dst: int, x: Any) -> Any:
+    """Put the batch axis of ``x`` at position ``dst``."""
+    if src is None:
+        aval = get_aval(x)
+        shape = list(aval.shape)
+        shape.insert(dst, axis_size)
+        return broadcast(x, shape, (dst,))
+    if src == dst:
+        return x
+    perm = list(range(get_aval(x).ndim))
+    perm.remove(src)
+    perm.insert(dst, src)
+    return transpose(x, perm)
+
+
+def _unary_vmap(prim: Primitive) -> None:
+    @prim.def_rule("vmap")
+    def rule(axis_size, vals, dims):
+        (x,), (ax,) = vals, dims
+        return [bind(prim, x)], [ax]
+
+
+def _binary_vmap(prim: Primitive) -> None:
+    @prim.def_rule("vmap")
+    def rule(axis_size, vals, dims):
+        (x, y), (ax, ay) = vals, dims
+        out_axis = ay if ax is None else ax
+        x = move_batch_axis(axis_size, ax, out_axis, x)
+        y = move_batch_axis(axis_size, ay, out_axis, y)
+        return [bind(prim, x, y)], [out_axis]
+
+
+for _prim in [neg_p, sin_p, cos_p]:
+    _unary_vmap(_prim)
+for _prim in [add_p, mul_p, greater_p, less_p]:
+    _binary_vmap(_prim)
+
+
+@reduce_sum_p.def_rule("vmap")
+def _reduce_sum_vmap(axis_size, vals, dims, *, axes):
+    (x,), (bdim,) = vals, dims
+    full_axes = tuple(a if a < bdim else a + 1 for a in axes)
+    out_bdim = bdim - sum(1 for a in axes if a < bdim)
+    return [bind(reduce_sum_p, x, axes=full_axes)], [out_bdim]
+
+
+@transpose_p.def_rule("vmap")
+def _transpose_vmap(axis_size, vals, dims, *, perm):
+    (x,), (bdim,) = vals, dims
+    front = move_batch_axis(axis_size, bdim, 0, x)
+    full_perm = (0,) + tuple(p + 1 for p in perm)
+    return [bind(transpose_p, front, perm=full_perm)], [0]
+
+
+@broadcast_p.def_rule("vmap")
+def _broadcast_vmap(axis_size, vals, dims, *, shape, axes):
+    (x,), (bdim,) = vals, dims
+    front = move_batch_axis(axis_size, bdim, 0, x)
+    full_shape = (axis_size, *shape)
+    full_axes = tuple(a + 1 for a in axes)
+    return [bind(broadcast_p, front, shape=full_shape, axes=full_axes)], [0]
+
+
+def vmap_flat(
+    f: Callable, in_axes: Sequence[BatchAxis], args: Sequence[Any], out_axis: int = 0
+) -> list[Any]:
+    """Batch ``f`` (flat lists in and out); ``in_axes`` are already checked."""
+    sizes = {get_aval(x).shape[ax] for x, ax in zip(args, in_axes) if ax is not None}
+    (axis_size,) = sizes
+    with new_level(BatchTrace, axis_size) as level:
+        trace = BatchTrace(level)
+        tracers_in = [
+            x if ax is None else BatchTracer(trace, x, ax)
+            for x, ax in zip(args, in_axes)
+        ]
+        outs = f(*tracers_in)
+        outs = [_as_input(out, "vmap: output of the function") for out in outs]
+        tracers_out = [trace.full_raise(out) for out in outs]
+        vals_out = [t.val for t in tracers_out]
+        dims_out = [t.batch_axis for t in tracers_out]
+    results = []
+    for val, dim in zip(vals_out, dims_out):
+        ndim = get_aval(val).ndim + (dim is None)  # rank with the batch axis
+        if not -ndim <= out_axis < ndim:
+            raise ValueError(
+                f"vmap: out_axes {out_axis} is out of range for an output of "
+                f"rank {ndim} (including the batch axis)"
+            )
+        results.append(move_batch_axis(axis_size, dim, out_axis % ndim, val))
+    return results
+
+
+def vmap(f: Callable, in_axes: Any = 0, out_axes: int = 0) -> Callable:
+    """Vectorize ``f`` over a batch axis of its arguments.
+
+    ``in_axes``: an int or None for all arguments, or a tuple with one entry per
+    argument (an int, None, or a pytree of those). ``out_axes``: where the batch
+    axis goes in every output (default 0).
+    """
+    if not _is_axis(out_axes):
+        raise TypeError(f"vmap: out_axes must be an int, got {out_axes!r}")
+
+    def batched_f(*args: Any) -> Any:
+        if isinstance(in_axes, list):
+            axes_spec: Any = tuple(in_axes)
+        else:
+            axes_spec = in_axes
+        if isinstance(axes_spec, tuple) and len(axes_spec) != len(args):
+            raise ValueError(
+                f"vmap: in_axes has {len(axes_spec)} entries but the function "
+                f"was called with {len(args)} positional arguments"
+            )
+        axes_flat = _broadcast_prefix(axes_spec, args, "")
+        args_flat, in_tree = tree_flatten(args)
+        args_flat = [_as_input(x, "vmap argument") for x in args_flat]
+        axes_flat = _check_batch_axes(args_flat, axes_flat)
+        flat_f = flatten_fun(f, in_tree)
+        outs = vmap_flat(flat_f, axes_flat, args_flat, out_axes)
+        return tree_unflatten(flat_f.out_tree, outs)
+
+    return batched_f
+
+
+def _broadcast_prefix(prefix: Any, tree: Any, where: str) -> list[BatchAxis]:
+    """One entry of ``prefix`` per leaf of ``tree``; an int or None covers a
+    whole subtree, a container must match the tree's structure."""
+    if prefix is None or _is_axis(prefix):
+        return [prefix] * tree_flatten(tree)[1].num_leaves
+    handler = PYTREE_NODES.get(type(prefix))
+    if handler is None:
+        raise TypeError(
+            f"vmap: in_axes{where} must be an int, None or a container of those, "
+            f"got {type(prefix).__name__} {_short_repr(prefix)}"
+        )
+    prefix_kids, prefix_aux = handler.to_children(prefix)
+    tree_kids, tree_aux = (), None
+    if type(tree) is type(prefix):
+        tree_kids, tree_aux = handler.to_children(tree)
+    if (
+        type(prefix) is not type(tree)
+        or prefix_aux != tree_aux
+        or len(prefix_kids) != len(tree_kids)
+    ):
+        raise ValueError(
+            f"vmap: in_axes{where} has structure {tree_flatten(prefix)[1]} but the "
+            f"argument it describes has structure {tree_flatten(tree)[1]}"
+        )
+    out: list[BatchAxis] = []
+    for i, (p, t) in enumerate(zip(prefix_kids, tree_kids)):
+        key = repr(prefix_aux[i]) if isinstance(prefix, dict) else str(i)
+        out.extend(_broadcast_prefix(p, t, f"{where}[{key}]"))
+    return out
+
+
+def _is_axis(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _check_batch_axes(args: list, axes: list[BatchAxis]) -> list[BatchAxis]:
+    """Normalize negative axes; check ranges and that batch sizes agree."""
+    checked: list[BatchAxis] = []
+    sizes: dict[int, list[int]] = {}
+    for i, (x, ax) in enumerate(zip(args, axes)):
+        if ax is None:
+            checked.append(None)
+            continue
+        shape = get_aval(x).shape
+        if not -len(shape) <= ax < len(shape):
+            raise ValueError(
+                f"vmap: in_axes {ax} is out of range for argument leaf {i} of "
+                f"shape {shape} (rank {len(shape)})"
+            )
+        ax = int(ax) % len(shape)
+        checked.append(ax)
+        sizes.setdefault(shape[ax], []).append(i)
+    if not sizes:
+        raise ValueError(
+            "vmap: every in_axes entry is None, so there is no batch axis to map over"
+        )
+    if len(sizes) > 1:
+        detail = "; ".join(
+            f"size {size} for argument leaves {leaves}"
+            for size, leaves in sizes.items()
+        )
+        raise ValueError(f"vmap: inconsistent batch sizes: {detail}")
+    return checked
+
+
+def jacfwd(f: Callable, x: Any) -> Any:
+    """The Jacobian of ``f`` at ``x``, of shape ``f(x).shape + x.shape``."""
+    x = _as_input(x, "jacfwd")
+    in_aval = get_aval(x)
+    if in_aval.dtype.kind != "f":
+        raise TypeError(
+            f"jacfwd: the input must be a float array, got {in_aval.str_short()}"
+        )
+
+    def pushforward(tangent):
+        out_tangent = jvp(f, (x,), (tangent,))[1]
+        if isinstance(out_tangent, (tuple, list, dict)):
+            raise TypeError("jacfwd: f must return a single array")
+        return out_tangent
+
+    column = pushforward
+    for _ in range(in_aval.ndim):
+        column = vmap(column, 0)
+    basis = np.eye(in_aval.size, dtype=in_aval.dtype).reshape(in_aval.shape * 2)
+    jac = column(basis)  # input axes first, then output axes
+    n_in = in_aval.ndim
+    n_out = get_aval(jac).ndim - n_in
+    perm = tuple(range(n_in, n_in + n_out)) + tuple(range(n_in))
+    return transpose(jac, perm) if perm else jac

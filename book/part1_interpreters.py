@@ -1,0 +1,1980 @@
+# ---
+# jupyter:
+#   jupytext:
+#     default_lexer: ipython3
+#     formats: ipynb,md:myst,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# (part1)=
+# # Part 1: Transformations as interpreters
+#
+# JAX lets you write an ordinary numerical Python function and then ask for
+# *another* function: its derivative (`jax.jvp`, `jax.grad`), a version that works
+# on a whole batch at once (`jax.vmap`), or a compiled version (`jax.jit`). None of
+# these look at your source code. They all work by **running your function with
+# special arguments** that record, or reinterpret, every numerical operation it
+# performs.
+#
+# This chapter builds that mechanism from nothing, in plain Python and NumPy:
+#
+# 1. a small vocabulary of **primitives** (`add`, `mul`, `sin`, ...) through which
+#    every operation flows, via a single function `bind`;
+# 2. **abstract values** that describe an array by its shape and dtype;
+# 3. an **interpreter stack** of `Trace` objects and the `Tracer` objects they
+#    hand to your function, and the rule that decides which interpreter handles an
+#    operation;
+# 4. three interpreters: plain evaluation, forward-mode differentiation (`jvp`) and
+#    automatic batching (`vmap`), plus `jacfwd`, which is just the two combined;
+# 5. **pytrees**, so that transformed functions can take and return tuples, dicts
+#    and your own containers.
+#
+# By the end you will have a module that can compute derivatives of any order of
+# Python functions that use `if` statements and loops, batch them, and nest the two
+# in any order. Later chapters put a compiler underneath the same machinery.
+#
+# :::{admonition} How to run this chapter
+# :class: tip
+# Everything below runs top to bottom in a fresh kernel, and every output on this
+# page was produced by running it. Part 1 needs only NumPy, so in Colab nothing has
+# to be installed. The code cells marked as *library code* are collected into the
+# module `autodidax`, which the later chapters import.
+# :::
+
+# %% tags=["export"]
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+# %%
+np.set_printoptions(precision=6, suppress=True)
+
+# %% [markdown]
+# ## Primitives: the operations every interpreter understands
+#
+# A program we want to transform is, for our purposes, a sequence of calls to a
+# fixed set of operations whose meaning we know. JAX calls them **primitives**.
+# Everything else — Python functions, loops, classes, closures — is scaffolding
+# that runs normally and that the transformations never see.
+#
+# A primitive here is just a named object that carries its *rules*: one function
+# per interpreter that says how that interpreter handles the primitive. We store
+# the rules on the primitive itself, under a short key such as `"impl"` or `"jvp"`,
+# so it is easy to ask later which primitive lacks which rule.
+
+# %% tags=["export"]
+RULE_KINDS = ("impl", "jvp", "vmap")
+"""The kinds of rules a primitive can carry; later parts add more."""
+
+PRIMITIVES: dict[str, Primitive] = {}
+"""Every primitive ever created, by name."""
+
+
+class Primitive:
+    """A named operation with one rule per interpreter.
+
+    Rules take lists and return lists, so a primitive may have several outputs
+    (set ``multiple_results``); most have exactly one.
+    """
+
+    def __init__(self, name: str, multiple_results: bool = False) -> None:
+        self.name = name
+        self.multiple_results = multiple_results
+        self.rules: dict[str, Callable[..., Any]] = {}
+        PRIMITIVES[name] = self
+
+    def def_rule(self, kind: str) -> Callable[[Callable], Callable]:
+        """Decorator: register ``rule`` as this primitive's ``kind`` rule."""
+
+        def register(rule: Callable) -> Callable:
+            self.rules[kind] = rule
+            return rule
+
+        return register
+
+    def rule(self, kind: str) -> Callable[..., Any]:
+        """Look up a rule, with a readable error when it is missing."""
+        try:
+            return self.rules[kind]
+        except KeyError:
+            raise NotImplementedError(
+                f"primitive '{self.name}' has no {kind} rule"
+            ) from None
+
+    def bind(self, *args: Any, **params: Any) -> Any:
+        return bind(self, *args, **params)
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+# %% [markdown]
+# Part 1 uses ten primitives. Seven work elementwise; the last three move data
+# around: `reduce_sum` sums over some axes, `transpose` permutes axes, and
+# `broadcast` inserts new axes and repeats the data along them.
+
+# %% tags=["export"]
+add_p = Primitive("add")
+mul_p = Primitive("mul")
+neg_p = Primitive("neg")
+sin_p = Primitive("sin")
+cos_p = Primitive("cos")
+greater_p = Primitive("greater")
+less_p = Primitive("less")
+reduce_sum_p = Primitive("reduce_sum")
+transpose_p = Primitive("transpose")
+broadcast_p = Primitive("broadcast")
+
+
+# %% [markdown]
+# Users never touch these objects. They call small wrapper functions, and every
+# wrapper ends in the same place: `bind(primitive, *inputs, **params)`. Inputs are
+# the arrays the operation consumes; params are static, hashable settings such as
+# which axes to sum over. The wrappers also tidy up what the user passed: negative
+# axes become positive, `axis=None` becomes "all axes", and a Python number next
+# to an array is turned into an array of the same shape and dtype (more on that
+# below). Every primitive therefore receives one canonical form of its
+# parameters, which keeps each rule short.
+
+
+# %% tags=["export"]
+def add(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x + y``."""
+    return _bind_binary(add_p, x, y)
+
+
+def mul(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x * y``."""
+    return _bind_binary(mul_p, x, y)
+
+
+def greater(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x > y``, a boolean array."""
+    return _bind_binary(greater_p, x, y)
+
+
+def less(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x < y``, a boolean array."""
+    return _bind_binary(less_p, x, y)
+
+
+def neg(x: ArrayLike) -> ArrayLike:
+    """Elementwise ``-x``."""
+    return bind(neg_p, x)
+
+
+def sin(x: ArrayLike) -> ArrayLike:
+    """Elementwise sine."""
+    return bind(sin_p, x)
+
+
+def cos(x: ArrayLike) -> ArrayLike:
+    """Elementwise cosine."""
+    return bind(cos_p, x)
+
+
+def reduce_sum(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:
+    """Sum over ``axis`` (an int, a sequence of ints, or None for all axes)."""
+    ndim = get_aval(x).ndim
+    if axis is None:
+        axes = tuple(range(ndim))
+    else:
+        axes = _normalize_axes("reduce_sum", axis, ndim)
+    return bind(reduce_sum_p, x, axes=axes)
+
+
+def transpose(x: ArrayLike, perm: Sequence[int]) -> ArrayLike:
+    """Permute the axes of ``x``: output axis ``i`` is input axis ``perm[i]``."""
+    ndim = get_aval(x).ndim
+    perm = _normalize_axes("transpose", perm, ndim)
+    if sorted(perm) != list(range(ndim)):
+        raise ValueError(
+            f"transpose: perm must be a permutation of the {ndim} axes "
+            f"0..{ndim - 1} of the input, got {perm}"
+        )
+    return bind(transpose_p, x, perm=perm)
+
+
+def broadcast(x: ArrayLike, shape: Sequence[int], axes: Sequence[int]) -> ArrayLike:
+    """Broadcast ``x`` to ``shape`` by inserting new axes at positions ``axes``.
+
+    The axes of the result that are not in ``axes`` are the axes of ``x``, in
+    order, and must have the same sizes as in ``x``.
+    """
+    in_shape = get_aval(x).shape
+    shape = _check_shape("broadcast", shape)
+    axes = _normalize_axes("broadcast", axes, len(shape))
+    kept = [size for i, size in enumerate(shape) if i not in axes]
+    if tuple(kept) != in_shape:
+        raise ValueError(
+            f"broadcast: cannot broadcast an array of shape {in_shape} to shape "
+            f"{shape} by inserting axes {axes}: the remaining axes have sizes "
+            f"{tuple(kept)}, which must equal the input shape"
+        )
+    return bind(broadcast_p, x, shape=shape, axes=tuple(sorted(axes)))
+
+
+# %% [markdown]
+# The wrappers lean on a few helpers that validate parameters. They are not the
+# point of this chapter, so the page hides them; click to expand.
+
+# %% tags=["export", "hide-input"]
+ArrayLike = Any
+"""Anything that can stand for an array: NumPy arrays and scalars, Python
+numbers, and tracers."""
+
+
+def _normalize_axes(name: str, axes: int | Sequence[int], ndim: int) -> tuple:
+    """Check axis numbers against ``ndim`` and make negative ones positive."""
+    if isinstance(axes, (int, np.integer)) and not isinstance(axes, bool):
+        axes = (axes,)
+    try:
+        axes = tuple(axes)
+    except TypeError:
+        raise TypeError(
+            f"{name}: axes must be integers, got {type(axes).__name__}"
+        ) from None
+    out = []
+    for a in axes:
+        if not isinstance(a, (int, np.integer)) or isinstance(a, bool):
+            raise TypeError(f"{name}: axes must be integers, got {a!r}")
+        if not -ndim <= a < ndim:
+            raise ValueError(
+                f"{name}: axis {a} is out of range for an array of rank {ndim}"
+            )
+        out.append(int(a) % ndim)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{name}: repeated axis in {axes}")
+    return tuple(out)
+
+
+def _check_shape(name: str, shape: Sequence[int]) -> tuple:
+    """Check that ``shape`` is a sequence of non-negative integers."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise TypeError(
+            f"{name}: shape must be a sequence of integers, got {shape!r}"
+        ) from None
+    for d in dims:
+        if not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d < 0:
+            raise ValueError(
+                f"{name}: shape must contain non-negative integers, got {shape!r}"
+            )
+    return tuple(int(d) for d in dims)
+
+
+# %% [markdown]
+# ### Python numbers next to arrays
+#
+# What should `mul(x, 2.0)` mean when `x` is a vector? The primitives themselves
+# are strict, like JAX's `lax` layer: both operands of a binary primitive must have
+# the same shape and dtype. Being strict keeps every rule simple and makes shape
+# mistakes loud. But writing `x * 2.0` is too natural to forbid, so the wrapper
+# turns a Python number into an array before `bind` sees it: it takes the other
+# operand's dtype, and if the other operand is not a scalar, the wrapper inserts an
+# explicit `broadcast`. Because this happens *before* `bind`, every interpreter —
+# evaluation, differentiation, batching, and the compiler of later chapters —
+# sees exactly the same, explicit program.
+
+
+# %% tags=["export"]
+def _is_python_scalar(x: Any) -> bool:
+    return type(x) in (bool, int, float)
+
+
+def _scalar_like(name: str, c: bool | int | float, other: ArrayLike) -> ArrayLike:
+    """Turn the Python number ``c`` into an array shaped like ``other``."""
+    aval = get_aval(other)
+    kind = aval.dtype.kind
+    # Refuse every conversion that would change the number's value.
+    if (kind == "b" and type(c) is not bool) or (kind in "iu" and type(c) is float):
+        raise TypeError(
+            f"{name}: cannot combine the {type(c).__name__} {c!r} with an array "
+            f"of dtype {aval.dtype.name}; use a constant of the array's kind"
+        )
+    if kind in "iu" and not np.iinfo(aval.dtype).min <= c <= np.iinfo(aval.dtype).max:
+        raise TypeError(
+            f"{name}: the integer {c} does not fit in the dtype "
+            f"{aval.dtype.name} of the other operand"
+        )
+    const = np.asarray(c, dtype=aval.dtype)
+    if aval.ndim == 0:
+        return const
+    return broadcast(const, aval.shape, tuple(range(aval.ndim)))
+
+
+def _bind_binary(prim: Primitive, x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    if _is_python_scalar(x) and _is_python_scalar(y):
+        dtype = np.result_type(type(x), type(y))  # e.g. 2.0 and 3 give float64
+        x, y = np.asarray(x, dtype), np.asarray(y, dtype)
+    elif _is_python_scalar(x):
+        x = _scalar_like(prim.name, x, y)
+    elif _is_python_scalar(y):
+        y = _scalar_like(prim.name, y, x)
+    check_binary_operands(prim.name, get_aval(x), get_aval(y))
+    return bind(prim, x, y)
+
+
+def check_binary_operands(name: str, x: ShapedArray, y: ShapedArray) -> None:
+    """Raise a TypeError unless two operands have the same shape and dtype."""
+    if x.shape != y.shape:
+        raise TypeError(
+            f"{name}: operands must have the same shape, got {x.str_short()} and "
+            f"{y.str_short()} (use broadcast to make them match)"
+        )
+    if x.dtype != y.dtype:
+        raise TypeError(
+            f"{name}: operands must have the same dtype, got {x.str_short()} and "
+            f"{y.str_short()}"
+        )
+
+
+# %% [markdown]
+# The check runs on *abstract values*, which are the next topic: it needs only
+# shapes and dtypes, so it works the same whether `x` is a concrete array or a
+# placeholder that some transformation is pushing through the function.
+#
+# ## Abstract values
+#
+# An interpreter often cannot know the numbers an array holds — when compiling, for
+# instance, the numbers arrive only later — but it always knows *what kind* of
+# array it is. We call that description an **abstract value** (or *aval*).
+# `ShapedArray` records a shape and a dtype. Its subclass `ConcreteArray` also
+# carries the value itself, for interpreters that happen to have it; it matters
+# later, when Python code asks a question such as `if x > 0:` that needs the
+# actual number.
+
+
+# %% tags=["export"]
+class ShapedArray:
+    """The abstract value of an array: its shape and dtype, not its contents."""
+
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape: Sequence[int], dtype: Any) -> None:
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = np.dtype(dtype)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def str_short(self) -> str:
+        """Compact form such as ``float64[3,4]``."""
+        return f"{self.dtype.name}[{','.join(str(d) for d in self.shape)}]"
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            type(other) is ShapedArray
+            and self.shape == other.shape
+            and self.dtype == other.dtype
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.shape, self.dtype))
+
+    def __repr__(self) -> str:
+        return f"ShapedArray(shape={self.shape}, dtype={self.dtype.name})"
+
+
+class ConcreteArray(ShapedArray):
+    """A ShapedArray that also knows the array's value."""
+
+    __slots__ = ("val",)
+
+    def __init__(self, val: np.ndarray) -> None:
+        super().__init__(val.shape, val.dtype)
+        self.val = val
+
+    # Two concrete avals are the same only if they are the same object:
+    # comparing the arrays inside would be slow and rarely what we mean.
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return f"ConcreteArray({self.val!r})"
+
+
+def raise_to_shaped(aval: ShapedArray) -> ShapedArray:
+    """Forget the value, keep the type."""
+    return ShapedArray(aval.shape, aval.dtype)
+
+
+# %% [markdown]
+# `get_aval` finds the abstract value of anything a user may pass. A tracer (the
+# next section) knows its own aval; anything else must be convertible to a NumPy
+# array of booleans, integers or floats. This is the single place where a string,
+# a list or some other object gets rejected, with a message that names what was
+# passed.
+
+# %% tags=["export"]
+_ARRAY_KINDS = "biuf"  # bool, signed int, unsigned int, float
+
+
+def as_array(x: Any, context: str = "autodidax") -> np.ndarray:
+    """Convert a NumPy array or Python/NumPy number to an ndarray, or fail."""
+    if isinstance(x, np.ndarray):
+        arr = x
+    elif isinstance(x, (bool, int, float, np.generic)):
+        arr = np.asarray(x)
+    else:
+        raise TypeError(
+            f"{context}: expected an array or a number, got {type(x).__name__} "
+            f"{_short_repr(x)}"
+        )
+    if arr.dtype.kind not in _ARRAY_KINDS:
+        raise TypeError(
+            f"{context}: expected an array of booleans, integers or floats, got "
+            f"dtype {arr.dtype} ({_short_repr(x)})"
+        )
+    return arr
+
+
+def get_aval(x: Any) -> ShapedArray:
+    """The abstract value of a tracer, array or number."""
+    if isinstance(x, Tracer):
+        return x.aval
+    return ConcreteArray(as_array(x))
+
+
+def _short_repr(x: Any, limit: int = 40) -> str:
+    text = repr(x)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# %% [markdown]
+# ## The interpreter stack
+#
+# Now the central idea. A transformation like `jvp` needs to run the user's
+# function in a different way: each time the function multiplies two numbers,
+# `jvp` must multiply them *and* work out how that product changes. It achieves
+# this by handing the function **tracers** instead of arrays. A tracer stands in
+# for an array, and the primitives route every operation that touches a tracer to
+# the **trace** (the interpreter) that owns it.
+#
+# Transformations nest: `jvp(vmap(f))` differentiates a batched function, and
+# `vmap(jvp(f))` batches a derivative. So at any moment there is a **stack** of
+# active interpreters. Each entry of the stack is a `Level`; the evaluation
+# interpreter sits at depth 0, permanently, and every transformation pushes a new
+# level while it runs the user's function and pops it afterwards.
+
+
+# %% tags=["export"]
+class Level:
+    """One entry on the interpreter stack."""
+
+    __slots__ = ("depth", "trace_type", "payload")
+
+    def __init__(self, depth: int, trace_type: type[Trace], payload: Any) -> None:
+        self.depth = depth
+        self.trace_type = trace_type
+        self.payload = payload  # transformation-specific data, e.g. a batch size
+
+    def __repr__(self) -> str:
+        return f"Level({self.depth}, {self.trace_type.__name__})"
+
+
+# %% [markdown]
+# A `Trace` is the interpreter for one level. It is a lightweight object that
+# knows its level and three things:
+#
+# - `pure(x)` wraps a plain array in one of its tracers — for a constant that the
+#   function uses, such as the `2.0` in `2.0 * x`;
+# - `lift(t)` wraps a tracer that belongs to a *lower* level, for a value that
+#   this transformation does not own but that meets one of its own tracers (think
+#   of a function that closes over a value from an outer `jvp`);
+# - `process_primitive(prim, tracers, params)` applies a primitive to its own
+#   tracers, usually by unpacking them, calling `bind` again on what is inside,
+#   and wrapping the results.
+#
+# `full_raise` combines the first two: it turns any input into a tracer of this
+# trace, whatever it was before.
+
+
+# %% tags=["export"]
+class Trace:
+    """An interpreter: how to process primitives applied to its tracers."""
+
+    def __init__(self, level: Level) -> None:
+        self.level = level
+
+    def pure(self, val: Any) -> Tracer:
+        raise NotImplementedError
+
+    def lift(self, tracer: Tracer) -> Tracer:
+        raise NotImplementedError
+
+    def process_primitive(
+        self, prim: Primitive, tracers: list[Any], params: dict[str, Any]
+    ) -> list[Any]:
+        raise NotImplementedError
+
+    def full_raise(self, val: Any) -> Any:
+        """Make ``val`` a tracer of this trace, boxing it if needed."""
+        if not isinstance(val, Tracer):
+            return self.pure(val)
+        level = val._trace.level
+        if level is self.level:
+            return val
+        if level.depth < self.level.depth:
+            return self.lift(val)
+        # Same depth but another level object: the tracer's transformation has
+        # already finished. find_top_trace reports that case to the user.
+        raise _leaked_tracer_error(val)
+
+
+# %% [markdown]
+# A `Tracer` is the object the user's function actually sees. It knows which trace
+# it belongs to and its abstract value, and its operators call our wrappers, so
+# `x * y + x` works on tracers as it does on arrays. `full_lower` is the opposite
+# of `full_raise`: a tracer that carries no information for its transformation can
+# unwrap itself (the batching tracer uses this when a value turns out not to be
+# batched).
+#
+# Two more details make tracers safe to hand to NumPy-minded code. Setting
+# `__array_ufunc__ = None` tells NumPy not to handle operations that involve a
+# tracer itself, so `np.ones(3) * tracer` calls our `__rmul__`. And converting a
+# tracer to a NumPy array, or asking for its truth value, raises a clear error
+# instead of producing something silently wrong.
+
+
+# %% tags=["export"]
+class ConcretizationError(TypeError):
+    """Python needed an actual value (e.g. for ``if``) from an abstract tracer."""
+
+
+class UnexpectedTracerError(TypeError):
+    """A tracer was used after the transformation that made it had finished."""
+
+
+class Tracer:
+    """A stand-in for an array while a transformation runs a function."""
+
+    _trace: Trace
+    __array_ufunc__ = None  # let our reflected operators win over NumPy's
+
+    @property
+    def aval(self) -> ShapedArray:
+        raise NotImplementedError
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.aval.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.aval.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self.aval.ndim
+
+    def full_lower(self) -> Any:
+        return self
+
+    def __add__(self, other):
+        return add(self, other)
+
+    def __radd__(self, other):
+        return add(other, self)
+
+    def __mul__(self, other):
+        return mul(self, other)
+
+    def __rmul__(self, other):
+        return mul(other, self)
+
+    def __neg__(self):
+        return neg(self)
+
+    def __sub__(self, other):
+        # A Python number is negated by Python, so it stays a Python number
+        # and keeps broadcasting like one.
+        return add(self, -other if _is_python_scalar(other) else neg(other))
+
+    def __rsub__(self, other):
+        return add(other, neg(self))
+
+    def __gt__(self, other):
+        return greater(self, other)
+
+    def __lt__(self, other):
+        return less(self, other)
+
+    def __bool__(self) -> bool:
+        raise ConcretizationError(
+            f"the truth value of a traced {self.aval.str_short()} value is not "
+            "known while tracing, so Python `if`/`while`/`bool()` cannot use it"
+        )
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError(
+            f"a {type(self).__name__} cannot be turned into a NumPy array: it "
+            "stands for a value being transformed. Use autodidax's operations "
+            "(add, mul, sin, ...) instead of NumPy functions on traced values."
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}<{self.aval.str_short()}>"
+
+
+def full_lower(x: Any) -> Any:
+    return x.full_lower() if isinstance(x, Tracer) else x
+
+
+# %% [markdown]
+# Now `get_aval` works on anything. For a plain number it gives a concrete aval;
+# forgetting the value leaves the type, printed here in the compact form used in
+# error messages:
+
+# %%
+print(get_aval(3.0), raise_to_shaped(get_aval(np.ones((2, 3)))).str_short())
+
+
+# %% [markdown]
+# ### The evaluation interpreter
+#
+# The bottom of the stack is the only interpreter that computes anything by
+# itself. It never creates tracers: its "tracers" are plain NumPy arrays, so `pure`
+# and `lift` do nothing, and processing a primitive means calling its `impl` rule.
+
+
+# %% tags=["export"]
+class EvalTrace(Trace):
+    """The interpreter at depth 0: apply each primitive to concrete arrays."""
+
+    def pure(self, val: Any) -> Any:
+        return val
+
+    lift = pure
+
+    def process_primitive(self, prim, tracers, params):
+        return prim.rule("impl")(*tracers, **params)
+
+
+# %% [markdown]
+# The `impl` rules call NumPy. They receive arrays and the primitive's params, and
+# return a list of outputs.
+
+
+# %% tags=["export"]
+def _impl_from_numpy(prim: Primitive, np_fn: Callable) -> None:
+    prim.def_rule("impl")(lambda *args: [np_fn(*args)])
+
+
+for _prim, _np_fn in [
+    (add_p, np.add),
+    (mul_p, np.multiply),
+    (neg_p, np.negative),
+    (sin_p, np.sin),
+    (cos_p, np.cos),
+    (greater_p, np.greater),
+    (less_p, np.less),
+]:
+    _impl_from_numpy(_prim, _np_fn)
+
+
+@reduce_sum_p.def_rule("impl")
+def _reduce_sum_impl(x, *, axes):
+    return [np.sum(x, axis=axes)]
+
+
+@transpose_p.def_rule("impl")
+def _transpose_impl(x, *, perm):
+    return [np.transpose(x, perm)]
+
+
+@broadcast_p.def_rule("impl")
+def _broadcast_impl(x, *, shape, axes):
+    return [np.broadcast_to(np.expand_dims(x, axes), shape)]
+
+
+# %% [markdown]
+# ### Choosing an interpreter: `bind`
+#
+# Here is the piece that ties everything together. When a primitive is applied,
+# which interpreter should handle it? The answer: **the highest level among the
+# inputs' tracers**. An input that is a plain array belongs to no transformation,
+# so it does not count; if no input is a tracer, the evaluation interpreter at
+# depth 0 runs the operation right away.
+#
+# Choosing by the inputs (by *data dependence*) means a transformation only sees
+# operations that actually involve the values it is transforming. With one `jvp`
+# nested inside another, the inner one sees only operations on its own tracers.
+# The outer one sees operations on its tracers too, including the ones the inner
+# `jvp` performs while applying its rules: those rules call `bind` again on the
+# unpacked values, which may be outer tracers.
+#
+# Once the top trace is known, `bind` raises every input to it, lets it process the
+# primitive, and lowers the outputs again. The same loop also catches a classic
+# mistake: a tracer that escaped from a transformation that has already finished
+# (say, stashed in a global variable) would otherwise be mistaken for a live one.
+
+
+# %% tags=["export"]
+class _InterpreterState(threading.local):
+    """The interpreter stack. Each thread gets its own."""
+
+    def __init__(self) -> None:
+        self.stack: list[Level] = [Level(0, EvalTrace, None)]
+
+
+_state = _InterpreterState()
+
+
+@contextmanager
+def new_level(trace_type: type[Trace], payload: Any = None) -> Iterator[Level]:
+    """Push a level for one run of a transformation; pop it when done."""
+    stack = _state.stack
+    level = Level(len(stack), trace_type, payload)
+    stack.append(level)
+    try:
+        yield level
+    finally:
+        stack.pop()
+
+
+def _is_live(tracer: Tracer) -> bool:
+    """Is the tracer's level still on the stack (its transformation running)?"""
+    level, stack = tracer._trace.level, _state.stack
+    return level.depth < len(stack) and stack[level.depth] is level
+
+
+def _leaked_tracer_error(tracer: Tracer) -> UnexpectedTracerError:
+    kind = tracer._trace.level.trace_type.__name__
+    return UnexpectedTracerError(
+        f"found a {type(tracer).__name__} ({kind}) whose transformation has "
+        "already finished: a traced value escaped its transformation, for "
+        "example by being stored in a global or a list inside the transformed "
+        "function. Return values from the function instead."
+    )
+
+
+def find_top_trace(args: Sequence[Any]) -> Trace:
+    """The trace of the deepest live level among the tracers in ``args``."""
+    stack = _state.stack
+    top = stack[0]
+    for x in args:
+        if isinstance(x, Tracer):
+            if not _is_live(x):
+                raise _leaked_tracer_error(x)
+            if x._trace.level.depth > top.depth:
+                top = x._trace.level
+    return top.trace_type(top)
+
+
+def bind(prim: Primitive, *args: Any, **params: Any) -> Any:
+    """Apply a primitive: the single entry point of every operation."""
+    args = [x if isinstance(x, Tracer) else as_array(x, prim.name) for x in args]
+    trace = find_top_trace(args)
+    tracers = [trace.full_raise(x) for x in args]
+    outs = trace.process_primitive(prim, tracers, params)
+    outs = [full_lower(out) for out in outs]
+    return outs if prim.multiple_results else outs[0]
+
+
+# %% [markdown]
+# With only the evaluation interpreter on the stack, our functions behave like
+# NumPy code. Here is the running example of this chapter,
+# $f(x) = -2\sin x + x$:
+
+
+# %%
+def f(x):
+    y = mul(-2.0, sin(x))
+    return add(y, x)
+
+
+print(f(3.0))
+print(f(np.array([0.0, 1.0, 2.0])))
+
+
+# %% [markdown]
+# ## Forward-mode differentiation: `jvp`
+#
+# The **Jacobian-vector product** of a function $f$ at a point $x$ in a direction
+# $v$ is $\partial f(x)\,v$: how fast $f$'s output moves when its input moves
+# along $v$. Forward-mode automatic differentiation computes it alongside $f(x)$
+# itself: carry a pair *(primal, tangent)* through the program, and at each
+# primitive apply the chain rule locally. If $y = \sin x$ and $x$ moves at speed
+# $\dot x$, then $y$ moves at speed $\cos(x)\,\dot x$.
+#
+# The JVP interpreter's tracer is exactly that pair.
+
+
+# %% tags=["export"]
+def zeros_like(x: Any) -> np.ndarray:
+    """A zero array with the shape and dtype of ``x`` (array or tracer)."""
+    aval = get_aval(x)
+    return np.zeros(aval.shape, aval.dtype)
+
+
+class JVPTracer(Tracer):
+    """A value being differentiated: its primal and its tangent."""
+
+    def __init__(self, trace: JVPTrace, primal: Any, tangent: Any) -> None:
+        self._trace = trace
+        self.primal = primal
+        self.tangent = tangent
+
+    @property
+    def aval(self) -> ShapedArray:
+        return get_aval(self.primal)
+
+    def __bool__(self) -> bool:
+        # Branching depends only on the primal, which a JVP knows exactly.
+        return bool(self.primal)
+
+    def __repr__(self) -> str:
+        return f"JVPTracer(primal={self.primal!r}, tangent={self.tangent!r})"
+
+
+class JVPTrace(Trace):
+    """The forward-mode differentiation interpreter."""
+
+    def pure(self, val: Any) -> JVPTracer:
+        # A value that does not depend on the inputs has a zero tangent.
+        return JVPTracer(self, val, zeros_like(val))
+
+    lift = pure
+
+    def process_primitive(self, prim, tracers, params):
+        primals = [t.primal for t in tracers]
+        tangents = [t.tangent for t in tracers]
+        primals_out, tangents_out = prim.rule("jvp")(primals, tangents, **params)
+        return [JVPTracer(self, p, t) for p, t in zip(primals_out, tangents_out)]
+
+
+# %% [markdown]
+# The rules are the chain rule for each primitive, written with our own wrappers
+# so that they can themselves be transformed again (that is what makes higher
+# derivatives work). Five of our primitives are *linear*: `add`, `neg`,
+# `reduce_sum`, `transpose` and `broadcast`. For a linear operation the tangent is
+# simply the same operation applied to the tangents, which one helper expresses
+# for all five. Comparisons produce booleans, which do not vary smoothly, so their
+# tangent is zero. (Real JAX gives such outputs a special tangent dtype called
+# `float0`; we use a zero array of the output's dtype.)
+
+
+# %% tags=["export"]
+def _linear_jvp(prim: Primitive) -> None:
+    @prim.def_rule("jvp")
+    def rule(primals, tangents, **params):
+        return [bind(prim, *primals, **params)], [bind(prim, *tangents, **params)]
+
+
+for _prim in [add_p, neg_p, reduce_sum_p, transpose_p, broadcast_p]:
+    _linear_jvp(_prim)
+
+
+@mul_p.def_rule("jvp")
+def _mul_jvp(primals, tangents):
+    (x, y), (dx, dy) = primals, tangents
+    return [mul(x, y)], [add(mul(dx, y), mul(x, dy))]
+
+
+@sin_p.def_rule("jvp")
+def _sin_jvp(primals, tangents):
+    (x,), (dx,) = primals, tangents
+    return [sin(x)], [mul(dx, cos(x))]
+
+
+@cos_p.def_rule("jvp")
+def _cos_jvp(primals, tangents):
+    (x,), (dx,) = primals, tangents
+    return [cos(x)], [neg(mul(dx, sin(x)))]
+
+
+def _comparison_jvp(prim: Primitive) -> None:
+    @prim.def_rule("jvp")
+    def rule(primals, tangents):
+        out = bind(prim, *primals)
+        return [out], [zeros_like(out)]
+
+
+for _prim in [greater_p, less_p]:
+    _comparison_jvp(_prim)
+
+
+# %% [markdown]
+# To run a function under the JVP interpreter we push a level, wrap the inputs in
+# tracers of that level, call the function, and unpack what comes out. Outputs go
+# through `full_raise` first, because a function may return something that never
+# touched its inputs (a constant, or an input returned unchanged from an outer
+# transformation); such an output simply has a zero tangent.
+
+
+# %% tags=["export"]
+def _as_input(x: Any, context: str) -> Any:
+    """Validate a value entering or leaving a transformation."""
+    if isinstance(x, Tracer):
+        if not _is_live(x):
+            raise _leaked_tracer_error(x)
+        return x
+    return as_array(x, context)
+
+
+def jvp_flat(
+    f: Callable, primals: Sequence[Any], tangents: Sequence[Any]
+) -> tuple[list[Any], list[Any]]:
+    """JVP of ``f``, a function from a list of arrays to a list of arrays."""
+    with new_level(JVPTrace) as level:
+        trace = JVPTrace(level)
+        tracers_in = [JVPTracer(trace, p, t) for p, t in zip(primals, tangents)]
+        outs = f(*tracers_in)
+        outs = [_as_input(out, "jvp: output of the function") for out in outs]
+        tracers_out = [trace.full_raise(out) for out in outs]
+        primals_out = [full_lower(t.primal) for t in tracers_out]
+        tangents_out = [full_lower(t.tangent) for t in tracers_out]
+    return primals_out, tangents_out
+
+
+def jvp(f: Callable, primals: tuple, tangents: tuple) -> tuple[Any, Any]:
+    """Evaluate ``f(*primals)`` and its derivative in the direction ``tangents``.
+
+    This first version handles a function of arrays returning one array.
+    """
+    primals_out, tangents_out = jvp_flat(lambda *xs: [f(*xs)], primals, tangents)
+    return primals_out[0], tangents_out[0]
+
+
+# %% [markdown]
+# Let us check it on the running example. The derivative of
+# $f(x) = -2\sin x + x$ is $f'(x) = -2\cos x + 1$.
+
+# %%
+y, y_dot = jvp(f, (3.0,), (1.0,))
+print(y)
+print(y_dot, -2 * np.cos(3.0) + 1)
+
+
+# %% [markdown]
+# ### Derivatives of derivatives
+#
+# Because the JVP rules call `bind` on whatever they are given, a derivative can be
+# differentiated again. Each call to `jvp` pushes its own level, and the primitives
+# find the right interpreter by looking at levels. Let us define the derivative of
+# a function of one variable and apply it repeatedly to `sin`: the derivatives
+# cycle through $\cos$, $-\sin$, $-\cos$ and back to $\sin$.
+
+
+# %%
+def derivative(fun):
+    return lambda x: jvp(fun, (x,), (1.0,))[1]
+
+
+d1 = derivative(sin)
+d4 = derivative(derivative(derivative(derivative(sin))))
+print(d1(3.0), np.cos(3.0))
+print(d4(3.0), np.sin(3.0))
+
+
+# %% [markdown]
+# How does this work when we differentiate `derivative(sin)`? The outer `jvp`
+# pushes level 1 and calls the inner function with a level-1 tracer `x`. The inner
+# `jvp` pushes level 2 and wraps `x` as the primal of a level-2 tracer. When `sin`
+# is applied to that tracer, `bind` picks level 2, whose rule calls `sin` and `cos`
+# on the primal `x` — a level-1 tracer — so level 1 differentiates those in turn,
+# and its rule finally calls `sin` and `cos` on plain numbers at level 0.
+#
+# ### Python control flow is free
+#
+# The function being differentiated is ordinary Python, run once per call. A
+# branch or a loop just decides which primitives get applied this time, and the
+# JVP interpreter differentiates the ones that were. `if x > 0` works because the
+# comparison returns a JVP tracer whose primal is an actual boolean, and
+# `JVPTracer.__bool__` answers with that.
+
+
+# %%
+def soft_abs(x):
+    # -x for negative inputs, x * x / 2 + 1/2 for x in [0, 1), x beyond that
+    if x < 0.0:
+        return neg(x)
+    if x < 1.0:
+        return mul(x, x) * 0.5 + 0.5
+    return x
+
+
+for x0 in [-2.0, 0.5, 3.0]:
+    value, slope = jvp(soft_abs, (x0,), (1.0,))
+    print(f"x = {x0:4}: value {value}, slope {slope}")
+
+
+# %% [markdown]
+# The derivative is that of the branch taken: $-1$, $x$ and $1$. Loops are no
+# different. This function sums the Taylor series of $e^x$ until the terms become
+# negligible, so how many terms it adds depends on `x`. The JVP interpreter
+# differentiates whatever was added, and since the derivative of $e^x$ is $e^x$,
+# the slope should match the value:
+
+
+# %%
+def exp_by_series(x):
+    total, term, k = 1.0, 1.0, 1
+    while True:
+        term = term * x * (1.0 / k)  # x**k / k!
+        total = total + term
+        if term * term < 1e-34:  # compares the primal: a plain boolean
+            return total
+        k += 1
+
+
+value, slope = jvp(exp_by_series, (1.5,), (1.0,))
+print(value, slope, np.exp(1.5))
+
+
+# %% [markdown]
+# ## Pytrees: functions of structured data
+#
+# So far `jvp` takes a function of arrays that returns one array. Real functions
+# take a tuple of parameters, return a dict of statistics, or use a class of their
+# own. JAX handles all of these with **pytrees**: nested containers whose leaves
+# are arrays. A transformation flattens the inputs into a list of leaves plus a
+# description of the structure, works on the flat list, and rebuilds the output
+# structure at the end.
+#
+# The structure description, `PyTreeDef`, records for each container node its
+# type, any *auxiliary data* needed to rebuild it (such as a dict's keys), and its
+# children. Leaves are marked by a node type of `None`.
+
+
+# %% tags=["export"]
+class NodeHandler(NamedTuple):
+    """How to take a container apart and put it back together."""
+
+    to_children: Callable[[Any], tuple[Sequence[Any], Hashable]]
+    from_children: Callable[[Hashable, list[Any]], Any]
+
+
+PYTREE_NODES: dict[type, NodeHandler] = {}
+
+
+def register_pytree_node(
+    node_type: type,
+    to_children: Callable[[Any], tuple[Sequence[Any], Hashable]],
+    from_children: Callable[[Hashable, list[Any]], Any],
+) -> None:
+    """Teach the pytree functions a new container type.
+
+    ``to_children(x)`` returns ``(children, aux)``; ``from_children(aux,
+    children)`` rebuilds the container. ``aux`` must be hashable.
+    """
+    PYTREE_NODES[node_type] = NodeHandler(to_children, from_children)
+
+
+register_pytree_node(tuple, lambda t: (t, None), lambda _, kids: tuple(kids))
+register_pytree_node(list, lambda xs: (xs, None), lambda _, kids: list(kids))
+register_pytree_node(
+    dict,
+    lambda d: ([d[k] for k in sorted(d)], tuple(sorted(d))),
+    lambda keys, kids: dict(zip(keys, kids)),
+)
+register_pytree_node(type(None), lambda _: ((), None), lambda _, kids: None)
+
+
+@dataclass(frozen=True)
+class PyTreeDef:
+    """The structure of a pytree, without its leaves."""
+
+    node_type: type | None  # None marks a leaf
+    aux: Hashable = None
+    children: tuple[PyTreeDef, ...] = ()
+
+    @property
+    def num_leaves(self) -> int:
+        if self.node_type is None:
+            return 1
+        return sum(child.num_leaves for child in self.children)
+
+    def __str__(self) -> str:
+        if self.node_type is None:
+            return "*"
+        kids = [str(child) for child in self.children]
+        if self.node_type is tuple:
+            return "(" + ", ".join(kids) + ("," if len(kids) == 1 else "") + ")"
+        if self.node_type is list:
+            return "[" + ", ".join(kids) + "]"
+        if self.node_type is dict:
+            items = (f"{key!r}: {kid}" for key, kid in zip(self.aux, kids))
+            return "{" + ", ".join(items) + "}"
+        if self.node_type is type(None):
+            return "None"
+        return f"{self.node_type.__name__}({', '.join(kids)})"
+
+
+LEAF = PyTreeDef(None)
+
+
+def tree_flatten(tree: Any) -> tuple[list[Any], PyTreeDef]:
+    """Split a pytree into its list of leaves and its structure."""
+    leaves: list[Any] = []
+
+    def visit(node: Any) -> PyTreeDef:
+        handler = PYTREE_NODES.get(type(node))
+        if handler is None:
+            leaves.append(node)
+            return LEAF
+        children, aux = handler.to_children(node)
+        return PyTreeDef(type(node), aux, tuple(visit(c) for c in children))
+
+    return leaves, visit(tree)
+
+
+def tree_unflatten(treedef: PyTreeDef, leaves: Sequence[Any]) -> Any:
+    """Rebuild a pytree of structure ``treedef`` from its leaves."""
+    leaves = list(leaves)
+    if len(leaves) != treedef.num_leaves:
+        raise ValueError(
+            f"tree_unflatten: structure {treedef} has {treedef.num_leaves} "
+            f"leaves, got {len(leaves)}"
+        )
+    remaining = iter(leaves)
+
+    def build(node: PyTreeDef) -> Any:
+        if node.node_type is None:
+            return next(remaining)
+        kids = [build(child) for child in node.children]
+        return PYTREE_NODES[node.node_type].from_children(node.aux, kids)
+
+    return build(treedef)
+
+
+# %%
+leaves, treedef = tree_flatten((1.0, {"w": np.ones(2), "b": 0.0}, [None, 2.0]))
+print(leaves)
+print(treedef)
+print(tree_unflatten(treedef, [10.0, 20.0, 30.0, 40.0]))
+
+
+# %% [markdown]
+# Note that the dict's leaves come out in sorted key order (`b` before `w`), so two
+# dicts with the same keys always flatten the same way, and that `None` is an
+# empty container rather than a leaf, as in JAX.
+#
+# A transformation that works on flat lists needs the user's function in flat form
+# too: a function from a list of leaves to a list of leaves. `flatten_fun` wraps
+# it, and because the output structure is known only once the function has run,
+# the wrapper remembers it in an attribute for the transformation to read
+# afterwards.
+
+
+# %% tags=["export"]
+class flatten_fun:
+    """``f(*args)`` as a function of the flat list of leaves of ``args``.
+
+    After a call, ``out_tree`` holds the structure of what ``f`` returned.
+    """
+
+    def __init__(self, f: Callable, in_tree: PyTreeDef) -> None:
+        self.f = f
+        self.in_tree = in_tree
+        self.out_tree: PyTreeDef | None = None
+
+    def __call__(self, *leaves: Any) -> list[Any]:
+        args = tree_unflatten(self.in_tree, leaves)
+        out_leaves, self.out_tree = tree_flatten(self.f(*args))
+        return out_leaves
+
+
+# %% [markdown]
+# With these pieces, the final `jvp` accepts any pytrees. It also checks what the
+# user passed before tracing anything: primals and tangents must have the same
+# structure, and each tangent the same shape and dtype as its primal.
+
+
+# %% tags=["export"]
+def _check_tangents(name: str, primals: list, tangents: list) -> None:
+    for i, (p, t) in enumerate(zip(primals, tangents)):
+        p_aval, t_aval = get_aval(p), get_aval(t)
+        if p_aval.shape != t_aval.shape:
+            raise ValueError(
+                f"{name}: tangent {i} has shape {t_aval.shape} but its primal has "
+                f"shape {p_aval.shape}; each tangent must match its primal"
+            )
+        if p_aval.dtype != t_aval.dtype:
+            raise TypeError(
+                f"{name}: tangent {i} has dtype {t_aval.dtype.name} but its primal "
+                f"has dtype {p_aval.dtype.name}; each tangent must match its primal"
+            )
+
+
+def jvp(f: Callable, primals: tuple, tangents: tuple) -> tuple[Any, Any]:
+    """Evaluate ``f(*primals)`` and its derivative in the direction ``tangents``.
+
+    ``primals`` and ``tangents`` are tuples of pytrees with the same structure;
+    the results have the structure of ``f``'s output.
+    """
+    if not isinstance(primals, (tuple, list)) or not isinstance(
+        tangents, (tuple, list)
+    ):
+        raise TypeError(
+            "jvp: primals and tangents must be tuples with one entry per "
+            f"argument of f, got {type(primals).__name__} and "
+            f"{type(tangents).__name__}"
+        )
+    primals_flat, in_tree = tree_flatten(tuple(primals))
+    tangents_flat, tangent_tree = tree_flatten(tuple(tangents))
+    if in_tree != tangent_tree:
+        raise TypeError(
+            "jvp: primals and tangents must have the same structure, got "
+            f"{in_tree} and {tangent_tree}"
+        )
+    primals_flat = [_as_input(x, "jvp primal") for x in primals_flat]
+    tangents_flat = [_as_input(x, "jvp tangent") for x in tangents_flat]
+    _check_tangents("jvp", primals_flat, tangents_flat)
+    flat_f = flatten_fun(f, in_tree)
+    primals_out, tangents_out = jvp_flat(flat_f, primals_flat, tangents_flat)
+    out_tree = flat_f.out_tree
+    return tree_unflatten(out_tree, primals_out), tree_unflatten(out_tree, tangents_out)
+
+
+# %% [markdown]
+# Registering a container of our own is one call. Here a small dataclass holds the
+# parameters of a line, and we differentiate a loss with respect to both of them
+# at once by giving a tangent of the same type:
+
+
+# %%
+@dataclass
+class Line:
+    slope: Any
+    offset: Any
+
+
+register_pytree_node(
+    Line,
+    lambda line: ((line.slope, line.offset), None),
+    lambda _, kids: Line(*kids),
+)
+
+xs = np.array([0.0, 1.0, 2.0])
+ys = np.array([1.0, 3.0, 5.0])
+
+
+def squared_error(line, xs, ys):
+    # Our primitives only broadcast Python numbers, so spread the scalar
+    # parameters over the data explicitly.
+    slope = broadcast(line.slope, xs.shape, (0,))
+    offset = broadcast(line.offset, xs.shape, (0,))
+    residual = slope * xs + offset - ys
+    return {"loss": reduce_sum(residual * residual), "first": residual}
+
+
+params = Line(1.5, 0.5)
+out, out_dot = jvp(
+    squared_error,
+    (params, xs, ys),
+    (Line(1.0, 0.0), np.zeros(3), np.zeros(3)),
+)
+print("loss", out["loss"], "residuals", out["first"])
+print("d loss / d slope", out_dot["loss"], "residual tangents", out_dot["first"])
+print("by hand:", np.sum(2 * out["first"] * xs))
+
+# %% [markdown]
+# The output is a dict with the same keys as the function's result. The tangent
+# of the loss is its derivative with respect to the slope (the tangent we chose
+# moves only the slope), which by hand is $\sum_i 2 r_i x_i$ for residuals $r_i$.
+#
+# ## Batching: `vmap`
+#
+# Our second transformation is **vectorizing map**. `vmap(f)` turns a function
+# written for one example into a function that takes a whole batch, with the batch
+# stacked along some axis of each input. It is *as if* we looped over the examples
+# and stacked the results, but without the loop: each primitive is applied once,
+# to whole batches.
+#
+# The batching tracer holds the batched array and the position of its batch axis.
+# Its abstract value is that of *one* example: the function being batched was
+# written for one example, so that is what shape-dependent code inside it must
+# see. The batch axis may also be `None`, meaning the value is the same for every
+# example; such a tracer lowers itself back to the plain value.
+
+# %% tags=["export"]
+BatchAxis = int | None
+
+
+class BatchTracer(Tracer):
+    """A batch of values stacked along ``batch_axis`` (None: not batched)."""
+
+    def __init__(self, trace: BatchTrace, val: Any, batch_axis: BatchAxis) -> None:
+        self._trace = trace
+        self.val = val
+        self.batch_axis = batch_axis
+
+    @property
+    def aval(self) -> ShapedArray:
+        aval = get_aval(self.val)
+        if self.batch_axis is None:
+            return aval
+        shape = list(aval.shape)
+        del shape[self.batch_axis]
+        return ShapedArray(shape, aval.dtype)
+
+    def full_lower(self) -> Any:
+        if self.batch_axis is None:
+            return full_lower(self.val)
+        return self
+
+    def __bool__(self) -> bool:
+        if self.batch_axis is None:
+            return bool(self.val)
+        raise ConcretizationError(
+            "vmap: Python `if`, `while` or bool() on a batched value: each "
+            "example of the batch may need a different branch, but Python can "
+            "take only one. Compute both branches and choose elementwise "
+            "instead (a select primitive, or cond in Part 5)."
+        )
+
+    def __repr__(self) -> str:
+        return f"BatchTracer(val={self.val!r}, batch_axis={self.batch_axis})"
+
+
+class BatchTrace(Trace):
+    """The batching interpreter; its level's payload is the batch size."""
+
+    def pure(self, val: Any) -> BatchTracer:
+        return BatchTracer(self, val, None)
+
+    lift = pure
+
+    @property
+    def axis_size(self) -> int:
+        return self.level.payload
+
+    def process_primitive(self, prim, tracers, params):
+        vals = [t.val for t in tracers]
+        dims = [t.batch_axis for t in tracers]
+        outs, out_dims = prim.rule("vmap")(self.axis_size, vals, dims, **params)
+        return [BatchTracer(self, x, d) for x, d in zip(outs, out_dims)]
+
+
+# %% [markdown]
+# A batching rule receives the batch size, the unpacked values, their batch axes
+# (called `dims` in the code, since several primitives already use `axes` as a
+# param name) and the params, and returns the outputs with *their* batch axes. Many rules need
+# to line up batch axes first; `move_batch_axis` moves a batch axis to a new
+# position with a `transpose`, or, for an unbatched value, creates a batch axis
+# there with a `broadcast`. Both are primitives, so batching composes with every
+# other interpreter.
+
+
+# %% tags=["export"]
+def move_batch_axis(axis_size: int, src: BatchAxis, dst: int, x: Any) -> Any:
+    """Put the batch axis of ``x`` at position ``dst``."""
+    if src is None:
+        aval = get_aval(x)
+        shape = list(aval.shape)
+        shape.insert(dst, axis_size)
+        return broadcast(x, shape, (dst,))
+    if src == dst:
+        return x
+    perm = list(range(get_aval(x).ndim))
+    perm.remove(src)
+    perm.insert(dst, src)
+    return transpose(x, perm)
+
+
+# %% [markdown]
+# Elementwise rules are the easy ones. A unary operation does not care where the
+# batch axis is. A binary operation needs both operands batched along the same
+# axis: if only one is batched, we broadcast the other along that axis; if both
+# are batched at different positions, we move one to match the other.
+
+
+# %% tags=["export"]
+def _unary_vmap(prim: Primitive) -> None:
+    @prim.def_rule("vmap")
+    def rule(axis_size, vals, dims):
+        (x,), (ax,) = vals, dims
+        return [bind(prim, x)], [ax]
+
+
+def _binary_vmap(prim: Primitive) -> None:
+    @prim.def_rule("vmap")
+    def rule(axis_size, vals, dims):
+        (x, y), (ax, ay) = vals, dims
+        out_axis = ay if ax is None else ax
+        x = move_batch_axis(axis_size, ax, out_axis, x)
+        y = move_batch_axis(axis_size, ay, out_axis, y)
+        return [bind(prim, x, y)], [out_axis]
+
+
+for _prim in [neg_p, sin_p, cos_p]:
+    _unary_vmap(_prim)
+for _prim in [add_p, mul_p, greater_p, less_p]:
+    _binary_vmap(_prim)
+
+
+# %% [markdown]
+# The three structural primitives refer to axes in their params, and those axis
+# numbers were written for one example. The rules translate them into axis numbers
+# of the batched array.
+#
+# - `reduce_sum` over per-example axis `a` sums over batched axis `a` or `a + 1`,
+#   depending on whether `a` comes before the batch axis; the batch axis then moves
+#   left by the number of summed axes before it.
+# - `transpose` keeps the batch axis in front and shifts the permutation by one.
+# - `broadcast` does the same: batch axis in front, new axes shifted by one.
+
+
+# %% tags=["export"]
+@reduce_sum_p.def_rule("vmap")
+def _reduce_sum_vmap(axis_size, vals, dims, *, axes):
+    (x,), (bdim,) = vals, dims
+    full_axes = tuple(a if a < bdim else a + 1 for a in axes)
+    out_bdim = bdim - sum(1 for a in axes if a < bdim)
+    return [bind(reduce_sum_p, x, axes=full_axes)], [out_bdim]
+
+
+@transpose_p.def_rule("vmap")
+def _transpose_vmap(axis_size, vals, dims, *, perm):
+    (x,), (bdim,) = vals, dims
+    front = move_batch_axis(axis_size, bdim, 0, x)
+    full_perm = (0,) + tuple(p + 1 for p in perm)
+    return [bind(transpose_p, front, perm=full_perm)], [0]
+
+
+@broadcast_p.def_rule("vmap")
+def _broadcast_vmap(axis_size, vals, dims, *, shape, axes):
+    (x,), (bdim,) = vals, dims
+    front = move_batch_axis(axis_size, bdim, 0, x)
+    full_shape = (axis_size, *shape)
+    full_axes = tuple(a + 1 for a in axes)
+    return [bind(broadcast_p, front, shape=full_shape, axes=full_axes)], [0]
+
+
+# %% [markdown]
+# Running a function under the batching interpreter mirrors `jvp_flat`: push a
+# level whose payload is the batch size, wrap the batched inputs, run, and move
+# every output's batch axis to where the caller wants it. Outputs that turn out not
+# to depend on the batch are broadcast, so every output has the batch axis.
+#
+# The user-facing `vmap` adds the pytree handling and the checks a learner needs:
+# `in_axes` may be one int or `None` for all arguments, or a tuple with one entry
+# per argument, where each entry is an int, `None`, or a pytree of those matching
+# that argument's structure. Negative axes count from the end. All batched inputs
+# must agree on the batch size.
+
+
+# %% tags=["export"]
+def vmap_flat(
+    f: Callable, in_axes: Sequence[BatchAxis], args: Sequence[Any], out_axis: int = 0
+) -> list[Any]:
+    """Batch ``f`` (flat lists in and out); ``in_axes`` are already checked."""
+    sizes = {get_aval(x).shape[ax] for x, ax in zip(args, in_axes) if ax is not None}
+    (axis_size,) = sizes
+    with new_level(BatchTrace, axis_size) as level:
+        trace = BatchTrace(level)
+        tracers_in = [
+            x if ax is None else BatchTracer(trace, x, ax)
+            for x, ax in zip(args, in_axes)
+        ]
+        outs = f(*tracers_in)
+        outs = [_as_input(out, "vmap: output of the function") for out in outs]
+        tracers_out = [trace.full_raise(out) for out in outs]
+        vals_out = [t.val for t in tracers_out]
+        dims_out = [t.batch_axis for t in tracers_out]
+    results = []
+    for val, dim in zip(vals_out, dims_out):
+        ndim = get_aval(val).ndim + (dim is None)  # rank with the batch axis
+        if not -ndim <= out_axis < ndim:
+            raise ValueError(
+                f"vmap: out_axes {out_axis} is out of range for an output of "
+                f"rank {ndim} (including the batch axis)"
+            )
+        results.append(move_batch_axis(axis_size, dim, out_axis % ndim, val))
+    return results
+
+
+def vmap(f: Callable, in_axes: Any = 0, out_axes: int = 0) -> Callable:
+    """Vectorize ``f`` over a batch axis of its arguments.
+
+    ``in_axes``: an int or None for all arguments, or a tuple with one entry per
+    argument (an int, None, or a pytree of those). ``out_axes``: where the batch
+    axis goes in every output (default 0).
+    """
+    if not _is_axis(out_axes):
+        raise TypeError(f"vmap: out_axes must be an int, got {out_axes!r}")
+
+    def batched_f(*args: Any) -> Any:
+        if isinstance(in_axes, list):
+            axes_spec: Any = tuple(in_axes)
+        else:
+            axes_spec = in_axes
+        if isinstance(axes_spec, tuple) and len(axes_spec) != len(args):
+            raise ValueError(
+                f"vmap: in_axes has {len(axes_spec)} entries but the function "
+                f"was called with {len(args)} positional arguments"
+            )
+        axes_flat = _broadcast_prefix(axes_spec, args, "")
+        args_flat, in_tree = tree_flatten(args)
+        args_flat = [_as_input(x, "vmap argument") for x in args_flat]
+        axes_flat = _check_batch_axes(args_flat, axes_flat)
+        flat_f = flatten_fun(f, in_tree)
+        outs = vmap_flat(flat_f, axes_flat, args_flat, out_axes)
+        return tree_unflatten(flat_f.out_tree, outs)
+
+    return batched_f
+
+
+# %% [markdown]
+# The checks that `vmap` runs live in two helpers: one matches `in_axes`
+# against the arguments' structure, the other normalizes axes and compares batch
+# sizes. They are hidden here; expand the cell to read them.
+
+
+# %% tags=["export", "hide-input"]
+def _broadcast_prefix(prefix: Any, tree: Any, where: str) -> list[BatchAxis]:
+    """One entry of ``prefix`` per leaf of ``tree``; an int or None covers a
+    whole subtree, a container must match the tree's structure."""
+    if prefix is None or _is_axis(prefix):
+        return [prefix] * tree_flatten(tree)[1].num_leaves
+    handler = PYTREE_NODES.get(type(prefix))
+    if handler is None:
+        raise TypeError(
+            f"vmap: in_axes{where} must be an int, None or a container of those, "
+            f"got {type(prefix).__name__} {_short_repr(prefix)}"
+        )
+    prefix_kids, prefix_aux = handler.to_children(prefix)
+    tree_kids, tree_aux = (), None
+    if type(tree) is type(prefix):
+        tree_kids, tree_aux = handler.to_children(tree)
+    if (
+        type(prefix) is not type(tree)
+        or prefix_aux != tree_aux
+        or len(prefix_kids) != len(tree_kids)
+    ):
+        raise ValueError(
+            f"vmap: in_axes{where} has structure {tree_flatten(prefix)[1]} but the "
+            f"argument it describes has structure {tree_flatten(tree)[1]}"
+        )
+    out: list[BatchAxis] = []
+    for i, (p, t) in enumerate(zip(prefix_kids, tree_kids)):
+        key = repr(prefix_aux[i]) if isinstance(prefix, dict) else str(i)
+        out.extend(_broadcast_prefix(p, t, f"{where}[{key}]"))
+    return out
+
+
+def _is_axis(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _check_batch_axes(args: list, axes: list[BatchAxis]) -> list[BatchAxis]:
+    """Normalize negative axes; check ranges and that batch sizes agree."""
+    checked: list[BatchAxis] = []
+    sizes: dict[int, list[int]] = {}
+    for i, (x, ax) in enumerate(zip(args, axes)):
+        if ax is None:
+            checked.append(None)
+            continue
+        shape = get_aval(x).shape
+        if not -len(shape) <= ax < len(shape):
+            raise ValueError(
+                f"vmap: in_axes {ax} is out of range for argument leaf {i} of "
+                f"shape {shape} (rank {len(shape)})"
+            )
+        ax = int(ax) % len(shape)
+        checked.append(ax)
+        sizes.setdefault(shape[ax], []).append(i)
+    if not sizes:
+        raise ValueError(
+            "vmap: every in_axes entry is None, so there is no batch axis to map over"
+        )
+    if len(sizes) > 1:
+        detail = "; ".join(
+            f"size {size} for argument leaves {leaves}"
+            for size, leaves in sizes.items()
+        )
+        raise ValueError(f"vmap: inconsistent batch sizes: {detail}")
+    return checked
+
+
+# %% [markdown]
+# Let us batch the running example over a vector of inputs, and then something
+# with more structure: a per-example dot product, where one argument is batched
+# along its last axis (`in_axes=-1`) and the other is shared by all examples
+# (`None`).
+
+# %%
+print(vmap(f, (0,))(np.array([0.0, 1.0, 2.0, 3.0])))
+
+
+def dot(u, v):
+    return reduce_sum(mul(u, v))
+
+
+columns = np.arange(6.0).reshape(3, 2)  # two examples, stored as columns
+shared = np.array([1.0, 10.0, 100.0])
+print(vmap(dot, (-1, None))(columns, shared))
+print(columns.T @ shared)
+
+# %% [markdown]
+# Batching the transpose of a matrix, with the examples along axis 1 of the input
+# and the batch axis of the result put last via `out_axes`:
+
+# %%
+mats = np.arange(24.0).reshape(2, 3, 4)  # example k is mats[:, k, :]
+out = vmap(lambda m: transpose(m, (1, 0)), (1,), out_axes=-1)(mats)
+print(out.shape, np.array_equal(out, np.transpose(mats, (2, 0, 1))))
+
+
+# %% [markdown]
+# ### `jacfwd`: batching meets differentiation
+#
+# A JVP gives one column of the Jacobian per call: push the basis vector $e_j$
+# through and you get $\partial f / \partial x_j$. Batching those calls over all
+# basis vectors gives the whole Jacobian in one go. That is `jacfwd`: `vmap` of
+# `jvp`. For an input of any shape, we batch once per input axis over an identity
+# tensor, then move the input axes behind the output axes, the layout JAX uses.
+# Everything inside uses our primitives, so `jacfwd` can itself be transformed;
+# `jacfwd` of `jacfwd` is the Hessian.
+
+
+# %% tags=["export"]
+def jacfwd(f: Callable, x: Any) -> Any:
+    """The Jacobian of ``f`` at ``x``, of shape ``f(x).shape + x.shape``."""
+    x = _as_input(x, "jacfwd")
+    in_aval = get_aval(x)
+    if in_aval.dtype.kind != "f":
+        raise TypeError(
+            f"jacfwd: the input must be a float array, got {in_aval.str_short()}"
+        )
+
+    def pushforward(tangent):
+        out_tangent = jvp(f, (x,), (tangent,))[1]
+        if isinstance(out_tangent, (tuple, list, dict)):
+            raise TypeError("jacfwd: f must return a single array")
+        return out_tangent
+
+    column = pushforward
+    for _ in range(in_aval.ndim):
+        column = vmap(column, 0)
+    basis = np.eye(in_aval.size, dtype=in_aval.dtype).reshape(in_aval.shape * 2)
+    jac = column(basis)  # input axes first, then output axes
+    n_in = in_aval.ndim
+    n_out = get_aval(jac).ndim - n_in
+    perm = tuple(range(n_in, n_in + n_out)) + tuple(range(n_in))
+    return transpose(jac, perm) if perm else jac
+
+
+# %%
+def g(x):
+    return sin(x) * x
+
+
+x0 = np.array([0.5, 1.0, 2.0])
+print(jacfwd(g, x0))
+print(np.diag(np.cos(x0) * x0 + np.sin(x0)))
+
+energy = lambda x: reduce_sum(sin(x) * x)
+hessian = jacfwd(lambda x: jacfwd(energy, x), x0)
+print(np.allclose(hessian, np.diag(2 * np.cos(x0) - x0 * np.sin(x0))))
+
+# %% [markdown]
+# ## A look at the stack at work
+#
+# What does the interpreter stack look like in the middle of a nested
+# transformation? We can just look. The function below records the stack and the
+# tracer it was given while it runs under `jvp` of `vmap`.
+
+# %%
+snapshot = {}
+
+
+def spy(x):
+    snapshot["stack"] = list(_state.stack)
+    snapshot["x"] = x
+    return sin(x)
+
+
+jvp(vmap(spy, (0,)), (np.array([1.0, 2.0]),), (np.array([1.0, 0.0]),))
+print(snapshot["stack"])
+x = snapshot["x"]
+print(type(x).__name__, "at depth", x._trace.level.depth, "holds")
+print(" ", type(x.val).__name__, "at depth", x.val._trace.level.depth, "holds")
+print("   primal", x.val.primal, "and tangent", x.val.tangent)
+
+# %% [markdown]
+# The outer transformation, `jvp`, pushed level 1; the inner `vmap` pushed
+# level 2. The function received a batching tracer whose value is a JVP tracer,
+# whose primal and tangent are plain arrays. When `spy` calls `sin`, `bind` picks
+# level 2; the batching rule applies `sin` to the JVP tracer inside, which `bind`
+# sends to level 1; the JVP rule applies `sin`, `cos` and `mul` to plain arrays,
+# which level 0 evaluates. Drawn from the snapshot above:
+
+# %% mystnb={"image": {"alt": "The interpreter stack during jvp(vmap(spy)): level 2 (BatchTrace) on top of level 1 (JVPTrace) on top of level 0 (EvalTrace). Next to it, the argument spy receives: a BatchTracer at level 2 holding a JVPTracer at level 1 holding a primal array and a tangent array. A call to sin enters at level 2 and is passed down one level at a time to level 0."}} tags=["hide-input"]
+from IPython.display import SVG
+
+
+def stack_figure(stack, x):
+    """Draw the stack and the nesting of ``x`` as an SVG, from live objects."""
+    colors = {"EvalTrace": "#dbe9f6", "JVPTrace": "#fde2c8", "BatchTrace": "#d9f2d9"}
+    # what each rule binds, one level down, when spy applies sin
+    passes_down = {"BatchTrace": "sin", "JVPTrace": "sin, cos and mul"}
+    box_h, gap, top = 50, 28, 44
+    bottom = top + len(stack) * box_h + (len(stack) - 1) * gap
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="660" height="{bottom + 50}"'
+        ' font-family="sans-serif" font-size="13">',
+        "<title>Interpreter stack during jvp(vmap(spy))</title>",
+        '<defs><marker id="arrow" markerWidth="8" markerHeight="8" refX="4" '
+        'refY="4" orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#333"/>'
+        "</marker></defs>",
+        '<text x="20" y="24" font-weight="bold">interpreter stack</text>',
+        '<text x="350" y="24" font-weight="bold">the argument spy receives</text>',
+    ]
+    for level in stack:
+        y = top + (len(stack) - 1 - level.depth) * (box_h + gap)
+        name = level.trace_type.__name__
+        payload = "" if level.payload is None else f" (batch size {level.payload})"
+        parts.append(
+            f'<rect x="20" y="{y}" width="280" height="{box_h}" rx="6" '
+            f'fill="{colors[name]}" stroke="#555"/>'
+            f'<text x="34" y="{y + 30}">level {level.depth}: {name}{payload}</text>'
+        )
+        if level.depth > 0:  # the arrow of a bind passed one level down
+            y0, y1 = y + box_h + 2, y + box_h + gap - 4
+            parts.append(
+                f'<line x1="160" y1="{y0}" x2="160" y2="{y1}" stroke="#333" '
+                'marker-end="url(#arrow)"/>'
+                f'<text x="172" y="{y0 + 16}" fill="#333">rule binds '
+                f"{passes_down[name]}</text>"
+            )
+    # The argument: one box per tracer, outermost first, arrays innermost.
+    node, tangent, depth = x, None, 0
+    while isinstance(node, Tracer):
+        level = node._trace.level
+        inset = 14 * depth
+        color = colors[level.trace_type.__name__]
+        parts.append(
+            f'<rect x="{350 + inset}" y="{top + 32 * depth}" '
+            f'width="{290 - 2 * inset}" height="{bottom - top - 44 * depth}" '
+            f'rx="6" fill="{color}" stroke="#555"/>'
+            f'<text x="{362 + inset}" y="{top + 32 * depth + 20}">'
+            f"{type(node).__name__} (level {level.depth})</text>"
+        )
+        if isinstance(node, BatchTracer):
+            node = node.val
+        else:
+            node, tangent = node.primal, node.tangent
+        depth += 1
+    inset, y = 14 * depth, top + 32 * depth
+    for label, value in [("primal", node), ("tangent", tangent)]:
+        parts.append(
+            f'<rect x="{350 + inset}" y="{y}" width="{290 - 2 * inset}" '
+            f'height="34" rx="4" fill="{colors["EvalTrace"]}" stroke="#555"/>'
+            f'<text x="{362 + inset}" y="{y + 22}">{label}: '
+            f"{get_aval(value).str_short()} NumPy array</text>"
+        )
+        y += 42
+    parts.append(
+        f'<text x="20" y="{bottom + 32}" fill="#333">sin enters at the top; each '
+        "rule binds again on what its tracers hold, until level 0 computes."
+        "</text></svg>"
+    )
+    return SVG("".join(parts))
+
+
+stack_figure(snapshot["stack"], snapshot["x"])
+
+# %% [markdown]
+# Two things in this picture are worth remembering. First, the order of the
+# levels follows the order of the *calls* — the outermost transformation is the
+# lowest level — while the nesting of the tracers follows the same order from the
+# inside out. Second, nothing in the machinery knows which transformations exist:
+# `bind` compares depths, and each trace only knows its own rules. That is why any
+# new transformation composes with all the others.
+#
+# ## Python numbers in every interpreter
+#
+# Earlier we made the wrappers turn a Python number next to an array into an
+# explicit `broadcast`. Because this happens before `bind`, `x * 2.0` means the
+# same thing in every interpreter. Here it is in the three we have, each compared
+# with the plain NumPy answer:
+
+# %%
+v = np.array([1.0, 2.0, 3.0])
+scale = lambda x: x * 2.0 + 1.0
+
+print(scale(v), v * 2.0 + 1.0)
+print(jvp(scale, (v,), (np.ones(3),)))
+batch = np.arange(6.0).reshape(2, 3)
+print(vmap(scale, (0,))(batch))
+print(np.array_equal(vmap(scale, (1,))(batch.T), batch * 2.0 + 1.0))
+
+# %% [markdown]
+# ## When things go wrong
+#
+# A learner will hand these functions all sorts of things. Each mistake should
+# produce an error that says what was wrong in the user's terms. A few examples:
+
+# %%
+import textwrap
+
+
+def show_error(thunk):
+    try:
+        thunk()
+    except Exception as e:
+        print(textwrap.fill(f"{type(e).__name__}: {e}", 80, subsequent_indent="  "))
+
+
+show_error(lambda: sin("three"))
+show_error(lambda: add(np.ones(3), np.ones(4)))
+show_error(lambda: jvp(sin, (1.0,), (np.ones(2),)))
+show_error(lambda: vmap(add, (0, 0))(np.ones(3), np.ones(4)))
+show_error(lambda: vmap(lambda x: x if x > 0 else -x, (0,))(np.ones(3)))
+show_error(lambda: reduce_sum(np.ones((2, 3)), axis=2))
+
+# %% [markdown]
+# And a tracer that escapes its transformation is caught when it is used again,
+# instead of silently computing with a stale value:
+
+# %%
+leaked = []
+jvp(lambda x: leaked.append(x) or x, (1.0,), (1.0,))
+show_error(lambda: sin(leaked[0]))
+
+# %% [markdown]
+# ## Where real JAX differs
+#
+# - JAX's primitives live in [`jax.lax`](https://docs.jax.dev/en/latest/jax.lax.html);
+#   its `broadcast` is `lax.broadcast_in_dim`, which names the axes that are *kept*
+#   rather than the ones inserted.
+# - JAX does not convert zero tangents to arrays eagerly: it uses symbolic zeros,
+#   so differentiating with respect to one input out of many costs nothing for the
+#   others.
+# - Python numbers in JAX are *weakly typed*: `x * 2.0` keeps the dtype of a
+#   `float32` array `x`, and an integer `x` is promoted to a float by JAX's
+#   [type promotion rules](https://docs.jax.dev/en/latest/type_promotion.html).
+#   Ours refuses to mix a float number with an integer array instead.
+# - JAX's `jax.vmap` supports `in_axes` given as a pytree prefix, as ours does,
+#   as well as `out_axes` trees, named axes and `spmd_axis_name`; see the
+#   [`vmap` docs](https://docs.jax.dev/en/latest/_autosummary/jax.vmap.html).
+# - Since late 2024, JAX no longer keeps a stack of numbered levels ("stackless"
+#   JAX): the running transformation's trace is held as the current context, and
+#   a tracer is compared with it directly rather than by depth. The idea of one
+#   interpreter per transformation is the same. See
+#   [Autodidax and JAX internals](https://docs.jax.dev/en/latest/autodidax.html)
+#   for the official version of this story.
+#
+# ## Summary
+#
+# - Every operation goes through `bind(primitive, *inputs, **params)`; the
+#   wrappers users call only tidy up their arguments.
+# - Abstract values (`ShapedArray`, `ConcreteArray`) describe arrays by shape and
+#   dtype, so rules can reason about values they do not have.
+# - Each transformation is an interpreter: a `Trace` subclass with `pure`, `lift`
+#   and `process_primitive`, and a `Tracer` subclass. Transformations in progress
+#   form a stack of levels, and `bind` hands each operation to the deepest live
+#   level among its inputs.
+# - `jvp` carries (primal, tangent) pairs and applies the chain rule one
+#   primitive at a time; because rules call `bind`, derivatives nest to any order and Python
+#   control flow works unchanged.
+# - `vmap` carries a batch and the position of its batch axis, with one rule per
+#   primitive that rewrites axis numbers; `jacfwd` is `vmap` of `jvp`.
+# - Pytrees let every transformation accept and return nested containers,
+#   including user-registered ones.
+#
+# Next, Part 2 stops running the function *during* the transformation and
+# starts recording it as a program of its own: a jaxpr.
+#
+# ## Exercises
+#
+# **1. A new primitive.** Add `exp` with `impl`, `jvp` and `vmap` rules, without
+# touching any existing code, and check `jvp` of `exp(sin(x))` against the
+# derivative you work out by hand.
+
+# %% tags=["hide-input"]
+exp_p = Primitive("exp")
+exp_p.def_rule("impl")(lambda x: [np.exp(x)])
+
+
+def exp(x):
+    return bind(exp_p, x)
+
+
+@exp_p.def_rule("jvp")
+def _exp_jvp(primals, tangents):
+    (x,), (dx,) = primals, tangents
+    y = exp(x)
+    return [y], [mul(dx, y)]
+
+
+_unary_vmap(exp_p)
+
+x0 = np.array([0.1, 0.7])
+_, slope = jvp(lambda x: exp(sin(x)), (x0,), (np.ones(2),))
+print(np.allclose(slope, np.exp(np.sin(x0)) * np.cos(x0)))
+print(np.allclose(vmap(exp, (0,))(x0), np.exp(x0)))
+
+
+# %% [markdown]
+# **2. Hessian-vector products.** For $h(x) = \sum_i \sin(x_i)\,x_i$, compute the
+# product of the Hessian with a vector $v$ *without* building the Hessian, by
+# taking a JVP of a gradient. (We have no `grad` yet; for a scalar function of a
+# vector, `jacfwd` gives the gradient.) Compare with the full Hessian.
+
+
+# %% tags=["hide-input"]
+def gradient(fun):
+    return lambda x: jacfwd(fun, x)
+
+
+def hvp(fun, x, v):
+    return jvp(gradient(fun), (x,), (v,))[1]
+
+
+h = lambda x: reduce_sum(sin(x) * x)
+x0 = np.array([0.3, 1.1, -2.0])
+v0 = np.array([1.0, -1.0, 0.5])
+full = jacfwd(gradient(h), x0)
+print(np.allclose(hvp(h, x0, v0), full @ v0))
+
+
+# %% [markdown]
+# **3. Per-example gradients.** For a linear model with the squared error
+# $\ell(w; x, y) = (w \cdot x - y)^2$ on one example, compute the gradient with
+# respect to $w$ for *every* example of a batch in one call, by batching `jacfwd`
+# with `vmap`. Compare with the formula $2(w \cdot x - y)\,x$.
+
+
+# %% tags=["hide-input"]
+def example_loss(w, x, y):
+    residual = reduce_sum(w * x) - y
+    return residual * residual
+
+
+w0 = np.array([0.5, -1.0, 2.0])
+inputs = np.arange(12.0).reshape(4, 3) / 10
+targets = np.array([1.0, 0.0, -1.0, 2.0])
+
+
+def example_grad(x, y):
+    return jacfwd(lambda w: example_loss(w, x, y), w0)
+
+
+per_example = vmap(example_grad, (0, 0))(inputs, targets)
+expected = 2 * (inputs @ w0 - targets)[:, None] * inputs
+print(per_example.shape, np.allclose(per_example, expected))

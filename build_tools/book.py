@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""Driver for the Autodidax book pipeline.
+
+Usage: python3 build_tools/book.py COMMAND [CHAPTER ...]
+
+  install   pip-install requirements.txt and autodidax (editable) into this Python
+  sync      regenerate book/<name>.ipynb and .py from book/<name>.md
+  tangle    regenerate autodidax.py from the chapters' export-tagged cells
+  execute   run the chapter notebooks in fresh kernels, storing their outputs
+  refresh   after editing a chapter: format its code, sync, tangle, execute
+  check     fail if a generated file is out of date (changes nothing)
+  test      install, then check, lint, pytest, nbval and the site build
+  site      install, then build the HTML site into _build/html
+
+sync, execute and refresh take chapters (``book/<name>.md`` or ``<name>``);
+without any they work on every chapter of _toc.yml.
+
+This script imports only the standard library at module level, so it runs on
+a bare Python: ``install`` (also the first step of ``test`` and ``site``)
+brings in everything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # make build_tools importable as a package
+
+# These modules import only the standard library at import time too.
+from build_tools import chapters, check, formatting, notebooks, tangle  # noqa: E402
+
+PYTHON = sys.executable
+# jupyter-book has no ``python -m`` entry point; call its CLI through this
+# interpreter so that the build uses the same environment as everything else.
+JUPYTER_BOOK = [PYTHON, "-c", "from jupyter_book.cli.main import main; main()"]
+# --all: a fresh Sphinx environment, so that every page is read again and no
+# warning hides behind an incremental build. --keep-going with -W reports all
+# warnings, then fails.
+SITE_BUILD = JUPYTER_BOOK + [
+    "build",
+    "--warningiserror",
+    "--nitpick",
+    "--keep-going",
+    "--all",
+    ".",
+]
+SITE_INDEX = ROOT / "_build" / "html" / "index.html"
+LINT_TARGETS = ["autodidax.py", "build_tools", "tests", "bench"]
+
+
+class StepFailed(Exception):
+    """A step of a command failed; its own output already says why."""
+
+
+def banner(text: str) -> None:
+    print(f"\n==> {text}", flush=True)
+
+
+def run(step: str, argv: Sequence[str], env: dict[str, str] | None = None) -> None:
+    """Run one external step from the repository root; raise StepFailed if it fails."""
+    banner(step)
+    started = time.monotonic()
+    code = subprocess.run(argv, cwd=ROOT, env=env, check=False).returncode
+    if code != 0:
+        raise StepFailed(f"{step} failed (exit code {code})")
+    print(f"    ({step}: ok, {time.monotonic() - started:.1f}s)", flush=True)
+
+
+# ---------------------------------------------------------------- commands
+
+
+def cmd_install(args: argparse.Namespace) -> None:
+    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    pip = [PYTHON, "-m", "pip", "install", "-q", "-r", "requirements.txt", "-e", "."]
+    run(f"install into {PYTHON}", pip, env=env)
+    importlib.invalidate_caches()  # later steps of this process import them
+
+
+def cmd_sync(args: argparse.Namespace) -> None:
+    for chapter in chapters.select_chapters(ROOT, args.chapters):
+        changed = notebooks.sync_chapter(chapter)
+        status = ", ".join(chapter.rel(path) for path in changed) or "unchanged"
+        print(f"sync {chapter.rel(chapter.md)}: {status}")
+
+
+def cmd_tangle(args: argparse.Namespace) -> None:
+    changed = tangle.write_module(ROOT)
+    print(f"tangle: {tangle.MODULE_FILE} {'written' if changed else 'unchanged'}")
+
+
+def cmd_execute(args: argparse.Namespace) -> None:
+    for chapter in chapters.select_chapters(ROOT, args.chapters):
+        started = time.monotonic()
+        print(f"execute {chapter.rel(chapter.ipynb)} ...", flush=True)
+        notebooks.execute_chapter(chapter)
+        elapsed = time.monotonic() - started
+        print(f"execute {chapter.rel(chapter.ipynb)}: done ({elapsed:.1f}s)")
+
+
+def cmd_refresh(args: argparse.Namespace) -> None:
+    # Tangle before executing: later chapters import the module.
+    for chapter in chapters.select_chapters(ROOT, args.chapters):
+        changed = notebooks.format_chapter(chapter)
+        print(f"format {chapter.rel(chapter.md)}: {'reformatted' if changed else 'ok'}")
+    cmd_sync(args)
+    cmd_tangle(args)
+    cmd_execute(args)
+
+
+def cmd_check(args: argparse.Namespace) -> None:
+    problems = check.check_repo(ROOT)
+    for problem in problems:
+        print(f"check: {problem}", file=sys.stderr)
+    if problems:
+        raise StepFailed(f"check found {len(problems)} problem(s)")
+    count = len(chapters.find_chapters(ROOT))
+    print(f"check: {count} chapter(s) and {tangle.MODULE_FILE} are in sync")
+
+
+def cmd_test(args: argparse.Namespace) -> None:
+    cmd_install(args)
+    # A fresh interpreter for check: the packages were possibly just installed.
+    run("check", [PYTHON, __file__, "check"])
+
+    chapter_list = chapters.find_chapters(ROOT)
+    lint_targets = [target for target in LINT_TARGETS if (ROOT / target).exists()]
+    lint_targets += [chapter.rel(chapter.py) for chapter in chapter_list]
+    run("ruff check", [PYTHON, "-m", "ruff", "check", *lint_targets])
+    run(
+        "ruff format --check",
+        [PYTHON, "-m", "ruff", "format", "--check", *lint_targets],
+    )
+
+    run("pytest tests/", [PYTHON, "-m", "pytest", "-n", "2", "tests"])
+
+    if chapter_list:
+        # One fresh kernel per notebook; --dist loadfile keeps all cells of a
+        # notebook on the same worker, in order.
+        workers = str(min(2, len(chapter_list)))
+        nbval = [PYTHON, "-m", "pytest", "--nbval", "--nbval-current-env"]
+        nbval += ["--nbval-cell-timeout=600", "-n", workers, "--dist", "loadfile"]
+        nbval += [chapter.rel(chapter.ipynb) for chapter in chapter_list]
+        run("nbval (re-execute every chapter, compare outputs)", nbval)
+    else:
+        banner("nbval: no chapters yet, skipped")
+
+    run("site build (warnings are errors)", SITE_BUILD)
+    banner("test: all steps passed")
+
+
+def cmd_site(args: argparse.Namespace) -> None:
+    cmd_install(args)
+    run("site build", SITE_BUILD)
+    print(f"\nThe site is in {SITE_INDEX.parent}; open {SITE_INDEX}")
+
+
+# name: (function, takes chapter arguments, help)
+COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], None], bool, str]] = {
+    "install": (cmd_install, False, "install the pinned tools and autodidax"),
+    "sync": (cmd_sync, True, "regenerate .ipynb/.py from the chapters' .md"),
+    "tangle": (cmd_tangle, False, "regenerate autodidax.py"),
+    "execute": (cmd_execute, True, "execute chapter notebooks, storing outputs"),
+    "refresh": (cmd_refresh, True, "format, sync, tangle and execute"),
+    "check": (cmd_check, False, "fail if a generated file is out of date"),
+    "test": (cmd_test, False, "install and run every check and test"),
+    "site": (cmd_site, False, "install and build the HTML site"),
+}
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="book.py",
+        description="Driver for the Autodidax book pipeline.",
+        epilog="sync, execute and refresh take chapters (book/<name>.md or <name>); "
+        "without any they work on every chapter of _toc.yml.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (function, takes_chapters, help_text) in COMMANDS.items():
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        if takes_chapters:
+            sub.add_argument("chapters", nargs="*", help="chapters (default: all)")
+        sub.set_defaults(function=function, chapters=[])
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        args.function(args)
+    except StepFailed as failure:
+        print(f"\nbook.py {args.command}: FAILED: {failure}", file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as error:
+        print(
+            f"book.py {args.command}: missing Python package {error.name!r}; run "
+            "`python3 build_tools/book.py install` first (in a virtualenv)",
+            file=sys.stderr,
+        )
+        return 2
+    except (
+        chapters.ChapterError,
+        formatting.FormatError,
+        notebooks.NotebookError,
+        tangle.TangleError,
+    ) as error:
+        print(f"book.py {args.command}: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
