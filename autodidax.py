@@ -106,12 +106,14 @@ def neg(x: ArrayLike) -> ArrayLike:
 
 
 def sin(x: ArrayLike) -> ArrayLike:
-    """Elementwise sine."""
+    """Elementwise sine of a float array."""
+    _check_float("sin", x)
     return bind(sin_p, x)
 
 
 def cos(x: ArrayLike) -> ArrayLike:
-    """Elementwise cosine."""
+    """Elementwise cosine of a float array."""
+    _check_float("cos", x)
     return bind(cos_p, x)
 
 
@@ -183,6 +185,13 @@ def _normalize_axes(name: str, axes: int | Sequence[int], ndim: int) -> tuple:
     if len(set(out)) != len(out):
         raise ValueError(f"{name}: repeated axis in {axes}")
     return tuple(out)
+
+
+def _check_float(name: str, x: ArrayLike) -> None:
+    """Refuse non-float inputs (NumPy would quietly return floats for ints)."""
+    dtype = get_aval(x).dtype
+    if dtype.kind != "f":
+        raise TypeError(f"{name}: expected a float array, got dtype {dtype.name}")
 
 
 def _check_shape(name: str, shape: Sequence[int]) -> tuple:
@@ -553,10 +562,14 @@ def _leaked_tracer_error(tracer: Tracer) -> UnexpectedTracerError:
     )
 
 
+def _bottom_level() -> Level:
+    """Where the search for the top trace starts: the evaluation level."""
+    return _state.stack[0]
+
+
 def find_top_trace(args: Sequence[Any]) -> Trace:
     """The trace of the deepest live level among the tracers in ``args``."""
-    stack = _state.stack
-    top = stack[0]
+    top = _bottom_level()
     for x in args:
         if isinstance(x, Tracer):
             if not _is_live(x):
@@ -1122,3 +1135,478 @@ def jacfwd(f: Callable, x: Any) -> Any:
     n_out = get_aval(jac).ndim - n_in
     perm = tuple(range(n_in, n_in + n_out)) + tuple(range(n_in))
     return transpose(jac, perm) if perm else jac
+
+
+# ==== chapter: part2_jaxprs ====
+
+
+class Var:
+    """A jaxpr variable: a placeholder for an array of type ``aval``."""
+
+    __slots__ = ("aval",)
+
+    def __init__(self, aval: ShapedArray) -> None:
+        self.aval = aval
+
+
+class Lit:
+    """A literal: a scalar constant written into an equation."""
+
+    __slots__ = ("val", "aval")
+
+    def __init__(self, val: Any) -> None:
+        self.val = as_array(val, "Lit")
+        self.aval = raise_to_shaped(get_aval(self.val))
+
+
+Atom = Var | Lit
+
+
+class JaxprEqn(NamedTuple):
+    """One equation: ``out_binders = primitive[params] inputs``."""
+
+    primitive: Primitive
+    inputs: list[Atom]
+    params: dict[str, Any]
+    out_binders: list[Var]
+
+
+class Jaxpr:
+    """A function in the jaxpr language."""
+
+    def __init__(
+        self, in_binders: list[Var], eqns: list[JaxprEqn], outs: list[Atom]
+    ) -> None:
+        self.in_binders = in_binders
+        self.eqns = eqns
+        self.outs = outs
+
+    def __str__(self) -> str:
+        return pp_jaxpr(self)
+
+    def __repr__(self) -> str:
+        return f"<Jaxpr with {len(self.eqns)} equations>\n{self}"
+
+
+class JaxprType(NamedTuple):
+    """The type of a jaxpr: the types of its inputs and of its outputs."""
+
+    in_types: list[ShapedArray]
+    out_types: list[ShapedArray]
+
+    def __str__(self) -> str:
+        ins = ", ".join(t.str_short() for t in self.in_types)
+        outs = ", ".join(t.str_short() for t in self.out_types)
+        return f"({ins}) -> ({outs})"
+
+
+def _letters(n: int) -> str:
+    """0 -> 'a', 25 -> 'z', 26 -> 'aa', 27 -> 'ab', ..."""
+    name = ""
+    n += 1
+    while n:
+        n, rest = divmod(n - 1, 26)
+        name = chr(ord("a") + rest) + name
+    return name
+
+
+class _Names:
+    """Hands out printable names for variables, in order of first request."""
+
+    def __init__(self) -> None:
+        self.names: dict[Var, str] = {}
+
+    def __call__(self, atom: Atom) -> str:
+        if isinstance(atom, Lit):
+            return repr(atom.val.item())
+        if atom not in self.names:
+            self.names[atom] = _letters(len(self.names))
+        return self.names[atom]
+
+    def binder(self, var: Var) -> str:
+        return f"{self(var)}:{var.aval.str_short()}"
+
+
+def pp_jaxpr(jaxpr: Jaxpr, indent: int = 0, names: _Names | None = None) -> str:
+    """Render a jaxpr as text; nested jaxprs in params are indented."""
+    names = names or _Names()
+    pad = " " * indent
+    binders = "".join(names.binder(v) + " " for v in jaxpr.in_binders)
+    lines = [f"{pad}{{ lambda {binders}. let"]
+    for eqn in jaxpr.eqns:
+        outs = " ".join(names.binder(v) for v in eqn.out_binders)
+        params, nested = _pp_params(eqn.params, indent + 6, names)
+        args = " ".join(names(x) for x in eqn.inputs)
+        lines.append(f"{pad}    {outs} = {eqn.primitive.name}{params} {args}".rstrip())
+        lines.extend(nested)
+    outs = " ".join(names(x) for x in jaxpr.outs)
+    lines.append(f"{pad}  in ( {outs} ) }}")
+    return "\n".join(lines)
+
+
+def _pp_params(params: dict, indent: int, names: _Names) -> tuple[str, list[str]]:
+    """Inline params as ``[k=v ...]``; nested jaxprs go on lines of their own."""
+    inline, nested = [], []
+    for key in sorted(params):
+        value = params[key]
+        if isinstance(value, Jaxpr):
+            inline.append(f"{key}=<jaxpr>")
+            nested.append(" " * indent + f"{key} =")
+            nested.append(pp_jaxpr(value, indent + 2, names))
+        else:
+            inline.append(f"{key}={value}")
+    return (f"[{' '.join(inline)}]" if inline else ""), nested
+
+
+RULE_KINDS = (*RULE_KINDS, "abstract_eval")
+
+
+def _unary_abstract_eval(prim: Primitive, float_only: bool) -> None:
+    @prim.def_rule("abstract_eval")
+    def rule(x: ShapedArray) -> list[ShapedArray]:
+        if float_only and x.dtype.kind != "f":
+            raise TypeError(f"{prim.name}: expected a float array, got {x.str_short()}")
+        return [ShapedArray(x.shape, x.dtype)]
+
+
+def _binary_abstract_eval(prim: Primitive, out_dtype: Any = None) -> None:
+    @prim.def_rule("abstract_eval")
+    def rule(x: ShapedArray, y: ShapedArray) -> list[ShapedArray]:
+        check_binary_operands(prim.name, x, y)
+        return [ShapedArray(x.shape, out_dtype or x.dtype)]
+
+
+_unary_abstract_eval(neg_p, float_only=False)
+_unary_abstract_eval(sin_p, float_only=True)
+_unary_abstract_eval(cos_p, float_only=True)
+_binary_abstract_eval(add_p)
+_binary_abstract_eval(mul_p)
+_binary_abstract_eval(greater_p, out_dtype=np.bool_)
+_binary_abstract_eval(less_p, out_dtype=np.bool_)
+
+
+@reduce_sum_p.def_rule("abstract_eval")
+def _reduce_sum_abstract_eval(x: ShapedArray, *, axes: tuple) -> list[ShapedArray]:
+    axes = _normalize_axes("reduce_sum", axes, x.ndim)
+    shape = [d for i, d in enumerate(x.shape) if i not in axes]
+    return [ShapedArray(shape, x.dtype)]
+
+
+@transpose_p.def_rule("abstract_eval")
+def _transpose_abstract_eval(x: ShapedArray, *, perm: tuple) -> list[ShapedArray]:
+    perm = _normalize_axes("transpose", perm, x.ndim)
+    if sorted(perm) != list(range(x.ndim)):
+        raise ValueError(
+            f"transpose: perm must be a permutation of the {x.ndim} axes of "
+            f"the input, got {perm}"
+        )
+    return [ShapedArray([x.shape[p] for p in perm], x.dtype)]
+
+
+@broadcast_p.def_rule("abstract_eval")
+def _broadcast_abstract_eval(
+    x: ShapedArray, *, shape: tuple, axes: tuple
+) -> list[ShapedArray]:
+    shape = _check_shape("broadcast", shape)
+    axes = _normalize_axes("broadcast", axes, len(shape))
+    kept = tuple(d for i, d in enumerate(shape) if i not in axes)
+    if kept != x.shape:
+        raise ValueError(
+            f"broadcast: cannot broadcast {x.str_short()} to shape {shape} by "
+            f"inserting axes {axes}"
+        )
+    return [ShapedArray(shape, x.dtype)]
+
+
+class JaxprTypeError(TypeError):
+    """A jaxpr is not well formed or not well typed."""
+
+
+def typecheck_jaxpr(jaxpr: Jaxpr) -> JaxprType:
+    """Check a jaxpr and return its type; raise JaxprTypeError if it is bad."""
+    names = _Names()
+    for v in jaxpr.in_binders:  # name variables in printing order
+        names(v)
+    for eqn in jaxpr.eqns:
+        for v in eqn.out_binders:
+            names(v)
+
+    bound: set[Var] = set()
+
+    def bind_var(v: Var, where: str) -> None:
+        if not isinstance(v, Var):
+            raise JaxprTypeError(f"{where}: a binder must be a Var, got {v!r}")
+        if v in bound:
+            raise JaxprTypeError(f"{where}: variable {names(v)} is bound twice")
+        bound.add(v)
+
+    def type_of(atom: Atom, where: str) -> ShapedArray:
+        if isinstance(atom, Lit):
+            return atom.aval
+        if not isinstance(atom, Var):
+            raise JaxprTypeError(f"{where}: expected a Var or Lit, got {atom!r}")
+        if atom not in bound:
+            raise JaxprTypeError(f"{where}: variable {names(atom)} is not bound")
+        return raise_to_shaped(atom.aval)
+
+    for v in jaxpr.in_binders:
+        bind_var(v, "input binders")
+    for i, eqn in enumerate(jaxpr.eqns):
+        where = f"equation {i} ({eqn.primitive.name})"
+        in_types = [type_of(x, where) for x in eqn.inputs]
+        try:
+            out_types = eqn.primitive.rule("abstract_eval")(*in_types, **eqn.params)
+        except (TypeError, ValueError) as err:
+            raise JaxprTypeError(f"{where}: {err}") from err
+        if len(out_types) != len(eqn.out_binders):
+            raise JaxprTypeError(
+                f"{where}: the primitive has {len(out_types)} outputs but the "
+                f"equation binds {len(eqn.out_binders)}"
+            )
+        for v, expected in zip(eqn.out_binders, out_types):
+            if raise_to_shaped(v.aval) != expected:
+                raise JaxprTypeError(
+                    f"{where}: output {names(v)} is declared "
+                    f"{v.aval.str_short()} but the primitive produces "
+                    f"{expected.str_short()}"
+                )
+            bind_var(v, where)
+    out_types = [type_of(x, "outputs") for x in jaxpr.outs]
+    in_types = [raise_to_shaped(v.aval) for v in jaxpr.in_binders]
+    return JaxprType(in_types, out_types)
+
+
+def eval_jaxpr(jaxpr: Jaxpr, args: Sequence[Any]) -> list[Any]:
+    """Run ``jaxpr`` on ``args`` by binding each equation's primitive."""
+    args = list(args)
+    if len(args) != len(jaxpr.in_binders):
+        raise TypeError(
+            f"eval_jaxpr: the jaxpr takes {len(jaxpr.in_binders)} inputs, got "
+            f"{len(args)}"
+        )
+    env: dict[Var, Any] = {}
+
+    def read(atom: Atom) -> Any:
+        return atom.val if isinstance(atom, Lit) else env[atom]
+
+    for v, arg in zip(jaxpr.in_binders, args):
+        env[v] = arg
+    for eqn in jaxpr.eqns:
+        outs = bind(eqn.primitive, *[read(x) for x in eqn.inputs], **eqn.params)
+        if not eqn.primitive.multiple_results:
+            outs = [outs]
+        env.update(zip(eqn.out_binders, outs))
+    return [read(x) for x in jaxpr.outs]
+
+
+def jaxpr_as_fun(jaxpr: Jaxpr) -> Callable[..., list[Any]]:
+    """The jaxpr as a Python function from arrays to a list of arrays."""
+    return lambda *args: eval_jaxpr(jaxpr, args)
+
+
+class JaxprTracer(Tracer):
+    """A value being recorded into a jaxpr: only its type is known."""
+
+    def __init__(self, trace: JaxprTrace, aval: ShapedArray) -> None:
+        self._trace = trace
+        self._aval = aval
+
+    @property
+    def aval(self) -> ShapedArray:
+        return self._aval
+
+    def __bool__(self) -> bool:
+        raise ConcretizationError(
+            f"Python `if`, `while` or bool() on a traced {self.aval.str_short()} "
+            "value: while a function is staged out (make_jaxpr, jit) only its "
+            "shape and dtype are known, not its value. Use cond (Part 5) to "
+            "branch on a traced value, or pass the value as a Python constant."
+        )
+
+
+class JaxprBuilder:
+    """Everything one tracing run records, until it becomes a jaxpr."""
+
+    def __init__(self) -> None:
+        self.tracer_to_var: dict[int, Var] = {}
+        self.tracers: list[JaxprTracer] = []  # keeps the ids above unique
+        self.const_tracers: dict[int, JaxprTracer] = {}  # by id of the value
+        self.const_vals: list[tuple[JaxprTracer, Any]] = []
+        self.recorded: list[tuple[Primitive, list, dict, list]] = []
+
+    def new_tracer(self, trace: JaxprTrace, aval: ShapedArray) -> JaxprTracer:
+        tracer = JaxprTracer(trace, raise_to_shaped(aval))
+        self.tracers.append(tracer)
+        self.tracer_to_var[id(tracer)] = Var(tracer.aval)
+        return tracer
+
+    def const_tracer(self, trace: JaxprTrace, val: Any) -> JaxprTracer:
+        """The tracer standing for a constant; one per distinct object."""
+        tracer = self.const_tracers.get(id(val))
+        if tracer is None:
+            tracer = self.new_tracer(trace, get_aval(val))
+            self.const_tracers[id(val)] = tracer
+            self.const_vals.append((tracer, val))
+        return tracer
+
+    def add_eqn(self, prim: Primitive, ins: list, params: dict, outs: list) -> None:
+        self.recorded.append((prim, list(ins), params, list(outs)))
+
+    def build(
+        self, in_tracers: list[JaxprTracer], out_tracers: list[JaxprTracer]
+    ) -> tuple[Jaxpr, list[Any]]:
+        """The jaxpr (constants first among its inputs) and the constants."""
+        var = self.tracer_to_var
+        # Scalar constants become literals; the others become inputs.
+        literals: dict[int, Lit] = {}
+        const_binders, consts = [], []
+        for tracer, val in self.const_vals:
+            if _is_literal_value(val):
+                literals[id(tracer)] = Lit(val)
+            else:
+                const_binders.append(var[id(tracer)])
+                consts.append(val)
+
+        def atom(tracer: JaxprTracer) -> Atom:
+            return literals.get(id(tracer)) or var[id(tracer)]
+
+        eqns = [
+            JaxprEqn(prim, [atom(t) for t in ins], params, [var[id(t)] for t in outs])
+            for prim, ins, params, outs in self.recorded
+        ]
+        in_binders = const_binders + [var[id(t)] for t in in_tracers]
+        jaxpr = Jaxpr(in_binders, eqns, [atom(t) for t in out_tracers])
+        typecheck_jaxpr(jaxpr)
+        return jaxpr, consts
+
+
+def _is_literal_value(val: Any) -> bool:
+    """Scalars (not tracers of an outer transformation) print as literals."""
+    return not isinstance(val, Tracer) and np.shape(val) == ()
+
+
+class JaxprTrace(Trace):
+    """The interpreter that records primitives into a jaxpr."""
+
+    @property
+    def builder(self) -> JaxprBuilder:
+        return self.level.payload
+
+    def new_arg(self, aval: ShapedArray) -> JaxprTracer:
+        return self.builder.new_tracer(self, aval)
+
+    def pure(self, val: Any) -> JaxprTracer:
+        return self.builder.const_tracer(self, val)
+
+    lift = pure
+
+    def process_primitive(self, prim, tracers, params):
+        avals_in = [t.aval for t in tracers]
+        avals_out = prim.rule("abstract_eval")(*avals_in, **params)
+        outs = [self.builder.new_tracer(self, aval) for aval in avals_out]
+        self.builder.add_eqn(prim, tracers, params, outs)
+        return outs
+
+
+def _avals_for_tracing(args: Any) -> tuple[list[ShapedArray], PyTreeDef]:
+    """Flatten make_jaxpr's arguments; arrays stand for their types."""
+    leaves, in_tree = tree_flatten(args)
+    avals = []
+    for leaf in leaves:
+        if isinstance(leaf, ShapedArray):
+            avals.append(raise_to_shaped(leaf))
+        else:
+            avals.append(raise_to_shaped(get_aval(_as_input(leaf, "make_jaxpr"))))
+    return avals, in_tree
+
+
+def _trace_to_jaxpr(
+    f: Callable, avals_in: tuple, dynamic: bool
+) -> tuple[Jaxpr, list[Any], PyTreeDef]:
+    avals, in_tree = _avals_for_tracing(avals_in)
+    flat_f = flatten_fun(f, in_tree)
+    builder = JaxprBuilder()
+    with new_level(JaxprTrace, builder) as level:
+        trace = JaxprTrace(level)
+        tracers_in = [trace.new_arg(aval) for aval in avals]
+        if dynamic:
+            with new_dynamic(level):
+                outs = flat_f(*tracers_in)
+        else:
+            outs = flat_f(*tracers_in)
+        outs = [_as_input(out, "make_jaxpr: output of the function") for out in outs]
+        tracers_out = [trace.full_raise(out) for out in outs]
+        jaxpr, consts = builder.build(tracers_in, tracers_out)
+    return jaxpr, consts, flat_f.out_tree
+
+
+def make_jaxpr_v1(f: Callable, *avals_in: Any) -> tuple[Jaxpr, list, PyTreeDef]:
+    """Trace ``f`` into a jaxpr, choosing interpreters by data dependence only."""
+    return _trace_to_jaxpr(f, avals_in, dynamic=False)
+
+
+class _InterpreterState(threading.local):
+    """The interpreter stack and the dynamic level. Each thread gets its own."""
+
+    def __init__(self) -> None:
+        self.stack: list[Level] = [Level(0, EvalTrace, None)]
+        self.dynamic: Level = self.stack[0]
+
+
+_state = _InterpreterState()
+
+
+@contextmanager
+def new_dynamic(level: Level) -> Iterator[None]:
+    """Make ``level`` the dynamic level while the block runs."""
+    previous, _state.dynamic = _state.dynamic, level
+    try:
+        yield
+    finally:
+        _state.dynamic = previous
+
+
+def _bottom_level() -> Level:
+    """Where the search for the top trace starts: the dynamic level."""
+    return _state.dynamic
+
+
+def make_jaxpr(f: Callable, *avals_in: Any) -> tuple[Jaxpr, list, PyTreeDef]:
+    """Trace ``f`` at the given types into ``(jaxpr, consts, out_tree)``.
+
+    ``avals_in`` is a pytree of ShapedArrays like ``f``'s arguments (arrays are
+    accepted too and stand for their types). The jaxpr's first inputs are the
+    constants ``consts``; ``out_tree`` is the structure of ``f``'s output.
+    """
+    return _trace_to_jaxpr(f, avals_in, dynamic=True)
+
+
+# ==== book support (generated by build_tools/tangle.py) ====
+
+
+def load_chapters(namespace: dict, *, before: str) -> None:
+    """Run the library code of the chapters before ``before`` in ``namespace``.
+
+    A chapter notebook calls ``load_chapters(globals(), before="<its name>")``
+    first. Tracebacks point into this file, at the right lines.
+    """
+    import re
+
+    with open(__file__, encoding="utf-8") as source_file:
+        lines = source_file.read().splitlines(keepends=True)
+    marker = re.compile(r"# ==== chapter: (\S+) ====$")
+    starts = {}
+    for number, line in enumerate(lines):
+        found = marker.match(line.rstrip("\n"))
+        if found:
+            starts[found.group(1)] = number
+    if before not in starts:
+        raise ValueError(
+            f"load_chapters: no chapter {before!r} in {__file__}; "
+            f"the chapters are {list(starts)}"
+        )
+    first, end = min(starts.values()), starts[before]
+    # Pad with blank lines so line numbers in tracebacks match this file.
+    code = "\n" * first + "".join(lines[first:end])
+    namespace.setdefault("__name__", "__main__")
+    exec(compile(code, __file__, "exec"), namespace)

@@ -179,12 +179,14 @@ def neg(x: ArrayLike) -> ArrayLike:
 
 
 def sin(x: ArrayLike) -> ArrayLike:
-    """Elementwise sine."""
+    """Elementwise sine of a float array."""
+    _check_float("sin", x)
     return bind(sin_p, x)
 
 
 def cos(x: ArrayLike) -> ArrayLike:
-    """Elementwise cosine."""
+    """Elementwise cosine of a float array."""
+    _check_float("cos", x)
     return bind(cos_p, x)
 
 
@@ -261,6 +263,13 @@ def _normalize_axes(name: str, axes: int | Sequence[int], ndim: int) -> tuple:
     if len(set(out)) != len(out):
         raise ValueError(f"{name}: repeated axis in {axes}")
     return tuple(out)
+
+
+def _check_float(name: str, x: ArrayLike) -> None:
+    """Refuse non-float inputs (NumPy would quietly return floats for ints)."""
+    dtype = get_aval(x).dtype
+    if dtype.kind != "f":
+        raise TypeError(f"{name}: expected a float array, got dtype {dtype.name}")
 
 
 def _check_shape(name: str, shape: Sequence[int]) -> tuple:
@@ -770,10 +779,14 @@ def _leaked_tracer_error(tracer: Tracer) -> UnexpectedTracerError:
     )
 
 
+def _bottom_level() -> Level:
+    """Where the search for the top trace starts: the evaluation level."""
+    return _state.stack[0]
+
+
 def find_top_trace(args: Sequence[Any]) -> Trace:
     """The trace of the deepest live level among the tracers in ``args``."""
-    stack = _state.stack
-    top = stack[0]
+    top = _bottom_level()
     for x in args:
         if isinstance(x, Tracer):
             if not _is_live(x):
@@ -1897,8 +1910,8 @@ show_error(lambda: sin(leaked[0]))
 # - Pytrees let every transformation accept and return nested containers,
 #   including user-registered ones.
 #
-# Next, Part 2 stops running the function *during* the transformation and
-# starts recording it as a program of its own: a jaxpr.
+# Next, {ref}`Part 2 <part2>` stops running the function *during* the
+# transformation and starts recording it as a program of its own: a jaxpr.
 #
 # ## Exercises
 #

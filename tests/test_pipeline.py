@@ -90,10 +90,10 @@ def test_only_export_cells_are_tangled_in_toc_order(tmp_path: Path) -> None:
     )
     text = tangle(tmp_path)
     assert '"""' in text.splitlines()[0] and "GENERATED" in text
-    body = text[text.index("# ==== chapter:") :]
+    body = text[text.index("# ==== chapter:") : text.index("# ==== book support")]
     expected = (
         "# ==== chapter: zeta ====\n\nA = 1\n\n"
-        "# ==== chapter: alpha ====\n\nB = A + 1\n\nC = 3\n"
+        "# ==== chapter: alpha ====\n\nB = A + 1\n\nC = 3\n\n"
     )
     assert body == expected
     assert "demo" not in text
@@ -361,3 +361,63 @@ def test_import_autodidax_prints_nothing(tmp_path: Path) -> None:
         check=False,
     )
     assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
+
+
+def _load_tangled(root: Path, name: str = "tangled_book"):
+    """Import the module tangled in ``root`` under a fresh name."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, root / "autodidax.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_load_chapters_runs_earlier_chapters_in_a_namespace(tmp_path: Path) -> None:
+    # Chapter two replaces a helper that chapter one's function calls; a
+    # notebook of chapter two must see chapter one's code alone, and its own
+    # replacement must then change the behaviour of chapter one's function.
+    write_book(
+        tmp_path,
+        {
+            "one": [
+                code(
+                    "def helper():\n    return 1\n\n\ndef api():\n    return helper()",
+                    "export",
+                )
+            ],
+            "two": [code("def helper():\n    return 2", "export")],
+        },
+    )
+    write_module(tmp_path)
+    module = _load_tangled(tmp_path)
+    assert module.api() == 2  # the module itself holds the final definitions
+
+    namespace: dict = {}
+    module.load_chapters(namespace, before="two")
+    assert namespace["api"]() == 1  # only chapter one ran
+    exec("def helper():\n    return 2", namespace)  # what chapter two's cell does
+    assert namespace["api"]() == 2
+
+    with pytest.raises(ValueError, match="no chapter 'three'"):
+        module.load_chapters({}, before="three")
+
+
+def test_load_chapters_tracebacks_point_into_the_module(tmp_path: Path) -> None:
+    write_book(
+        tmp_path,
+        {
+            "one": [code("def fail():\n    raise RuntimeError('boom')", "export")],
+            "two": [code("X = 1", "export")],
+        },
+    )
+    write_module(tmp_path)
+    module = _load_tangled(tmp_path, "tangled_book_tb")
+    namespace: dict = {}
+    module.load_chapters(namespace, before="two")
+    with pytest.raises(RuntimeError) as info:
+        namespace["fail"]()
+    frame = info.traceback[-1]
+    assert Path(str(frame.path)) == tmp_path / "autodidax.py"
+    line = (tmp_path / "autodidax.py").read_text().splitlines()[frame.lineno]
+    assert "raise RuntimeError" in line

@@ -1,0 +1,1063 @@
+# ---
+# jupyter:
+#   jupytext:
+#     default_lexer: ipython3
+#     formats: ipynb,md:myst,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# (part2)=
+# # Part 2: Jaxprs, a language for staged programs
+#
+# The interpreters of {ref}`Part 1 <part1>` work *on the fly*: `jvp` and `vmap`
+# compute while your function runs, one primitive at a time, and forget each
+# operation as soon as it is done. That is enough for differentiation and
+# batching, but not for compilation. A compiler such as XLA wants the *whole*
+# program up front, so it can fuse loops, plan memory and pick kernels. To hand it
+# one, we need a way to run a Python function once and **record** what it does,
+# as a program in a small language of our own.
+#
+# JAX calls that language **jaxpr** (short for JAX expression). This chapter
+# builds it:
+#
+# 1. the data structures of the language — variables, literals, equations — and a
+#    printer that shows them the way JAX does;
+# 2. **abstract evaluation** rules that compute each primitive's output type from
+#    its input types, and a **type checker** built on them;
+# 3. an evaluator that runs a jaxpr by calling `bind`, which means a jaxpr can be
+#    differentiated or batched like any Python function;
+# 4. `make_jaxpr`, which produces a jaxpr by tracing: running the function on
+#    tracers that write down every primitive they meet;
+# 5. a flaw in choosing interpreters by data dependence, and its fix: a
+#    *dynamic* trace that sits at the bottom of the stack while we record.
+#
+# ## Picking up where Part 1 left off
+#
+# This notebook starts by loading the library code of Part 1 from the module
+# `autodidax`. `load_chapters` runs that code *in this notebook's namespace*, not
+# just imports it: this chapter replaces a couple of Part 1's functions, and the
+# replacements must be seen by all the code that calls them, exactly as if both
+# chapters ran in one kernel. In Colab, where the module is not installed, the
+# cell downloads it first.
+
+# %%
+from __future__ import annotations  # as in the module: postponed annotations
+
+try:
+    import autodidax
+except ImportError:  # e.g. in Colab: fetch the module this book builds
+    import urllib.request
+
+    urllib.request.urlretrieve(
+        "https://raw.githubusercontent.com/autodidax-book/autodidax/main/autodidax.py",
+        "autodidax.py",
+    )
+    import autodidax
+
+autodidax.load_chapters(globals(), before="part2_jaxprs")
+np.set_printoptions(precision=6, suppress=True)
+
+
+# %% [markdown]
+# ## The language
+#
+# A jaxpr is a function written in a tiny first-order language. It takes some
+# arrays, applies a sequence of primitives, and returns some of the results:
+#
+# ```text
+# jaxpr    ::= { lambda binder* . let equation* in ( atom* ) }
+# binder   ::= var:type
+# equation ::= binder* = primitive[param*] atom*
+# atom     ::= var | literal
+# type     ::= dtype[dim, ...]            e.g. float64[3,4], bool[]
+# ```
+#
+# Every variable is bound exactly once, either as an input of the jaxpr or as the
+# output of one equation, and is only used after it is bound. There are no
+# loops, no branches (until later parts add primitives that hold jaxprs of their
+# own), no mutation and no Python: just primitives applied to variables. That
+# restriction is what makes the language easy to compile, type-check and
+# transform.
+#
+# In code, a variable is an object whose only attribute is its type; its printed
+# name is assigned only when the jaxpr is printed, so building jaxprs never
+# worries about names. A literal is a scalar constant written directly into an
+# equation, such as the `2.0` in `mul a 2.0`.
+
+
+# %% tags=["export"]
+class Var:
+    """A jaxpr variable: a placeholder for an array of type ``aval``."""
+
+    __slots__ = ("aval",)
+
+    def __init__(self, aval: ShapedArray) -> None:
+        self.aval = aval
+
+
+class Lit:
+    """A literal: a scalar constant written into an equation."""
+
+    __slots__ = ("val", "aval")
+
+    def __init__(self, val: Any) -> None:
+        self.val = as_array(val, "Lit")
+        self.aval = raise_to_shaped(get_aval(self.val))
+
+
+Atom = Var | Lit
+
+
+class JaxprEqn(NamedTuple):
+    """One equation: ``out_binders = primitive[params] inputs``."""
+
+    primitive: Primitive
+    inputs: list[Atom]
+    params: dict[str, Any]
+    out_binders: list[Var]
+
+
+class Jaxpr:
+    """A function in the jaxpr language."""
+
+    def __init__(
+        self, in_binders: list[Var], eqns: list[JaxprEqn], outs: list[Atom]
+    ) -> None:
+        self.in_binders = in_binders
+        self.eqns = eqns
+        self.outs = outs
+
+    def __str__(self) -> str:
+        return pp_jaxpr(self)
+
+    def __repr__(self) -> str:
+        return f"<Jaxpr with {len(self.eqns)} equations>\n{self}"
+
+
+class JaxprType(NamedTuple):
+    """The type of a jaxpr: the types of its inputs and of its outputs."""
+
+    in_types: list[ShapedArray]
+    out_types: list[ShapedArray]
+
+    def __str__(self) -> str:
+        ins = ", ".join(t.str_short() for t in self.in_types)
+        outs = ", ".join(t.str_short() for t in self.out_types)
+        return f"({ins}) -> ({outs})"
+
+
+# %% [markdown]
+# ### Printing
+#
+# The printer names variables `a`, `b`, ..., `z`, `aa`, `ab`, ... in the order
+# they are bound, writes each binder with its type, and writes params in square
+# brackets after the primitive's name. A param that is itself a jaxpr (later
+# parts have those) is printed on its own lines, indented, so nested programs read
+# like nested blocks.
+
+
+# %% tags=["export"]
+def _letters(n: int) -> str:
+    """0 -> 'a', 25 -> 'z', 26 -> 'aa', 27 -> 'ab', ..."""
+    name = ""
+    n += 1
+    while n:
+        n, rest = divmod(n - 1, 26)
+        name = chr(ord("a") + rest) + name
+    return name
+
+
+class _Names:
+    """Hands out printable names for variables, in order of first request."""
+
+    def __init__(self) -> None:
+        self.names: dict[Var, str] = {}
+
+    def __call__(self, atom: Atom) -> str:
+        if isinstance(atom, Lit):
+            return repr(atom.val.item())
+        if atom not in self.names:
+            self.names[atom] = _letters(len(self.names))
+        return self.names[atom]
+
+    def binder(self, var: Var) -> str:
+        return f"{self(var)}:{var.aval.str_short()}"
+
+
+def pp_jaxpr(jaxpr: Jaxpr, indent: int = 0, names: _Names | None = None) -> str:
+    """Render a jaxpr as text; nested jaxprs in params are indented."""
+    names = names or _Names()
+    pad = " " * indent
+    binders = "".join(names.binder(v) + " " for v in jaxpr.in_binders)
+    lines = [f"{pad}{{ lambda {binders}. let"]
+    for eqn in jaxpr.eqns:
+        outs = " ".join(names.binder(v) for v in eqn.out_binders)
+        params, nested = _pp_params(eqn.params, indent + 6, names)
+        args = " ".join(names(x) for x in eqn.inputs)
+        lines.append(f"{pad}    {outs} = {eqn.primitive.name}{params} {args}".rstrip())
+        lines.extend(nested)
+    outs = " ".join(names(x) for x in jaxpr.outs)
+    lines.append(f"{pad}  in ( {outs} ) }}")
+    return "\n".join(lines)
+
+
+def _pp_params(params: dict, indent: int, names: _Names) -> tuple[str, list[str]]:
+    """Inline params as ``[k=v ...]``; nested jaxprs go on lines of their own."""
+    inline, nested = [], []
+    for key in sorted(params):
+        value = params[key]
+        if isinstance(value, Jaxpr):
+            inline.append(f"{key}=<jaxpr>")
+            nested.append(" " * indent + f"{key} =")
+            nested.append(pp_jaxpr(value, indent + 2, names))
+        else:
+            inline.append(f"{key}={value}")
+    return (f"[{' '.join(inline)}]" if inline else ""), nested
+
+
+# %% [markdown]
+# To see the printer at work, let us build the jaxpr of
+# $x \mapsto \sin(x) \cdot 3 + x$ by hand, for a vector of three floats:
+
+# %%
+x, y, z, out = (Var(ShapedArray((3,), np.float64)) for _ in range(4))
+three = Var(ShapedArray((3,), np.float64))
+hand_made = Jaxpr(
+    in_binders=[x],
+    eqns=[
+        JaxprEqn(sin_p, [x], {}, [y]),
+        JaxprEqn(broadcast_p, [Lit(3.0)], {"shape": (3,), "axes": (0,)}, [three]),
+        JaxprEqn(mul_p, [y, three], {}, [z]),
+        JaxprEqn(add_p, [z, x], {}, [out]),
+    ],
+    outs=[out],
+)
+print(hand_made)
+
+# %% [markdown]
+# Soon we will never build jaxprs by hand again: tracing will do it. But
+# hand-made jaxprs are useful for one more thing, testing the type checker.
+#
+# ## Abstract evaluation and type checking
+#
+# Part 1's wrappers already checked their arguments' shapes and dtypes before
+# calling `bind`. A jaxpr, though, can be built without the wrappers, and later
+# transformations will produce jaxprs of their own; so the language needs its own
+# notion of which equations make sense. We get it from one more rule per
+# primitive: **abstract evaluation**, which maps the types of the inputs (and
+# the params) to the types of the outputs, or raises an error explaining why the
+# inputs do not fit. The same rules will do a second job in a moment: when we
+# trace a function, they tell us the type of each new variable without computing
+# anything.
+#
+# The rules reuse Part 1's parameter checks, so a mistake gets the same message
+# whether it happens in eager code, while tracing, or in a jaxpr someone built by
+# hand.
+
+# %% tags=["export"]
+RULE_KINDS = (*RULE_KINDS, "abstract_eval")
+
+
+def _unary_abstract_eval(prim: Primitive, float_only: bool) -> None:
+    @prim.def_rule("abstract_eval")
+    def rule(x: ShapedArray) -> list[ShapedArray]:
+        if float_only and x.dtype.kind != "f":
+            raise TypeError(f"{prim.name}: expected a float array, got {x.str_short()}")
+        return [ShapedArray(x.shape, x.dtype)]
+
+
+def _binary_abstract_eval(prim: Primitive, out_dtype: Any = None) -> None:
+    @prim.def_rule("abstract_eval")
+    def rule(x: ShapedArray, y: ShapedArray) -> list[ShapedArray]:
+        check_binary_operands(prim.name, x, y)
+        return [ShapedArray(x.shape, out_dtype or x.dtype)]
+
+
+_unary_abstract_eval(neg_p, float_only=False)
+_unary_abstract_eval(sin_p, float_only=True)
+_unary_abstract_eval(cos_p, float_only=True)
+_binary_abstract_eval(add_p)
+_binary_abstract_eval(mul_p)
+_binary_abstract_eval(greater_p, out_dtype=np.bool_)
+_binary_abstract_eval(less_p, out_dtype=np.bool_)
+
+
+@reduce_sum_p.def_rule("abstract_eval")
+def _reduce_sum_abstract_eval(x: ShapedArray, *, axes: tuple) -> list[ShapedArray]:
+    axes = _normalize_axes("reduce_sum", axes, x.ndim)
+    shape = [d for i, d in enumerate(x.shape) if i not in axes]
+    return [ShapedArray(shape, x.dtype)]
+
+
+@transpose_p.def_rule("abstract_eval")
+def _transpose_abstract_eval(x: ShapedArray, *, perm: tuple) -> list[ShapedArray]:
+    perm = _normalize_axes("transpose", perm, x.ndim)
+    if sorted(perm) != list(range(x.ndim)):
+        raise ValueError(
+            f"transpose: perm must be a permutation of the {x.ndim} axes of "
+            f"the input, got {perm}"
+        )
+    return [ShapedArray([x.shape[p] for p in perm], x.dtype)]
+
+
+@broadcast_p.def_rule("abstract_eval")
+def _broadcast_abstract_eval(
+    x: ShapedArray, *, shape: tuple, axes: tuple
+) -> list[ShapedArray]:
+    shape = _check_shape("broadcast", shape)
+    axes = _normalize_axes("broadcast", axes, len(shape))
+    kept = tuple(d for i, d in enumerate(shape) if i not in axes)
+    if kept != x.shape:
+        raise ValueError(
+            f"broadcast: cannot broadcast {x.str_short()} to shape {shape} by "
+            f"inserting axes {axes}"
+        )
+    return [ShapedArray(shape, x.dtype)]
+
+
+# %% [markdown]
+# The type checker walks the equations in order, keeping the set of variables
+# bound so far. For each equation it checks that every input is already bound,
+# asks the primitive's abstract evaluation rule for the output types, compares
+# them with the types the equation declares, and binds the outputs, refusing any
+# variable that is bound twice. The errors name variables the way the printer
+# does, so they can be read next to the printed jaxpr.
+
+
+# %% tags=["export"]
+class JaxprTypeError(TypeError):
+    """A jaxpr is not well formed or not well typed."""
+
+
+def typecheck_jaxpr(jaxpr: Jaxpr) -> JaxprType:
+    """Check a jaxpr and return its type; raise JaxprTypeError if it is bad."""
+    names = _Names()
+    for v in jaxpr.in_binders:  # name variables in printing order
+        names(v)
+    for eqn in jaxpr.eqns:
+        for v in eqn.out_binders:
+            names(v)
+
+    bound: set[Var] = set()
+
+    def bind_var(v: Var, where: str) -> None:
+        if not isinstance(v, Var):
+            raise JaxprTypeError(f"{where}: a binder must be a Var, got {v!r}")
+        if v in bound:
+            raise JaxprTypeError(f"{where}: variable {names(v)} is bound twice")
+        bound.add(v)
+
+    def type_of(atom: Atom, where: str) -> ShapedArray:
+        if isinstance(atom, Lit):
+            return atom.aval
+        if not isinstance(atom, Var):
+            raise JaxprTypeError(f"{where}: expected a Var or Lit, got {atom!r}")
+        if atom not in bound:
+            raise JaxprTypeError(f"{where}: variable {names(atom)} is not bound")
+        return raise_to_shaped(atom.aval)
+
+    for v in jaxpr.in_binders:
+        bind_var(v, "input binders")
+    for i, eqn in enumerate(jaxpr.eqns):
+        where = f"equation {i} ({eqn.primitive.name})"
+        in_types = [type_of(x, where) for x in eqn.inputs]
+        try:
+            out_types = eqn.primitive.rule("abstract_eval")(*in_types, **eqn.params)
+        except (TypeError, ValueError) as err:
+            raise JaxprTypeError(f"{where}: {err}") from err
+        if len(out_types) != len(eqn.out_binders):
+            raise JaxprTypeError(
+                f"{where}: the primitive has {len(out_types)} outputs but the "
+                f"equation binds {len(eqn.out_binders)}"
+            )
+        for v, expected in zip(eqn.out_binders, out_types):
+            if raise_to_shaped(v.aval) != expected:
+                raise JaxprTypeError(
+                    f"{where}: output {names(v)} is declared "
+                    f"{v.aval.str_short()} but the primitive produces "
+                    f"{expected.str_short()}"
+                )
+            bind_var(v, where)
+    out_types = [type_of(x, "outputs") for x in jaxpr.outs]
+    in_types = [raise_to_shaped(v.aval) for v in jaxpr.in_binders]
+    return JaxprType(in_types, out_types)
+
+
+# %%
+print(typecheck_jaxpr(hand_made))
+
+# %% [markdown]
+# Now some broken jaxprs. Each one is rejected with an error that points at the
+# offending equation and variable.
+
+# %%
+import textwrap
+
+
+def show_error(fn, *args):
+    try:
+        fn(*args)
+    except Exception as e:
+        print(textwrap.fill(f"{type(e).__name__}: {e}", 80, subsequent_indent="  "))
+
+
+a, b, c = (Var(ShapedArray((), np.float64)) for _ in range(3))
+stray = Var(ShapedArray((), np.float64))
+unbound = Jaxpr([a], [JaxprEqn(mul_p, [a, stray], {}, [b])], [b])
+rebound = Jaxpr([a], [JaxprEqn(sin_p, [a], {}, [a])], [a])
+wrong_out = Jaxpr(
+    [a], [JaxprEqn(greater_p, [a, a], {}, [b])], [b]
+)  # greater makes bool, not float
+vec = Var(ShapedArray((3,), np.float64))
+mismatch = Jaxpr([a, vec], [JaxprEqn(add_p, [a, vec], {}, [c])], [c])
+
+for bad in [unbound, rebound, wrong_out, mismatch]:
+    show_error(typecheck_jaxpr, bad)
+
+
+# %% [markdown]
+# ## Evaluating a jaxpr
+#
+# Running a jaxpr is a loop over its equations with an environment that maps
+# variables to values. The one design decision that matters: each equation is
+# applied with **`bind`**, not with the primitive's `impl` rule directly. So when
+# the inputs of `eval_jaxpr` are plain arrays, the evaluation interpreter runs
+# each equation; but when they are tracers, the equations go to whichever
+# interpreter owns them. A jaxpr is therefore a function like any other, and can
+# be differentiated, batched, or traced into another jaxpr.
+
+
+# %% tags=["export"]
+def eval_jaxpr(jaxpr: Jaxpr, args: Sequence[Any]) -> list[Any]:
+    """Run ``jaxpr`` on ``args`` by binding each equation's primitive."""
+    args = list(args)
+    if len(args) != len(jaxpr.in_binders):
+        raise TypeError(
+            f"eval_jaxpr: the jaxpr takes {len(jaxpr.in_binders)} inputs, got "
+            f"{len(args)}"
+        )
+    env: dict[Var, Any] = {}
+
+    def read(atom: Atom) -> Any:
+        return atom.val if isinstance(atom, Lit) else env[atom]
+
+    for v, arg in zip(jaxpr.in_binders, args):
+        env[v] = arg
+    for eqn in jaxpr.eqns:
+        outs = bind(eqn.primitive, *[read(x) for x in eqn.inputs], **eqn.params)
+        if not eqn.primitive.multiple_results:
+            outs = [outs]
+        env.update(zip(eqn.out_binders, outs))
+    return [read(x) for x in jaxpr.outs]
+
+
+def jaxpr_as_fun(jaxpr: Jaxpr) -> Callable[..., list[Any]]:
+    """The jaxpr as a Python function from arrays to a list of arrays."""
+    return lambda *args: eval_jaxpr(jaxpr, args)
+
+
+# %%
+v = np.array([0.0, 1.0, 2.0])
+print(eval_jaxpr(hand_made, [v]), np.sin(v) * 3 + v)
+print(jvp(jaxpr_as_fun(hand_made), (v,), (np.ones(3),)))
+print(vmap(jaxpr_as_fun(hand_made), (0,))(np.stack([v, 2 * v])))
+
+
+# %% [markdown]
+# ## Building jaxprs by tracing
+#
+# Writing jaxprs by hand does not scale. Instead we let the function write its own
+# jaxpr: run it on tracers that do not compute anything, but *record* every
+# primitive applied to them. This is one more interpreter on the stack, the
+# `JaxprTrace`.
+#
+# Its tracers carry nothing but an abstract value: while recording we do not
+# know the values, only the types (that is the point: the jaxpr must work for any
+# values of those types). Each primitive applied to them produces new tracers
+# whose types come from the abstract evaluation rules, and an equation that
+# connects the inputs to the outputs.
+#
+# The recording itself lives in a **builder** object, which the trace's level
+# carries as its payload. It holds the recorded equations (in terms of tracers),
+# the constants the function used, and the map from each tracer to the variable
+# that will stand for it in the jaxpr. Only at the end does it turn all that into
+# a `Jaxpr`.
+
+
+# %% tags=["export"]
+class JaxprTracer(Tracer):
+    """A value being recorded into a jaxpr: only its type is known."""
+
+    def __init__(self, trace: JaxprTrace, aval: ShapedArray) -> None:
+        self._trace = trace
+        self._aval = aval
+
+    @property
+    def aval(self) -> ShapedArray:
+        return self._aval
+
+    def __bool__(self) -> bool:
+        raise ConcretizationError(
+            f"Python `if`, `while` or bool() on a traced {self.aval.str_short()} "
+            "value: while a function is staged out (make_jaxpr, jit) only its "
+            "shape and dtype are known, not its value. Use cond (Part 5) to "
+            "branch on a traced value, or pass the value as a Python constant."
+        )
+
+
+class JaxprBuilder:
+    """Everything one tracing run records, until it becomes a jaxpr."""
+
+    def __init__(self) -> None:
+        self.tracer_to_var: dict[int, Var] = {}
+        self.tracers: list[JaxprTracer] = []  # keeps the ids above unique
+        self.const_tracers: dict[int, JaxprTracer] = {}  # by id of the value
+        self.const_vals: list[tuple[JaxprTracer, Any]] = []
+        self.recorded: list[tuple[Primitive, list, dict, list]] = []
+
+    def new_tracer(self, trace: JaxprTrace, aval: ShapedArray) -> JaxprTracer:
+        tracer = JaxprTracer(trace, raise_to_shaped(aval))
+        self.tracers.append(tracer)
+        self.tracer_to_var[id(tracer)] = Var(tracer.aval)
+        return tracer
+
+    def const_tracer(self, trace: JaxprTrace, val: Any) -> JaxprTracer:
+        """The tracer standing for a constant; one per distinct object."""
+        tracer = self.const_tracers.get(id(val))
+        if tracer is None:
+            tracer = self.new_tracer(trace, get_aval(val))
+            self.const_tracers[id(val)] = tracer
+            self.const_vals.append((tracer, val))
+        return tracer
+
+    def add_eqn(self, prim: Primitive, ins: list, params: dict, outs: list) -> None:
+        self.recorded.append((prim, list(ins), params, list(outs)))
+
+    def build(
+        self, in_tracers: list[JaxprTracer], out_tracers: list[JaxprTracer]
+    ) -> tuple[Jaxpr, list[Any]]:
+        """The jaxpr (constants first among its inputs) and the constants."""
+        var = self.tracer_to_var
+        # Scalar constants become literals; the others become inputs.
+        literals: dict[int, Lit] = {}
+        const_binders, consts = [], []
+        for tracer, val in self.const_vals:
+            if _is_literal_value(val):
+                literals[id(tracer)] = Lit(val)
+            else:
+                const_binders.append(var[id(tracer)])
+                consts.append(val)
+
+        def atom(tracer: JaxprTracer) -> Atom:
+            return literals.get(id(tracer)) or var[id(tracer)]
+
+        eqns = [
+            JaxprEqn(prim, [atom(t) for t in ins], params, [var[id(t)] for t in outs])
+            for prim, ins, params, outs in self.recorded
+        ]
+        in_binders = const_binders + [var[id(t)] for t in in_tracers]
+        jaxpr = Jaxpr(in_binders, eqns, [atom(t) for t in out_tracers])
+        typecheck_jaxpr(jaxpr)
+        return jaxpr, consts
+
+
+def _is_literal_value(val: Any) -> bool:
+    """Scalars (not tracers of an outer transformation) print as literals."""
+    return not isinstance(val, Tracer) and np.shape(val) == ()
+
+
+# %% [markdown]
+# The trace itself is short. `new_arg` makes a tracer for an input of the function.
+# `pure` and `lift` turn a constant, or a tracer of an outer transformation that
+# the function closed over, into a *constant* of the jaxpr: the builder records
+# its value, and the jaxpr gets an input for it. `process_primitive` asks the
+# abstract evaluation rule for the output types, makes the output tracers and
+# records the equation.
+
+
+# %% tags=["export"]
+class JaxprTrace(Trace):
+    """The interpreter that records primitives into a jaxpr."""
+
+    @property
+    def builder(self) -> JaxprBuilder:
+        return self.level.payload
+
+    def new_arg(self, aval: ShapedArray) -> JaxprTracer:
+        return self.builder.new_tracer(self, aval)
+
+    def pure(self, val: Any) -> JaxprTracer:
+        return self.builder.const_tracer(self, val)
+
+    lift = pure
+
+    def process_primitive(self, prim, tracers, params):
+        avals_in = [t.aval for t in tracers]
+        avals_out = prim.rule("abstract_eval")(*avals_in, **params)
+        outs = [self.builder.new_tracer(self, aval) for aval in avals_out]
+        self.builder.add_eqn(prim, tracers, params, outs)
+        return outs
+
+
+# %% [markdown]
+# A first `make_jaxpr` follows the pattern of `jvp_flat` and `vmap_flat`: flatten
+# the inputs, push a level, run the function on tracers, and collect. The inputs
+# are abstract values (we trace for *types*, not values), given as a pytree
+# like the function's arguments; for convenience an example array also works and
+# stands for its type.
+
+
+# %% tags=["export"]
+def _avals_for_tracing(args: Any) -> tuple[list[ShapedArray], PyTreeDef]:
+    """Flatten make_jaxpr's arguments; arrays stand for their types."""
+    leaves, in_tree = tree_flatten(args)
+    avals = []
+    for leaf in leaves:
+        if isinstance(leaf, ShapedArray):
+            avals.append(raise_to_shaped(leaf))
+        else:
+            avals.append(raise_to_shaped(get_aval(_as_input(leaf, "make_jaxpr"))))
+    return avals, in_tree
+
+
+def _trace_to_jaxpr(
+    f: Callable, avals_in: tuple, dynamic: bool
+) -> tuple[Jaxpr, list[Any], PyTreeDef]:
+    avals, in_tree = _avals_for_tracing(avals_in)
+    flat_f = flatten_fun(f, in_tree)
+    builder = JaxprBuilder()
+    with new_level(JaxprTrace, builder) as level:
+        trace = JaxprTrace(level)
+        tracers_in = [trace.new_arg(aval) for aval in avals]
+        if dynamic:
+            with new_dynamic(level):
+                outs = flat_f(*tracers_in)
+        else:
+            outs = flat_f(*tracers_in)
+        outs = [_as_input(out, "make_jaxpr: output of the function") for out in outs]
+        tracers_out = [trace.full_raise(out) for out in outs]
+        jaxpr, consts = builder.build(tracers_in, tracers_out)
+    return jaxpr, consts, flat_f.out_tree
+
+
+def make_jaxpr_v1(f: Callable, *avals_in: Any) -> tuple[Jaxpr, list, PyTreeDef]:
+    """Trace ``f`` into a jaxpr, choosing interpreters by data dependence only."""
+    return _trace_to_jaxpr(f, avals_in, dynamic=False)
+
+
+# %% [markdown]
+# (`new_dynamic` is not defined yet; `make_jaxpr_v1` never reaches it. We add it
+# in the last section, when we need it.) Let us trace something:
+
+
+# %%
+def f(x, y):
+    z = sin(x) * y
+    return reduce_sum(z, axis=0) + 1.0, greater(z, y)
+
+
+vec3 = ShapedArray((3,), np.float64)
+jaxpr, consts, out_tree = make_jaxpr_v1(f, vec3, vec3)
+print(jaxpr)
+print(typecheck_jaxpr(jaxpr), out_tree)
+
+# %% [markdown]
+# The `1.0` became a literal, and the output structure, a pair, is kept in
+# `out_tree`. Evaluating the jaxpr gives the same numbers as calling `f`:
+
+# %%
+x0, y0 = np.array([0.5, 1.0, 2.0]), np.array([1.0, -1.0, 3.0])
+print(*eval_jaxpr(jaxpr, [*consts, x0, y0]))
+print(*f(x0, y0))
+
+
+# %% [markdown]
+# Tracing sees only primitives, so everything else about the Python function
+# disappears: helper functions are inlined, loops with a fixed trip count are
+# unrolled, and pytrees become flat lists of variables. Here a loop runs three
+# times, so the jaxpr holds three copies of its body:
+
+
+# %%
+def horner(coefficients, x):
+    """Evaluate a polynomial given as a list of coefficients, highest first."""
+    acc = coefficients[0]
+    for c in coefficients[1:]:
+        acc = acc * x + c
+    return acc
+
+
+scalar = ShapedArray((), np.float64)
+print(make_jaxpr_v1(horner, [scalar] * 4, scalar)[0])
+
+# %% [markdown]
+# ## When data dependence is not enough
+#
+# Try tracing a function whose arithmetic does not touch its inputs:
+
+# %%
+print(make_jaxpr_v1(lambda: mul(2.0, 2.0))[0])
+print(make_jaxpr_v1(lambda x: x * 2.0, vec3)[0])
+
+
+# %% [markdown]
+# In the first jaxpr the multiplication is gone: the function returns a constant
+# 4.0. In the second, the scalar `2.0` was broadcast to a vector *while tracing*,
+# and the jaxpr received the result, a whole `float64[3]` array, as a constant
+# input. Both follow from Part 1's rule for choosing an interpreter: `bind` looks
+# only at the *inputs* of an operation. `mul(2.0, 2.0)` involves no tracer, so the
+# evaluation interpreter runs it on the spot, and the recording interpreter never
+# hears of it.
+#
+# For `jvp` and `vmap` that was exactly right: an operation on constants has
+# zero tangent and no batch axis, so computing it eagerly is the efficient
+# choice. For staging it is wrong. A program that builds a large constant array
+# (say, an identity matrix, or random weights from a seed) would compute it in
+# Python, transfer it as data, and never let the compiler see or fuse that work.
+# And a transformation that wants to see *every* operation, such as a profiler or
+# a program printer, would silently miss some.
+#
+# The fix, which JAX adopted under the name *omnistaging*, is to let a
+# transformation claim operations that no tracer points to. We add a second piece
+# of interpreter state: the **dynamic level**. Normally it is the evaluation
+# level at depth 0, and nothing changes. While `make_jaxpr` runs the function, it
+# sets the dynamic level to its own recording level. `find_top_trace` then starts
+# its search from the dynamic level instead of from the bottom of the stack: an
+# operation on constants goes to the recorder, and an operation on tracers of a
+# deeper transformation still goes to that transformation.
+
+
+# %% tags=["export"]
+class _InterpreterState(threading.local):
+    """The interpreter stack and the dynamic level. Each thread gets its own."""
+
+    def __init__(self) -> None:
+        self.stack: list[Level] = [Level(0, EvalTrace, None)]
+        self.dynamic: Level = self.stack[0]
+
+
+_state = _InterpreterState()
+
+
+@contextmanager
+def new_dynamic(level: Level) -> Iterator[None]:
+    """Make ``level`` the dynamic level while the block runs."""
+    previous, _state.dynamic = _state.dynamic, level
+    try:
+        yield
+    finally:
+        _state.dynamic = previous
+
+
+def _bottom_level() -> Level:
+    """Where the search for the top trace starts: the dynamic level."""
+    return _state.dynamic
+
+
+def make_jaxpr(f: Callable, *avals_in: Any) -> tuple[Jaxpr, list, PyTreeDef]:
+    """Trace ``f`` at the given types into ``(jaxpr, consts, out_tree)``.
+
+    ``avals_in`` is a pytree of ShapedArrays like ``f``'s arguments (arrays are
+    accepted too and stand for their types). The jaxpr's first inputs are the
+    constants ``consts``; ``out_tree`` is the structure of ``f``'s output.
+    """
+    return _trace_to_jaxpr(f, avals_in, dynamic=True)
+
+
+# %% [markdown]
+# Replacing `_bottom_level` changes `find_top_trace`, which calls it, and that
+# changes `bind`: the whole Part 1 machinery picks up the new rule. With the
+# dynamic level in place, both examples keep their arithmetic:
+
+# %%
+print(make_jaxpr(lambda: mul(2.0, 2.0))[0])
+print(make_jaxpr(lambda x: x * 2.0, vec3)[0])
+
+
+# %% [markdown]
+# Nothing else is affected: outside `make_jaxpr` the dynamic level is the
+# evaluation level, and transformations inside a traced function still receive
+# their own operations. Tracing a `jvp` shows both: the forward-mode rules run
+# while tracing, and their operations — including those on constants, such as the
+# zero tangent of `cos` at a constant — are recorded.
+
+
+# %%
+def derivative_of_sin_times_cos(x):
+    return jvp(lambda t: sin(t) * cos(2.0), (x,), (1.0,))[1]
+
+
+print(make_jaxpr(derivative_of_sin_times_cos, scalar)[0])
+
+
+# %% [markdown]
+# Reading this jaxpr is a good test of Part 1. `sin t` and its derivative rule's
+# `cos t` come first; then `cos 2.0`, whose tangent is a constant zero, and so on
+# through the product rule. The jaxpr is what JAX would call the
+# *forward-mode derivative, staged out*: later parts compile it, and Part 4 learns
+# to split it into the part that depends on the tangent and the part that does
+# not.
+#
+# ## A jaxpr next to its function
+#
+# With tracing complete, here is a function's source next to its jaxpr. The
+# figure is drawn from a real tracing run: while the jaxpr was recorded, we noted for each equation which
+# line of the function was executing. One line of Python can produce several
+# equations (the scalar `0.5` needs a `broadcast` to meet a vector; a `-` is a
+# `neg` and an `add`), and a line with no arithmetic produces none.
+
+
+# %%
+def soft_clip(x, limit):
+    scaled = x * 0.5
+    bent = sin(scaled)  # smooth and bounded
+    shifted = bent - limit
+    return shifted * limit
+
+
+# %% mystnb={"image": {"alt": "The source code of soft_clip on the left and its jaxpr on the right. Each line of the function and the equations it produced share a color: the line x * 0.5 produced a broadcast and a mul, sin(scaled) produced a sin, bent - limit produced a neg and an add, and shifted * limit produced a mul."}} tags=["hide-input"]
+import inspect
+import sys
+from html import escape
+
+from IPython.display import SVG
+
+
+def trace_with_lines(fun, *avals):
+    """make_jaxpr, also noting the line of ``fun`` behind each equation."""
+    lines_seen = []
+    original = JaxprBuilder.add_eqn
+
+    def add_eqn_noting_line(self, prim, ins, params, outs):
+        frame = sys._getframe()
+        while frame is not None and frame.f_code is not fun.__code__:
+            frame = frame.f_back
+        lines_seen.append(None if frame is None else frame.f_lineno)
+        original(self, prim, ins, params, outs)
+
+    JaxprBuilder.add_eqn = add_eqn_noting_line
+    try:
+        jaxpr = make_jaxpr(fun, *avals)[0]
+    finally:
+        JaxprBuilder.add_eqn = original
+    return jaxpr, lines_seen
+
+
+def source_and_jaxpr_figure(fun, *avals):
+    jaxpr, eqn_lines = trace_with_lines(fun, *avals)
+    source, first_line = inspect.getsourcelines(fun)
+    jaxpr_text = str(jaxpr).splitlines()
+    palette = ["#fde2c8", "#d9f2d9", "#dbe9f6", "#f6d9f0", "#f2efc2"]
+    used_lines = sorted({n for n in eqn_lines if n is not None})
+    color_of = {n: palette[i % len(palette)] for i, n in enumerate(used_lines)}
+    row, left, right, top = 22, 20, 440, 40
+    height = top + row * max(len(source), len(jaxpr_text)) + 20
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="900" height="{height}" '
+        'font-family="monospace" font-size="13">',
+        "<title>A Python function next to its jaxpr</title>",
+        f'<text x="{left}" y="22" font-family="sans-serif" font-weight="bold">'
+        "Python source</text>",
+        f'<text x="{right}" y="22" font-family="sans-serif" font-weight="bold">'
+        "jaxpr</text>",
+    ]
+    source_y = {}
+    for i, text in enumerate(source):
+        y = top + row * i
+        line_no = first_line + i
+        source_y[line_no] = y
+        if line_no in color_of:
+            parts.append(
+                f'<rect x="{left - 4}" y="{y}" width="380" height="{row - 2}" '
+                f'fill="{color_of[line_no]}"/>'
+            )
+        parts.append(
+            f'<text x="{left}" y="{y + 15}" xml:space="preserve">'
+            f"{escape(text.rstrip())}</text>"
+        )
+    for i, text in enumerate(jaxpr_text):
+        y = top + row * i
+        eqn_index = i - 1  # line 0 is the header "{ lambda ..."
+        if 0 <= eqn_index < len(eqn_lines) and eqn_lines[eqn_index] in color_of:
+            line_no = eqn_lines[eqn_index]
+            parts.append(
+                f'<rect x="{right - 4}" y="{y}" width="440" height="{row - 2}" '
+                f'fill="{color_of[line_no]}"/>'
+                f'<line x1="{left + 376}" y1="{source_y[line_no] + row // 2}" '
+                f'x2="{right - 4}" y2="{y + row // 2}" stroke="#999"/>'
+            )
+        parts.append(
+            f'<text x="{right}" y="{y + 15}" xml:space="preserve">{escape(text)}</text>'
+        )
+    parts.append("</svg>")
+    return SVG("".join(parts))
+
+
+source_and_jaxpr_figure(soft_clip, vec3, vec3)
+
+
+# %% [markdown]
+# ## Python control flow under tracing
+#
+# A recording tracer has no value, so Python cannot decide a branch that depends
+# on one. Asking for its truth value raises an error that explains why and what to
+# do instead:
+
+
+# %%
+def relu_with_if(x):
+    return x if x > 0.0 else 0.0 * x
+
+
+show_error(lambda: make_jaxpr(relu_with_if, scalar))
+
+
+# %% [markdown]
+# Branches that depend only on *static* information — shapes, dtypes, Python
+# values that are not traced — are fine, because they are decided while tracing
+# and leave no trace in the jaxpr. Here the function's behaviour depends on the
+# rank of its input, which is part of the type:
+
+
+# %%
+def total(x):
+    while x.ndim > 0:  # static: the rank is known while tracing
+        x = reduce_sum(x, axis=0)
+    return x
+
+
+print(make_jaxpr(total, ShapedArray((2, 3, 4), np.float64))[0])
+
+# %% [markdown]
+# ## Errors while tracing
+#
+# Because abstract evaluation checks each primitive as it is recorded, a shape or
+# dtype mistake is reported *during tracing*, pointing at the Python line that made
+# it, before any data exists:
+
+# %%
+show_error(lambda: make_jaxpr(lambda x, y: add(x, y), vec3, scalar))
+show_error(lambda: make_jaxpr(lambda x: sin(x), ShapedArray((2,), np.int64)))
+show_error(lambda: make_jaxpr(lambda x: transpose(x, (0, 0)), vec3))
+show_error(lambda: make_jaxpr(lambda s: s, "float64[3]"))
+
+
+# %% [markdown]
+# ## Where real JAX differs
+#
+# - `jax.make_jaxpr(f)(*example_args)` takes example *values* (or
+#   `jax.ShapeDtypeStruct`s) and returns a `ClosedJaxpr`, a jaxpr packaged with its
+#   constants; ours returns the constants separately and puts them first among
+#   the inputs. See [Understanding jaxprs](https://docs.jax.dev/en/latest/jaxpr.html).
+# - JAX's jaxprs carry more per equation: source locations (which is how JAX
+#   errors point at your line), effects, and a context for names. Its variables
+#   print with their type only when they are bound, as ours do.
+# - JAX marks Python scalars as *weakly typed* and can print them as literals in
+#   binary operations without a `broadcast`; our primitives insist on equal
+#   shapes, so our jaxprs contain the explicit broadcast.
+# - Omnistaging has been JAX's only mode since version 0.2.0 (2020); the
+#   [design note](https://docs.jax.dev/en/latest/jep/4410-omnistaging.html)
+#   explains the motivation in detail. In today's JAX the dynamic level is the
+#   *current trace* held in a context; there is no stack to search.
+#
+# ## Summary
+#
+# - A jaxpr is a first-order program: typed binders, equations that apply
+#   primitives with params to atoms (variables or literals), and outputs. It has
+#   no Python left in it.
+# - Abstract evaluation rules compute each primitive's output types from its
+#   input types; the type checker and the tracer both use them, so type errors
+#   surface while tracing.
+# - `eval_jaxpr` applies equations with `bind`, so jaxprs compose with every
+#   transformation.
+# - `make_jaxpr` traces with an interpreter that records instead of computing. A
+#   builder owns the equations, the constants and the tracer-to-variable map; scalar
+#   constants become literals.
+# - Choosing interpreters by data dependence would let operations on constants
+#   escape the recording. A dynamic level at the bottom of the search — swapped in
+#   by redefining one small function — makes staging see everything.
+#
+# ## Exercises
+#
+# **1. Count the work.** Write `count_primitives(jaxpr)`, returning a dict from
+# primitive name to the number of equations that use it, and check it on the
+# jaxpr of `horner` with five coefficients against the number you expect.
+
+
+# %% tags=["hide-input"]
+def count_primitives(jaxpr):
+    counts = {}
+    for eqn in jaxpr.eqns:
+        counts[eqn.primitive.name] = counts.get(eqn.primitive.name, 0) + 1
+    return counts
+
+
+counts = count_primitives(make_jaxpr(horner, [scalar] * 5, scalar)[0])
+print(counts, counts == {"mul": 4, "add": 4})
+
+
+# %% [markdown]
+# **2. Dead code.** Tracing records every primitive, including ones whose
+# results are never used. Write `eliminate_dead_code(jaxpr)`, which returns a
+# jaxpr without the equations that do not contribute to the outputs (walk the
+# equations backwards, keeping a set of variables that are needed). Check that
+# the result type-checks and computes the same outputs.
+
+
+# %% tags=["hide-input"]
+def eliminate_dead_code(jaxpr):
+    needed = {x for x in jaxpr.outs if isinstance(x, Var)}
+    kept = []
+    for eqn in reversed(jaxpr.eqns):
+        if any(v in needed for v in eqn.out_binders):
+            kept.append(eqn)
+            needed.update(x for x in eqn.inputs if isinstance(x, Var))
+    return Jaxpr(jaxpr.in_binders, kept[::-1], jaxpr.outs)
+
+
+def wasteful(x):
+    unused = cos(x) * x  # noqa: F841 (never returned: dead code on purpose)
+    return sin(x)
+
+
+before = make_jaxpr(wasteful, vec3)[0]
+after = eliminate_dead_code(before)
+print(len(before.eqns), "->", len(after.eqns))
+print(typecheck_jaxpr(after))
+print(np.allclose(eval_jaxpr(after, [v])[0], eval_jaxpr(before, [v])[0]))
+
+
+# %% [markdown]
+# **3. A jaxpr of a jaxpr.** Because `eval_jaxpr` uses `bind`, tracing it with
+# `make_jaxpr` gives back an equivalent jaxpr. Use that to write
+# `batch_jaxpr(jaxpr, batch_size)`: a jaxpr that computes the original on a batch
+# of inputs, stacked along axis 0, by tracing `vmap` of the jaxpr's function.
+# Check it on the jaxpr of `f` from above (which has no constants, so every
+# input is batched).
+
+
+# %% tags=["hide-input"]
+def batch_jaxpr(jaxpr, batch_size):
+    in_types = typecheck_jaxpr(jaxpr).in_types
+    batched = [ShapedArray((batch_size, *t.shape), t.dtype) for t in in_types]
+    batched_fun = vmap(jaxpr_as_fun(jaxpr), 0)
+    return make_jaxpr(batched_fun, *batched)
+
+
+f_jaxpr, f_consts, _ = make_jaxpr(f, vec3, vec3)
+batched, batched_consts, _ = batch_jaxpr(f_jaxpr, batch_size=2)
+print(typecheck_jaxpr(batched))
+xs, ys = np.stack([x0, 2 * x0]), np.stack([y0, -y0])
+got = eval_jaxpr(batched, [*batched_consts, xs, ys])
+want = [f(xs[i], ys[i]) for i in range(2)]
+print(np.allclose(got[0], [w[0] for w in want]))
+print(np.array_equal(got[1], np.stack([w[1] for w in want])))
