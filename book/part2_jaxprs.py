@@ -259,9 +259,12 @@ print(hand_made)
 # trace a function, they tell us the type of each new variable without computing
 # anything.
 #
-# The rules reuse Part 1's parameter checks, so a mistake gets the same message
-# whether it happens in eager code, while tracing, or in a jaxpr someone built by
-# hand.
+# The rules reuse Part 1's checks, so a mistake gets the same message whether it
+# happens in eager code, while tracing, or in a jaxpr someone built by hand. They
+# are also strict about the *form* of params: the wrappers always pass axes as a
+# tuple of non-negative integers (and `broadcast`'s new axes sorted), and the
+# other rules rely on that, so an equation with, say, `axes=(-1,)` is rejected
+# rather than accepted in a form that only some interpreters understand.
 
 # %% tags=["export"]
 RULE_KINDS = (*RULE_KINDS, "abstract_eval")
@@ -282,6 +285,23 @@ def _binary_abstract_eval(prim: Primitive, out_dtype: Any = None) -> None:
         return [ShapedArray(x.shape, out_dtype or x.dtype)]
 
 
+def _check_canonical_axes(name: str, param: str, axes: Any, ndim: int) -> None:
+    """Params must be in the form the wrappers produce: a tuple of distinct
+    non-negative ints below ``ndim``."""
+    if not isinstance(axes, tuple):
+        raise TypeError(f"{name}: param {param} must be a tuple, got {axes!r}")
+    for a in axes:
+        if not _is_axis(a):
+            raise TypeError(f"{name}: axes must be integers, got {a!r} in {param}")
+        if not 0 <= a < ndim:
+            raise ValueError(
+                f"{name}: axis {a} is out of range for an array of rank {ndim} "
+                f"(param {param} must hold axes 0..{ndim - 1})"
+            )
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"{name}: repeated axis in param {param}={axes}")
+
+
 _unary_abstract_eval(neg_p, float_only=False)
 _unary_abstract_eval(sin_p, float_only=True)
 _unary_abstract_eval(cos_p, float_only=True)
@@ -293,14 +313,14 @@ _binary_abstract_eval(less_p, out_dtype=np.bool_)
 
 @reduce_sum_p.def_rule("abstract_eval")
 def _reduce_sum_abstract_eval(x: ShapedArray, *, axes: tuple) -> list[ShapedArray]:
-    axes = _normalize_axes("reduce_sum", axes, x.ndim)
+    _check_canonical_axes("reduce_sum", "axes", axes, x.ndim)
     shape = [d for i, d in enumerate(x.shape) if i not in axes]
     return [ShapedArray(shape, x.dtype)]
 
 
 @transpose_p.def_rule("abstract_eval")
 def _transpose_abstract_eval(x: ShapedArray, *, perm: tuple) -> list[ShapedArray]:
-    perm = _normalize_axes("transpose", perm, x.ndim)
+    _check_canonical_axes("transpose", "perm", perm, x.ndim)
     if sorted(perm) != list(range(x.ndim)):
         raise ValueError(
             f"transpose: perm must be a permutation of the {x.ndim} axes of "
@@ -313,8 +333,14 @@ def _transpose_abstract_eval(x: ShapedArray, *, perm: tuple) -> list[ShapedArray
 def _broadcast_abstract_eval(
     x: ShapedArray, *, shape: tuple, axes: tuple
 ) -> list[ShapedArray]:
-    shape = _check_shape("broadcast", shape)
-    axes = _normalize_axes("broadcast", axes, len(shape))
+    if not isinstance(shape, tuple):
+        raise TypeError(
+            f"broadcast: shape must be a sequence of integers in a tuple, got {shape!r}"
+        )
+    _check_shape("broadcast", shape)
+    _check_canonical_axes("broadcast", "axes", axes, len(shape))
+    if list(axes) != sorted(axes):
+        raise ValueError(f"broadcast: param axes={axes!r} must be sorted")
     kept = tuple(d for i, d in enumerate(shape) if i not in axes)
     if kept != x.shape:
         raise ValueError(
@@ -349,9 +375,12 @@ def typecheck_jaxpr(jaxpr: Jaxpr) -> JaxprType:
 
     bound: set[Var] = set()
 
-    def bind_var(v: Var, where: str) -> None:
+    def check_binder(v: Any, where: str) -> None:
         if not isinstance(v, Var):
             raise JaxprTypeError(f"{where}: a binder must be a Var, got {v!r}")
+
+    def bind_var(v: Var, where: str) -> None:
+        check_binder(v, where)
         if v in bound:
             raise JaxprTypeError(f"{where}: variable {names(v)} is bound twice")
         bound.add(v)
@@ -380,6 +409,7 @@ def typecheck_jaxpr(jaxpr: Jaxpr) -> JaxprType:
                 f"equation binds {len(eqn.out_binders)}"
             )
         for v, expected in zip(eqn.out_binders, out_types):
+            check_binder(v, where)
             if raise_to_shaped(v.aval) != expected:
                 raise JaxprTypeError(
                     f"{where}: output {names(v)} is declared "
@@ -450,7 +480,14 @@ def eval_jaxpr(jaxpr: Jaxpr, args: Sequence[Any]) -> list[Any]:
     def read(atom: Atom) -> Any:
         return atom.val if isinstance(atom, Lit) else env[atom]
 
-    for v, arg in zip(jaxpr.in_binders, args):
+    for i, (v, arg) in enumerate(zip(jaxpr.in_binders, args)):
+        arg_type = get_aval(_as_input(arg, "eval_jaxpr"))
+        if (arg_type.shape, arg_type.dtype) != (v.aval.shape, v.aval.dtype):
+            what = "shape" if arg_type.shape != v.aval.shape else "dtype"
+            raise TypeError(
+                f"eval_jaxpr: input {i} has the wrong {what}: the jaxpr expects "
+                f"{v.aval.str_short()}, got {arg_type.str_short()}"
+            )
         env[v] = arg
     for eqn in jaxpr.eqns:
         outs = bind(eqn.primitive, *[read(x) for x in eqn.inputs], **eqn.params)
