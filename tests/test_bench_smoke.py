@@ -1,0 +1,108 @@
+"""Smoke test of the benchmarks: they run and report sane fields.
+
+No timing assertions: only that the numbers are there, positive and finite,
+that the traced programs have the advertised number of equations, and that
+JAX's configuration is left as it was.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BENCH = REPO_ROOT / "bench" / "bench_make_jaxpr.py"
+
+
+@pytest.fixture(scope="module")
+def bench_module():
+    spec = importlib.util.spec_from_file_location("bench_make_jaxpr", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_report(report: dict, sizes: list[int], libraries: set[str]) -> None:
+    assert report["benchmark"] == "make_jaxpr"
+    assert report["sizes"] == sizes
+    assert set(report["results"]) == libraries
+    for rows in report["results"].values():
+        assert [row["n"] for row in rows] == sizes
+        for row in rows:
+            assert row["eqns"] == row["n"]  # one equation per primitive
+            assert row["repeats"] == report["repeats"] >= 1
+            for key in ("median_s", "min_s", "max_s", "us_per_primitive"):
+                assert math.isfinite(row[key]) and row[key] > 0, key
+            assert row["min_s"] <= row["median_s"] <= row["max_s"]
+            assert math.isclose(
+                row["us_per_primitive"], row["median_s"] / row["n"] * 1e6
+            )
+    summary = report["summary"]
+    for library in libraries:
+        lib = summary[library]
+        assert lib["size_ratio"] == sizes[-1] / sizes[0]
+        assert math.isfinite(lib["time_ratio"]) and lib["time_ratio"] > 0
+        assert math.isclose(lib["max_time_ratio"], 1.1 * lib["size_ratio"])
+    targets = summary["targets"]
+    assert isinstance(targets["linear_scaling_met"], bool)
+    assert isinstance(targets["us_per_primitive_met"], bool)
+    machine = report["machine"]
+    assert machine["jax"] == jax.__version__
+    assert machine["python"] and machine["numpy"] and machine["cpu_count"]
+
+
+def test_quick_run_in_process(bench_module, tmp_path, capsys):
+    x64_before = jax.config.jax_enable_x64
+    out_file = tmp_path / "report.json"
+    report = bench_module.main(["--quick", "--json", str(out_file)])
+    assert jax.config.jax_enable_x64 == x64_before  # restored by main
+    check_report(report, list(bench_module.QUICK_SIZES), {"autodidax", "jax"})
+    assert report["quick"] is True
+    assert report["summary"]["targets"]["meaningful"] is False
+    assert json.loads(out_file.read_text()) == json.loads(json.dumps(report))
+    printed = capsys.readouterr().out
+    assert "us/prim" in printed and "autodidax" in printed and "jax" in printed
+    assert "quick run" in printed
+
+
+def test_custom_sizes_without_jax(bench_module, capsys):
+    report = bench_module.main(["--sizes", "30", "10", "--repeats", "2", "--no-jax"])
+    check_report(report, [10, 30], {"autodidax"})
+    assert "autodidax_over_jax" not in report["summary"]
+    capsys.readouterr()
+
+
+def test_bad_arguments_are_rejected(bench_module, capsys):
+    with pytest.raises(SystemExit):
+        bench_module.main(["--sizes", "0", "10"])
+    capsys.readouterr()
+
+
+def test_command_line_quick_run(tmp_path):
+    """As a script (a fresh process, like the README says to run it)."""
+    out_file = tmp_path / "cli.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--json", str(out_file)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "us/prim" in done.stdout
+    report = json.loads(out_file.read_text())
+    check_report(report, report["sizes"], {"autodidax", "jax"})
+
+
+def test_benchmark_is_not_collected_as_a_test():
+    """pytest looks in tests/ only, and the benchmark's name is not test_*."""
+    assert not BENCH.name.startswith("test_")
+    pyproject = (REPO_ROOT / "pyproject.toml").read_text()
+    assert 'testpaths = ["tests"]' in pyproject
