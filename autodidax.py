@@ -321,9 +321,15 @@ def raise_to_shaped(aval: ShapedArray) -> ShapedArray:
 
 _ARRAY_KINDS = "biuf"  # bool, signed int, unsigned int, float
 
+DEVICE_ARRAY_TYPES: tuple[type, ...] = ()
+"""Array types of later parts (arrays that live on an accelerator); they are
+accepted as they are, without a copy to NumPy."""
+
 
 def as_array(x: Any, context: str = "autodidax") -> np.ndarray:
     """Convert a NumPy array or Python/NumPy number to an ndarray, or fail."""
+    if isinstance(x, DEVICE_ARRAY_TYPES):
+        return x
     if isinstance(x, np.ndarray):
         arr = x
     elif isinstance(x, (bool, int, float, np.generic)):
@@ -406,30 +412,9 @@ class UnexpectedTracerError(TypeError):
     """A tracer was used after the transformation that made it had finished."""
 
 
-class Tracer:
-    """A stand-in for an array while a transformation runs a function."""
-
-    _trace: Trace
-    __array_ufunc__ = None  # let our reflected operators win over NumPy's
-
-    @property
-    def aval(self) -> ShapedArray:
-        raise NotImplementedError
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.aval.shape
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self.aval.dtype
-
-    @property
-    def ndim(self) -> int:
-        return self.aval.ndim
-
-    def full_lower(self) -> Any:
-        return self
+class ArrayOperators:
+    """Python's operators, spelled with our wrappers (shared by tracers and,
+    in Part 3, by arrays that live on a device)."""
 
     def __add__(self, other):
         return add(self, other)
@@ -459,6 +444,32 @@ class Tracer:
 
     def __lt__(self, other):
         return less(self, other)
+
+
+class Tracer(ArrayOperators):
+    """A stand-in for an array while a transformation runs a function."""
+
+    _trace: Trace
+    __array_ufunc__ = None  # let our reflected operators win over NumPy's
+
+    @property
+    def aval(self) -> ShapedArray:
+        raise NotImplementedError
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.aval.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.aval.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self.aval.ndim
+
+    def full_lower(self) -> Any:
+        return self
 
     def __bool__(self) -> bool:
         raise ConcretizationError(
@@ -511,7 +522,8 @@ for _prim, _np_fn in [
 
 @reduce_sum_p.def_rule("impl")
 def _reduce_sum_impl(x, *, axes):
-    return [np.sum(x, axis=axes)]
+    # Keep the dtype: NumPy would sum booleans into integers.
+    return [np.sum(x, axis=axes, dtype=x.dtype)]
 
 
 @transpose_p.def_rule("impl")
@@ -1542,7 +1554,7 @@ class JaxprTrace(Trace):
         return outs
 
 
-def _avals_for_tracing(args: Any) -> tuple[list[ShapedArray], PyTreeDef]:
+def _avals_for_tracing(args: Any, who: str) -> tuple[list[ShapedArray], PyTreeDef]:
     """Flatten make_jaxpr's arguments; arrays stand for their types."""
     leaves, in_tree = tree_flatten(args)
     avals = []
@@ -1550,14 +1562,15 @@ def _avals_for_tracing(args: Any) -> tuple[list[ShapedArray], PyTreeDef]:
         if isinstance(leaf, ShapedArray):
             avals.append(raise_to_shaped(leaf))
         else:
-            avals.append(raise_to_shaped(get_aval(_as_input(leaf, "make_jaxpr"))))
+            avals.append(raise_to_shaped(get_aval(_as_input(leaf, who))))
     return avals, in_tree
 
 
 def _trace_to_jaxpr(
-    f: Callable, avals_in: tuple, dynamic: bool
+    f: Callable, avals_in: tuple, dynamic: bool, who: str = "make_jaxpr"
 ) -> tuple[Jaxpr, list[Any], PyTreeDef]:
-    avals, in_tree = _avals_for_tracing(avals_in)
+    """Trace ``f``; ``who`` names the user-facing function in error messages."""
+    avals, in_tree = _avals_for_tracing(avals_in, who)
     flat_f = flatten_fun(f, in_tree)
     builder = JaxprBuilder()
     with new_level(JaxprTrace, builder) as level:
@@ -1568,7 +1581,7 @@ def _trace_to_jaxpr(
                 outs = flat_f(*tracers_in)
         else:
             outs = flat_f(*tracers_in)
-        outs = [_as_input(out, "make_jaxpr: output of the function") for out in outs]
+        outs = [_as_input(out, f"{who}: output of the function") for out in outs]
         tracers_out = [trace.full_raise(out) for out in outs]
         jaxpr, consts = builder.build(tracers_in, tracers_out)
     return jaxpr, consts, flat_f.out_tree

@@ -439,9 +439,15 @@ def raise_to_shaped(aval: ShapedArray) -> ShapedArray:
 # %% tags=["export"]
 _ARRAY_KINDS = "biuf"  # bool, signed int, unsigned int, float
 
+DEVICE_ARRAY_TYPES: tuple[type, ...] = ()
+"""Array types of later parts (arrays that live on an accelerator); they are
+accepted as they are, without a copy to NumPy."""
+
 
 def as_array(x: Any, context: str = "autodidax") -> np.ndarray:
     """Convert a NumPy array or Python/NumPy number to an ndarray, or fail."""
+    if isinstance(x, DEVICE_ARRAY_TYPES):
+        return x
     if isinstance(x, np.ndarray):
         arr = x
     elif isinstance(x, (bool, int, float, np.generic)):
@@ -554,8 +560,9 @@ class Trace:
 
 # %% [markdown]
 # A `Tracer` is the object the user's function actually sees. It knows which trace
-# it belongs to and its abstract value, and its operators call our wrappers, so
-# `x * y + x` works on tracers as it does on arrays. `full_lower` is the opposite
+# it belongs to and its abstract value, and its operators (from a small mixin,
+# `ArrayOperators`) call our wrappers, so `x * y + x` works on tracers as it does
+# on arrays. `full_lower` is the opposite
 # of `full_raise`: a tracer that carries no information for its transformation can
 # unwrap itself (the batching tracer uses this when a value turns out not to be
 # batched).
@@ -576,30 +583,9 @@ class UnexpectedTracerError(TypeError):
     """A tracer was used after the transformation that made it had finished."""
 
 
-class Tracer:
-    """A stand-in for an array while a transformation runs a function."""
-
-    _trace: Trace
-    __array_ufunc__ = None  # let our reflected operators win over NumPy's
-
-    @property
-    def aval(self) -> ShapedArray:
-        raise NotImplementedError
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.aval.shape
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self.aval.dtype
-
-    @property
-    def ndim(self) -> int:
-        return self.aval.ndim
-
-    def full_lower(self) -> Any:
-        return self
+class ArrayOperators:
+    """Python's operators, spelled with our wrappers (shared by tracers and,
+    in Part 3, by arrays that live on a device)."""
 
     def __add__(self, other):
         return add(self, other)
@@ -629,6 +615,32 @@ class Tracer:
 
     def __lt__(self, other):
         return less(self, other)
+
+
+class Tracer(ArrayOperators):
+    """A stand-in for an array while a transformation runs a function."""
+
+    _trace: Trace
+    __array_ufunc__ = None  # let our reflected operators win over NumPy's
+
+    @property
+    def aval(self) -> ShapedArray:
+        raise NotImplementedError
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.aval.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.aval.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self.aval.ndim
+
+    def full_lower(self) -> Any:
+        return self
 
     def __bool__(self) -> bool:
         raise ConcretizationError(
@@ -705,7 +717,8 @@ for _prim, _np_fn in [
 
 @reduce_sum_p.def_rule("impl")
 def _reduce_sum_impl(x, *, axes):
-    return [np.sum(x, axis=axes)]
+    # Keep the dtype: NumPy would sum booleans into integers.
+    return [np.sum(x, axis=axes, dtype=x.dtype)]
 
 
 @transpose_p.def_rule("impl")

@@ -654,7 +654,7 @@ class JaxprTrace(Trace):
 
 
 # %% tags=["export"]
-def _avals_for_tracing(args: Any) -> tuple[list[ShapedArray], PyTreeDef]:
+def _avals_for_tracing(args: Any, who: str) -> tuple[list[ShapedArray], PyTreeDef]:
     """Flatten make_jaxpr's arguments; arrays stand for their types."""
     leaves, in_tree = tree_flatten(args)
     avals = []
@@ -662,14 +662,15 @@ def _avals_for_tracing(args: Any) -> tuple[list[ShapedArray], PyTreeDef]:
         if isinstance(leaf, ShapedArray):
             avals.append(raise_to_shaped(leaf))
         else:
-            avals.append(raise_to_shaped(get_aval(_as_input(leaf, "make_jaxpr"))))
+            avals.append(raise_to_shaped(get_aval(_as_input(leaf, who))))
     return avals, in_tree
 
 
 def _trace_to_jaxpr(
-    f: Callable, avals_in: tuple, dynamic: bool
+    f: Callable, avals_in: tuple, dynamic: bool, who: str = "make_jaxpr"
 ) -> tuple[Jaxpr, list[Any], PyTreeDef]:
-    avals, in_tree = _avals_for_tracing(avals_in)
+    """Trace ``f``; ``who`` names the user-facing function in error messages."""
+    avals, in_tree = _avals_for_tracing(avals_in, who)
     flat_f = flatten_fun(f, in_tree)
     builder = JaxprBuilder()
     with new_level(JaxprTrace, builder) as level:
@@ -680,7 +681,7 @@ def _trace_to_jaxpr(
                 outs = flat_f(*tracers_in)
         else:
             outs = flat_f(*tracers_in)
-        outs = [_as_input(out, "make_jaxpr: output of the function") for out in outs]
+        outs = [_as_input(out, f"{who}: output of the function") for out in outs]
         tracers_out = [trace.full_raise(out) for out in outs]
         jaxpr, consts = builder.build(tracers_in, tracers_out)
     return jaxpr, consts, flat_f.out_tree
