@@ -1628,6 +1628,417 @@ def make_jaxpr(f: Callable, *avals_in: Any) -> tuple[Jaxpr, list, PyTreeDef]:
     return _trace_to_jaxpr(f, avals_in, dynamic=True)
 
 
+# ==== chapter: part3_jit ====
+
+import functools
+
+# Import jax before jaxlib's MLIR bindings: jax's import configures jaxlib
+# (among other things, it keeps the XLA runtime's C++ logging quiet).
+import jax
+import jax.extend.backend
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import func as mlir_func
+from jaxlib.mlir.dialects import stablehlo as hlo
+
+RULE_KINDS = (*RULE_KINDS, "lower")
+
+
+@functools.cache
+def mlir_context() -> ir.Context:
+    """One MLIR context with the dialects we use (func and stablehlo)."""
+    from jaxlib.mlir._mlir_libs import _jax_mlir_ext
+
+    registry = ir.DialectRegistry()
+    _jax_mlir_ext.register_dialects(registry)
+    context = ir.Context()
+    context.append_dialect_registry(registry)
+    context.load_all_available_dialects()
+    hlo.register_dialect(context)
+    return context
+
+
+def ir_element_type(dtype: np.dtype) -> ir.Type:
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return ir.IntegerType.get_signless(1)
+    bits = dtype.itemsize * 8
+    if dtype.kind == "f":
+        return {16: ir.F16Type, 32: ir.F32Type, 64: ir.F64Type}[bits].get()
+    if dtype.kind == "i":
+        return ir.IntegerType.get_signless(bits)
+    if dtype.kind == "u":
+        return ir.IntegerType.get_unsigned(bits)
+    raise TypeError(f"no StableHLO type for dtype {dtype}")
+
+
+def ir_type(aval: ShapedArray) -> ir.RankedTensorType:
+    return ir.RankedTensorType.get(aval.shape, ir_element_type(aval.dtype))
+
+
+def ir_constant(value: Any, aval: ShapedArray) -> ir.Value:
+    """A StableHLO constant holding the scalar ``value`` at every position."""
+    element = ir_element_type(aval.dtype)
+    if aval.dtype.kind == "f":
+        attr = ir.FloatAttr.get(element, float(value))
+    else:
+        attr = ir.IntegerAttr.get(element, int(value))
+    return hlo.constant(ir.DenseElementsAttr.get_splat(ir_type(aval), attr))
+
+
+def _lower_with(prim: Primitive, make_op: Callable) -> None:
+    @prim.def_rule("lower")
+    def rule(ctx, avals_in, avals_out, *operands):
+        return [make_op(*operands)]
+
+
+_lower_with(add_p, hlo.add)
+_lower_with(mul_p, hlo.multiply)
+_lower_with(neg_p, hlo.negate)
+_lower_with(sin_p, hlo.sine)
+_lower_with(cos_p, hlo.cosine)
+
+
+def _lower_comparison(prim: Primitive, direction: str) -> None:
+    @prim.def_rule("lower")
+    def rule(ctx, avals_in, avals_out, x, y):
+        kind = avals_in[0].dtype.kind
+        compare_type = {"f": "FLOAT", "u": "UNSIGNED"}.get(kind, "SIGNED")
+        return [
+            hlo.compare(
+                x,
+                y,
+                hlo.ComparisonDirectionAttr.get(direction),
+                compare_type=hlo.ComparisonTypeAttr.get(compare_type),
+            )
+        ]
+
+
+_lower_comparison(greater_p, "GT")
+_lower_comparison(less_p, "LT")
+
+
+@transpose_p.def_rule("lower")
+def _transpose_lower(ctx, avals_in, avals_out, x, *, perm):
+    return [hlo.transpose(x, ir.DenseI64ArrayAttr.get(perm))]
+
+
+@broadcast_p.def_rule("lower")
+def _broadcast_lower(ctx, avals_in, avals_out, x, *, shape, axes):
+    # StableHLO names where the operand's axes go, not where the new ones are.
+    kept = [i for i in range(len(shape)) if i not in axes]
+    out_type = ir_type(avals_out[0])
+    return [hlo.broadcast_in_dim(out_type, x, ir.DenseI64ArrayAttr.get(kept))]
+
+
+@reduce_sum_p.def_rule("lower")
+def _reduce_sum_lower(ctx, avals_in, avals_out, x, *, axes):
+    (x_aval,), (out_aval,) = avals_in, avals_out
+    scalar = ShapedArray((), x_aval.dtype)
+    zero = ir_constant(0, scalar)
+    reduce = hlo.ReduceOp(
+        [ir_type(out_aval)], [x], [zero], ir.DenseI64ArrayAttr.get(axes)
+    )
+    body = reduce.regions[0].blocks.append(ir_type(scalar), ir_type(scalar))
+    with ir.InsertionPoint(body):
+        hlo.ReturnOp([hlo.add(*body.arguments)])
+    return [reduce.result]
+
+
+class LoweringContext:
+    """The module being built, and the nested jaxprs already lowered into it."""
+
+    def __init__(self) -> None:
+        self.module = ir.Module.create()
+        self.functions: dict[Jaxpr, str] = {}
+
+    def function_for(self, jaxpr: Jaxpr) -> str:
+        """The name of a private function computing ``jaxpr`` (made once)."""
+        if jaxpr not in self.functions:
+            name = f"jaxpr_{len(self.functions)}"
+            self.functions[jaxpr] = name
+            lower_to_function(self, jaxpr, name, public=False)
+        return self.functions[jaxpr]
+
+
+def _atom_aval(atom: Atom) -> ShapedArray:
+    return atom.aval
+
+
+def lower_to_function(
+    ctx: LoweringContext, jaxpr: Jaxpr, name: str, public: bool
+) -> mlir_func.FuncOp:
+    in_types = [ir_type(v.aval) for v in jaxpr.in_binders]
+    out_types = [ir_type(_atom_aval(x)) for x in jaxpr.outs]
+    with ir.InsertionPoint(ctx.module.body):
+        function = mlir_func.FuncOp(name, ir.FunctionType.get(in_types, out_types))
+    if not public:
+        function.sym_visibility = ir.StringAttr.get("private")
+    block = function.add_entry_block()
+    env: dict[Var, ir.Value] = dict(zip(jaxpr.in_binders, block.arguments))
+
+    def read(atom: Atom) -> ir.Value:
+        if isinstance(atom, Lit):
+            return ir_constant(atom.val, atom.aval)
+        return env[atom]
+
+    with ir.InsertionPoint(block):
+        for eqn in jaxpr.eqns:
+            rule = eqn.primitive.rule("lower")
+            avals_in = [_atom_aval(x) for x in eqn.inputs]
+            avals_out = [v.aval for v in eqn.out_binders]
+            operands = [read(x) for x in eqn.inputs]
+            outs = rule(ctx, avals_in, avals_out, *operands, **eqn.params)
+            env.update(zip(eqn.out_binders, outs))
+        mlir_func.ReturnOp([read(x) for x in jaxpr.outs])
+    return function
+
+
+def lower_jaxpr(jaxpr: Jaxpr) -> ir.Module:
+    """A StableHLO module whose public function ``main`` computes ``jaxpr``."""
+    with mlir_context(), ir.Location.unknown():
+        ctx = LoweringContext()
+        lower_to_function(ctx, jaxpr, "main", public=True)
+        ctx.module.operation.verify()
+    return ctx.module
+
+
+class _Runtime(NamedTuple):
+    client: Any
+    device: Any
+    sharding: Any
+
+
+@functools.cache
+def runtime() -> _Runtime:
+    """XLA's CPU client and its first device (created on first use)."""
+    client = jax.extend.backend.get_backend("cpu")
+    device = client.local_devices()[0]
+    return _Runtime(client, device, jax.sharding.SingleDeviceSharding(device))
+
+
+def device_put(x: np.ndarray) -> Array:
+    """Copy a NumPy array to the device."""
+    from jaxlib import _jax
+
+    x = np.asarray(x)
+    rt = runtime()
+    aval = jax.core.ShapedArray(x.shape, x.dtype)
+    buffer = _jax.batched_device_put(
+        aval, rt.sharding, [x], [rt.device], True, enable_x64=True
+    )
+    return Array(buffer)
+
+
+class Array(ArrayOperators):
+    """An array in device memory: what jitted functions return."""
+
+    __array_priority__ = 100
+
+    def __init__(self, buffer: Any) -> None:
+        self._buffer = buffer
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self._buffer.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self._buffer.dtype)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def aval(self) -> ShapedArray:
+        return ShapedArray(self.shape, self.dtype)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return np.asarray(self._buffer, dtype=dtype, copy=copy)
+
+    def __bool__(self) -> bool:
+        return bool(np.asarray(self))
+
+    def __float__(self) -> float:
+        return float(np.asarray(self))
+
+    def __int__(self) -> int:
+        return int(np.asarray(self))
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d Array")
+        return self.shape[0]
+
+    def __str__(self) -> str:
+        return str(np.asarray(self))
+
+    def __repr__(self) -> str:
+        body = np.array2string(np.asarray(self), separator=", ", prefix="Array(")
+        return f"Array({body}, dtype={self.dtype.name})"
+
+
+DEVICE_ARRAY_TYPES = (Array,)
+
+
+def _as_buffer(x: Any) -> Any:
+    """The device buffer for an argument of a compiled call."""
+    if isinstance(x, Array):
+        return x._buffer
+    return device_put(x)._buffer
+
+
+class CompiledJaxpr:
+    """An XLA executable for one jaxpr."""
+
+    def __init__(self, jaxpr: Jaxpr) -> None:
+        from jax._src.lib import xla_client
+
+        rt = runtime()
+        self.module_text = str(lower_jaxpr(jaxpr))
+        self.executable = rt.client.compile_and_load(
+            self.module_text,
+            xla_client.DeviceList((rt.device,)),
+            xla_client.CompileOptions(),
+        )
+
+    def __call__(self, *args: Any) -> list[Array]:
+        buffers = [_as_buffer(x) for x in args]
+        results = self.executable.execute_sharded(buffers)
+        per_output = results.disassemble_into_single_device_arrays()
+        return [Array(bufs[0]) for bufs in per_output]
+
+
+_compiled: dict[Jaxpr, CompiledJaxpr] = {}
+
+
+def compile_jaxpr(jaxpr: Jaxpr) -> CompiledJaxpr:
+    """The executable for ``jaxpr``, compiled on first request."""
+    compiled = _compiled.get(jaxpr)
+    if compiled is None:
+        compiled = _compiled[jaxpr] = CompiledJaxpr(jaxpr)
+    return compiled
+
+
+xla_call_p = Primitive("xla_call", multiple_results=True)
+
+
+@xla_call_p.def_rule("impl")
+def _xla_call_impl(*args, jaxpr):
+    return compile_jaxpr(jaxpr)(*args)
+
+
+def jit(f: Callable) -> Callable:
+    """Compile ``f`` with XLA; trace once per input signature."""
+    traces: dict[tuple, tuple[Jaxpr, list[Any], PyTreeDef]] = {}
+
+    @functools.wraps(f)
+    def f_jitted(*args: Any) -> Any:
+        args_flat, in_tree = tree_flatten(args)
+        args_flat = [_as_input(x, "jit argument") for x in args_flat]
+        avals = tuple(raise_to_shaped(get_aval(x)) for x in args_flat)
+        key = (in_tree, avals)
+        cached = traces.get(key)
+        if cached is None:
+            abstract_args = tree_unflatten(in_tree, avals)
+            jaxpr, consts, out_tree = _trace_to_jaxpr(
+                f, abstract_args, dynamic=True, who="jit"
+            )
+            if any(isinstance(c, Tracer) for c in consts):
+                cached = (jaxpr, consts, out_tree)  # valid for this call only
+            else:
+                consts = [device_put(c) for c in consts]
+                cached = traces[key] = (jaxpr, consts, out_tree)
+        jaxpr, consts, out_tree = cached
+        outs = bind(xla_call_p, *consts, *args_flat, jaxpr=jaxpr)
+        return tree_unflatten(out_tree, outs)
+
+    f_jitted.traces = traces  # for the curious: what has been traced so far
+    return f_jitted
+
+
+_jaxpr_types: dict[Jaxpr, JaxprType] = {}
+
+
+def jaxpr_type(jaxpr: Jaxpr) -> JaxprType:
+    """typecheck_jaxpr, remembered per jaxpr."""
+    if jaxpr not in _jaxpr_types:
+        _jaxpr_types[jaxpr] = typecheck_jaxpr(jaxpr)
+    return _jaxpr_types[jaxpr]
+
+
+@xla_call_p.def_rule("abstract_eval")
+def _xla_call_abstract_eval(*avals_in, jaxpr):
+    expected = jaxpr_type(jaxpr)
+    given = [raise_to_shaped(a) for a in avals_in]
+    if given != expected.in_types:
+        got = ", ".join(a.str_short() for a in given)
+        raise TypeError(
+            f"xla_call: the jaxpr takes {expected} but was called with ({got})"
+        )
+    return expected.out_types
+
+
+@functools.cache
+def jvp_jaxpr(jaxpr: Jaxpr) -> tuple[Jaxpr, list[Any]]:
+    """A jaxpr of (primals, tangents) -> (primal outputs, tangent outputs)."""
+    in_types = jaxpr_type(jaxpr).in_types
+    n = len(in_types)
+
+    def primals_and_tangents_out(*args):
+        primals_out, tangents_out = jvp_flat(jaxpr_as_fun(jaxpr), args[:n], args[n:])
+        return [*primals_out, *tangents_out]
+
+    new_jaxpr, consts, _ = make_jaxpr(primals_and_tangents_out, *in_types, *in_types)
+    return new_jaxpr, [device_put(c) for c in consts]
+
+
+@xla_call_p.def_rule("jvp")
+def _xla_call_jvp(primals, tangents, *, jaxpr):
+    new_jaxpr, consts = jvp_jaxpr(jaxpr)
+    outs = bind(xla_call_p, *consts, *primals, *tangents, jaxpr=new_jaxpr)
+    n = len(outs) // 2
+    return outs[:n], outs[n:]
+
+
+@functools.cache
+def vmap_jaxpr(
+    jaxpr: Jaxpr, axis_size: int, batched: tuple[bool, ...]
+) -> tuple[Jaxpr, list[Any]]:
+    """A jaxpr computing ``jaxpr`` on a batch (axis 0) of the batched inputs."""
+    in_types = jaxpr_type(jaxpr).in_types
+    batched_types = [
+        ShapedArray((axis_size, *t.shape), t.dtype) if b else t
+        for t, b in zip(in_types, batched)
+    ]
+    in_axes = tuple(0 if b else None for b in batched)
+    batched_fun = vmap(jaxpr_as_fun(jaxpr), in_axes)
+    new_jaxpr, consts, _ = make_jaxpr(batched_fun, *batched_types)
+    return new_jaxpr, [device_put(c) for c in consts]
+
+
+@xla_call_p.def_rule("vmap")
+def _xla_call_vmap(axis_size, vals, dims, *, jaxpr):
+    vals = [
+        v if d is None else move_batch_axis(axis_size, d, 0, v)
+        for v, d in zip(vals, dims)
+    ]
+    batched = tuple(d is not None for d in dims)
+    if not any(batched):
+        return bind(xla_call_p, *vals, jaxpr=jaxpr), [None] * len(jaxpr.outs)
+    new_jaxpr, consts = vmap_jaxpr(jaxpr, axis_size, batched)
+    outs = bind(xla_call_p, *consts, *vals, jaxpr=new_jaxpr)
+    return outs, [0] * len(outs)
+
+
+@xla_call_p.def_rule("lower")
+def _xla_call_lower(ctx, avals_in, avals_out, *operands, jaxpr):
+    callee = ctx.function_for(jaxpr)
+    out_types = [ir_type(a) for a in avals_out]
+    call = mlir_func.CallOp(out_types, ir.FlatSymbolRefAttr.get(callee), operands)
+    return list(call.results)
+
+
 # ==== book support (generated by build_tools/tangle.py) ====
 
 
