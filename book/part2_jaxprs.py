@@ -1024,6 +1024,8 @@ show_error(lambda: make_jaxpr(lambda s: s, "float64[3]"))
 #   escape the recording. A dynamic level at the bottom of the search — swapped in
 #   by redefining one small function — makes staging see everything.
 #
+# Next, {ref}`Part 3 <part3>` hands jaxprs to the XLA compiler: `jit`.
+#
 # ## Exercises
 #
 # **1. Count the work.** Write `count_primitives(jaxpr)`, returning a dict from

@@ -303,7 +303,7 @@ def scaled_wave(x):
 
 jaxpr, consts, _ = make_jaxpr(scaled_wave, ShapedArray((3,), np.float64))
 print(jaxpr)
-print(lower_jaxpr(jaxpr))
+print(str(lower_jaxpr(jaxpr)).rstrip())
 
 
 # %% [markdown]
@@ -695,7 +695,7 @@ print(outer(1.0), 2 * np.sin(1.0) + 2 * np.sin(np.cos(1.0)))
 
 # %%
 (call_eqn,) = outer_jaxpr.eqns
-print(lower_jaxpr(call_eqn.params["jaxpr"]))
+print(str(lower_jaxpr(call_eqn.params["jaxpr"])).rstrip())
 
 # %% [markdown]
 # ## What `jit` refuses, and why
