@@ -101,19 +101,20 @@ def less(x: ArrayLike, y: ArrayLike) -> ArrayLike:
 
 
 def neg(x: ArrayLike) -> ArrayLike:
-    """Elementwise ``-x``."""
+    """Elementwise ``-x`` of a numeric (not boolean) array."""
+    _check_kind("neg", x, "iuf", "a numeric (not boolean)")
     return bind(neg_p, x)
 
 
 def sin(x: ArrayLike) -> ArrayLike:
     """Elementwise sine of a float array."""
-    _check_float("sin", x)
+    _check_kind("sin", x, "f", "a float")
     return bind(sin_p, x)
 
 
 def cos(x: ArrayLike) -> ArrayLike:
     """Elementwise cosine of a float array."""
-    _check_float("cos", x)
+    _check_kind("cos", x, "f", "a float")
     return bind(cos_p, x)
 
 
@@ -187,11 +188,12 @@ def _normalize_axes(name: str, axes: int | Sequence[int], ndim: int) -> tuple:
     return tuple(out)
 
 
-def _check_float(name: str, x: ArrayLike) -> None:
-    """Refuse non-float inputs (NumPy would quietly return floats for ints)."""
+def _check_kind(name: str, x: ArrayLike, kinds: str, expected: str) -> None:
+    """Refuse dtypes the operation does not define (NumPy would quietly return
+    floats for the sine of integers, for example)."""
     dtype = get_aval(x).dtype
-    if dtype.kind != "f":
-        raise TypeError(f"{name}: expected a float array, got dtype {dtype.name}")
+    if dtype.kind not in kinds:
+        raise TypeError(f"{name}: expected {expected} array, got dtype {dtype.name}")
 
 
 def _check_shape(name: str, shape: Sequence[int]) -> tuple:
@@ -1273,11 +1275,13 @@ def _pp_params(params: dict, indent: int, names: _Names) -> tuple[str, list[str]
 RULE_KINDS = (*RULE_KINDS, "abstract_eval")
 
 
-def _unary_abstract_eval(prim: Primitive, float_only: bool) -> None:
+def _unary_abstract_eval(prim: Primitive, kinds: str, expected: str) -> None:
     @prim.def_rule("abstract_eval")
     def rule(x: ShapedArray) -> list[ShapedArray]:
-        if float_only and x.dtype.kind != "f":
-            raise TypeError(f"{prim.name}: expected a float array, got {x.str_short()}")
+        if x.dtype.kind not in kinds:
+            raise TypeError(
+                f"{prim.name}: expected {expected} array, got {x.str_short()}"
+            )
         return [ShapedArray(x.shape, x.dtype)]
 
 
@@ -1305,9 +1309,9 @@ def _check_canonical_axes(name: str, param: str, axes: Any, ndim: int) -> None:
         raise ValueError(f"{name}: repeated axis in param {param}={axes}")
 
 
-_unary_abstract_eval(neg_p, float_only=False)
-_unary_abstract_eval(sin_p, float_only=True)
-_unary_abstract_eval(cos_p, float_only=True)
+_unary_abstract_eval(neg_p, "iuf", "a numeric (not boolean)")
+_unary_abstract_eval(sin_p, "f", "a float")
+_unary_abstract_eval(cos_p, "f", "a float")
 _binary_abstract_eval(add_p)
 _binary_abstract_eval(mul_p)
 _binary_abstract_eval(greater_p, out_dtype=np.bool_)
@@ -1702,7 +1706,9 @@ def _lower_comparison(prim: Primitive, direction: str) -> None:
     @prim.def_rule("lower")
     def rule(ctx, avals_in, avals_out, x, y):
         kind = avals_in[0].dtype.kind
-        compare_type = {"f": "FLOAT", "u": "UNSIGNED"}.get(kind, "SIGNED")
+        compare_type = {"f": "FLOAT", "u": "UNSIGNED", "b": "UNSIGNED"}.get(
+            kind, "SIGNED"
+        )
         return [
             hlo.compare(
                 x,
@@ -1925,6 +1931,7 @@ xla_call_p = Primitive("xla_call", multiple_results=True)
 
 @xla_call_p.def_rule("impl")
 def _xla_call_impl(*args, jaxpr):
+    check_call_types(jaxpr, args)
     return compile_jaxpr(jaxpr)(*args)
 
 
@@ -1967,16 +1974,24 @@ def jaxpr_type(jaxpr: Jaxpr) -> JaxprType:
     return _jaxpr_types[jaxpr]
 
 
-@xla_call_p.def_rule("abstract_eval")
-def _xla_call_abstract_eval(*avals_in, jaxpr):
+def check_call_types(jaxpr: Jaxpr, args: Sequence[Any]) -> None:
+    """Raise a TypeError unless ``args`` (arrays, tracers or avals) have the
+    shapes and dtypes of ``jaxpr``'s inputs. Cheap: no avals are built."""
     expected = jaxpr_type(jaxpr)
-    given = [raise_to_shaped(a) for a in avals_in]
-    if given != expected.in_types:
-        got = ", ".join(a.str_short() for a in given)
+    if len(args) != len(expected.in_types) or any(
+        x.shape != t.shape or x.dtype != t.dtype
+        for x, t in zip(args, expected.in_types)
+    ):
+        got = ", ".join(ShapedArray(x.shape, x.dtype).str_short() for x in args)
         raise TypeError(
             f"xla_call: the jaxpr takes {expected} but was called with ({got})"
         )
-    return expected.out_types
+
+
+@xla_call_p.def_rule("abstract_eval")
+def _xla_call_abstract_eval(*avals_in, jaxpr):
+    check_call_types(jaxpr, avals_in)
+    return jaxpr_type(jaxpr).out_types
 
 
 @functools.cache
@@ -1995,6 +2010,7 @@ def jvp_jaxpr(jaxpr: Jaxpr) -> tuple[Jaxpr, list[Any]]:
 
 @xla_call_p.def_rule("jvp")
 def _xla_call_jvp(primals, tangents, *, jaxpr):
+    check_call_types(jaxpr, primals)  # before building a jaxpr for these types
     new_jaxpr, consts = jvp_jaxpr(jaxpr)
     outs = bind(xla_call_p, *consts, *primals, *tangents, jaxpr=new_jaxpr)
     n = len(outs) // 2
@@ -2024,6 +2040,11 @@ def _xla_call_vmap(axis_size, vals, dims, *, jaxpr):
         for v, d in zip(vals, dims)
     ]
     batched = tuple(d is not None for d in dims)
+    avals = [get_aval(v) for v in vals]
+    check_call_types(  # per example, before building a jaxpr for these types
+        jaxpr,
+        [ShapedArray(a.shape[b:], a.dtype) for a, b in zip(avals, batched)],
+    )
     if not any(batched):
         return bind(xla_call_p, *vals, jaxpr=jaxpr), [None] * len(jaxpr.outs)
     new_jaxpr, consts = vmap_jaxpr(jaxpr, axis_size, batched)

@@ -174,19 +174,20 @@ def less(x: ArrayLike, y: ArrayLike) -> ArrayLike:
 
 
 def neg(x: ArrayLike) -> ArrayLike:
-    """Elementwise ``-x``."""
+    """Elementwise ``-x`` of a numeric (not boolean) array."""
+    _check_kind("neg", x, "iuf", "a numeric (not boolean)")
     return bind(neg_p, x)
 
 
 def sin(x: ArrayLike) -> ArrayLike:
     """Elementwise sine of a float array."""
-    _check_float("sin", x)
+    _check_kind("sin", x, "f", "a float")
     return bind(sin_p, x)
 
 
 def cos(x: ArrayLike) -> ArrayLike:
     """Elementwise cosine of a float array."""
-    _check_float("cos", x)
+    _check_kind("cos", x, "f", "a float")
     return bind(cos_p, x)
 
 
@@ -265,11 +266,12 @@ def _normalize_axes(name: str, axes: int | Sequence[int], ndim: int) -> tuple:
     return tuple(out)
 
 
-def _check_float(name: str, x: ArrayLike) -> None:
-    """Refuse non-float inputs (NumPy would quietly return floats for ints)."""
+def _check_kind(name: str, x: ArrayLike, kinds: str, expected: str) -> None:
+    """Refuse dtypes the operation does not define (NumPy would quietly return
+    floats for the sine of integers, for example)."""
     dtype = get_aval(x).dtype
-    if dtype.kind != "f":
-        raise TypeError(f"{name}: expected a float array, got dtype {dtype.name}")
+    if dtype.kind not in kinds:
+        raise TypeError(f"{name}: expected {expected} array, got dtype {dtype.name}")
 
 
 def _check_shape(name: str, shape: Sequence[int]) -> tuple:

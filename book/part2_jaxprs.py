@@ -270,11 +270,13 @@ print(hand_made)
 RULE_KINDS = (*RULE_KINDS, "abstract_eval")
 
 
-def _unary_abstract_eval(prim: Primitive, float_only: bool) -> None:
+def _unary_abstract_eval(prim: Primitive, kinds: str, expected: str) -> None:
     @prim.def_rule("abstract_eval")
     def rule(x: ShapedArray) -> list[ShapedArray]:
-        if float_only and x.dtype.kind != "f":
-            raise TypeError(f"{prim.name}: expected a float array, got {x.str_short()}")
+        if x.dtype.kind not in kinds:
+            raise TypeError(
+                f"{prim.name}: expected {expected} array, got {x.str_short()}"
+            )
         return [ShapedArray(x.shape, x.dtype)]
 
 
@@ -302,9 +304,9 @@ def _check_canonical_axes(name: str, param: str, axes: Any, ndim: int) -> None:
         raise ValueError(f"{name}: repeated axis in param {param}={axes}")
 
 
-_unary_abstract_eval(neg_p, float_only=False)
-_unary_abstract_eval(sin_p, float_only=True)
-_unary_abstract_eval(cos_p, float_only=True)
+_unary_abstract_eval(neg_p, "iuf", "a numeric (not boolean)")
+_unary_abstract_eval(sin_p, "f", "a float")
+_unary_abstract_eval(cos_p, "f", "a float")
 _binary_abstract_eval(add_p)
 _binary_abstract_eval(mul_p)
 _binary_abstract_eval(greater_p, out_dtype=np.bool_)

@@ -175,7 +175,9 @@ def _lower_comparison(prim: Primitive, direction: str) -> None:
     @prim.def_rule("lower")
     def rule(ctx, avals_in, avals_out, x, y):
         kind = avals_in[0].dtype.kind
-        compare_type = {"f": "FLOAT", "u": "UNSIGNED"}.get(kind, "SIGNED")
+        compare_type = {"f": "FLOAT", "u": "UNSIGNED", "b": "UNSIGNED"}.get(
+            kind, "SIGNED"
+        )
         return [
             hlo.compare(
                 x,
@@ -465,7 +467,8 @@ print(2 * np.sin([0.5, 1.0, 2.0]).sum())
 #
 # Now the pieces come together. `xla_call` is a primitive with several outputs
 # (one per output of its jaxpr); its only param is the jaxpr. Its `impl` rule
-# compiles and runs. Because the jaxpr is a param, every interpreter that meets
+# compiles and runs, after a cheap check (defined below) that the arguments have
+# the types the jaxpr expects. Because the jaxpr is a param, every interpreter that meets
 # `xla_call` has the whole program in hand.
 
 # %% tags=["export"]
@@ -474,6 +477,7 @@ xla_call_p = Primitive("xla_call", multiple_results=True)
 
 @xla_call_p.def_rule("impl")
 def _xla_call_impl(*args, jaxpr):
+    check_call_types(jaxpr, args)
     return compile_jaxpr(jaxpr)(*args)
 
 
@@ -524,7 +528,9 @@ def jit(f: Callable) -> Callable:
 # Before `jit` works under other interpreters, `xla_call` needs their rules. The
 # abstract evaluation rule checks the argument types against the jaxpr's input
 # types and returns its output types; we remember each jaxpr's type, since
-# checking a jaxpr takes time proportional to its size.
+# checking a jaxpr takes time proportional to its size. The same check guards the
+# `impl` rule above and the `jvp` and `vmap` rules below: a compiled program would
+# happily read the bits of an integer array as floats.
 
 # %% tags=["export"]
 _jaxpr_types: dict[Jaxpr, JaxprType] = {}
@@ -537,16 +543,24 @@ def jaxpr_type(jaxpr: Jaxpr) -> JaxprType:
     return _jaxpr_types[jaxpr]
 
 
-@xla_call_p.def_rule("abstract_eval")
-def _xla_call_abstract_eval(*avals_in, jaxpr):
+def check_call_types(jaxpr: Jaxpr, args: Sequence[Any]) -> None:
+    """Raise a TypeError unless ``args`` (arrays, tracers or avals) have the
+    shapes and dtypes of ``jaxpr``'s inputs. Cheap: no avals are built."""
     expected = jaxpr_type(jaxpr)
-    given = [raise_to_shaped(a) for a in avals_in]
-    if given != expected.in_types:
-        got = ", ".join(a.str_short() for a in given)
+    if len(args) != len(expected.in_types) or any(
+        x.shape != t.shape or x.dtype != t.dtype
+        for x, t in zip(args, expected.in_types)
+    ):
+        got = ", ".join(ShapedArray(x.shape, x.dtype).str_short() for x in args)
         raise TypeError(
             f"xla_call: the jaxpr takes {expected} but was called with ({got})"
         )
-    return expected.out_types
+
+
+@xla_call_p.def_rule("abstract_eval")
+def _xla_call_abstract_eval(*avals_in, jaxpr):
+    check_call_types(jaxpr, avals_in)
+    return jaxpr_type(jaxpr).out_types
 
 
 # %% [markdown]
@@ -576,6 +590,7 @@ def jvp_jaxpr(jaxpr: Jaxpr) -> tuple[Jaxpr, list[Any]]:
 
 @xla_call_p.def_rule("jvp")
 def _xla_call_jvp(primals, tangents, *, jaxpr):
+    check_call_types(jaxpr, primals)  # before building a jaxpr for these types
     new_jaxpr, consts = jvp_jaxpr(jaxpr)
     outs = bind(xla_call_p, *consts, *primals, *tangents, jaxpr=new_jaxpr)
     n = len(outs) // 2
@@ -605,6 +620,11 @@ def _xla_call_vmap(axis_size, vals, dims, *, jaxpr):
         for v, d in zip(vals, dims)
     ]
     batched = tuple(d is not None for d in dims)
+    avals = [get_aval(v) for v in vals]
+    check_call_types(  # per example, before building a jaxpr for these types
+        jaxpr,
+        [ShapedArray(a.shape[b:], a.dtype) for a, b in zip(avals, batched)],
+    )
     if not any(batched):
         return bind(xla_call_p, *vals, jaxpr=jaxpr), [None] * len(jaxpr.outs)
     new_jaxpr, consts = vmap_jaxpr(jaxpr, axis_size, batched)
