@@ -106,3 +106,107 @@ def test_benchmark_is_not_collected_as_a_test():
     assert not BENCH.name.startswith("test_")
     pyproject = (REPO_ROOT / "pyproject.toml").read_text()
     assert 'testpaths = ["tests"]' in pyproject
+
+
+# ---------------------------------------------------------------------------
+# bench_jit.py
+# ---------------------------------------------------------------------------
+
+BENCH_JIT = REPO_ROOT / "bench" / "bench_jit.py"
+
+
+@pytest.fixture(scope="module")
+def bench_jit_module():
+    spec = importlib.util.spec_from_file_location("bench_jit", BENCH_JIT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_jit_report(report: dict, libraries: list[str]) -> None:
+    assert report["benchmark"] == "jit"
+    assert report["libraries"] == libraries
+    config, results = report["config"], report["results"]
+    dispatch, compute = results["dispatch"], results["compute"]
+    calls = config["dispatch_calls_per_round"] * config["dispatch_rounds"]
+    for library in libraries:
+        row = dispatch[library]
+        assert row["calls"] == calls
+        for key in ("median_us", "mean_us", "min_us", "p90_us"):
+            assert math.isfinite(row[key]) and row[key] > 0, key
+        assert row["min_us"] <= row["median_us"] <= row["p90_us"]
+        for row in (
+            compute[library],
+            *(r[library] for r in results["first_call"].values()),
+        ):
+            for key in ("median_ms", "min_ms", "max_ms"):
+                assert math.isfinite(row[key]) and row[key] > 0, key
+            assert row["min_ms"] <= row["median_ms"] <= row["max_ms"]
+        assert compute[library]["repeats"] == config["compute_repeats"]
+        # Both libraries computed the right thing (float64 against NumPy).
+        assert dispatch["max_abs_error"][library] < 1e-12
+        assert compute["max_abs_error"][library] < 1e-9
+    assert compute["size"] == config["compute_size"]
+    assert set(results["first_call"]) == {"small", "chain"}
+    summary = report["summary"]
+    assert summary["dispatch_target"] == 1.5 and summary["compute_target"] == 1.02
+    if "jax" in libraries:
+        for row in (dispatch, compute, *results["first_call"].values()):
+            assert math.isfinite(row["ratio"]) and row["ratio"] > 0
+        assert summary["dispatch_ratio"] == dispatch["ratio"]
+        assert summary["compute_ratio"] == compute["ratio"]
+        assert isinstance(summary["dispatch_met"], bool)
+        assert isinstance(summary["compute_met"], bool)
+    else:
+        assert "ratio" not in dispatch and summary["dispatch_ratio"] is None
+    machine = report["machine"]
+    assert machine["jax"] == jax.__version__
+    assert machine["python"] and machine["numpy"] and machine["cpu_count"]
+
+
+def test_jit_quick_run_in_process(bench_jit_module, tmp_path, capsys):
+    x64_before = jax.config.jax_enable_x64
+    out_file = tmp_path / "jit.json"
+    report = bench_jit_module.main(["--quick", "--json", str(out_file)])
+    assert jax.config.jax_enable_x64 == x64_before  # restored by main
+    check_jit_report(report, ["autodidax", "jax"])
+    assert report["quick"] is True and report["summary"]["meaningful"] is False
+    assert report["config"]["compute_size"] == bench_jit_module.QUICK_COMPUTE_SIZE
+    assert json.loads(out_file.read_text()) == json.loads(json.dumps(report))
+    printed = capsys.readouterr().out
+    assert "dispatch" in printed and "compute" in printed and "first call" in printed
+    assert "ours/jax" in printed and "quick run" in printed
+
+
+def test_jit_without_jax(bench_jit_module, capsys):
+    report = bench_jit_module.main(
+        ["--quick", "--no-jax", "--calls", "5", "--rounds", "1", "--size", "64"]
+    )
+    check_jit_report(report, ["autodidax"])
+    assert report["config"]["compute_size"] == 64
+    assert "not judged" in capsys.readouterr().out
+
+
+def test_jit_bad_arguments_are_rejected(bench_jit_module, capsys):
+    with pytest.raises(SystemExit):
+        bench_jit_module.main(["--size", "0"])
+    capsys.readouterr()
+
+
+def test_jit_command_line_quick_run(tmp_path):
+    """As a script in a fresh process; --check does not judge a quick run."""
+    out_file = tmp_path / "cli.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH_JIT), "--quick", "--check", "--json", str(out_file)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "ours/jax" in done.stdout
+    check_jit_report(json.loads(out_file.read_text()), ["autodidax", "jax"])
+
+
+def test_jit_benchmark_is_not_collected_as_a_test():
+    assert not BENCH_JIT.name.startswith("test_")
