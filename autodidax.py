@@ -2060,6 +2060,564 @@ def _xla_call_lower(ctx, avals_in, avals_out, *operands, jaxpr):
     return list(call.results)
 
 
+# ==== chapter: part4_grad ====
+
+RULE_KINDS = (*RULE_KINDS, "partial_eval", "partial_eval_jaxpr", "transpose")
+
+
+class PartialVal(NamedTuple):
+    """A value that is known (``const`` is set) or unknown (only ``aval``)."""
+
+    aval: ShapedArray
+    const: Any | None
+
+    @classmethod
+    def known(cls, val: Any) -> PartialVal:
+        return cls(raise_to_shaped(get_aval(val)), val)
+
+    @classmethod
+    def unknown(cls, aval: ShapedArray) -> PartialVal:
+        return cls(raise_to_shaped(aval), None)
+
+    @property
+    def is_known(self) -> bool:
+        return self.const is not None
+
+
+class InputRecipe(NamedTuple):
+    """The tracer is an input of the staged-out jaxpr."""
+
+
+class ConstRecipe(NamedTuple):
+    """The tracer stands for a known value the staged-out jaxpr needs."""
+
+    val: Any
+
+
+class EqnRecipe(NamedTuple):
+    """The tracer is an output of an equation on other tracers."""
+
+    prim: Primitive
+    tracers_in: list[PartialEvalTracer]
+    params: dict[str, Any]
+    tracers_out: list[PartialEvalTracer]
+
+
+class PartialEvalTracer(Tracer):
+    """A known value, or an unknown one with the recipe that will make it."""
+
+    def __init__(self, trace: PartialEvalTrace, pval: PartialVal, recipe: Any) -> None:
+        self._trace = trace
+        self.pval = pval
+        self.recipe = recipe
+
+    @property
+    def aval(self) -> ShapedArray:
+        return self.pval.aval
+
+    def full_lower(self) -> Any:
+        return full_lower(self.pval.const) if self.pval.is_known else self
+
+    def __bool__(self) -> bool:
+        if self.pval.is_known:
+            return bool(self.pval.const)
+        return super().__bool__()
+
+
+class PartialEvalTrace(Trace):
+    """Compute what is known; record what is not."""
+
+    def new_arg(self, pval: PartialVal) -> PartialEvalTracer:
+        recipe = None if pval.is_known else InputRecipe()
+        return PartialEvalTracer(self, pval, recipe)
+
+    def pure(self, val: Any) -> PartialEvalTracer:
+        return PartialEvalTracer(self, PartialVal.known(val), None)
+
+    lift = pure
+
+    def instantiate_const(self, tracer: PartialEvalTracer) -> PartialEvalTracer:
+        """An unknown tracer for ``tracer``; a known one becomes a residual."""
+        if not tracer.pval.is_known:
+            return tracer
+        pval = PartialVal.unknown(tracer.aval)
+        return PartialEvalTracer(self, pval, ConstRecipe(tracer.pval.const))
+
+    def process_primitive(self, prim, tracers, params):
+        if all(t.pval.is_known for t in tracers):
+            outs = bind(prim, *[t.pval.const for t in tracers], **params)
+            return outs if prim.multiple_results else [outs]
+        rule = prim.rules.get("partial_eval")
+        if rule is not None:
+            return rule(self, tracers, **params)
+        return self.stage(prim, tracers, params)
+
+    def stage(self, prim, tracers, params) -> list[PartialEvalTracer]:
+        """Record ``prim`` on ``tracers`` as an equation of the unknown part."""
+        tracers_in = [self.instantiate_const(t) for t in tracers]
+        avals_out = prim.rule("abstract_eval")(*[t.aval for t in tracers_in], **params)
+        tracers_out = [
+            PartialEvalTracer(self, PartialVal.unknown(aval), None)
+            for aval in avals_out
+        ]
+        recipe = EqnRecipe(prim, tracers_in, params, tracers_out)
+        for t in tracers_out:
+            t.recipe = recipe
+        return tracers_out
+
+
+def toposort(roots: Sequence[Any], parents: Callable[[Any], Sequence[Any]]) -> list:
+    """Nodes reachable from ``roots``, each after all of its parents.
+
+    Iterative depth-first search: linear time, no recursion.
+    """
+    order: list = []
+    seen: set[int] = set()
+    stack = [(node, False) for node in reversed(roots)]
+    while stack:
+        node, parents_done = stack.pop()
+        if parents_done:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.append((node, True))
+        stack.extend((p, False) for p in reversed(parents(node)) if id(p) not in seen)
+    return order
+
+
+def tracers_to_jaxpr(
+    tracers_in: list[PartialEvalTracer], tracers_out: list[PartialEvalTracer]
+) -> tuple[Jaxpr, list[Any]]:
+    """The jaxpr that computes the unknown ``tracers_out`` from ``tracers_in``,
+    with the residuals first among its inputs, and the residual values."""
+    var_of: dict[int, Var] = {}
+
+    def var(tracer: PartialEvalTracer) -> Var:
+        if id(tracer) not in var_of:
+            var_of[id(tracer)] = Var(tracer.aval)
+        return var_of[id(tracer)]
+
+    def eqn_parents(recipe: EqnRecipe) -> list[EqnRecipe]:
+        return [t.recipe for t in recipe.tracers_in if isinstance(t.recipe, EqnRecipe)]
+
+    roots = [t.recipe for t in tracers_out if isinstance(t.recipe, EqnRecipe)]
+    recipes = toposort(roots, eqn_parents)
+
+    residual_binders, residuals, seen_consts = [], [], set()
+
+    def note_const(t: PartialEvalTracer) -> None:
+        if isinstance(t.recipe, ConstRecipe) and id(t) not in seen_consts:
+            seen_consts.add(id(t))
+            residual_binders.append(var(t))
+            residuals.append(t.recipe.val)
+
+    eqns = []
+    for recipe in recipes:
+        for t in recipe.tracers_in:
+            note_const(t)
+        eqns.append(
+            JaxprEqn(
+                recipe.prim,
+                [var(t) for t in recipe.tracers_in],
+                recipe.params,
+                [var(t) for t in recipe.tracers_out],
+            )
+        )
+    for t in tracers_out:
+        note_const(t)
+    in_binders = residual_binders + [var(t) for t in tracers_in]
+    jaxpr = Jaxpr(in_binders, eqns, [var(t) for t in tracers_out])
+    typecheck_jaxpr(jaxpr)
+    return jaxpr, residuals
+
+
+def partial_eval_flat(
+    f: Callable,
+    pvals_in: list[PartialVal],
+    instantiate: Callable[[int], Sequence[bool]],
+) -> tuple[Jaxpr, list[PartialVal], list[Any]]:
+    """Run ``f`` with some inputs known; return the jaxpr of the unknown part,
+    the outputs (known ones with their values) and the residuals."""
+    with new_level(PartialEvalTrace) as level:
+        trace = PartialEvalTrace(level)
+        tracers_in = [trace.new_arg(pval) for pval in pvals_in]
+        outs = f(*tracers_in)
+        tracers_out = [trace.full_raise(_as_input(out, "linearize")) for out in outs]
+        tracers_out = [
+            trace.instantiate_const(t) if inst else t
+            for t, inst in zip(tracers_out, instantiate(len(tracers_out)))
+        ]
+        pvals_out = [t.pval for t in tracers_out]
+        unknown_in = [t for t in tracers_in if not t.pval.is_known]
+        unknown_out = [t for t in tracers_out if not t.pval.is_known]
+        jaxpr, residuals = tracers_to_jaxpr(unknown_in, unknown_out)
+    return jaxpr, pvals_out, residuals
+
+
+def linearize_flat(
+    f: Callable, primals: list[Any]
+) -> tuple[list[Any], Jaxpr, list[Any]]:
+    """Primal outputs, and the linear jaxpr (residuals first) of ``f`` at
+    ``primals``."""
+    n = len(primals)
+    pvals_in = [PartialVal.known(p) for p in primals] + [
+        PartialVal.unknown(raise_to_shaped(get_aval(p))) for p in primals
+    ]
+
+    def f_jvp(*primals_and_tangents):
+        outs, outs_dot = jvp_flat(f, primals_and_tangents[:n], primals_and_tangents[n:])
+        return [*outs, *outs_dot]
+
+    def tangents_unknown(n_outs: int) -> list[bool]:
+        return [False] * (n_outs // 2) + [True] * (n_outs // 2)
+
+    jaxpr, pvals_out, residuals = partial_eval_flat(f_jvp, pvals_in, tangents_unknown)
+    primal_pvals = pvals_out[: len(pvals_out) // 2]
+    if not all(p.is_known for p in primal_pvals):
+        raise TypeError("linearize: a primal output depends on the tangents")
+    return [p.const for p in primal_pvals], jaxpr, residuals
+
+
+def linearize(f: Callable, *primals: Any) -> tuple[Any, Callable]:
+    """``f(*primals)`` and the linear map ``f_lin(*tangents)`` of ``f`` there."""
+    primals_flat, in_tree = tree_flatten(primals)
+    primals_flat = [_as_input(x, "linearize primal") for x in primals_flat]
+    flat_f = flatten_fun(f, in_tree)
+    primals_out, jaxpr, residuals = linearize_flat(flat_f, primals_flat)
+    out_tree = flat_f.out_tree
+
+    def f_lin(*tangents: Any) -> Any:
+        tangents_flat, tangent_tree = tree_flatten(tangents)
+        if tangent_tree != in_tree:
+            raise TypeError(
+                "linearize: the linear map takes tangents with the structure of "
+                f"the primals, {in_tree}, got {tangent_tree}"
+            )
+        tangents_flat = [_as_input(t, "linearize tangent") for t in tangents_flat]
+        _check_tangents("linearize", primals_flat, tangents_flat)
+        outs = eval_jaxpr(jaxpr, [*residuals, *tangents_flat])
+        return tree_unflatten(out_tree, outs)
+
+    return tree_unflatten(out_tree, primals_out), f_lin
+
+
+def partial_eval_jaxpr(
+    jaxpr: Jaxpr, in_unknowns: Sequence[bool], instantiate: Sequence[bool] | None = None
+) -> tuple[Jaxpr, Jaxpr, list[bool], int]:
+    """Split ``jaxpr`` into ``(known, unknown, out_unknowns, num_residuals)``.
+
+    ``known`` takes the known inputs and returns the known outputs followed by
+    the residuals; ``unknown`` takes the residuals followed by the unknown
+    inputs and returns the unknown outputs. ``instantiate[i]`` forces output
+    ``i`` to be unknown.
+    """
+    instantiate = list(instantiate or [False] * len(jaxpr.outs))
+    unknown: set[Var] = {v for v, u in zip(jaxpr.in_binders, in_unknowns) if u}
+    known_eqns: list[JaxprEqn] = []
+    unknown_eqns: list[JaxprEqn] = []
+    residuals: dict[Var, None] = {}  # an ordered set
+
+    def is_unknown(x: Atom) -> bool:
+        return isinstance(x, Var) and x in unknown
+
+    for eqn in jaxpr.eqns:
+        unks = [is_unknown(x) for x in eqn.inputs]
+        rule = eqn.primitive.rules.get("partial_eval_jaxpr")
+        if rule is not None and any(unks):
+            eqn_known, eqn_unknown, outs_unknown, res = rule(unks, eqn)
+            known_eqns.append(eqn_known)
+            unknown_eqns.append(eqn_unknown)
+            residuals.update(dict.fromkeys(res))
+            unknown.update(v for v, u in zip(eqn.out_binders, outs_unknown) if u)
+        elif any(unks):
+            residuals.update(
+                dict.fromkeys(
+                    x for x, u in zip(eqn.inputs, unks) if isinstance(x, Var) and not u
+                )
+            )
+            unknown_eqns.append(eqn)
+            unknown.update(eqn.out_binders)
+        else:
+            known_eqns.append(eqn)
+
+    out_unknowns = [is_unknown(x) or inst for x, inst in zip(jaxpr.outs, instantiate)]
+    for x, unk in zip(jaxpr.outs, out_unknowns):
+        if unk and isinstance(x, Var) and x not in unknown:
+            residuals[x] = None  # a known output that must come out unknown
+    known_in = [v for v, u in zip(jaxpr.in_binders, in_unknowns) if not u]
+    unknown_in = [v for v, u in zip(jaxpr.in_binders, in_unknowns) if u]
+    residual_vars = list(residuals)
+    known_outs = [x for x, u in zip(jaxpr.outs, out_unknowns) if not u]
+    jaxpr_known = Jaxpr(known_in, known_eqns, known_outs + residual_vars)
+    # The unknown half binds the residuals afresh as its own inputs.
+    jaxpr_unknown = Jaxpr(
+        residual_vars + unknown_in,
+        unknown_eqns,
+        [x for x, u in zip(jaxpr.outs, out_unknowns) if u],
+    )
+    typecheck_jaxpr(jaxpr_known)
+    typecheck_jaxpr(jaxpr_unknown)
+    return jaxpr_known, jaxpr_unknown, out_unknowns, len(residual_vars)
+
+
+@xla_call_p.def_rule("partial_eval")
+def _xla_call_partial_eval(trace, tracers, *, jaxpr):
+    in_unknowns = [not t.pval.is_known for t in tracers]
+    jaxpr_known, jaxpr_unknown, out_unknowns, num_res = partial_eval_jaxpr(
+        jaxpr, in_unknowns
+    )
+    known_vals = [t.pval.const for t in tracers if t.pval.is_known]
+    known_outs_and_res = bind(xla_call_p, *known_vals, jaxpr=jaxpr_known)
+    split = len(known_outs_and_res) - num_res
+    known_outs, residuals = known_outs_and_res[:split], known_outs_and_res[split:]
+    residual_tracers = [trace.instantiate_const(trace.pure(r)) for r in residuals]
+    unknown_tracers = [t for t in tracers if not t.pval.is_known]
+    unknown_outs = trace.stage(
+        xla_call_p, residual_tracers + unknown_tracers, dict(jaxpr=jaxpr_unknown)
+    )
+    known_iter, unknown_iter = iter(known_outs), iter(unknown_outs)
+    return [
+        next(unknown_iter) if unk else trace.pure(next(known_iter))
+        for unk in out_unknowns
+    ]
+
+
+@xla_call_p.def_rule("partial_eval_jaxpr")
+def _xla_call_partial_eval_jaxpr(unks_in, eqn):
+    jaxpr = eqn.params["jaxpr"]
+    jaxpr_known, jaxpr_unknown, out_unknowns, num_res = partial_eval_jaxpr(
+        jaxpr, unks_in
+    )
+    known_outs = [v for v, u in zip(eqn.out_binders, out_unknowns) if not u]
+    unknown_outs = [v for v, u in zip(eqn.out_binders, out_unknowns) if u]
+    residuals = [Var(v.aval) for v in jaxpr_known.outs[len(known_outs) :]]
+    known_ins = [x for x, u in zip(eqn.inputs, unks_in) if not u]
+    unknown_ins = [x for x, u in zip(eqn.inputs, unks_in) if u]
+    eqn_known = JaxprEqn(
+        xla_call_p, known_ins, dict(jaxpr=jaxpr_known), known_outs + residuals
+    )
+    eqn_unknown = JaxprEqn(
+        xla_call_p, residuals + unknown_ins, dict(jaxpr=jaxpr_unknown), unknown_outs
+    )
+    return eqn_known, eqn_unknown, out_unknowns, residuals
+
+
+class UndefPrimal(NamedTuple):
+    """A linear input whose value we do not have: only its type."""
+
+    aval: ShapedArray
+
+
+def backward_pass(
+    jaxpr: Jaxpr, args: Sequence[Any], cotangents_out: Sequence[Any]
+) -> list[Any]:
+    """Transpose ``jaxpr`` with respect to its ``UndefPrimal`` arguments.
+
+    Returns one cotangent per UndefPrimal argument, in order.
+    """
+    values: dict[Var, Any] = {}
+    linear: set[Var] = set()
+    for v, arg in zip(jaxpr.in_binders, args):
+        if isinstance(arg, UndefPrimal):
+            linear.add(v)
+        else:
+            values[v] = arg
+
+    def read(x: Atom) -> Any:
+        return x.val if isinstance(x, Lit) else values[x]
+
+    # Forward: evaluate what does not involve the linear inputs.
+    linear_eqns = []
+    for eqn in jaxpr.eqns:
+        if any(isinstance(x, Var) and x in linear for x in eqn.inputs):
+            linear_eqns.append(eqn)
+            linear.update(eqn.out_binders)
+        else:
+            outs = bind(eqn.primitive, *[read(x) for x in eqn.inputs], **eqn.params)
+            outs = outs if eqn.primitive.multiple_results else [outs]
+            values.update(zip(eqn.out_binders, outs))
+
+    # Backward: accumulate cotangents, from the outputs to the inputs.
+    cts: dict[Var, Any] = {}
+
+    def add_ct(v: Atom, ct: Any) -> None:
+        if ct is None or not (isinstance(v, Var) and v in linear):
+            return
+        cts[v] = ct if v not in cts else add(cts[v], ct)
+
+    for x, ct in zip(jaxpr.outs, cotangents_out):
+        add_ct(x, ct)
+    for eqn in reversed(linear_eqns):
+        cts_out = [cts.pop(v, None) for v in eqn.out_binders]
+        if all(ct is None for ct in cts_out):
+            continue  # nothing flows back through this equation
+        cts_out = [
+            zeros_like_aval(v.aval) if ct is None else ct
+            for v, ct in zip(eqn.out_binders, cts_out)
+        ]
+        args_in = [
+            UndefPrimal(x.aval) if isinstance(x, Var) and x in linear else read(x)
+            for x in eqn.inputs
+        ]
+        cts_in = eqn.primitive.rule("transpose")(cts_out, *args_in, **eqn.params)
+        for x, ct in zip(eqn.inputs, cts_in):
+            add_ct(x, ct)
+    return [
+        cts.get(v, zeros_like_aval(arg.aval))
+        for v, arg in zip(jaxpr.in_binders, args)
+        if isinstance(arg, UndefPrimal)
+    ]
+
+
+def zeros_like_aval(aval: ShapedArray) -> np.ndarray:
+    return np.zeros(aval.shape, aval.dtype)
+
+
+def _is_undef(x: Any) -> bool:
+    return isinstance(x, UndefPrimal)
+
+
+@add_p.def_rule("transpose")
+def _add_transpose(cts, x, y):
+    (ct,) = cts
+    return [ct if _is_undef(x) else None, ct if _is_undef(y) else None]
+
+
+@neg_p.def_rule("transpose")
+def _neg_transpose(cts, x):
+    (ct,) = cts
+    return [neg(ct)]
+
+
+@mul_p.def_rule("transpose")
+def _mul_transpose(cts, x, y):
+    (ct,) = cts
+    if _is_undef(x) and _is_undef(y):
+        raise TypeError("mul: transposing a product of two linear values")
+    if _is_undef(x):
+        return [mul(ct, y), None]
+    return [None, mul(x, ct)]
+
+
+@reduce_sum_p.def_rule("transpose")
+def _reduce_sum_transpose(cts, x, *, axes):
+    (ct,) = cts
+    return [broadcast(ct, x.aval.shape, axes)]
+
+
+@broadcast_p.def_rule("transpose")
+def _broadcast_transpose(cts, x, *, shape, axes):
+    (ct,) = cts
+    return [reduce_sum(ct, axes)]
+
+
+@transpose_p.def_rule("transpose")
+def _transpose_transpose(cts, x, *, perm):
+    (ct,) = cts
+    inverse = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inverse[p] = i
+    return [transpose(ct, inverse)]
+
+
+@functools.cache
+def transpose_jaxpr(jaxpr: Jaxpr, undefined: tuple[bool, ...]) -> tuple[Jaxpr, list]:
+    """A jaxpr from (defined inputs, output cotangents) to the cotangents of
+    the undefined inputs."""
+    in_types = jaxpr_type(jaxpr).in_types
+    out_types = jaxpr_type(jaxpr).out_types
+    defined_types = [t for t, u in zip(in_types, undefined) if not u]
+
+    def transposed(*args):
+        defined, cts_out = args[: len(defined_types)], args[len(defined_types) :]
+        it = iter(defined)
+        full_args = [
+            UndefPrimal(t) if u else next(it) for t, u in zip(in_types, undefined)
+        ]
+        return backward_pass(jaxpr, full_args, cts_out)
+
+    new_jaxpr, consts, _ = make_jaxpr(transposed, *defined_types, *out_types)
+    return new_jaxpr, [device_put(c) for c in consts]
+
+
+@xla_call_p.def_rule("transpose")
+def _xla_call_transpose(cts, *args, jaxpr):
+    undefined = tuple(_is_undef(x) for x in args)
+    new_jaxpr, consts = transpose_jaxpr(jaxpr, undefined)
+    defined = [x for x in args if not _is_undef(x)]
+    cts = [
+        zeros_like_aval(t) if ct is None else ct
+        for ct, t in zip(cts, jaxpr_type(jaxpr).out_types)
+    ]
+    cts_in = iter(bind(xla_call_p, *consts, *defined, *cts, jaxpr=new_jaxpr))
+    return [next(cts_in) if u else None for u in undefined]
+
+
+def vjp(f: Callable, *primals: Any) -> tuple[Any, Callable]:
+    """``f(*primals)`` and ``f_vjp(*cotangents) -> tuple of input cotangents``."""
+    primals_flat, in_tree = tree_flatten(primals)
+    primals_flat = [_as_input(x, "vjp primal") for x in primals_flat]
+    flat_f = flatten_fun(f, in_tree)
+    primals_out, jaxpr, residuals = linearize_flat(flat_f, primals_flat)
+    out_tree = flat_f.out_tree
+    in_avals = [raise_to_shaped(get_aval(p)) for p in primals_flat]
+    out_avals = [raise_to_shaped(get_aval(p)) for p in primals_out]
+
+    def f_vjp(*cotangents: Any) -> tuple:
+        cts_flat, ct_tree = tree_flatten(
+            cotangents[0] if len(cotangents) == 1 else cotangents
+        )
+        if ct_tree != out_tree:
+            raise TypeError(
+                f"vjp: cotangents must have the structure of f's output, {out_tree}, "
+                f"got {ct_tree}"
+            )
+        cts_flat = [_as_input(c, "vjp cotangent") for c in cts_flat]
+        _check_cotangents(out_avals, cts_flat)
+        undefs = [UndefPrimal(aval) for aval in in_avals]
+        cts_in = backward_pass(jaxpr, [*residuals, *undefs], cts_flat)
+        return tree_unflatten(in_tree, cts_in)
+
+    return tree_unflatten(out_tree, primals_out), f_vjp
+
+
+def _check_cotangents(out_avals: list[ShapedArray], cts: list[Any]) -> None:
+    for i, (aval, ct) in enumerate(zip(out_avals, cts)):
+        ct_aval = get_aval(ct)
+        if ct_aval.shape != aval.shape or ct_aval.dtype != aval.dtype:
+            raise ValueError(
+                f"vjp: cotangent {i} should be {aval.str_short()} like the "
+                f"output, got {ct_aval.str_short()}"
+            )
+
+
+def grad(f: Callable) -> Callable:
+    """The gradient of a scalar-output ``f`` with respect to its first argument."""
+
+    def gradient(x: Any, *rest: Any) -> Any:
+        for leaf in tree_flatten(x)[0]:
+            dtype = get_aval(_as_input(leaf, "grad")).dtype
+            if dtype.kind != "f":
+                raise TypeError(
+                    f"grad: can only differentiate with respect to float inputs, "
+                    f"got dtype {dtype.name}"
+                )
+        y, f_vjp = vjp(lambda x: f(x, *rest), x)
+        y_aval = get_aval(y) if not isinstance(y, (tuple, list, dict)) else None
+        if y_aval is None or y_aval.shape != () or y_aval.dtype.kind != "f":
+            what = "a container" if y_aval is None else y_aval.str_short()
+            raise TypeError(
+                f"grad: f must return a float scalar (shape ()), got {what}; "
+                "use vjp or jacfwd for other outputs"
+            )
+        (x_bar,) = f_vjp(np.ones((), y_aval.dtype))
+        return x_bar
+
+    return gradient
+
+
 # ==== book support (generated by build_tools/tangle.py) ====
 
 
