@@ -771,6 +771,9 @@ show_error(jit(lambda x, y: x * y), np.ones(3), np.ones(2))
 # - `xla_call`'s own rules transform the jaxpr as a whole (`jvp_jaxpr`,
 #   `vmap_jaxpr`), so `jit` composes with `jvp`, `vmap` and `make_jaxpr`.
 #
+# Next, {ref}`Part 4 <part4>` derives reverse mode from what we have: `linearize`,
+# `vjp` and `grad`.
+#
 # ## Exercises
 #
 # **1. Look at what XLA did.** The executable can show the optimized HLO that XLA
