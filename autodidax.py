@@ -2362,11 +2362,20 @@ def partial_eval_jaxpr(
     return jaxpr_known, jaxpr_unknown, out_unknowns, len(residual_vars)
 
 
+@functools.cache
+def split_call_jaxpr(
+    jaxpr: Jaxpr, in_unknowns: tuple[bool, ...]
+) -> tuple[Jaxpr, Jaxpr, list[bool], int]:
+    """partial_eval_jaxpr, remembered: the same split gives the same jaxpr
+    objects, so their compiled code (cached per jaxpr) is reused."""
+    return partial_eval_jaxpr(jaxpr, in_unknowns)
+
+
 @xla_call_p.def_rule("partial_eval")
 def _xla_call_partial_eval(trace, tracers, *, jaxpr):
     in_unknowns = [not t.pval.is_known for t in tracers]
-    jaxpr_known, jaxpr_unknown, out_unknowns, num_res = partial_eval_jaxpr(
-        jaxpr, in_unknowns
+    jaxpr_known, jaxpr_unknown, out_unknowns, num_res = split_call_jaxpr(
+        jaxpr, tuple(in_unknowns)
     )
     known_vals = [t.pval.const for t in tracers if t.pval.is_known]
     known_outs_and_res = bind(xla_call_p, *known_vals, jaxpr=jaxpr_known)
@@ -2387,8 +2396,8 @@ def _xla_call_partial_eval(trace, tracers, *, jaxpr):
 @xla_call_p.def_rule("partial_eval_jaxpr")
 def _xla_call_partial_eval_jaxpr(unks_in, eqn):
     jaxpr = eqn.params["jaxpr"]
-    jaxpr_known, jaxpr_unknown, out_unknowns, num_res = partial_eval_jaxpr(
-        jaxpr, unks_in
+    jaxpr_known, jaxpr_unknown, out_unknowns, num_res = split_call_jaxpr(
+        jaxpr, tuple(unks_in)
     )
     known_outs = [v for v, u in zip(eqn.out_binders, out_unknowns) if not u]
     unknown_outs = [v for v, u in zip(eqn.out_binders, out_unknowns) if u]
@@ -2605,9 +2614,10 @@ def grad(f: Callable) -> Callable:
                     f"got dtype {dtype.name}"
                 )
         y, f_vjp = vjp(lambda x: f(x, *rest), x)
-        y_aval = get_aval(y) if not isinstance(y, (tuple, list, dict)) else None
+        out_tree = tree_flatten(y)[1]
+        y_aval = get_aval(y) if out_tree == LEAF else None
         if y_aval is None or y_aval.shape != () or y_aval.dtype.kind != "f":
-            what = "a container" if y_aval is None else y_aval.str_short()
+            what = f"a pytree {out_tree}" if y_aval is None else y_aval.str_short()
             raise TypeError(
                 f"grad: f must return a float scalar (shape ()), got {what}; "
                 "use vjp or jacfwd for other outputs"

@@ -482,18 +482,29 @@ def partial_eval_jaxpr(
 
 
 # %% [markdown]
-# The two rules for `xla_call` use it. At trace time, the known half is *called*
+# The two rules for `xla_call` use it, through a cache: splitting the same jaxpr
+# the same way must give the *same* two jaxprs, or every call of `grad(jit(f))`
+# would compile its halves again. At trace time, the known half is *called*
 # (by `bind`, so it is compiled and run) and the unknown half is recorded as an
 # `xla_call` equation in the partial evaluator's graph. On a jaxpr, both halves
 # become `xla_call` equations, connected by fresh residual variables.
 
 
 # %% tags=["export"]
+@functools.cache
+def split_call_jaxpr(
+    jaxpr: Jaxpr, in_unknowns: tuple[bool, ...]
+) -> tuple[Jaxpr, Jaxpr, list[bool], int]:
+    """partial_eval_jaxpr, remembered: the same split gives the same jaxpr
+    objects, so their compiled code (cached per jaxpr) is reused."""
+    return partial_eval_jaxpr(jaxpr, in_unknowns)
+
+
 @xla_call_p.def_rule("partial_eval")
 def _xla_call_partial_eval(trace, tracers, *, jaxpr):
     in_unknowns = [not t.pval.is_known for t in tracers]
-    jaxpr_known, jaxpr_unknown, out_unknowns, num_res = partial_eval_jaxpr(
-        jaxpr, in_unknowns
+    jaxpr_known, jaxpr_unknown, out_unknowns, num_res = split_call_jaxpr(
+        jaxpr, tuple(in_unknowns)
     )
     known_vals = [t.pval.const for t in tracers if t.pval.is_known]
     known_outs_and_res = bind(xla_call_p, *known_vals, jaxpr=jaxpr_known)
@@ -514,8 +525,8 @@ def _xla_call_partial_eval(trace, tracers, *, jaxpr):
 @xla_call_p.def_rule("partial_eval_jaxpr")
 def _xla_call_partial_eval_jaxpr(unks_in, eqn):
     jaxpr = eqn.params["jaxpr"]
-    jaxpr_known, jaxpr_unknown, out_unknowns, num_res = partial_eval_jaxpr(
-        jaxpr, unks_in
+    jaxpr_known, jaxpr_unknown, out_unknowns, num_res = split_call_jaxpr(
+        jaxpr, tuple(unks_in)
     )
     known_outs = [v for v, u in zip(eqn.out_binders, out_unknowns) if not u]
     unknown_outs = [v for v, u in zip(eqn.out_binders, out_unknowns) if u]
@@ -868,9 +879,10 @@ def grad(f: Callable) -> Callable:
                     f"got dtype {dtype.name}"
                 )
         y, f_vjp = vjp(lambda x: f(x, *rest), x)
-        y_aval = get_aval(y) if not isinstance(y, (tuple, list, dict)) else None
+        out_tree = tree_flatten(y)[1]
+        y_aval = get_aval(y) if out_tree == LEAF else None
         if y_aval is None or y_aval.shape != () or y_aval.dtype.kind != "f":
-            what = "a container" if y_aval is None else y_aval.str_short()
+            what = f"a pytree {out_tree}" if y_aval is None else y_aval.str_short()
             raise TypeError(
                 f"grad: f must return a float scalar (shape ()), got {what}; "
                 "use vjp or jacfwd for other outputs"
