@@ -88,6 +88,8 @@ print(make_jaxpr(f_jvp, scalar, scalar)[0])
 # `PartialVal`.
 
 # %% tags=["export"]
+import weakref
+
 RULE_KINDS = (*RULE_KINDS, "partial_eval", "partial_eval_jaxpr", "transpose")
 
 
@@ -131,12 +133,18 @@ class ConstRecipe(NamedTuple):
 
 
 class EqnRecipe(NamedTuple):
-    """The tracer is an output of an equation on other tracers."""
+    """The tracer is an output of an equation on other tracers.
+
+    The outputs are held by weak reference: a tracer points to its recipe, and
+    a strong reference back would make every equation a reference cycle that
+    only Python's garbage collector could free.
+    """
 
     prim: Primitive
     tracers_in: list[PartialEvalTracer]
     params: dict[str, Any]
-    tracers_out: list[PartialEvalTracer]
+    avals_out: list[ShapedArray]
+    tracer_refs_out: list[weakref.ref]
 
 
 class PartialEvalTracer(Tracer):
@@ -207,7 +215,8 @@ class PartialEvalTrace(Trace):
             PartialEvalTracer(self, PartialVal.unknown(aval), None)
             for aval in avals_out
         ]
-        recipe = EqnRecipe(prim, tracers_in, params, tracers_out)
+        refs_out = [weakref.ref(t) for t in tracers_out]
+        recipe = EqnRecipe(prim, tracers_in, params, avals_out, refs_out)
         for t in tracers_out:
             t.recipe = recipe
         return tracers_out
@@ -282,7 +291,12 @@ def tracers_to_jaxpr(
                 recipe.prim,
                 [var(t) for t in recipe.tracers_in],
                 recipe.params,
-                [var(t) for t in recipe.tracers_out],
+                [
+                    Var(aval) if t is None else var(t)  # an unused output
+                    for t, aval in zip(
+                        [ref() for ref in recipe.tracer_refs_out], recipe.avals_out
+                    )
+                ],
             )
         )
     for t in tracers_out:
@@ -432,7 +446,8 @@ def partial_eval_jaxpr(
     inputs and returns the unknown outputs. ``instantiate[i]`` forces output
     ``i`` to be unknown.
     """
-    instantiate = list(instantiate or [False] * len(jaxpr.outs))
+    if instantiate is None:
+        instantiate = [False] * len(jaxpr.outs)
     unknown: set[Var] = {v for v, u in zip(jaxpr.in_binders, in_unknowns) if u}
     known_eqns: list[JaxprEqn] = []
     unknown_eqns: list[JaxprEqn] = []
