@@ -210,3 +210,126 @@ def test_jit_command_line_quick_run(tmp_path):
 
 def test_jit_benchmark_is_not_collected_as_a_test():
     assert not BENCH_JIT.name.startswith("test_")
+
+
+# ---------------------------------------------------------------------------
+# bench_grad.py
+# ---------------------------------------------------------------------------
+
+BENCH_GRAD = REPO_ROOT / "bench" / "bench_grad.py"
+
+
+@pytest.fixture(scope="module")
+def bench_grad_module():
+    spec = importlib.util.spec_from_file_location("bench_grad", BENCH_GRAD)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_grad_report(report: dict, sizes: list[int], libraries: set[str]) -> None:
+    assert report["benchmark"] == "grad"
+    assert report["sizes"] == sizes
+    assert set(report["results"]) == libraries
+    for rows in report["results"].values():
+        assert [row["n"] for row in rows] == sizes
+        for row in rows:
+            assert row["eqns"] == row["n"] + 1  # the chain, then one reduce_sum
+            assert row["repeats"] == report["repeats"] >= 1
+            for key in ("median_s", "min_s", "max_s", "us_per_primitive"):
+                assert math.isfinite(row[key]) and row[key] > 0, key
+            assert row["min_s"] <= row["median_s"] <= row["max_s"]
+            assert math.isclose(
+                row["us_per_primitive"], row["median_s"] / row["n"] * 1e6
+            )
+            # Both libraries computed the right gradient (NumPy reference).
+            assert 0 <= row["max_abs_error"] < 1e-9
+    summary = report["summary"]
+    for library in libraries:
+        lib = summary[library]
+        assert lib["size_ratio"] == sizes[-1] / sizes[0]
+        assert math.isfinite(lib["time_ratio"]) and lib["time_ratio"] > 0
+        assert math.isclose(lib["max_time_ratio"], 1.1 * lib["size_ratio"])
+    targets = summary["targets"]
+    assert isinstance(targets["linear_scaling_met"], bool)
+    assert targets["gradients_correct"] is True
+    if "jax" in libraries:
+        assert len(summary["autodidax_over_jax"]) == len(sizes)
+    else:
+        assert "autodidax_over_jax" not in summary
+    machine = report["machine"]
+    assert machine["jax"] == jax.__version__
+    assert machine["python"] and machine["numpy"] and machine["cpu_count"]
+
+
+def test_grad_quick_run_in_process(bench_grad_module, tmp_path, capsys):
+    x64_before = jax.config.jax_enable_x64
+    out_file = tmp_path / "grad.json"
+    report = bench_grad_module.main(["--quick", "--json", str(out_file)])
+    assert jax.config.jax_enable_x64 == x64_before  # restored by main
+    check_grad_report(report, list(bench_grad_module.QUICK_SIZES), {"autodidax", "jax"})
+    assert report["quick"] is True and report["gc_during_timing"] is True
+    assert report["summary"]["targets"]["meaningful"] is False
+    assert json.loads(out_file.read_text()) == json.loads(json.dumps(report))
+    printed = capsys.readouterr().out
+    assert "us/prim" in printed and "autodidax" in printed and "jax" in printed
+    assert "quick run" in printed
+
+
+def test_grad_custom_sizes_without_jax(bench_grad_module, capsys):
+    report = bench_grad_module.main(
+        ["--sizes", "30", "10", "--repeats", "2", "--no-jax", "--no-gc"]
+    )
+    check_grad_report(report, [10, 30], {"autodidax"})
+    assert report["gc_during_timing"] is False
+    capsys.readouterr()
+
+
+def test_grad_reference_gradient_matches_jax(bench_grad_module):
+    """The benchmark's NumPy reference is itself right (checked against JAX,
+    in float64: conftest switches x64 on for the tests)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    x = np.linspace(0.1, 0.8, 8)
+    ops = {
+        "sin": jnp.sin, "cos": jnp.cos, "mul": jnp.multiply,
+        "add": jnp.add, "neg": jnp.negative, "sum": jnp.sum,
+    }  # fmt: skip
+    expected = jax.grad(bench_grad_module.chain(ops, 12))(x)
+    actual = bench_grad_module.reference_gradient(12, x)
+    np.testing.assert_allclose(actual, expected, rtol=1e-12)
+
+
+def test_grad_bad_arguments_are_rejected(bench_grad_module, capsys):
+    with pytest.raises(SystemExit):
+        bench_grad_module.main(["--repeats", "0"])
+    capsys.readouterr()
+
+
+def test_grad_command_line_quick_run(tmp_path):
+    """As a script in a fresh process; --check does not judge a quick run's
+    timing (only that the gradients are right)."""
+    out_file = tmp_path / "cli.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH_GRAD),
+            "--quick",
+            "--check",
+            "--json",
+            str(out_file),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "us/prim" in done.stdout
+    report = json.loads(out_file.read_text())
+    check_grad_report(report, report["sizes"], {"autodidax", "jax"})
+
+
+def test_grad_benchmark_is_not_collected_as_a_test():
+    assert not BENCH_GRAD.name.startswith("test_")
