@@ -752,8 +752,9 @@ show_error(jit(lambda x, y: x * y), np.ones(3), np.ones(2))
 #   repository's `bench/` directory measure the difference.
 # - JAX keeps constants out of the compiled program too, but also deduplicates,
 #   shards and donates buffers, and caches compiled code on disk.
-# - The primitive is called `pjit` in today's JAX (it also handles sharding across
-#   devices); `xla_call` was its name when JAX had a separate `pmap`. See
+# - In today's JAX the primitive behind `jit` is called `pjit` (it also handles
+#   sharding across devices); older versions used a primitive named `xla_call`,
+#   the name we borrow. See
 #   [the JAX docs on `jit`](https://docs.jax.dev/en/latest/jit-compilation.html)
 #   and the [StableHLO specification](https://openxla.org/stablehlo/spec).
 # - JAX lowers with source locations attached to every operation, so compiler
