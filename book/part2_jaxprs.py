@@ -1004,7 +1004,8 @@ show_error(lambda: make_jaxpr(lambda s: s, "float64[3]"))
 # - JAX marks Python scalars as *weakly typed* and can print them as literals in
 #   binary operations without a `broadcast`; our primitives insist on equal
 #   shapes, so our jaxprs contain the explicit broadcast.
-# - Omnistaging has been JAX's only mode since version 0.2.0 (2020); the
+# - Omnistaging became JAX's default in version 0.2.0 (2020), and later its only
+#   mode; the
 #   [design note](https://docs.jax.dev/en/latest/jep/4410-omnistaging.html)
 #   explains the motivation in detail. In today's JAX the dynamic level is the
 #   *current trace* held in a context; there is no stack to search.
