@@ -34,13 +34,8 @@ need it.
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
-import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -48,9 +43,11 @@ from pathlib import Path
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:  # measure this checkout's autodidax.py
-    sys.path.insert(0, str(REPO_ROOT))
+BENCH_DIR = str(Path(__file__).resolve().parent)
+if BENCH_DIR not in sys.path:  # find benchlib also when loaded by path (tests)
+    sys.path.insert(0, BENCH_DIR)
+
+import benchlib  # noqa: E402  (also puts this checkout's autodidax on the path)
 
 import autodidax as ad  # noqa: E402
 
@@ -92,7 +89,7 @@ class Library:
 def autodidax_library() -> Library:
     return Library(
         "autodidax",
-        {"sin": ad.sin, "cos": ad.cos, "mul": ad.mul, "add": ad.add},
+        benchlib.ops_from(ad, CHAIN_CYCLE),
         ad.jit,
         ad.device_put,
         lambda out: out._buffer.block_until_ready(),
@@ -105,7 +102,7 @@ def jax_library() -> Library:
 
     return Library(
         "jax",
-        {"sin": lax.sin, "cos": lax.cos, "mul": lax.mul, "add": lax.add},
+        benchlib.ops_from(lax, CHAIN_CYCLE),
         jax.jit,
         jax.device_put,
         lambda out: out.block_until_ready(),
@@ -128,10 +125,7 @@ def chain_function(lib: Library, length: int = CHAIN_LENGTH, scale: float = 1.0)
     ops = lib.ops
 
     def f(x):
-        y = x
-        for i in range(length):
-            name = CHAIN_CYCLE[i % len(CHAIN_CYCLE)]
-            y = ops[name](y, x) if name in ("mul", "add") else ops[name](y)
+        y = benchlib.apply_chain(ops, x, length, CHAIN_CYCLE)
         return ops["mul"](y, scale) if scale != 1.0 else y
 
     return f
@@ -157,6 +151,7 @@ def reference_chain(x: np.ndarray, length: int = CHAIN_LENGTH) -> np.ndarray:
 
 
 def stats_us(times: list[float]) -> dict:
+    """Per-call statistics in µs (many calls, each timed on its own)."""
     ordered = sorted(times)
     return {
         "calls": len(times),
@@ -168,24 +163,30 @@ def stats_us(times: list[float]) -> dict:
 
 
 def stats_ms(times: list[float]) -> dict:
-    return {
-        "repeats": len(times),
-        "median_ms": statistics.median(times) * 1e3,
-        "min_ms": min(times) * 1e3,
-        "max_ms": max(times) * 1e3,
-    }
+    """Statistics of a few timed calls, in ms."""
+    return {"repeats": len(times), **benchlib.spread(times, "ms")}
+
+
+def compile_all(
+    libs: list[Library], make: Callable, x_host: np.ndarray
+) -> tuple[dict, dict]:
+    """Jit ``make(lib)`` for every library and run it once on ``x_host`` (to
+    trace and compile). Returns the (function, device input) pairs and the
+    outputs as NumPy arrays, both keyed by library name."""
+    runners, outputs = {}, {}
+    for lib in libs:
+        f, x = lib.jit(make(lib)), lib.put(x_host)
+        out = f(x)  # trace and compile
+        lib.block(out)
+        outputs[lib.name] = np.asarray(out)
+        runners[lib.name] = (f, x)
+    return runners, outputs
 
 
 def measure_dispatch(libs: list[Library], calls: int, rounds: int) -> dict:
     """Per-call times of a compiled small function, rounds alternating."""
     x_host = np.linspace(-1.0, 1.0, DISPATCH_SIZE)
-    runners, outputs = {}, {}
-    for lib in libs:
-        f, x = lib.jit(small_function(lib)), lib.put(x_host)
-        out = f(x)  # trace and compile
-        lib.block(out)
-        outputs[lib.name] = np.asarray(out)
-        runners[lib.name] = (f, x)
+    runners, outputs = compile_all(libs, small_function, x_host)
     times: dict[str, list[float]] = {lib.name: [] for lib in libs}
     clock = time.perf_counter
     gc_was_enabled = gc.isenabled()
@@ -218,13 +219,7 @@ def measure_dispatch(libs: list[Library], calls: int, rounds: int) -> dict:
 def measure_compute(libs: list[Library], size: int, repeats: int) -> dict:
     """Times of a compiled chain on a large vector, waiting for each result."""
     x_host = np.linspace(-2.0, 2.0, size)
-    runners, outputs = {}, {}
-    for lib in libs:
-        f, x = lib.jit(chain_function(lib)), lib.put(x_host)
-        out = f(x)  # trace and compile
-        lib.block(out)
-        outputs[lib.name] = np.asarray(out)
-        runners[lib.name] = (f, x)
+    runners, outputs = compile_all(libs, chain_function, x_host)
     times: dict[str, list[float]] = {lib.name: [] for lib in libs}
     for i in range(repeats):
         # Alternate which library goes first, so that neither always runs
@@ -297,35 +292,6 @@ def summarize(results: dict, quick: bool) -> dict:
     }
 
 
-def machine_info() -> dict:
-    import jax
-    import jaxlib
-
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
-    return {
-        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "processor": platform.processor(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
-        "numpy": np.__version__,
-        "jax": jax.__version__,
-        "jaxlib": jaxlib.__version__,
-        "autodidax_commit": commit or None,
-    }
-
-
 # ---------------------------------------------------------------------------
 # Report
 # ---------------------------------------------------------------------------
@@ -367,16 +333,16 @@ def print_report(report: dict) -> None:
     if targets["dispatch_ratio"] is None:
         print("targets: not judged (JAX not run)")
         return
-    note = "" if targets["meaningful"] else " (quick run: sizes too small to judge)"
+    note = "" if targets["meaningful"] else benchlib.QUICK_NOTE
     print(
         f"target: dispatch within {TARGET_DISPATCH_RATIO}x of jax.jit -> "
         f"{targets['dispatch_ratio']:.2f}x, "
-        f"{'met' if targets['dispatch_met'] else 'MISSED'}{note}"
+        f"{benchlib.verdict(targets['dispatch_met'])}{note}"
     )
     print(
         f"target: compute within {(TARGET_COMPUTE_RATIO - 1) * 100:.0f}% of jax.jit "
         f"-> {targets['compute_ratio']:.3f}x, "
-        f"{'met' if targets['compute_met'] else 'MISSED'}{note}"
+        f"{benchlib.verdict(targets['compute_met'])}{note}"
     )
 
 
@@ -419,11 +385,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> dict:
     """Run the benchmark, print the table, and return the report as a dict."""
     args = parse_args(argv)
-    import jax
-
-    x64_before = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    try:
+    with benchlib.jax_x64():
         libs = [autodidax_library()]
         if not args.no_jax:
             libs.append(jax_library())
@@ -432,8 +394,6 @@ def main(argv: Sequence[str] | None = None) -> dict:
             "compute": measure_compute(libs, args.size, args.repeats),
             "first_call": measure_first_call(libs, args.first_calls),
         }
-    finally:
-        jax.config.update("jax_enable_x64", x64_before)
     names = [lib.name for lib in libs]
     add_ratios(results, names)
     report = {
@@ -451,12 +411,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
         },
         "results": results,
         "summary": summarize(results, args.quick),
-        "machine": machine_info(),
+        "machine": benchlib.machine_info(),
     }
-    print_report(report)
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    benchlib.publish(report, print_report, args.json)
     summary = report["summary"]
     if args.check and summary["meaningful"]:
         if not (summary["dispatch_met"] and summary["compute_met"]):

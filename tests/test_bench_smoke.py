@@ -7,6 +7,7 @@ JAX's configuration is left as it was.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import math
@@ -19,24 +20,44 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BENCH = REPO_ROOT / "bench" / "bench_make_jaxpr.py"
+BENCH_JIT = REPO_ROOT / "bench" / "bench_jit.py"
+BENCH_GRAD = REPO_ROOT / "bench" / "bench_grad.py"
+SCRIPTS = {"make_jaxpr": BENCH, "jit": BENCH_JIT, "grad": BENCH_GRAD}
 
 
-@pytest.fixture(scope="module")
-def bench_module():
-    spec = importlib.util.spec_from_file_location("bench_make_jaxpr", BENCH)
+# ---------------------------------------------------------------------------
+# Shared by the three benchmarks
+# ---------------------------------------------------------------------------
+
+
+@functools.cache
+def load(benchmark: str):
+    """A benchmark script imported by path (once per test process)."""
+    spec = importlib.util.spec_from_file_location(
+        f"bench_{benchmark}", SCRIPTS[benchmark]
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def check_report(report: dict, sizes: list[int], libraries: set[str]) -> None:
-    assert report["benchmark"] == "make_jaxpr"
+def check_machine(report: dict) -> None:
+    machine = report["machine"]
+    assert machine["jax"] == jax.__version__
+    assert machine["python"] and machine["numpy"] and machine["cpu_count"]
+
+
+def check_scaling_report(
+    report: dict, benchmark: str, sizes: list[int], libraries: set[str], eqns: int
+) -> None:
+    """What make_jaxpr and grad reports share; a row has ``n + eqns`` equations."""
+    assert report["benchmark"] == benchmark
     assert report["sizes"] == sizes
     assert set(report["results"]) == libraries
     for rows in report["results"].values():
         assert [row["n"] for row in rows] == sizes
         for row in rows:
-            assert row["eqns"] == row["n"]  # one equation per primitive
+            assert row["eqns"] == row["n"] + eqns
             assert row["repeats"] == report["repeats"] >= 1
             for key in ("median_s", "min_s", "max_s", "us_per_primitive"):
                 assert math.isfinite(row[key]) and row[key] > 0, key
@@ -50,24 +71,81 @@ def check_report(report: dict, sizes: list[int], libraries: set[str]) -> None:
         assert lib["size_ratio"] == sizes[-1] / sizes[0]
         assert math.isfinite(lib["time_ratio"]) and lib["time_ratio"] > 0
         assert math.isclose(lib["max_time_ratio"], 1.1 * lib["size_ratio"])
-    targets = summary["targets"]
-    assert isinstance(targets["linear_scaling_met"], bool)
-    assert isinstance(targets["us_per_primitive_met"], bool)
-    machine = report["machine"]
-    assert machine["jax"] == jax.__version__
-    assert machine["python"] and machine["numpy"] and machine["cpu_count"]
+    assert isinstance(summary["targets"]["linear_scaling_met"], bool)
+    check_machine(report)
+
+
+def run_quick_in_process(module, out_file: Path, capsys) -> tuple[dict, str]:
+    """``main(["--quick", "--json", out_file])``: JAX's x64 setting is restored
+    and the JSON file holds the returned report. Returns it and the output."""
+    x64_before = jax.config.jax_enable_x64
+    report = module.main(["--quick", "--json", str(out_file)])
+    assert jax.config.jax_enable_x64 == x64_before  # restored by main
+    assert json.loads(out_file.read_text()) == json.loads(json.dumps(report))
+    return report, capsys.readouterr().out
+
+
+def run_command_line(script: Path, out_file: Path, *flags: str) -> tuple[dict, str]:
+    """The script in a fresh process (like the README says to run it), with
+    ``--quick``, ``flags`` and ``--json out_file``; it must succeed. Returns
+    the JSON report and the output."""
+    done = subprocess.run(
+        [sys.executable, str(script), "--quick", *flags, "--json", str(out_file)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(out_file.read_text()), done.stdout
+
+
+@pytest.mark.parametrize(
+    ("benchmark", "argv"),
+    [
+        ("make_jaxpr", ["--sizes", "0", "10"]),
+        ("jit", ["--size", "0"]),
+        ("grad", ["--repeats", "0"]),
+    ],
+    ids=["make_jaxpr", "jit", "grad"],
+)
+def test_bad_arguments_are_rejected(benchmark, argv, capsys):
+    with pytest.raises(SystemExit):
+        load(benchmark).main(argv)
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("script", SCRIPTS.values(), ids=SCRIPTS.keys())
+def test_benchmark_is_not_collected_as_a_test(script):
+    """pytest looks in tests/ only, and the benchmark's name is not test_*."""
+    assert not script.name.startswith("test_")
+    pyproject = (REPO_ROOT / "pyproject.toml").read_text()
+    assert 'testpaths = ["tests"]' in pyproject
+
+
+# ---------------------------------------------------------------------------
+# bench_make_jaxpr.py
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bench_module():
+    return load("make_jaxpr")
+
+
+def check_report(report: dict, sizes: list[int], libraries: set[str]) -> None:
+    # One equation per primitive.
+    check_scaling_report(report, "make_jaxpr", sizes, libraries, eqns=0)
+    assert isinstance(report["summary"]["targets"]["us_per_primitive_met"], bool)
 
 
 def test_quick_run_in_process(bench_module, tmp_path, capsys):
-    x64_before = jax.config.jax_enable_x64
-    out_file = tmp_path / "report.json"
-    report = bench_module.main(["--quick", "--json", str(out_file)])
-    assert jax.config.jax_enable_x64 == x64_before  # restored by main
+    report, printed = run_quick_in_process(
+        bench_module, tmp_path / "report.json", capsys
+    )
     check_report(report, list(bench_module.QUICK_SIZES), {"autodidax", "jax"})
     assert report["quick"] is True
     assert report["summary"]["targets"]["meaningful"] is False
-    assert json.loads(out_file.read_text()) == json.loads(json.dumps(report))
-    printed = capsys.readouterr().out
     assert "us/prim" in printed and "autodidax" in printed and "jax" in printed
     assert "quick run" in printed
 
@@ -79,48 +157,20 @@ def test_custom_sizes_without_jax(bench_module, capsys):
     capsys.readouterr()
 
 
-def test_bad_arguments_are_rejected(bench_module, capsys):
-    with pytest.raises(SystemExit):
-        bench_module.main(["--sizes", "0", "10"])
-    capsys.readouterr()
-
-
 def test_command_line_quick_run(tmp_path):
-    """As a script (a fresh process, like the README says to run it)."""
-    out_file = tmp_path / "cli.json"
-    done = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--json", str(out_file)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
-    assert "us/prim" in done.stdout
-    report = json.loads(out_file.read_text())
+    report, printed = run_command_line(BENCH, tmp_path / "cli.json")
+    assert "us/prim" in printed
     check_report(report, report["sizes"], {"autodidax", "jax"})
-
-
-def test_benchmark_is_not_collected_as_a_test():
-    """pytest looks in tests/ only, and the benchmark's name is not test_*."""
-    assert not BENCH.name.startswith("test_")
-    pyproject = (REPO_ROOT / "pyproject.toml").read_text()
-    assert 'testpaths = ["tests"]' in pyproject
 
 
 # ---------------------------------------------------------------------------
 # bench_jit.py
 # ---------------------------------------------------------------------------
 
-BENCH_JIT = REPO_ROOT / "bench" / "bench_jit.py"
-
 
 @pytest.fixture(scope="module")
 def bench_jit_module():
-    spec = importlib.util.spec_from_file_location("bench_jit", BENCH_JIT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("jit")
 
 
 def check_jit_report(report: dict, libraries: list[str]) -> None:
@@ -159,21 +209,16 @@ def check_jit_report(report: dict, libraries: list[str]) -> None:
         assert isinstance(summary["compute_met"], bool)
     else:
         assert "ratio" not in dispatch and summary["dispatch_ratio"] is None
-    machine = report["machine"]
-    assert machine["jax"] == jax.__version__
-    assert machine["python"] and machine["numpy"] and machine["cpu_count"]
+    check_machine(report)
 
 
 def test_jit_quick_run_in_process(bench_jit_module, tmp_path, capsys):
-    x64_before = jax.config.jax_enable_x64
-    out_file = tmp_path / "jit.json"
-    report = bench_jit_module.main(["--quick", "--json", str(out_file)])
-    assert jax.config.jax_enable_x64 == x64_before  # restored by main
+    report, printed = run_quick_in_process(
+        bench_jit_module, tmp_path / "jit.json", capsys
+    )
     check_jit_report(report, ["autodidax", "jax"])
     assert report["quick"] is True and report["summary"]["meaningful"] is False
     assert report["config"]["compute_size"] == bench_jit_module.QUICK_COMPUTE_SIZE
-    assert json.loads(out_file.read_text()) == json.loads(json.dumps(report))
-    printed = capsys.readouterr().out
     assert "dispatch" in printed and "compute" in printed and "first call" in printed
     assert "ours/jax" in printed and "quick run" in printed
 
@@ -187,91 +232,45 @@ def test_jit_without_jax(bench_jit_module, capsys):
     assert "not judged" in capsys.readouterr().out
 
 
-def test_jit_bad_arguments_are_rejected(bench_jit_module, capsys):
-    with pytest.raises(SystemExit):
-        bench_jit_module.main(["--size", "0"])
-    capsys.readouterr()
-
-
 def test_jit_command_line_quick_run(tmp_path):
     """As a script in a fresh process; --check does not judge a quick run."""
-    out_file = tmp_path / "cli.json"
-    done = subprocess.run(
-        [sys.executable, str(BENCH_JIT), "--quick", "--check", "--json", str(out_file)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
-    assert "ours/jax" in done.stdout
-    check_jit_report(json.loads(out_file.read_text()), ["autodidax", "jax"])
-
-
-def test_jit_benchmark_is_not_collected_as_a_test():
-    assert not BENCH_JIT.name.startswith("test_")
+    report, printed = run_command_line(BENCH_JIT, tmp_path / "cli.json", "--check")
+    assert "ours/jax" in printed
+    check_jit_report(report, ["autodidax", "jax"])
 
 
 # ---------------------------------------------------------------------------
 # bench_grad.py
 # ---------------------------------------------------------------------------
 
-BENCH_GRAD = REPO_ROOT / "bench" / "bench_grad.py"
-
 
 @pytest.fixture(scope="module")
 def bench_grad_module():
-    spec = importlib.util.spec_from_file_location("bench_grad", BENCH_GRAD)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("grad")
 
 
 def check_grad_report(report: dict, sizes: list[int], libraries: set[str]) -> None:
-    assert report["benchmark"] == "grad"
-    assert report["sizes"] == sizes
-    assert set(report["results"]) == libraries
+    # The chain, then one reduce_sum.
+    check_scaling_report(report, "grad", sizes, libraries, eqns=1)
     for rows in report["results"].values():
-        assert [row["n"] for row in rows] == sizes
         for row in rows:
-            assert row["eqns"] == row["n"] + 1  # the chain, then one reduce_sum
-            assert row["repeats"] == report["repeats"] >= 1
-            for key in ("median_s", "min_s", "max_s", "us_per_primitive"):
-                assert math.isfinite(row[key]) and row[key] > 0, key
-            assert row["min_s"] <= row["median_s"] <= row["max_s"]
-            assert math.isclose(
-                row["us_per_primitive"], row["median_s"] / row["n"] * 1e6
-            )
             # Both libraries computed the right gradient (NumPy reference).
             assert 0 <= row["max_abs_error"] < 1e-9
     summary = report["summary"]
-    for library in libraries:
-        lib = summary[library]
-        assert lib["size_ratio"] == sizes[-1] / sizes[0]
-        assert math.isfinite(lib["time_ratio"]) and lib["time_ratio"] > 0
-        assert math.isclose(lib["max_time_ratio"], 1.1 * lib["size_ratio"])
-    targets = summary["targets"]
-    assert isinstance(targets["linear_scaling_met"], bool)
-    assert targets["gradients_correct"] is True
+    assert summary["targets"]["gradients_correct"] is True
     if "jax" in libraries:
         assert len(summary["autodidax_over_jax"]) == len(sizes)
     else:
         assert "autodidax_over_jax" not in summary
-    machine = report["machine"]
-    assert machine["jax"] == jax.__version__
-    assert machine["python"] and machine["numpy"] and machine["cpu_count"]
 
 
 def test_grad_quick_run_in_process(bench_grad_module, tmp_path, capsys):
-    x64_before = jax.config.jax_enable_x64
-    out_file = tmp_path / "grad.json"
-    report = bench_grad_module.main(["--quick", "--json", str(out_file)])
-    assert jax.config.jax_enable_x64 == x64_before  # restored by main
+    report, printed = run_quick_in_process(
+        bench_grad_module, tmp_path / "grad.json", capsys
+    )
     check_grad_report(report, list(bench_grad_module.QUICK_SIZES), {"autodidax", "jax"})
     assert report["quick"] is True and report["gc_during_timing"] is True
     assert report["summary"]["targets"]["meaningful"] is False
-    assert json.loads(out_file.read_text()) == json.loads(json.dumps(report))
-    printed = capsys.readouterr().out
     assert "us/prim" in printed and "autodidax" in printed and "jax" in printed
     assert "quick run" in printed
 
@@ -301,35 +300,9 @@ def test_grad_reference_gradient_matches_jax(bench_grad_module):
     np.testing.assert_allclose(actual, expected, rtol=1e-12)
 
 
-def test_grad_bad_arguments_are_rejected(bench_grad_module, capsys):
-    with pytest.raises(SystemExit):
-        bench_grad_module.main(["--repeats", "0"])
-    capsys.readouterr()
-
-
 def test_grad_command_line_quick_run(tmp_path):
     """As a script in a fresh process; --check does not judge a quick run's
     timing (only that the gradients are right)."""
-    out_file = tmp_path / "cli.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH_GRAD),
-            "--quick",
-            "--check",
-            "--json",
-            str(out_file),
-        ],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
-    assert "us/prim" in done.stdout
-    report = json.loads(out_file.read_text())
+    report, printed = run_command_line(BENCH_GRAD, tmp_path / "cli.json", "--check")
+    assert "us/prim" in printed
     check_grad_report(report, report["sizes"], {"autodidax", "jax"})
-
-
-def test_grad_benchmark_is_not_collected_as_a_test():
-    assert not BENCH_GRAD.name.startswith("test_")
