@@ -8,11 +8,9 @@ stack and a following jvp/vmap gives the right answer.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import numpy as np
 import pytest
+from helpers import raises_clearly
 
 import autodidax as ad
 
@@ -33,15 +31,9 @@ def assert_interpreter_usable() -> None:
     assert len(ad._state.stack) == 1
 
 
-@contextmanager
-def clear_error(exc_type: type | tuple[type, ...], match: str) -> Iterator:
-    """Expect ``exc_type`` (TypeError/ValueError kinds) with a message matching
-    ``match``; then check that the interpreter is still usable."""
-    kinds = exc_type if isinstance(exc_type, tuple) else (exc_type,)
-    assert all(issubclass(kind, (TypeError, ValueError)) for kind in kinds)
-    with pytest.raises(exc_type, match=match) as info:
-        yield info
-    assert_interpreter_usable()
+def clear_error(exc_type: type | tuple[type, ...], match: str):
+    """Expect a clear error, then check the interpreter is still usable."""
+    return raises_clearly(exc_type, match, then=assert_interpreter_usable)
 
 
 def leak(transform: str) -> ad.Tracer:

@@ -11,12 +11,11 @@ interpreter is usable afterwards.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import pytest
+from helpers import raises_clearly
 
 import autodidax as ad
 from autodidax import Jaxpr, JaxprEqn, JaxprTypeError, Lit, ShapedArray, Var
@@ -42,16 +41,9 @@ def assert_interpreter_usable() -> None:
     assert len(ad._state.stack) == 1
 
 
-@contextmanager
-def clear_error(exc_type: type | tuple[type, ...], match: str) -> Iterator:
-    """Expect ``exc_type`` (a TypeError/ValueError kind) with a message
-    matching ``match``, then check the interpreter is still usable."""
-    kinds = exc_type if isinstance(exc_type, tuple) else (exc_type,)
-    assert all(issubclass(kind, (TypeError, ValueError)) for kind in kinds)
-    with pytest.raises(exc_type, match=match) as info:
-        yield info
-    assert not isinstance(info.value, (AssertionError, KeyError, AttributeError))
-    assert_interpreter_usable()
+def clear_error(exc_type: type | tuple[type, ...], match: str):
+    """Expect a clear error, then check the interpreter is still usable."""
+    return raises_clearly(exc_type, match, then=assert_interpreter_usable)
 
 
 def var(shape: tuple = (), dtype: Any = F64) -> Var:
