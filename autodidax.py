@@ -2342,7 +2342,8 @@ def partial_eval_jaxpr(
         rule = eqn.primitive.rules.get("partial_eval_jaxpr")
         if rule is not None and any(unks):
             eqn_known, eqn_unknown, outs_unknown, res = rule(unks, eqn)
-            known_eqns.append(eqn_known)
+            if eqn_known is not None:  # None: nothing of it can run early
+                known_eqns.append(eqn_known)
             unknown_eqns.append(eqn_unknown)
             residuals.update(dict.fromkeys(res))
             unknown.update(v for v, u in zip(eqn.out_binders, outs_unknown) if u)
@@ -2641,6 +2642,434 @@ def grad(f: Callable) -> Callable:
         return x_bar
 
     return gradient
+
+
+# ==== chapter: part5_cond ====
+
+import inspect
+
+cond_p = Primitive("cond", multiple_results=True)
+
+
+def _with_unused_inputs(jaxpr: Jaxpr, at: int, avals: list[ShapedArray]) -> Jaxpr:
+    """``jaxpr`` with inputs of types ``avals`` inserted at position ``at``,
+    which it ignores."""
+    new_binders = [Var(aval) for aval in avals]
+    in_binders = jaxpr.in_binders[:at] + new_binders + jaxpr.in_binders[at:]
+    return Jaxpr(in_binders, jaxpr.eqns, jaxpr.outs)
+
+
+def join_consts(
+    true_jaxpr: Jaxpr, true_consts: list, false_jaxpr: Jaxpr, false_consts: list
+) -> tuple[Jaxpr, Jaxpr]:
+    """Make two branches, each taking its own constants first, take the same
+    inputs: (true constants, false constants, operands)."""
+
+    def avals(consts: list) -> list[ShapedArray]:
+        return [raise_to_shaped(get_aval(c)) for c in consts]
+
+    return (
+        _with_unused_inputs(true_jaxpr, len(true_consts), avals(false_consts)),
+        _with_unused_inputs(false_jaxpr, 0, avals(true_consts)),
+    )
+
+
+def _check_predicate(pred: Any) -> Any:
+    pred = _as_input(pred, "cond predicate")
+    aval = get_aval(pred)
+    if aval.dtype != np.bool_:
+        raise TypeError(
+            f"cond: the predicate must be a boolean scalar (bool[]), got "
+            f"{aval.str_short()}; compare to get a boolean, e.g. greater(x, 0.0)"
+        )
+    if aval.shape != ():
+        raise TypeError(
+            f"cond: the predicate must be a scalar (bool[]), got "
+            f"{aval.str_short()}; to choose elementwise use select, and to "
+            "choose per example of a batch apply vmap to a function using cond"
+        )
+    return pred
+
+
+def _check_branch_fn(fn: Any, name: str, operands: tuple) -> None:
+    if not callable(fn):
+        raise TypeError(f"cond: {name} must be a function, got {_short_repr(fn)}")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # e.g. some builtins: let the call decide
+        return
+    try:
+        signature.bind(*operands)
+    except TypeError as err:
+        raise TypeError(
+            f"cond: {name} cannot be called with the {len(operands)} operand(s) "
+            f"given to cond ({err})"
+        ) from None
+
+
+def _check_branch_outputs(
+    true_tree: PyTreeDef, true_jaxpr: Jaxpr, false_tree: PyTreeDef, false_jaxpr: Jaxpr
+) -> None:
+    if true_tree != false_tree:
+        raise TypeError(
+            "cond: true_fn and false_fn must return the same structure, but "
+            f"true_fn returns {true_tree} and false_fn returns {false_tree}"
+        )
+    for i, (x, y) in enumerate(zip(true_jaxpr.outs, false_jaxpr.outs)):
+        if x.aval != y.aval:
+            raise TypeError(
+                f"cond: true_fn and false_fn must return the same types, but "
+                f"output {i} is {x.aval.str_short()} from true_fn and "
+                f"{y.aval.str_short()} from false_fn"
+            )
+
+
+def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> Any:
+    """``true_fn(*operands)`` if the boolean scalar ``pred`` is true, else
+    ``false_fn(*operands)``; both branches are staged, one is run."""
+    pred = _check_predicate(pred)
+    _check_branch_fn(true_fn, "true_fn", operands)
+    _check_branch_fn(false_fn, "false_fn", operands)
+    ops_flat, in_tree = tree_flatten(operands)
+    ops_flat = [_as_input(x, "cond operand") for x in ops_flat]
+    abstract_ops = tree_unflatten(
+        in_tree, [raise_to_shaped(get_aval(x)) for x in ops_flat]
+    )
+    true_jaxpr, true_consts, true_tree = _trace_to_jaxpr(
+        true_fn, abstract_ops, dynamic=True, who="cond: true_fn"
+    )
+    false_jaxpr, false_consts, false_tree = _trace_to_jaxpr(
+        false_fn, abstract_ops, dynamic=True, who="cond: false_fn"
+    )
+    _check_branch_outputs(true_tree, true_jaxpr, false_tree, false_jaxpr)
+    true_jaxpr, false_jaxpr = join_consts(
+        true_jaxpr, true_consts, false_jaxpr, false_consts
+    )
+    outs = bind(
+        cond_p,
+        pred,
+        *true_consts,
+        *false_consts,
+        *ops_flat,
+        true_jaxpr=true_jaxpr,
+        false_jaxpr=false_jaxpr,
+    )
+    return tree_unflatten(true_tree, outs)
+
+
+@cond_p.def_rule("impl")
+def _cond_impl(pred, *args, true_jaxpr, false_jaxpr):
+    return eval_jaxpr(true_jaxpr if pred else false_jaxpr, args)
+
+
+@cond_p.def_rule("abstract_eval")
+def _cond_abstract_eval(pred, *avals_in, true_jaxpr, false_jaxpr):
+    if pred.dtype != np.bool_ or pred.shape != ():
+        raise TypeError(
+            f"cond: the predicate must be a boolean scalar (bool[]), got "
+            f"{pred.str_short()}"
+        )
+    true_type = typecheck_jaxpr(true_jaxpr)
+    false_type = typecheck_jaxpr(false_jaxpr)
+    given = [raise_to_shaped(a) for a in avals_in]
+    for name, branch_type in [("true", true_type), ("false", false_type)]:
+        if branch_type.in_types != given:
+            got = ", ".join(a.str_short() for a in given)
+            raise TypeError(
+                f"cond: the {name} branch takes {branch_type} but the operands "
+                f"are ({got})"
+            )
+    if true_type.out_types != false_type.out_types:
+        raise TypeError(
+            f"cond: the branches return different types: {true_type} and {false_type}"
+        )
+    return true_type.out_types
+
+
+@cond_p.def_rule("lower")
+def _cond_lower(ctx, avals_in, avals_out, pred, *operands, true_jaxpr, false_jaxpr):
+    out_types = [ir_type(aval) for aval in avals_out]
+    if_op = hlo.IfOp(out_types, pred)
+    for region, jaxpr in [
+        (if_op.true_branch, true_jaxpr),
+        (if_op.false_branch, false_jaxpr),
+    ]:
+        callee = ir.FlatSymbolRefAttr.get(ctx.function_for(jaxpr))
+        block = region.blocks.append()
+        with ir.InsertionPoint(block):
+            call = mlir_func.CallOp(out_types, callee, operands)
+            hlo.ReturnOp(call.results)
+    return list(if_op.results)
+
+
+@cond_p.def_rule("jvp")
+def _cond_jvp(primals, tangents, *, true_jaxpr, false_jaxpr):
+    pred, *operands = primals
+    operand_tangents = tangents[1:]  # the predicate's tangent is not needed
+    true_jvp, true_consts = jvp_jaxpr.__wrapped__(true_jaxpr)
+    false_jvp, false_consts = jvp_jaxpr.__wrapped__(false_jaxpr)
+    true_jvp, false_jvp = join_consts(true_jvp, true_consts, false_jvp, false_consts)
+    outs = bind(
+        cond_p,
+        pred,
+        *true_consts,
+        *false_consts,
+        *operands,
+        *operand_tangents,
+        true_jaxpr=true_jvp,
+        false_jaxpr=false_jvp,
+    )
+    n = len(outs) // 2
+    return outs[:n], outs[n:]
+
+
+select_p = Primitive("select")
+
+
+def _check_select(pred: ShapedArray, on_true: ShapedArray, on_false: ShapedArray):
+    check_binary_operands("select", on_true, on_false)
+    if pred.dtype != np.bool_ or pred.shape != on_true.shape:
+        raise TypeError(
+            f"select: the predicate must be a boolean array shaped like the "
+            f"operands, bool{list(on_true.shape)}, got {pred.str_short()}"
+        )
+
+
+def select(pred: ArrayLike, on_true: ArrayLike, on_false: ArrayLike) -> ArrayLike:
+    """Elementwise ``on_true if pred else on_false`` (NumPy's ``where``)."""
+    args = [_as_input(x, "select") for x in (pred, on_true, on_false)]
+    _check_select(*[get_aval(x) for x in args])
+    return bind(select_p, *args)
+
+
+_impl_from_numpy(select_p, np.where)
+
+
+@select_p.def_rule("abstract_eval")
+def _select_abstract_eval(pred, on_true, on_false):
+    _check_select(pred, on_true, on_false)
+    return [ShapedArray(on_true.shape, on_true.dtype)]
+
+
+@select_p.def_rule("jvp")
+def _select_jvp(primals, tangents):
+    pred, on_true, on_false = primals
+    _, true_dot, false_dot = tangents
+    return [select(pred, on_true, on_false)], [select(pred, true_dot, false_dot)]
+
+
+@select_p.def_rule("vmap")
+def _select_vmap(axis_size, vals, dims):
+    out_axis = next(d for d in dims if d is not None)
+    vals = [move_batch_axis(axis_size, d, out_axis, x) for x, d in zip(vals, dims)]
+    return [bind(select_p, *vals)], [out_axis]
+
+
+@select_p.def_rule("lower")
+def _select_lower(ctx, avals_in, avals_out, pred, on_true, on_false):
+    return [hlo.select(pred, on_true, on_false)]
+
+
+@select_p.def_rule("transpose")
+def _select_transpose(cts, pred, on_true, on_false):
+    (ct,) = cts
+    if _is_undef(pred):
+        raise TypeError("select: the predicate cannot be a linear input")
+    zeros = zeros_like(ct)
+    return [
+        None,
+        select(pred, ct, zeros) if _is_undef(on_true) else None,
+        select(pred, zeros, ct) if _is_undef(on_false) else None,
+    ]
+
+
+@cond_p.def_rule("vmap")
+def _cond_vmap(axis_size, vals, dims, *, true_jaxpr, false_jaxpr):
+    (pred, *operands), (pred_dim, *operand_dims) = vals, dims
+    operands = [
+        x if d is None else move_batch_axis(axis_size, d, 0, x)
+        for x, d in zip(operands, operand_dims)
+    ]
+    batched = tuple(d is not None for d in operand_dims)
+    if pred_dim is None:  # one branch for the whole batch
+        true_b, true_consts = vmap_jaxpr.__wrapped__(true_jaxpr, axis_size, batched)
+        false_b, false_consts = vmap_jaxpr.__wrapped__(false_jaxpr, axis_size, batched)
+        true_b, false_b = join_consts(true_b, true_consts, false_b, false_consts)
+        outs = bind(
+            cond_p,
+            pred,
+            *true_consts,
+            *false_consts,
+            *operands,
+            true_jaxpr=true_b,
+            false_jaxpr=false_b,
+        )
+        return outs, [0] * len(outs)
+    # A predicate per example: run both branches, then choose per example.
+    pred = move_batch_axis(axis_size, pred_dim, 0, pred)
+    true_outs = _run_batched(true_jaxpr, axis_size, operands, batched)
+    false_outs = _run_batched(false_jaxpr, axis_size, operands, batched)
+    outs = []
+    for on_true, on_false in zip(true_outs, false_outs):
+        shape = get_aval(on_true).shape
+        if len(shape) > 1:  # one predicate per example, for all its elements
+            pred = broadcast(pred, shape, tuple(range(1, len(shape))))
+        outs.append(select(pred, on_true, on_false))
+    return outs, [0] * len(outs)
+
+
+def _run_batched(
+    jaxpr: Jaxpr, axis_size: int, operands: list, batched: tuple[bool, ...]
+) -> list:
+    """Every output of ``jaxpr`` for every example, batched along axis 0."""
+    if any(batched):
+        in_axes = [0 if b else None for b in batched]
+        return vmap_flat(jaxpr_as_fun(jaxpr), in_axes, operands)
+    outs = eval_jaxpr(jaxpr, operands)  # same for every example: broadcast it
+    return [move_batch_axis(axis_size, None, 0, x) for x in outs]
+
+
+def _with_zero_outputs(jaxpr: Jaxpr, at: int, avals: list[ShapedArray]) -> Jaxpr:
+    """``jaxpr`` with outputs of zeros of types ``avals`` inserted at ``at``."""
+    eqns, zeros = list(jaxpr.eqns), []
+    for aval in avals:
+        zero = Lit(np.zeros((), aval.dtype))
+        if aval.shape == ():
+            zeros.append(zero)
+            continue
+        out = Var(aval)
+        params = dict(shape=aval.shape, axes=tuple(range(aval.ndim)))
+        eqns.append(JaxprEqn(broadcast_p, [zero], params, [out]))
+        zeros.append(out)
+    return Jaxpr(jaxpr.in_binders, eqns, jaxpr.outs[:at] + zeros + jaxpr.outs[at:])
+
+
+class BranchSplit(NamedTuple):
+    """Both branches of a cond, each split into known and unknown halves."""
+
+    true_known: Jaxpr  # known inputs -> known outputs, residuals (true, false)
+    false_known: Jaxpr
+    true_unknown: Jaxpr  # residuals (true, false), unknown inputs -> unknown outputs
+    false_unknown: Jaxpr
+    out_unknowns: list[bool]
+    num_residuals: int
+
+
+def split_branches(
+    true_jaxpr: Jaxpr, false_jaxpr: Jaxpr, in_unknowns: list[bool]
+) -> BranchSplit:
+    """Partially evaluate both branches the same way, with joined residuals."""
+    first = [partial_eval_jaxpr(j, in_unknowns) for j in (true_jaxpr, false_jaxpr)]
+    out_unknowns = [t or f for t, f in zip(first[0][2], first[1][2])]
+    (true_k, true_u, _, n_true), (false_k, false_u, _, n_false) = [
+        partial_eval_jaxpr(j, in_unknowns, out_unknowns)
+        for j in (true_jaxpr, false_jaxpr)
+    ]
+    true_res = [v.aval for v in true_u.in_binders[:n_true]]
+    false_res = [v.aval for v in false_u.in_binders[:n_false]]
+    n_known_outs = out_unknowns.count(False)
+    return BranchSplit(
+        _with_zero_outputs(true_k, len(true_k.outs), false_res),
+        _with_zero_outputs(false_k, n_known_outs, true_res),
+        _with_unused_inputs(true_u, n_true, false_res),
+        _with_unused_inputs(false_u, 0, true_res),
+        out_unknowns,
+        n_true + n_false,
+    )
+
+
+@cond_p.def_rule("partial_eval")
+def _cond_partial_eval(trace, tracers, *, true_jaxpr, false_jaxpr):
+    pred, *operands = tracers
+    if not pred.pval.is_known:
+        params = dict(true_jaxpr=true_jaxpr, false_jaxpr=false_jaxpr)
+        return trace.stage(cond_p, tracers, params)
+    in_unknowns = [not t.pval.is_known for t in operands]
+    split = split_branches(true_jaxpr, false_jaxpr, in_unknowns)
+    known_vals = [t.pval.const for t in operands if t.pval.is_known]
+    known_outs_and_res = bind(
+        cond_p,
+        pred.pval.const,
+        *known_vals,
+        true_jaxpr=split.true_known,
+        false_jaxpr=split.false_known,
+    )
+    n_known = len(known_outs_and_res) - split.num_residuals
+    known_outs, residuals = known_outs_and_res[:n_known], known_outs_and_res[n_known:]
+    staged_inputs = [
+        trace.instantiate_const(pred),
+        *[trace.instantiate_const(trace.pure(r)) for r in residuals],
+        *[t for t in operands if not t.pval.is_known],
+    ]
+    unknown_outs = trace.stage(
+        cond_p,
+        staged_inputs,
+        dict(true_jaxpr=split.true_unknown, false_jaxpr=split.false_unknown),
+    )
+    known_iter, unknown_iter = iter(known_outs), iter(unknown_outs)
+    return [
+        next(unknown_iter) if unknown else trace.pure(next(known_iter))
+        for unknown in split.out_unknowns
+    ]
+
+
+@cond_p.def_rule("partial_eval_jaxpr")
+def _cond_partial_eval_jaxpr(unks_in, eqn):
+    pred_unknown, *in_unknowns = unks_in
+    pred, *operands = eqn.inputs
+    if pred_unknown:  # everything waits for the predicate
+        known_vars = [
+            x for x, u in zip(eqn.inputs, unks_in) if isinstance(x, Var) and not u
+        ]
+        return None, eqn, [True] * len(eqn.out_binders), known_vars
+    split = split_branches(
+        eqn.params["true_jaxpr"], eqn.params["false_jaxpr"], in_unknowns
+    )
+    known_outs = [v for v, u in zip(eqn.out_binders, split.out_unknowns) if not u]
+    unknown_outs = [v for v, u in zip(eqn.out_binders, split.out_unknowns) if u]
+    residuals = [Var(x.aval) for x in split.true_known.outs[len(known_outs) :]]
+    known_ins = [x for x, u in zip(operands, in_unknowns) if not u]
+    unknown_ins = [x for x, u in zip(operands, in_unknowns) if u]
+    eqn_known = JaxprEqn(
+        cond_p,
+        [pred, *known_ins],
+        dict(true_jaxpr=split.true_known, false_jaxpr=split.false_known),
+        known_outs + residuals,
+    )
+    eqn_unknown = JaxprEqn(
+        cond_p,
+        [pred, *residuals, *unknown_ins],
+        dict(true_jaxpr=split.true_unknown, false_jaxpr=split.false_unknown),
+        unknown_outs,
+    )
+    pred_residual = [pred] if isinstance(pred, Var) else []
+    return eqn_known, eqn_unknown, split.out_unknowns, pred_residual + residuals
+
+
+@cond_p.def_rule("transpose")
+def _cond_transpose(cts, pred, *args, true_jaxpr, false_jaxpr):
+    if _is_undef(pred):
+        raise TypeError("cond: the predicate cannot be a linear input")
+    undefined = tuple(_is_undef(x) for x in args)
+    true_t, true_consts = transpose_jaxpr.__wrapped__(true_jaxpr, undefined)
+    false_t, false_consts = transpose_jaxpr.__wrapped__(false_jaxpr, undefined)
+    true_t, false_t = join_consts(true_t, true_consts, false_t, false_consts)
+    out_types = [x.aval for x in true_jaxpr.outs]
+    cts = [zeros_like_aval(t) if ct is None else ct for ct, t in zip(cts, out_types)]
+    defined = [x for x in args if not _is_undef(x)]
+    cts_in = iter(
+        bind(
+            cond_p,
+            pred,
+            *true_consts,
+            *false_consts,
+            *defined,
+            *cts,
+            true_jaxpr=true_t,
+            false_jaxpr=false_t,
+        )
+    )
+    return [None] + [next(cts_in) if u else None for u in undefined]
 
 
 # ==== book support (generated by build_tools/tangle.py) ====

@@ -432,7 +432,8 @@ print("residuals:", *residuals)
 # each equation to the half its inputs allow, and collect as residuals the known
 # variables that unknown equations read. A primitive may have its own
 # `partial_eval_jaxpr` rule for that walk (a nested `xla_call` does, so nested jits
-# split too).
+# split too). Such a rule returns an equation for each half, or `None` in place of
+# the known one when none of the primitive's work can be done early.
 
 
 # %% tags=["export"]
@@ -461,7 +462,8 @@ def partial_eval_jaxpr(
         rule = eqn.primitive.rules.get("partial_eval_jaxpr")
         if rule is not None and any(unks):
             eqn_known, eqn_unknown, outs_unknown, res = rule(unks, eqn)
-            known_eqns.append(eqn_known)
+            if eqn_known is not None:  # None: nothing of it can run early
+                known_eqns.append(eqn_known)
             unknown_eqns.append(eqn_unknown)
             residuals.update(dict.fromkeys(res))
             unknown.update(v for v, u in zip(eqn.out_binders, outs_unknown) if u)
