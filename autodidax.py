@@ -1935,28 +1935,38 @@ def _xla_call_impl(*args, jaxpr):
     return compile_jaxpr(jaxpr)(*args)
 
 
+Traces = dict[tuple, tuple[Jaxpr, list[Any], PyTreeDef]]
+
+
+def trace_for_call(
+    f: Callable, traces: Traces, args_flat: list[Any], in_tree: PyTreeDef
+) -> tuple[Jaxpr, list[Any], PyTreeDef]:
+    """``f``'s jaxpr, constants and output structure for arguments with the
+    types of ``args_flat``: from ``traces`` if seen before, else traced now."""
+    avals = tuple(raise_to_shaped(get_aval(x)) for x in args_flat)
+    key = (in_tree, avals)
+    cached = traces.get(key)
+    if cached is None:
+        abstract_args = tree_unflatten(in_tree, avals)
+        jaxpr, consts, out_tree = _trace_to_jaxpr(
+            f, abstract_args, dynamic=True, who="jit"
+        )
+        if any(isinstance(c, Tracer) for c in consts):
+            return jaxpr, consts, out_tree  # valid for this call only
+        consts = [device_put(c) for c in consts]
+        cached = traces[key] = (jaxpr, consts, out_tree)
+    return cached
+
+
 def jit(f: Callable) -> Callable:
     """Compile ``f`` with XLA; trace once per input signature."""
-    traces: dict[tuple, tuple[Jaxpr, list[Any], PyTreeDef]] = {}
+    traces: Traces = {}
 
     @functools.wraps(f)
     def f_jitted(*args: Any) -> Any:
         args_flat, in_tree = tree_flatten(args)
         args_flat = [_as_input(x, "jit argument") for x in args_flat]
-        avals = tuple(raise_to_shaped(get_aval(x)) for x in args_flat)
-        key = (in_tree, avals)
-        cached = traces.get(key)
-        if cached is None:
-            abstract_args = tree_unflatten(in_tree, avals)
-            jaxpr, consts, out_tree = _trace_to_jaxpr(
-                f, abstract_args, dynamic=True, who="jit"
-            )
-            if any(isinstance(c, Tracer) for c in consts):
-                cached = (jaxpr, consts, out_tree)  # valid for this call only
-            else:
-                consts = [device_put(c) for c in consts]
-                cached = traces[key] = (jaxpr, consts, out_tree)
-        jaxpr, consts, out_tree = cached
+        jaxpr, consts, out_tree = trace_for_call(f, traces, args_flat, in_tree)
         outs = bind(xla_call_p, *consts, *args_flat, jaxpr=jaxpr)
         return tree_unflatten(out_tree, outs)
 
@@ -2058,6 +2068,89 @@ def _xla_call_lower(ctx, avals_in, avals_out, *operands, jaxpr):
     out_types = [ir_type(a) for a in avals_out]
     call = mlir_func.CallOp(out_types, ir.FlatSymbolRefAttr.get(callee), operands)
     return list(call.results)
+
+
+def result_handlers(jaxpr: Jaxpr) -> list[Any]:
+    """Per output of ``jaxpr``, a jaxlib handler that turns an executable's
+    output buffer into an ``Array``, building jaxlib's array object in C++."""
+    from jaxlib import _jax
+
+    sharding = runtime().sharding
+    handlers = []
+    for out in jaxpr.outs:
+        aval = _atom_aval(out)
+        handler = _jax.array_result_handler(
+            jax.core.ShapedArray(aval.shape, aval.dtype),
+            sharding,
+            committed=True,
+            _skip_checks=True,
+        )
+        handlers.append(handler.wrap(Array))
+    return handlers
+
+
+class FastCall:
+    """What a call with an already seen signature needs, and nothing more:
+    the executable, the constants' buffers, the result handlers and the
+    structure of the output."""
+
+    def __init__(self, jaxpr: Jaxpr, consts: list[Array], out_tree: PyTreeDef):
+        self.execute = compile_jaxpr(jaxpr).executable.execute_sharded
+        self.const_buffers = [c._buffer for c in consts]
+        self.handlers = result_handlers(jaxpr)
+        self.out_tree = out_tree
+
+    def __call__(self, args: tuple) -> Any:
+        buffers = [x._buffer if type(x) is Array else _as_buffer(x) for x in args]
+        results = self.execute([*self.const_buffers, *buffers])
+        outs = results.consume_with_handlers(self.handlers)
+        if self.out_tree is LEAF:
+            return outs[0]
+        return tree_unflatten(self.out_tree, outs)
+
+
+def array_signature(args: tuple) -> tuple | None:
+    """The (shape, dtype) of every argument, when the call may take the fast
+    path: nothing is being staged out and every argument is an ``Array`` or a
+    NumPy array. None when it may not."""
+    if _state.dynamic is not _state.stack[0]:
+        return None  # make_jaxpr or an outer jit is recording: bind must see it
+    signature = []
+    for x in args:
+        kind = type(x)
+        if kind is Array:
+            x = x._buffer  # jaxlib's array: shape and dtype are read in C++
+        elif kind is not np.ndarray:
+            return None  # a tracer, a number, a container...: the full path
+        signature.append((x.shape, x.dtype))
+    return tuple(signature)
+
+
+def jit(f: Callable) -> Callable:
+    """Compile ``f`` with XLA; trace once per input signature; repeated calls
+    on arrays skip the interpreters (the fast path)."""
+    traces: Traces = {}
+    fast_calls: dict[tuple, FastCall] = {}
+
+    @functools.wraps(f)
+    def f_jitted(*args: Any) -> Any:
+        signature = array_signature(args)
+        if signature is not None:
+            fast_call = fast_calls.get(signature)
+            if fast_call is not None:
+                return fast_call(args)
+        # The full path: check, trace if needed, bind.
+        args_flat, in_tree = tree_flatten(args)
+        args_flat = [_as_input(x, "jit argument") for x in args_flat]
+        jaxpr, consts, out_tree = trace_for_call(f, traces, args_flat, in_tree)
+        outs = bind(xla_call_p, *consts, *args_flat, jaxpr=jaxpr)
+        if signature is not None and not any(isinstance(c, Tracer) for c in consts):
+            fast_calls[signature] = FastCall(jaxpr, consts, out_tree)
+        return tree_unflatten(out_tree, outs)
+
+    f_jitted.traces = traces  # for the curious: what has been traced so far
+    f_jitted.fast_calls = fast_calls  # and which signatures take the fast path
+    return f_jitted
 
 
 # ==== chapter: part4_grad ====
@@ -3071,6 +3164,8 @@ def _cond_transpose(cts, pred, *args, true_jaxpr, false_jaxpr):
     )
     return [None] + [next(cts_in) if u else None for u in undefined]
 
+
+# ==== chapter: performance ====
 
 # ==== book support (generated by build_tools/tangle.py) ====
 

@@ -36,6 +36,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -97,14 +98,15 @@ class Library:
         self.grad = grad
 
 
-def autodidax_library() -> Library:
-    ops = {**benchlib.ops_from(ad), "sum": ad.reduce_sum}
-    aval = ad.ShapedArray((VECTOR_SIZE,), np.float64)
+def autodidax_library(module: ModuleType = ad, name: str = "autodidax") -> Library:
+    """autodidax (this checkout's, or ``module``, e.g. an older version)."""
+    ops = {**benchlib.ops_from(module), "sum": module.reduce_sum}
+    aval = module.ShapedArray((VECTOR_SIZE,), np.float64)
 
     def count_eqns(f: Callable) -> int:
-        return len(ad.make_jaxpr(f, aval)[0].eqns)
+        return len(module.make_jaxpr(f, aval)[0].eqns)
 
-    return Library("autodidax", ops, count_eqns, ad.grad)
+    return Library(name, ops, count_eqns, module.grad)
 
 
 def jax_library() -> Library:

@@ -34,12 +34,13 @@ need it.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
-import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
@@ -86,12 +87,13 @@ class Library:
         self.block = block  # wait until a result is computed
 
 
-def autodidax_library() -> Library:
+def autodidax_library(module: ModuleType = ad, name: str = "autodidax") -> Library:
+    """autodidax (this checkout's, or ``module``, e.g. an older version)."""
     return Library(
-        "autodidax",
-        benchlib.ops_from(ad, CHAIN_CYCLE),
-        ad.jit,
-        ad.device_put,
+        name,
+        benchlib.ops_from(module, CHAIN_CYCLE),
+        module.jit,
+        module.device_put,
         lambda out: out._buffer.block_until_ready(),
     )
 
@@ -150,18 +152,6 @@ def reference_chain(x: np.ndarray, length: int = CHAIN_LENGTH) -> np.ndarray:
 # ---------------------------------------------------------------------------
 
 
-def stats_us(times: list[float]) -> dict:
-    """Per-call statistics in µs (many calls, each timed on its own)."""
-    ordered = sorted(times)
-    return {
-        "calls": len(times),
-        "median_us": statistics.median(times) * 1e6,
-        "mean_us": statistics.fmean(times) * 1e6,
-        "min_us": ordered[0] * 1e6,
-        "p90_us": ordered[int(0.9 * (len(ordered) - 1))] * 1e6,
-    }
-
-
 def stats_ms(times: list[float]) -> dict:
     """Statistics of a few timed calls, in ms."""
     return {"repeats": len(times), **benchlib.spread(times, "ms")}
@@ -187,29 +177,16 @@ def measure_dispatch(libs: list[Library], calls: int, rounds: int) -> dict:
     """Per-call times of a compiled small function, rounds alternating."""
     x_host = np.linspace(-1.0, 1.0, DISPATCH_SIZE)
     runners, outputs = compile_all(libs, small_function, x_host)
-    times: dict[str, list[float]] = {lib.name: [] for lib in libs}
-    clock = time.perf_counter
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        for _ in range(rounds):
-            for lib in libs:
-                f, x = runners[lib.name]
-                record = times[lib.name].append
-                out = None
-                for _ in range(calls):
-                    start = clock()
-                    out = f(x)
-                    record(clock() - start)
-                lib.block(out)
-            gc.collect()
-    finally:
-        if gc_was_enabled:
-            gc.enable()
+    times = benchlib.per_call_times(
+        {name: functools.partial(f, x) for name, (f, x) in runners.items()},
+        calls,
+        rounds,
+        settle={lib.name: lib.block for lib in libs},
+    )
     expected = np.sin(x_host) * 2.0 + x_host
     return {
         "program": f"sin(x) * 2.0 + x on float64[{DISPATCH_SIZE}]",
-        **{name: stats_us(t) for name, t in times.items()},
+        **{name: benchlib.per_call_stats(t) for name, t in times.items()},
         "max_abs_error": {
             name: float(np.max(np.abs(out - expected))) for name, out in outputs.items()
         },

@@ -32,6 +32,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
@@ -50,12 +51,14 @@ VECTOR_SIZE = 8
 TARGET_US_PER_PRIMITIVE = 30.0
 
 
-def autodidax_tracer() -> tuple[dict, Callable[[Callable], int]]:
-    ops = benchlib.ops_from(ad)
-    aval = ad.ShapedArray((VECTOR_SIZE,), np.float64)
+def autodidax_tracer(module: ModuleType = ad) -> tuple[dict, Callable[[Callable], int]]:
+    """The chain's ops and a tracer, from this checkout's autodidax or
+    ``module`` (e.g. an older version)."""
+    ops = benchlib.ops_from(module)
+    aval = module.ShapedArray((VECTOR_SIZE,), np.float64)
 
     def trace(f: Callable) -> int:
-        jaxpr, _, _ = ad.make_jaxpr(f, aval)
+        jaxpr, _, _ = module.make_jaxpr(f, aval)
         return len(jaxpr.eqns)
 
     return ops, trace

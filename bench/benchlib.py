@@ -1,9 +1,11 @@
 """Shared pieces of the benchmarks in this folder (not a benchmark itself).
 
-The chain-of-primitives program, timing statistics, the JAX x64 scope, the
-machine description and JSON output that every ``bench_*.py`` script uses,
-and the scaling summary, report and command line of the two scripts that time
-a chain at several sizes (``bench_make_jaxpr.py`` and ``bench_grad.py``).
+The chain-of-primitives program, timing statistics (including the per-call
+timer of the dispatch-bound benchmarks), the JAX x64 scope, the machine
+description and JSON output that every ``bench_*.py`` script uses, loading an
+alternative ``autodidax.py`` (``run_all.py --module/--baseline``), and the
+scaling summary, report and command line of the two scripts that time a chain
+at several sizes (``bench_make_jaxpr.py`` and ``bench_grad.py``).
 
 Importing this module puts the repository root on ``sys.path``, so that the
 benchmarks measure this checkout's ``autodidax.py``. The scripts put their own
@@ -16,14 +18,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import gc
+import hashlib
+import importlib.util
 import json
+import math
 import os
 import platform
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -86,6 +94,53 @@ def spread(times: Sequence[float], unit: str = "s") -> dict:
     }
 
 
+def per_call_stats(times: Sequence[float]) -> dict:
+    """Statistics of many calls, each timed on its own, in µs (the 90th
+    percentile by nearest rank: at least 90% of the calls took no longer)."""
+    ordered = sorted(times)
+    return {
+        "calls": len(times),
+        "median_us": statistics.median(times) * 1e6,
+        "mean_us": statistics.fmean(times) * 1e6,
+        "min_us": ordered[0] * 1e6,
+        "p90_us": ordered[math.ceil(0.9 * len(ordered)) - 1] * 1e6,
+    }
+
+
+def per_call_times(
+    thunks: dict[str, Callable[[], Any]],
+    calls: int,
+    rounds: int,
+    settle: dict[str, Callable[[Any], Any]] | None = None,
+) -> dict[str, list[float]]:
+    """Time every call of each thunk on its own: ``rounds`` rounds, each
+    making ``calls`` calls of every thunk in turn (so that the libraries
+    alternate and share the machine's ups and downs). The garbage collector is
+    off inside a round and runs between rounds. After a thunk's calls in a
+    round, ``settle[name](last result)`` may wait for the device. Returns the
+    times in seconds, keyed like ``thunks``."""
+    times: dict[str, list[float]] = {name: [] for name in thunks}
+    clock = time.perf_counter
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            for name, thunk in thunks.items():
+                record = times[name].append
+                out = None
+                for _ in range(calls):
+                    start = clock()
+                    out = thunk()
+                    record(clock() - start)
+                if settle and name in settle:
+                    settle[name](out)
+            gc.collect()
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return times
+
+
 def scaling_row(n: int, eqns: int, times: Sequence[float]) -> dict:
     """One size's row of a scaling benchmark: its times and µs per primitive."""
     row = {"n": n, "eqns": eqns, "repeats": len(times), **spread(times)}
@@ -112,21 +167,25 @@ def jax_x64() -> Iterator[None]:
         jax.config.update("jax_enable_x64", x64_before)
 
 
+def _git(*args: str) -> str | None:
+    """The output of a git command in this checkout, or None if it fails."""
+    try:
+        done = subprocess.run(
+            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
 def machine_info() -> dict:
-    """The machine, the library versions and this checkout's git commit."""
+    """The machine, the library versions and this checkout's git commit
+    (and whether the checkout had uncommitted changes)."""
     import jax
     import jaxlib
 
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
+    commit = (_git("rev-parse", "HEAD") or "").strip()
+    status = _git("status", "--porcelain", "--untracked-files=no")
     return {
         "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "platform": platform.platform(),
@@ -139,6 +198,38 @@ def machine_info() -> dict:
         "jax": jax.__version__,
         "jaxlib": jaxlib.__version__,
         "autodidax_commit": commit or None,
+        "uncommitted_changes": None if status is None else bool(status.strip()),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def load_module(path: str | Path, name: str) -> ModuleType:
+    """Import the Python file ``path`` as a module called ``name``.
+
+    With ``name="autodidax"`` it replaces the module that the benchmarks
+    import (call it before importing them); with another name it is a second
+    autodidax next to the first, e.g. an older version to compare with.
+    """
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"no module file {path}")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def module_info(module: ModuleType) -> dict:
+    """Where a measured autodidax module came from: its file and a hash."""
+    path = Path(module.__file__).resolve()
+    try:
+        shown = path.relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        shown = str(path)
+    return {
+        "file": shown,
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
     }
 
 

@@ -22,11 +22,20 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 BENCH = REPO_ROOT / "bench" / "bench_make_jaxpr.py"
 BENCH_JIT = REPO_ROOT / "bench" / "bench_jit.py"
 BENCH_GRAD = REPO_ROOT / "bench" / "bench_grad.py"
-SCRIPTS = {"make_jaxpr": BENCH, "jit": BENCH_JIT, "grad": BENCH_GRAD}
+BENCH_OVERHEAD = REPO_ROOT / "bench" / "bench_overhead.py"
+RUN_ALL = REPO_ROOT / "bench" / "run_all.py"
+RESULTS = REPO_ROOT / "bench" / "results.json"
+SCRIPTS = {
+    "make_jaxpr": BENCH,
+    "jit": BENCH_JIT,
+    "grad": BENCH_GRAD,
+    "overhead": BENCH_OVERHEAD,
+    "run_all": RUN_ALL,
+}
 
 
 # ---------------------------------------------------------------------------
-# Shared by the three benchmarks
+# Shared by the benchmarks
 # ---------------------------------------------------------------------------
 
 
@@ -106,8 +115,10 @@ def run_command_line(script: Path, out_file: Path, *flags: str) -> tuple[dict, s
         ("make_jaxpr", ["--sizes", "0", "10"]),
         ("jit", ["--size", "0"]),
         ("grad", ["--repeats", "0"]),
+        ("overhead", ["--rounds", "0"]),
+        ("run_all", ["--sizes", "10"]),
     ],
-    ids=["make_jaxpr", "jit", "grad"],
+    ids=["make_jaxpr", "jit", "grad", "overhead", "run_all"],
 )
 def test_bad_arguments_are_rejected(benchmark, argv, capsys):
     with pytest.raises(SystemExit):
@@ -306,3 +317,170 @@ def test_grad_command_line_quick_run(tmp_path):
     report, printed = run_command_line(BENCH_GRAD, tmp_path / "cli.json", "--check")
     assert "us/prim" in printed
     check_grad_report(report, report["sizes"], {"autodidax", "jax"})
+
+
+# ---------------------------------------------------------------------------
+# bench_overhead.py
+# ---------------------------------------------------------------------------
+
+
+def check_per_call(row: dict, calls: int) -> None:
+    assert row["calls"] == calls
+    for key in ("median_us", "mean_us", "min_us", "p90_us"):
+        assert math.isfinite(row[key]) and row[key] > 0, key
+    assert row["min_us"] <= row["median_us"] <= row["p90_us"]
+
+
+def check_overhead_results(results: dict, config: dict, libraries: list[str]) -> None:
+    eager, vmapped = results["eager"], results["vmap_of_jit"]
+    assert set(eager) == {"sin", "add"}
+    for row in eager.values():
+        for library in libraries:
+            check_per_call(row[library], config["eager_calls"] * config["rounds"])
+            assert row["max_abs_error"][library] < 1e-12  # against NumPy
+    for library in libraries:
+        check_per_call(vmapped[library], config["vmap_calls"] * config["rounds"])
+        assert vmapped["max_abs_error"][library] < 1e-12
+    if "jax" in libraries:
+        for row in (*eager.values(), vmapped):
+            assert math.isclose(
+                row["ratio"], row["autodidax"]["median_us"] / row["jax"]["median_us"]
+            )
+
+
+def test_overhead_quick_run_in_process(tmp_path, capsys):
+    module = load("overhead")
+    report, printed = run_quick_in_process(module, tmp_path / "overhead.json", capsys)
+    assert report["benchmark"] == "overhead" and report["quick"] is True
+    assert report["libraries"] == ["autodidax", "jax"]
+    config = report["config"]
+    check_overhead_results(
+        report["results"],
+        {
+            "eager_calls": config["eager_calls_per_round"],
+            "vmap_calls": config["vmap_calls_per_round"],
+            "rounds": config["rounds"],
+        },
+        ["autodidax", "jax"],
+    )
+    check_machine(report)
+    assert "eager sin" in printed and "vmap(jit)" in printed and "quick run" in printed
+
+
+def test_overhead_without_jax(capsys):
+    report = load("overhead").main(
+        ["--no-jax", "--eager-calls", "3", "--vmap-calls", "2", "--rounds", "1"]
+    )
+    check_overhead_results(
+        report["results"],
+        {"eager_calls": 3, "vmap_calls": 2, "rounds": 1},
+        ["autodidax"],
+    )
+    assert "ratio" not in report["results"]["vmap_of_jit"]
+    capsys.readouterr()
+
+
+# ---------------------------------------------------------------------------
+# run_all.py: every benchmark, and the committed results file
+# ---------------------------------------------------------------------------
+
+HEADLINE_IDS = {"jit_dispatch", "jit_compute", "first_call_small", "first_call_chain"}
+HEADLINE_IDS |= {"eager_sin", "eager_add", "vmap_of_jit"}
+
+
+def check_all_report(report: dict, libraries: list[str], quick: bool) -> None:
+    """What every report of run_all.py holds, quick or not."""
+    assert report["benchmark"] == "all" and report["quick"] is quick
+    assert report["libraries"] == libraries
+    assert report["command"].startswith("python bench/run_all.py")
+    results = report["results"]
+    assert set(results) == {"jit", "make_jaxpr", "grad", "overhead"}
+    sizes = {key: results[key]["sizes"] for key in ("make_jaxpr", "grad")}
+    assert sizes["make_jaxpr"][-1] == 4 * sizes["make_jaxpr"][0]
+    assert sizes["grad"][-1] == 4 * sizes["grad"][0]
+    ids = HEADLINE_IDS | {f"make_jaxpr_{n}" for n in sizes["make_jaxpr"]}
+    ids |= {f"grad_{n}" for n in sizes["grad"]}
+    rows = report["headline"]
+    assert {row["id"] for row in rows} == ids and len(rows) == len(ids)
+    for row in rows:
+        assert set(row["values"]) == set(libraries), row["id"]
+        for value in row["values"].values():
+            assert math.isfinite(value) and value > 0, row["id"]
+        assert set(row["ratios"]) == set(libraries) - {"jax"}
+        for name, ratio in row["ratios"].items():
+            assert math.isclose(ratio, row["values"][name] / row["values"]["jax"])
+        assert (row["target"] is None) == (row["met"] is None)
+        if row["target_ratio"] is not None:
+            assert row["met"] == (row["ratios"]["autodidax"] <= row["target_ratio"])
+    by_id = {row["id"]: row for row in rows}
+    assert by_id["jit_dispatch"]["target_ratio"] == 1.5
+    assert by_id["jit_compute"]["target_ratio"] == 1.02
+    dispatch = results["jit"]["dispatch"]
+    assert by_id["jit_dispatch"]["values"]["jax"] == dispatch["jax"]["median_us"]
+    for growth in report["growth"]:
+        assert growth["id"] in ("make_jaxpr", "grad")
+        assert growth["size_ratio"] == 4.0
+        assert math.isclose(growth["max_time_ratio"], 4.4)
+        assert set(growth["time_ratios"]) == set(libraries)
+        assert growth["met"] == (growth["time_ratios"]["autodidax"] <= 4.4)
+    targets = report["targets"]
+    assert targets["meaningful"] is (not quick)
+    assert targets["all_met"] == all(targets["met"].values())
+    assert set(targets["met"]) >= {"jit_dispatch", "jit_compute", "grad_linear"}
+    # Every library computed the right numbers (NumPy references).
+    assert set(report["max_abs_error"]) == set(libraries)
+    assert all(error < 1e-9 for error in report["max_abs_error"].values())
+    for name in libraries:
+        if name != "jax":
+            assert len(report["modules"][name]["sha256"]) == 64
+    check_machine(report)
+    assert report["machine"]["autodidax_commit"]
+
+
+def test_run_all_quick_in_process(tmp_path, capsys):
+    """Every benchmark, tiny sizes, in this process: a complete report."""
+    module = load("run_all")
+    report, printed = run_quick_in_process(module, tmp_path / "all.json", capsys)
+    check_all_report(report, ["autodidax", "jax"], quick=True)
+    assert report["modules"]["autodidax"]["file"] == "autodidax.py"
+    for words in ("jit dispatch", "make_jaxpr", "grad", "vmap of jit", "growth"):
+        assert words in printed
+    assert "targets not judged" in printed
+
+
+def test_run_all_writes_the_results_file_only_for_a_full_run():
+    module = load("run_all")
+    assert module.parse_args([]).json == str(RESULTS)
+    assert module.parse_args(["--json", "x.json"]).json == "x.json"
+    assert module.parse_args(["--quick"]).json is None
+    assert module.parse_args(["--baseline", "old.py"]).json is None
+    assert module.parse_args(["--module", "other.py"]).json is None
+
+
+def test_run_all_command_line_with_module_and_baseline(tmp_path):
+    """As a script: --module and --baseline load other autodidax files (here
+    copies of this checkout's), measured as 'autodidax' and 'baseline'."""
+    ours, theirs = tmp_path / "ours.py", tmp_path / "theirs.py"
+    source = (REPO_ROOT / "autodidax.py").read_text()
+    ours.write_text(source)
+    theirs.write_text(source)
+    report, printed = run_command_line(
+        RUN_ALL, tmp_path / "cli.json", "--module", str(ours), "--baseline", str(theirs)
+    )
+    check_all_report(report, ["autodidax", "baseline", "jax"], quick=True)
+    modules = report["modules"]
+    assert modules["autodidax"]["file"] == str(ours.resolve())
+    assert modules["baseline"]["file"] == str(theirs.resolve())
+    assert modules["autodidax"]["sha256"] == modules["baseline"]["sha256"]
+    assert "base/jax" in printed
+
+
+def test_committed_results_are_a_full_run():
+    """bench/results.json, which the book's performance page draws, is the
+    report of a full run of run_all.py on this checkout's autodidax."""
+    report = json.loads(RESULTS.read_text(encoding="utf-8"))
+    check_all_report(report, ["autodidax", "jax"], quick=False)
+    assert report["results"]["make_jaxpr"]["sizes"] == [1000, 4000]
+    assert report["results"]["grad"]["sizes"] == [500, 2000]
+    assert report["results"]["jit"]["compute"]["size"] == 4_000_000
+    assert report["modules"]["autodidax"]["file"] == "autodidax.py"

@@ -5,7 +5,8 @@ comparisons, Python scalars, ranks 0-3, float64). Each is run through ``jit``
 and its compositions with ``jvp``, ``vmap``, ``jacfwd`` and ``make_jaxpr``, and
 the results must agree with the same program under ``jax.jit`` to 1e-9. Around
 that: how often tracing and compilation happen, the device-resident ``Array``
-type, the StableHLO we emit, and the interpreter's state after errors.
+type, the StableHLO we emit, the interpreter's state after errors, and the
+dispatch fast path (taken only when it gives what the full path gives).
 """
 
 from __future__ import annotations
@@ -1067,3 +1068,268 @@ def test_failed_trace_is_not_cached():
     fail["now"] = False
     np.testing.assert_allclose(f(np.ones(2)), 2.0 * np.ones(2), rtol=TOL)
     assert len(f.traces) == 1
+
+
+# ---------------------------------------------------------------------------
+# The dispatch fast path
+# ---------------------------------------------------------------------------
+
+
+def watch_fast_calls(f: Callable, forbid: bool = False) -> list:
+    """Replace every entry of ``f.fast_calls`` with a wrapper that records
+    (or, with ``forbid``, refuses) its use. Returns the list of recorded
+    signatures."""
+    used: list = []
+    for signature, entry in list(f.fast_calls.items()):
+
+        def spy(args, entry=entry, signature=signature):
+            if forbid:
+                raise AssertionError(f"the fast path was taken for {signature}")
+            used.append(signature)
+            return entry(args)
+
+        f.fast_calls[signature] = spy
+    return used
+
+
+def fast_path_programs():
+    """(autodidax function, JAX function, arguments): several outputs,
+    pytree outputs, closed-over constants, integers and booleans."""
+    const = np.linspace(-1.0, 1.0, 6).reshape(2, 3)
+    return [
+        (
+            lambda x: ad.sin(x) * 2.0 + x,
+            lambda x: jnp.sin(x) * 2.0 + x,
+            (np.linspace(-1.0, 1.0, 8),),
+        ),
+        (
+            lambda x, y: (x * y + const, ad.reduce_sum(x, 0), x > y),
+            lambda x, y: (x * y + const, jnp.sum(x, 0), x > y),
+            (np.arange(6.0).reshape(2, 3), np.full((2, 3), 2.5)),
+        ),
+        (
+            lambda x, n: {"out": ad.cos(x), "n": [n + n, n * 3]},
+            lambda x, n: {"out": jnp.cos(x), "n": [n + n, n * 3]},
+            (np.array(0.7), np.array([2**40, -5])),
+        ),
+        (
+            lambda a, b: (a + b, a * b, ad.transpose(a, (1, 0))),
+            lambda a, b: (a | b, a & b, a.T),
+            (np.array([[True, False], [False, False]]), np.eye(2, dtype=bool)),
+        ),
+    ]
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_fast_path_is_taken_for_arrays_and_agrees(index):
+    """After one full call, calls whose arguments are NumPy arrays or device
+    Arrays of the same types take the fast path; they return device Arrays
+    equal to the full path's results, and agree with jax.jit."""
+    fn, fn_jax, args = fast_path_programs()[index]
+    f = ad.jit(counted(fn))
+    full = f(*args)  # the full path: traces, compiles, adds an entry
+    assert list(f.fast_calls) == [tuple((a.shape, a.dtype) for a in args)]
+    used = watch_fast_calls(f)
+    from_numpy = f(*args)
+    from_device = f(*[ad.device_put(a) for a in args])
+    assert len(used) == 2 and f.__wrapped__.calls == 1
+    expected = jax.jit(fn_jax)(*args)
+    for result in (full, from_numpy, from_device):
+        assert jax.tree_util.tree_structure(result) == jax.tree_util.tree_structure(
+            expected
+        )
+        assert_matches(host(result), expected)
+        for mine, ref in zip(
+            jax.tree_util.tree_leaves(result), jax.tree_util.tree_leaves(full)
+        ):
+            assert mine.dtype == ref.dtype and mine.shape == ref.shape
+            np.testing.assert_array_equal(np.asarray(mine), np.asarray(ref))
+
+
+def test_fast_path_results_feed_back_in():
+    """A loop feeding results back: every call after the first is a fast
+    call, and the values follow NumPy's."""
+    f = ad.jit(lambda x, v: (x + 0.1 * v, v - 0.1 * ad.sin(x)))
+    x, v = ad.device_put(np.linspace(0.0, 1.0, 5)), np.zeros(5)
+    x_np, v_np = np.linspace(0.0, 1.0, 5), np.zeros(5)
+    x, v = f(x, v)
+    used = watch_fast_calls(f)
+    for _ in range(20):
+        x, v = f(x, v)
+    for _ in range(21):
+        x_np, v_np = x_np + 0.1 * v_np, v_np - 0.1 * np.sin(x_np)
+    assert len(used) == 20 and isinstance(x, ad.Array)
+    np.testing.assert_allclose(np.asarray(x), x_np, rtol=TOL)
+    np.testing.assert_allclose(np.asarray(v), v_np, rtol=TOL, atol=1e-15)
+
+
+def test_fast_path_not_taken_under_transformations():
+    """Under jvp, vmap, grad, linearize, make_jaxpr and an outer jit the
+    cached entry is never used (those calls go through bind and xla_call's
+    rules), and every result agrees with JAX."""
+    f = ad.jit(lambda x: ad.sin(x) * x)
+    x = np.array([0.5, -1.0, 2.0])
+    f(x)
+    watch_fast_calls(f, forbid=True)
+    const = ad.device_put(x)  # a concrete Array closed over by the callers
+
+    def f_jax(x):
+        return jnp.sin(x) * x
+
+    primal, tangent = ad.jvp(f, (x,), (np.ones(3),))
+    assert_matches(host((primal, tangent)), jax.jvp(f_jax, (x,), (np.ones(3),)))
+    batch = np.stack([x, 2.0 * x])
+    assert_matches(host(ad.vmap(f)(batch)), jax.vmap(f_jax)(batch))
+    g = ad.grad(lambda y: ad.reduce_sum(f(y)))(x)
+    assert_matches(host(g), jax.grad(lambda y: jnp.sum(f_jax(y)))(x))
+    y, f_lin = ad.linearize(f, x)
+    y_jax, f_lin_jax = jax.linearize(f_jax, x)
+    assert_matches(host((y, f_lin(np.ones(3)))), (y_jax, f_lin_jax(np.ones(3))))
+    # Staged out: make_jaxpr and an outer jit record the call even though its
+    # argument is a concrete Array.
+    jaxpr, _, _ = ad.make_jaxpr(lambda: f(const) + 1.0)
+    assert [e.primitive.name for e in jaxpr.eqns] == ["xla_call", "broadcast", "add"]
+    outer = ad.jit(lambda y: f(const) + y)
+    assert_matches(host(outer(x)), f_jax(x) + x)
+    # Inside jvp of another function, a call on a concrete Array (no tracer
+    # among its arguments, nothing staged out) is one that bind sends to the
+    # impl rule; the fast path may take it, and the result is the same.
+    f.fast_calls.clear()
+    f(x)
+    used = watch_fast_calls(f)
+    _, t = ad.jvp(lambda y: f(const) * y, (x,), (np.ones(3),))
+    assert len(used) == 1
+    assert_matches(host(t, arrays=False), f_jax(x))
+
+
+def test_fast_path_needs_every_argument_to_be_an_array():
+    """Python and NumPy scalars and containers take the full path, and leave
+    no fast-path entry; their results agree with JAX."""
+    f = ad.jit(lambda x, y: x * 2.0 + y)
+    f_jax = jax.jit(lambda x, y: x * 2.0 + y)
+    for args in [
+        (1.5, 2.0),
+        (np.float64(1.5), np.array(2.0)),
+        (np.array(1.5), 2.0),
+    ]:
+        assert_matches(host(f(*args)), f_jax(*args))
+    assert f.fast_calls == {}
+    g = ad.jit(lambda t: t[0] + t[1]["b"])
+    args = ((np.ones(2), {"b": np.arange(2.0)}),)
+    assert_matches(host(g(*args)), np.ones(2) + np.arange(2.0))
+    assert_matches(host(g(*args)), np.ones(2) + np.arange(2.0))
+    assert g.fast_calls == {} and len(g.traces) == 1
+    # A NumPy array subclass is not a plain ndarray: the full path.
+    h = ad.jit(lambda x: x + 1.0)
+    assert_matches(host(h(np.ma.masked_array([1.0, 2.0]))), np.array([2.0, 3.0]))
+    assert h.fast_calls == {}
+
+
+def test_fast_path_signature_change_retraces():
+    """A new shape or dtype misses the table: it is traced once and gets its
+    own entry; NumPy and device inputs of one type share an entry."""
+    body = counted(lambda x: x + x * 2 if x.dtype.kind != "b" else x + x)
+    f = ad.jit(body)
+    cases = [
+        (np.ones(3), 1),
+        (ad.device_put(np.arange(3.0)), 1),
+        (np.ones(4), 2),
+        (np.ones((3, 1)), 3),
+        (np.ones(3, np.float32), 4),
+        (np.arange(3), 5),
+        (ad.device_put(np.arange(4.0)), 5),
+        (np.array([True, False]), 6),
+    ]
+    for x, traces in cases:
+        out = f(x)
+        host_x = np.asarray(x)
+        want = host_x + host_x if host_x.dtype.kind == "b" else host_x + host_x * 2
+        np.testing.assert_array_equal(np.asarray(out), want)
+        assert np.asarray(out).dtype == want.dtype
+        assert body.calls == traces == len(f.fast_calls) == len(f.traces)
+
+
+def _error_of(fn: Callable, *args: Any) -> tuple[type, str]:
+    """The type and message of the exception ``fn(*args)`` raises."""
+    with pytest.raises(Exception) as info:
+        fn(*args)
+    return type(info.value), str(info.value)
+
+
+def test_errors_unchanged_by_the_fast_path():
+    """With an entry in the table, bad calls raise exactly what a jitted
+    function without one raises; the entry still works afterwards."""
+
+    def body(x, y):
+        return x * y + 1.0
+
+    warm = ad.jit(body)
+    x, y = np.ones(3), np.arange(3.0)
+    warm(x, y)
+    assert len(warm.fast_calls) == 1
+    leaked = []
+    ad.jit(lambda z: leaked.append(z) or z)(np.ones(3))
+    bad_calls = [
+        (np.ones(3), np.ones(2)),  # shape mismatch in mul
+        (np.ones(3), np.ones(3, np.int64)),  # dtype mismatch
+        (np.array(["a", "b", "c"]), y),  # not numbers
+        (np.ones(3, dtype=object), y),
+        (leaked[0], y),  # a tracer that escaped its transformation
+        ("text", y),
+    ]
+    for args in bad_calls:
+        expected = _error_of(ad.jit(body), *args)
+        assert _error_of(warm, *args) == expected
+        assert issubclass(expected[0], (TypeError, ValueError))
+        assert_state_clean()
+    assert len(warm.fast_calls) == 1
+    np.testing.assert_array_equal(np.asarray(warm(x, y)), x * y + 1.0)
+
+
+def test_no_fast_path_entry_for_a_trace_with_tracer_constants():
+    """A jitted function called on concrete arrays while it closes over an
+    outer tracer: the trace is valid for that call only, so no entry is
+    made, and a later call with an ordinary closure is traced again."""
+    holder: dict[str, Any] = {}
+    inner = ad.jit(lambda y: y * holder["x"])
+    y = np.array([2.0, 3.0])
+
+    def outer(x):
+        holder["x"] = x
+        return inner(y)
+
+    x = np.array([1.0, -2.0])
+    ours = ad.jvp(outer, (x,), (np.ones(2),))
+    assert_matches(host(ours), jax.jvp(lambda x: y * x, (x,), (np.ones(2),)))
+    assert inner.fast_calls == {} and inner.traces == {}
+    holder["x"] = np.array([5.0, 5.0])
+    np.testing.assert_array_equal(np.asarray(inner(y)), y * 5.0)
+    assert len(inner.fast_calls) == 1
+
+
+def test_fast_path_from_several_threads():
+    """Threads calling one warmed-up jitted function at the same time, each
+    with its own arrays: every call takes the fast path and is right."""
+    f = ad.jit(lambda x, k: ad.sin(x) * k + x)
+    f(np.zeros(4), np.ones(4))
+    used = watch_fast_calls(f)
+    results: dict[int, Any] = {}
+
+    def work(k: int) -> None:
+        x, scale = np.linspace(0.0, 1.0, 4) * k, np.full(4, float(k))
+        try:
+            results[k] = [np.asarray(f(x, scale)) for _ in range(50)]
+        except Exception as err:  # reported by the main thread below
+            results[k] = err
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(1, 5)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(used) == 4 * 50
+    for k in range(1, 5):
+        x = np.linspace(0.0, 1.0, 4) * k
+        expected = jax.jit(lambda x, k: jnp.sin(x) * k + x)(x, np.full(4, float(k)))
+        for result in results[k]:
+            np.testing.assert_allclose(result, expected, rtol=TOL)
