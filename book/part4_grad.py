@@ -1012,6 +1012,9 @@ for name, value in second.items():
 # - Transposition runs a linear jaxpr backwards with one rule per linear
 #   primitive; `vjp` transposes the linearized function and `grad` seeds it with 1.
 #
+# Every function so far has made its decisions in Python. {ref}`Part 5 <part5>`
+# stages a conditional into the jaxpr itself and gives it all of these rules.
+#
 # ## Exercises
 #
 # **1. Reverse over forward.** A Hessian-vector product can be computed as the
