@@ -18,21 +18,31 @@
 # (part4)=
 # # Part 4: `linearize`, `vjp` and `grad`
 #
+# :::{admonition} Where we are
+# :class: note
+# The module evaluates, differentiates in forward mode ([`jvp`](#part1-jvp)) and
+# batches ([`vmap`](#part1-vmap)) as interpreters ({ref}`Part 1 <part1>`), records
+# functions as jaxprs ([`make_jaxpr`](#part2-tracing), {ref}`Part 2 <part2>`), and
+# compiles jaxprs with XLA through the higher-order primitive `xla_call` (`jit`,
+# {ref}`Part 3 <part3>`), in any combination. Every derivative so far is forward
+# mode.
+# :::
+#
 # Forward mode, from {ref}`Part 1 <part1>`, computes one *column* of the
 # Jacobian per pass: the effect of one input direction on all outputs. Training a
 # model needs the opposite: the effect of *all* inputs (millions of parameters) on
-# one output (the loss). That is one *row* of the Jacobian, and reverse mode gets
+# one output (the loss). That is one *row* of the Jacobian, and {term}`reverse mode` gets
 # it in a single pass, at a cost proportional to running the function once.
 #
 # JAX does not implement reverse mode as a separate interpreter. It derives it
 # from forward mode in two steps, each a transformation of its own:
 #
-# 1. **Partial evaluation** splits a JVP into the part that depends only on the
+# 1. **{term}`Partial evaluation`** splits a JVP into the part that depends only on the
 #    primal inputs, which can be computed right away, and the part that depends
-#    on the tangents, which is *linear* in them and is recorded as a jaxpr. That
-#    recorded half is the linearized function: this gives us `linearize`.
-# 2. **Transposition** runs a linear jaxpr backwards, turning a function from
-#    input tangents to output tangents into one from output cotangents to input
+#    on the tangents, which is *{term}`linear`* in them and is recorded as a jaxpr. That
+#    recorded half is the {term}`linearized <linearize>` function: this gives us `linearize`.
+# 2. **{term}`Transposition`** runs a linear jaxpr backwards, turning a function from
+#    input tangents to output tangents into one from output {term}`cotangents <cotangent>` to input
 #    cotangents. Transposing the linearized function gives `vjp`, and `grad` is
 #    `vjp` with a cotangent of 1.
 
@@ -57,7 +67,9 @@ np.set_printoptions(precision=6, suppress=True)
 # %% [markdown]
 # ## What needs to be split
 #
-# Here is the jaxpr of a JVP, the starting point of everything in this chapter:
+# Here is the jaxpr of a JVP, the starting point of everything in this chapter.
+# Tracing `jvp` with `make_jaxpr` records what the
+# {ref}`JVP rules of Part 1 <part1-jvp-rules>` do at each primitive:
 
 
 # %%
@@ -81,10 +93,11 @@ print(make_jaxpr(f_jvp, scalar, scalar)[0])
 # or negate tangents: as a function of the tangent they are linear. That is why
 # the postponed part *is* the linear map $\dot x \mapsto f'(x)\,\dot x$.
 #
+# (part4-partial-eval)=
 # ## Partial evaluation
 #
-# A partial evaluator is an interpreter in which each value is either **known**
-# (we have it) or **unknown** (we know only its type). We record that in a
+# A partial evaluator is an interpreter (one more {ref}`trace <part1-stack>`) in which each value is either **{term}`known <known value>`**
+# (we have it) or **{term}`unknown <unknown value>`** (we know only its type). We record that in a
 # `PartialVal`.
 
 # %% tags=["export"]
@@ -117,7 +130,7 @@ class PartialVal(NamedTuple):
 # known values. For everything else it builds a graph: each unknown tracer points
 # to its **recipe**, which says how the value will be computed later. There are
 # three kinds of recipe: the value is an input of the postponed computation; it
-# is a known value that the postponed computation needs (a **residual**); or it is
+# is a known value that the postponed computation needs (a **{term}`residual`**); or it is
 # an output of an equation whose inputs are other tracers.
 
 
@@ -340,6 +353,7 @@ def partial_eval_flat(
 
 
 # %% [markdown]
+# (part4-linearize)=
 # ## `linearize`
 #
 # `linearize` is now a sentence: partially evaluate the JVP with the primals known
@@ -417,6 +431,7 @@ print("residuals:", *residuals)
 # by residuals (numbers such as $\cos(1.5)$ computed while linearizing), and
 # additions and negations. Each call of `f_lin` evaluates just that.
 #
+# (part4-pe-jaxprs)=
 # ## Partial evaluation of jaxprs
 #
 # `linearize(jit(f))` must work too. A jitted function shows up to the partial
@@ -560,6 +575,7 @@ def _xla_call_partial_eval_jaxpr(unks_in, eqn):
 
 
 # %% [markdown]
+# (part4-unzipped)=
 # ### A jaxpr, unzipped
 #
 # Here is the split at work on the JVP jaxpr from the start of the chapter, with
@@ -644,17 +660,18 @@ print(y_jit, f_lin_jit(1.0), f_lin(1.0))
 
 
 # %% [markdown]
+# (part4-transposition)=
 # ## Transposition
 #
 # The linear map $\dot x \mapsto J \dot x$ has a **transpose**, $\bar y \mapsto J^T
-# \bar y$, and that is the vector-Jacobian product reverse mode needs. For a linear
+# \bar y$, and that is the {term}`vector-Jacobian product` reverse mode needs. For a linear
 # jaxpr we get the transpose mechanically, by running the jaxpr backwards: start
 # from a **cotangent** for each output, walk the equations in reverse, and let each
 # linear primitive turn the cotangent of its output into cotangents of its linear
 # inputs. When a variable is used several times, its cotangents add up.
 #
 # Which inputs are linear? Those we do not have: in a linear jaxpr from
-# `linearize`, the tangent inputs. We mark them with `UndefPrimal`, holding only
+# `linearize`, the tangent inputs. We mark them with `UndefPrimal` ({term}`undefined primals <undefined primal>`), holding only
 # their type. Equations that involve no undefined value (for instance a
 # `broadcast` of a constant) are evaluated forward first, so their results are
 # available to the linear equations as ordinary values.
@@ -736,6 +753,9 @@ def zeros_like_aval(aval: ShapedArray) -> np.ndarray:
 # Transpose rules exist only for linear primitives, and each is the adjoint of its
 # primitive, written with primitives so that the result can be transformed again.
 # A rule returns one cotangent per input, `None` for inputs that are not linear.
+# The linear primitives are the five whose JVP rule in
+# {ref}`Part 1 <part1-jvp-rules>` applies the primitive itself to the tangents,
+# and `mul` when one of its operands is known.
 #
 # - `add`: the cotangent flows unchanged to each linear operand.
 # - `neg`: negate it.
@@ -837,6 +857,7 @@ def _xla_call_transpose(cts, *args, jaxpr):
 
 
 # %% [markdown]
+# (part4-vjp)=
 # ## `vjp` and `grad`
 #
 # `vjp` linearizes and hands back the transpose of the linear map. `grad` asks for
