@@ -857,6 +857,154 @@ def _xla_call_transpose(cts, *args, jaxpr):
 
 
 # %% [markdown]
+# ### A linear program, transposed
+#
+# Here is `backward_pass` at work on the linear jaxpr of `f` that `linearize`
+# printed above, with the cotangent 1.0 for its output. The figure is drawn from
+# that run: each call of a transpose rule is recorded as it happens and written
+# next to the equation it transposes.
+
+# %% mystnb={"image": {"alt": "The linear jaxpr of f at x = 1.5, one equation per line, below a row that lists its residual inputs a to f with their values, and its tangent input g. Next to each equation are the cotangents backward_pass sent through it in a real run seeded with the cotangent 1.0 at the output o, to be read from the bottom up. Each mul by a residual multiplies the cotangent by that residual, neg flips its sign, and add passes it on unchanged. The input g, used by two equations, receives two contributions, which add up to the derivative of f at 1.5."}} tags=["hide-input"]
+from html import escape
+
+from IPython.display import SVG
+
+
+def record_backward_pass(jaxpr, args, cotangents_out):
+    """Run backward_pass, recording every transpose rule call in order."""
+    calls = []
+
+    def recording(prim, rule):
+        def rule_and_record(cts, *args, **params):
+            cts_in = rule(cts, *args, **params)
+            calls.append((prim, cts, cts_in))
+            return cts_in
+
+        return rule_and_record
+
+    originals = {e.primitive: e.primitive.rules.get("transpose") for e in jaxpr.eqns}
+    for prim, rule in originals.items():
+        if rule is not None:
+            prim.rules["transpose"] = recording(prim, rule)
+    try:
+        cts_in = backward_pass(jaxpr, args, cotangents_out)
+    finally:
+        for prim, rule in originals.items():
+            if rule is not None:
+                prim.rules["transpose"] = rule
+    return cts_in, calls
+
+
+def transpose_figure(jaxpr, residuals, seed):
+    """Transpose ``jaxpr`` (residuals first, then linear inputs) with the output
+    cotangent ``seed``, and draw each equation with the cotangents it passed."""
+    linear_in = jaxpr.in_binders[len(residuals) :]
+    undefs = [UndefPrimal(v.aval) for v in linear_in]
+    cts_in, calls = record_backward_pass(jaxpr, [*residuals, *undefs], [seed])
+    # backward_pass visits the equations that involve linear values in reverse.
+    linear, linear_eqns = set(linear_in), []
+    for eqn in jaxpr.eqns:
+        if any(isinstance(x, Var) and x in linear for x in eqn.inputs):
+            linear_eqns.append(eqn)
+            linear.update(eqn.out_binders)
+    assert len(calls) == len(linear_eqns)
+    received = {}  # variable -> cotangents it received, in backward order
+    step = {}  # equation -> (cotangent of its output, cotangents it sends)
+    for eqn, (prim, cts_out, cts_sent) in zip(reversed(linear_eqns), calls):
+        assert prim is eqn.primitive
+        sent = [(x, ct) for x, ct in zip(eqn.inputs, cts_sent) if ct is not None]
+        for x, ct in sent:
+            received.setdefault(x, []).append(ct)
+        step[id(eqn)] = (cts_out[0], sent)
+
+    def num(x):
+        x = np.asarray(x)
+        return f"{float(x):.4g}" if x.ndim == 0 else np.array2string(x, precision=3)
+
+    names = _Names()
+    eqn_lines = pp_jaxpr(jaxpr, names=names).splitlines()[1 : 1 + len(jaxpr.eqns)]
+    blue, orange = "#dbe9f6", "#fde2c8"
+    row, top, split, width = 24, 64, 300, 760
+    rows = []  # (left text, right text, fill)
+    known = "  ".join(
+        f"{names(v)} = {num(r)}" for v, r in zip(jaxpr.in_binders, residuals)
+    )
+    rows.append((f"residuals  {known}", "", blue))
+    for v, ct in zip(linear_in, cts_in):
+        # in the order of the equations: the reverse of the order received
+        terms = [num(c) for c in reversed(received.get(v, []))]
+        terms = [t if i == 0 or t[0] != "-" else f"({t})" for i, t in enumerate(terms)]
+        total = " + ".join(terms) + (f" = {num(ct)}" if len(terms) > 1 else "")
+        rows.append((f"linear input  {names(v)}", f"ct {names(v)} = {total}", orange))
+    for eqn, text in zip(jaxpr.eqns, eqn_lines):
+        if id(eqn) not in step:
+            rows.append((text.strip(), "", blue))
+            continue
+        ct_out, sent = step[id(eqn)]
+        sends = ", ".join(
+            f"ct {names(x)} {'+=' if len(received[x]) > 1 else '='} {num(ct)}"
+            for x, ct in sent
+        )
+        rows.append(
+            (
+                text.strip(),
+                f"ct {names(eqn.out_binders[0])} = {num(ct_out)}  \u2192  {sends}",
+                orange,
+            )
+        )
+    outs = " ".join(names(x) for x in jaxpr.outs)
+    rows.append((f"output  {outs}", f"ct {outs} = {num(seed)}  (the seed)", orange))
+
+    height = top + row * len(rows) + 16
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        'font-family="monospace" font-size="13">',
+        "<title>A linear jaxpr transposed by backward_pass</title>",
+        '<defs><marker id="tip" markerWidth="8" markerHeight="8" refX="4" refY="4" '
+        'orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#a33"/></marker></defs>',
+        '<text x="20" y="22" font-family="sans-serif" font-weight="bold">'
+        "linear jaxpr (runs top to bottom)</text>",
+        f'<text x="{split + 20}" y="22" font-family="sans-serif" font-weight="bold" '
+        'fill="#a33">backward_pass: cotangents (runs bottom to top)</text>',
+        f'<text x="{split + 20}" y="42" font-family="sans-serif" fill="#555">'
+        "ct v: the cotangent of v; a variable used twice adds its cotangents"
+        "</text>",
+    ]
+    for i, (left, right, fill) in enumerate(rows):
+        y = top + row * i
+        span = width - 56 if i == 0 else split - 4
+        parts.append(
+            f'<rect x="16" y="{y}" width="{span}" height="{row - 3}" fill="{fill}"/>'
+            f'<text x="22" y="{y + 16}" xml:space="preserve">{escape(left)}</text>'
+        )
+        if right:
+            parts.append(
+                f'<text x="{split + 20}" y="{y + 16}" fill="#a33" '
+                f'xml:space="preserve">{escape(right)}</text>'
+            )
+    y0, y1 = top + row * (len(rows) - 1) + 10, top + row + 10
+    parts.append(
+        f'<line x1="{width - 20}" y1="{y0}" x2="{width - 20}" y2="{y1}" '
+        'stroke="#a33" stroke-width="2" marker-end="url(#tip)"/></svg>'
+    )
+    return SVG("".join(parts)), cts_in
+
+
+primals_out, lin_jaxpr, residuals = linearize_flat(lambda x: [f(x)], [np.float64(1.5)])
+figure, cts_in = transpose_figure(lin_jaxpr, residuals, np.float64(1.0))
+assert np.allclose(cts_in[0], f_lin(1.0))  # one variable: the same number
+figure
+
+
+# %% [markdown]
+# Read the right-hand column from the bottom up. The seed enters at the output
+# `o`. `add` passes a cotangent unchanged to each of its linear operands, `neg`
+# flips its sign, and each `mul` by a residual multiplies it by that residual. The
+# tangent input `g` is used by two equations, so two cotangents flow back to it,
+# and their sum is the derivative $f'(1.5)$: for a function of one variable the
+# transpose of the linear map is the same number, the `f_lin(1.0)` printed above.
+# The residuals get no cotangents: they are constants of the linear map.
+#
 # (part4-vjp)=
 # ## `vjp` and `grad`
 #
