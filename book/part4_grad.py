@@ -86,7 +86,7 @@ scalar = ShapedArray((), np.float64)
 print(make_jaxpr(f_jvp, scalar, scalar)[0])
 
 # %% [markdown]
-# Some equations use only `a`, the primal input: `sin a`, `cos a`, `cos d`, and
+# Some equations depend only on `a`, the primal input: `sin a`, `cos a`, `cos f`, and
 # so on. Others involve `b`, the tangent. If we know `x` but not yet `x_dot`, we
 # can compute the first kind now and must postpone the second. The postponed
 # equations only ever multiply the tangent by numbers computed from `x`, or add
@@ -647,7 +647,7 @@ unzip_figure(jvp_jaxpr_demo, known, unknown_half, num_res, names)
 
 # %% [markdown]
 # The blue equations form the known half: the primal computation, plus the
-# derivatives of the primitives (`cos a`, `sin d`, ...) that only need the
+# derivatives of the primitives (`cos a`, `sin f`, ...) that only need the
 # primal. The orange ones form the linear map. Everything that crosses from blue
 # to orange is a residual, and that is exactly what reverse mode has to store
 # between its forward and backward passes.
