@@ -2769,7 +2769,11 @@ def join_consts(
 
 def _check_predicate(pred: Any) -> Any:
     pred = _as_input(pred, "cond predicate")
-    aval = get_aval(pred)
+    _check_predicate_aval(get_aval(pred))
+    return pred
+
+
+def _check_predicate_aval(aval: ShapedArray) -> None:
     if aval.dtype != np.bool_:
         raise TypeError(
             f"cond: the predicate must be a boolean scalar (bool[]), got "
@@ -2777,11 +2781,10 @@ def _check_predicate(pred: Any) -> Any:
         )
     if aval.shape != ():
         raise TypeError(
-            f"cond: the predicate must be a scalar (bool[]), got "
+            f"cond: the predicate must be a boolean scalar (bool[]), got "
             f"{aval.str_short()}; to choose elementwise use select, and to "
             "choose per example of a batch apply vmap to a function using cond"
         )
-    return pred
 
 
 def _check_branch_fn(fn: Any, name: str, operands: tuple) -> None:
@@ -2852,16 +2855,13 @@ def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> An
 
 @cond_p.def_rule("impl")
 def _cond_impl(pred, *args, true_jaxpr, false_jaxpr):
+    _check_predicate_aval(get_aval(pred))
     return eval_jaxpr(true_jaxpr if pred else false_jaxpr, args)
 
 
 @cond_p.def_rule("abstract_eval")
 def _cond_abstract_eval(pred, *avals_in, true_jaxpr, false_jaxpr):
-    if pred.dtype != np.bool_ or pred.shape != ():
-        raise TypeError(
-            f"cond: the predicate must be a boolean scalar (bool[]), got "
-            f"{pred.str_short()}"
-        )
+    _check_predicate_aval(pred)
     true_type = typecheck_jaxpr(true_jaxpr)
     false_type = typecheck_jaxpr(false_jaxpr)
     given = [raise_to_shaped(a) for a in avals_in]
@@ -3005,9 +3005,10 @@ def _cond_vmap(axis_size, vals, dims, *, true_jaxpr, false_jaxpr):
     outs = []
     for on_true, on_false in zip(true_outs, false_outs):
         shape = get_aval(on_true).shape
-        if len(shape) > 1:  # one predicate per example, for all its elements
-            pred = broadcast(pred, shape, tuple(range(1, len(shape))))
-        outs.append(select(pred, on_true, on_false))
+        pred_b = pred  # one predicate per example, for all of its elements
+        if len(shape) > 1:
+            pred_b = broadcast(pred, shape, tuple(range(1, len(shape))))
+        outs.append(select(pred_b, on_true, on_false))
     return outs, [0] * len(outs)
 
 

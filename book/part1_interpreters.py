@@ -27,15 +27,15 @@
 #
 # This chapter builds that mechanism from nothing, in plain Python and NumPy:
 #
-# 1. a small vocabulary of **primitives** (`add`, `mul`, `sin`, ...) through which
+# 1. a small vocabulary of **{term}`primitives <primitive>`** (`add`, `mul`, `sin`, ...) through which
 #    every operation flows, via a single function `bind`;
-# 2. **abstract values** that describe an array by its shape and dtype;
-# 3. an **interpreter stack** of `Trace` objects and the `Tracer` objects they
+# 2. **{term}`abstract values <abstract value>`** that describe an array by its shape and dtype;
+# 3. an **{term}`interpreter stack <level>`** of `Trace` objects and the `Tracer` objects they
 #    hand to your function, and the rule that decides which interpreter handles an
 #    operation;
-# 4. three interpreters: plain evaluation, forward-mode differentiation (`jvp`) and
+# 4. three interpreters: plain evaluation, {term}`forward-mode <forward mode>` differentiation (`jvp`) and
 #    automatic batching (`vmap`), plus `jacfwd`, which is just the two combined;
-# 5. **pytrees**, so that transformed functions can take and return tuples, dicts
+# 5. **{term}`pytrees <pytree>`**, so that transformed functions can take and return tuples, dicts
 #    and your own containers.
 #
 # By the end you will have a module that can compute derivatives of any order of
@@ -72,7 +72,7 @@ np.set_printoptions(precision=6, suppress=True)
 # Everything else — Python functions, loops, classes, closures — is scaffolding
 # that runs normally and that the transformations never see.
 #
-# A primitive here is just a named object that carries its *rules*: one function
+# A primitive here is just a named object that carries its *{term}`rules <rule>`*: one function
 # per interpreter that says how that interpreter handles the primitive. We store
 # the rules on the primitive itself, under a short key such as `"impl"` or `"jvp"`,
 # so it is easy to ask later which primitive lacks which rule.
@@ -144,7 +144,7 @@ broadcast_p = Primitive("broadcast")
 # %% [markdown]
 # Users never touch these objects. They call small wrapper functions, and every
 # wrapper ends in the same place: `bind(primitive, *inputs, **params)`. Inputs are
-# the arrays the operation consumes; params are static, hashable settings such as
+# the arrays the operation consumes; {term}`params` are static, hashable settings such as
 # which axes to sum over. The wrappers also tidy up what the user passed: negative
 # axes become positive, `axis=None` becomes "all axes", and a Python number next
 # to an array is turned into an array of the same shape and dtype (more on that
@@ -361,6 +361,7 @@ def check_binary_operands(name: str, x: ShapedArray, y: ShapedArray) -> None:
 # shapes and dtypes, so it works the same whether `x` is a concrete array or a
 # placeholder that some transformation is pushing through the function.
 #
+# (part1-avals)=
 # ## Abstract values
 #
 # An interpreter often cannot know the numbers an array holds — when compiling, for
@@ -480,14 +481,15 @@ def _short_repr(x: Any, limit: int = 40) -> str:
 
 
 # %% [markdown]
+# (part1-stack)=
 # ## The interpreter stack
 #
 # Now the central idea. A transformation like `jvp` needs to run the user's
 # function in a different way: each time the function multiplies two numbers,
 # `jvp` must multiply them *and* work out how that product changes. It achieves
-# this by handing the function **tracers** instead of arrays. A tracer stands in
+# this by handing the function **{term}`tracers <tracer>`** instead of arrays. A tracer stands in
 # for an array, and the primitives route every operation that touches a tracer to
-# the **trace** (the interpreter) that owns it.
+# the **{term}`trace`** (the interpreter) that owns it.
 #
 # Transformations nest: `jvp(vmap(f))` differentiates a batched function, and
 # `vmap(jvp(f))` batches a derivative. So at any moment there is a **stack** of
@@ -525,7 +527,7 @@ class Level:
 #   and wrapping the results.
 #
 # `full_raise` combines the first two: it turns any input into a tracer of this
-# trace, whatever it was before.
+# trace, whatever it was before ({term}`boxing` it).
 
 
 # %% tags=["export"]
@@ -734,6 +736,7 @@ def _broadcast_impl(x, *, shape, axes):
 
 
 # %% [markdown]
+# (part1-bind)=
 # ### Choosing an interpreter: `bind`
 #
 # Here is the piece that ties everything together. When a primitive is applied,
@@ -838,12 +841,13 @@ print(f(np.array([0.0, 1.0, 2.0])))
 
 
 # %% [markdown]
+# (part1-jvp)=
 # ## Forward-mode differentiation: `jvp`
 #
-# The **Jacobian-vector product** of a function $f$ at a point $x$ in a direction
+# The **{term}`Jacobian-vector product`** of a function $f$ at a point $x$ in a direction
 # $v$ is $\partial f(x)\,v$: how fast $f$'s output moves when its input moves
 # along $v$. Forward-mode automatic differentiation computes it alongside $f(x)$
-# itself: carry a pair *(primal, tangent)* through the program, and at each
+# itself: carry a pair *({term}`primal`, {term}`tangent`)* through the program, and at each
 # primitive apply the chain rule locally. If $y = \sin x$ and $x$ moves at speed
 # $\dot x$, then $y$ moves at speed $\cos(x)\,\dot x$.
 #
@@ -894,9 +898,10 @@ class JVPTrace(Trace):
 
 
 # %% [markdown]
+# (part1-jvp-rules)=
 # The rules are the chain rule for each primitive, written with our own wrappers
 # so that they can themselves be transformed again (that is what makes higher
-# derivatives work). Five of our primitives are *linear*: `add`, `neg`,
+# derivatives work). Five of our primitives are *{term}`linear`*: `add`, `neg`,
 # `reduce_sum`, `transpose` and `broadcast`. For a linear operation the tangent is
 # simply the same operation applied to the tangents, which one helper expresses
 # for all five. Comparisons produce booleans, which do not vary smoothly, so their
@@ -1073,6 +1078,7 @@ print(value, slope, np.exp(1.5))
 
 
 # %% [markdown]
+# (part1-pytrees)=
 # ## Pytrees: functions of structured data
 #
 # So far `jvp` takes a function of arrays that returns one array. Real functions
@@ -1324,6 +1330,7 @@ print("by hand:", np.sum(2 * out["first"] * xs))
 # of the loss is its derivative with respect to the slope (the tangent we chose
 # moves only the slope), which by hand is $\sum_i 2 r_i x_i$ for residuals $r_i$.
 #
+# (part1-vmap)=
 # ## Batching: `vmap`
 #
 # Our second transformation is **vectorizing map**. `vmap(f)` turns a function
@@ -1332,7 +1339,7 @@ print("by hand:", np.sum(2 * out["first"] * xs))
 # and stacked the results, but without the loop: each primitive is applied once,
 # to whole batches.
 #
-# The batching tracer holds the batched array and the position of its batch axis.
+# The batching tracer holds the batched array and the position of its {term}`batch axis`.
 # Its abstract value is that of *one* example: the function being batched was
 # written for one example, so that is what shape-dependent code inside it must
 # see. The batch axis may also be `None`, meaning the value is the same for every
@@ -1398,7 +1405,7 @@ class BatchTrace(Trace):
 
 
 # %% [markdown]
-# A batching rule receives the batch size, the unpacked values, their batch axes
+# A {term}`batching rule` receives the batch size, the unpacked values, their batch axes
 # (called `dims` in the code, since several primitives already use `axes` as a
 # param name) and the params, and returns the outputs with *their* batch axes. Many rules need
 # to line up batch axes first; `move_batch_axis` moves a batch axis to a new

@@ -18,6 +18,14 @@
 # (part2)=
 # # Part 2: Jaxprs, a language for staged programs
 #
+# :::{admonition} Where we are
+# :class: note
+# {ref}`Part 1 <part1>` gave us primitives that all go through
+# [`bind`](#part1-bind), the {ref}`interpreter stack <part1-stack>` of traces
+# and tracers, {ref}`pytrees <part1-pytrees>`, and two transformations that
+# nest in any order: [`jvp`](#part1-jvp) and [`vmap`](#part1-vmap).
+# :::
+#
 # The interpreters of {ref}`Part 1 <part1>` work *on the fly*: `jvp` and `vmap`
 # compute while your function runs, one primitive at a time, and forget each
 # operation as soon as it is done. That is enough for differentiation and
@@ -26,19 +34,20 @@
 # one, we need a way to run a Python function once and **record** what it does,
 # as a program in a small language of our own.
 #
-# JAX calls that language **jaxpr** (short for JAX expression). This chapter
+# JAX calls that language **{term}`jaxpr`** (short for JAX expression). This chapter
 # builds it:
 #
-# 1. the data structures of the language — variables, literals, equations — and a
+# 1. the data structures of the language — variables, {term}`literals <literal>`,
+#    {term}`equations <equation>` — and a
 #    printer that shows them the way JAX does;
-# 2. **abstract evaluation** rules that compute each primitive's output type from
+# 2. **{term}`abstract evaluation`** rules that compute each primitive's output type from
 #    its input types, and a **type checker** built on them;
 # 3. an evaluator that runs a jaxpr by calling `bind`, which means a jaxpr can be
 #    differentiated or batched like any Python function;
-# 4. `make_jaxpr`, which produces a jaxpr by tracing: running the function on
+# 4. `make_jaxpr`, which produces a jaxpr by {term}`tracing`: running the function on
 #    tracers that write down every primitive they meet;
 # 5. a flaw in choosing interpreters by data dependence, and its fix: a
-#    *dynamic* trace that sits at the bottom of the stack while we record.
+#    *{term}`dynamic trace`* that sits at the bottom of the stack while we record.
 #
 # ## Picking up where Part 1 left off
 #
@@ -68,6 +77,7 @@ np.set_printoptions(precision=6, suppress=True)
 
 
 # %% [markdown]
+# (part2-language)=
 # ## The language
 #
 # A jaxpr is a function written in a tiny first-order language. It takes some
@@ -82,7 +92,9 @@ np.set_printoptions(precision=6, suppress=True)
 # ```
 #
 # Every variable is bound exactly once, either as an input of the jaxpr or as the
-# output of one equation, and is only used after it is bound. There are no
+# output of one equation, and is only used after it is bound. The place where it
+# is bound is its {term}`binder`; an {term}`atom`, the operand of an equation, is a
+# variable or a literal. There are no
 # loops, no branches (until later parts add primitives that hold jaxprs of their
 # own), no mutation and no Python: just primitives applied to variables. That
 # restriction is what makes the language easy to compile, type-check and
@@ -156,6 +168,7 @@ class JaxprType(NamedTuple):
 
 
 # %% [markdown]
+# (part2-printing)=
 # ### Printing
 #
 # The printer names variables `a`, `b`, ..., `z`, `aa`, `ab`, ... in the order
@@ -247,6 +260,7 @@ print(hand_made)
 # Soon we will never build jaxprs by hand again: tracing will do it. But
 # hand-made jaxprs are useful for one more thing, testing the type checker.
 #
+# (part2-abstract-eval)=
 # ## Abstract evaluation and type checking
 #
 # Part 1's wrappers already checked their arguments' shapes and dtypes before
@@ -512,6 +526,7 @@ print(vmap(jaxpr_as_fun(hand_made), (0,))(np.stack([v, 2 * v])))
 
 
 # %% [markdown]
+# (part2-tracing)=
 # ## Building jaxprs by tracing
 #
 # Writing jaxprs by hand does not scale. Instead we let the function write its own
@@ -617,7 +632,7 @@ def _is_literal_value(val: Any) -> bool:
 # %% [markdown]
 # The trace itself is short. `new_arg` makes a tracer for an input of the function.
 # `pure` and `lift` turn a constant, or a tracer of an outer transformation that
-# the function closed over, into a *constant* of the jaxpr: the builder records
+# the function closed over, into a *{term}`constant`* of the jaxpr: the builder records
 # its value, and the jaxpr gets an input for it. `process_primitive` asks the
 # abstract evaluation rule for the output types, makes the output tracers and
 # records the equation.
@@ -740,6 +755,7 @@ scalar = ShapedArray((), np.float64)
 print(make_jaxpr_v1(horner, [scalar] * 4, scalar)[0])
 
 # %% [markdown]
+# (part2-dynamic)=
 # ## When data dependence is not enough
 #
 # Try tracing a function whose arithmetic does not touch its inputs:
@@ -753,20 +769,20 @@ print(make_jaxpr_v1(lambda x: x * 2.0, vec3)[0])
 # In the first jaxpr the multiplication is gone: the function returns a constant
 # 4.0. In the second, the scalar `2.0` was broadcast to a vector *while tracing*,
 # and the jaxpr received the result, a whole `float64[3]` array, as a constant
-# input. Both follow from Part 1's rule for choosing an interpreter: `bind` looks
+# input. Both follow from {ref}`Part 1's rule for choosing an interpreter <part1-bind>`: `bind` looks
 # only at the *inputs* of an operation. `mul(2.0, 2.0)` involves no tracer, so the
 # evaluation interpreter runs it on the spot, and the recording interpreter never
 # hears of it.
 #
 # For `jvp` and `vmap` that was exactly right: an operation on constants has
 # zero tangent and no batch axis, so computing it eagerly is the efficient
-# choice. For staging it is wrong. A program that builds a large constant array
+# choice. For {term}`staging` it is wrong. A program that builds a large constant array
 # (say, an identity matrix, or random weights from a seed) would compute it in
 # Python, transfer it as data, and never let the compiler see or fuse that work.
 # And a transformation that wants to see *every* operation, such as a profiler or
 # a program printer, would silently miss some.
 #
-# The fix, which JAX adopted under the name *omnistaging*, is to let a
+# The fix, which JAX adopted under the name *{term}`omnistaging`*, is to let a
 # transformation claim operations that no tracer points to. We add a second piece
 # of interpreter state: the **dynamic level**. Normally it is the evaluation
 # level at depth 0, and nothing changes. While `make_jaxpr` runs the function, it
@@ -949,7 +965,8 @@ source_and_jaxpr_figure(soft_clip, vec3, vec3)
 # ## Python control flow under tracing
 #
 # A recording tracer has no value, so Python cannot decide a branch that depends
-# on one. Asking for its truth value raises an error that explains why and what to
+# on one. Asking for its truth value raises an error (a
+# {term}`concretization error`) that explains why and what to
 # do instead:
 
 

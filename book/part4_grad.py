@@ -18,21 +18,31 @@
 # (part4)=
 # # Part 4: `linearize`, `vjp` and `grad`
 #
+# :::{admonition} Where we are
+# :class: note
+# The module evaluates, differentiates in forward mode ([`jvp`](#part1-jvp)) and
+# batches ([`vmap`](#part1-vmap)) as interpreters ({ref}`Part 1 <part1>`), records
+# functions as jaxprs ([`make_jaxpr`](#part2-tracing), {ref}`Part 2 <part2>`), and
+# compiles jaxprs with XLA through the higher-order primitive `xla_call` (`jit`,
+# {ref}`Part 3 <part3>`), in any combination. Every derivative so far is forward
+# mode.
+# :::
+#
 # Forward mode, from {ref}`Part 1 <part1>`, computes one *column* of the
 # Jacobian per pass: the effect of one input direction on all outputs. Training a
 # model needs the opposite: the effect of *all* inputs (millions of parameters) on
-# one output (the loss). That is one *row* of the Jacobian, and reverse mode gets
+# one output (the loss). That is one *row* of the Jacobian, and {term}`reverse mode` gets
 # it in a single pass, at a cost proportional to running the function once.
 #
 # JAX does not implement reverse mode as a separate interpreter. It derives it
 # from forward mode in two steps, each a transformation of its own:
 #
-# 1. **Partial evaluation** splits a JVP into the part that depends only on the
+# 1. **{term}`Partial evaluation`** splits a JVP into the part that depends only on the
 #    primal inputs, which can be computed right away, and the part that depends
-#    on the tangents, which is *linear* in them and is recorded as a jaxpr. That
-#    recorded half is the linearized function: this gives us `linearize`.
-# 2. **Transposition** runs a linear jaxpr backwards, turning a function from
-#    input tangents to output tangents into one from output cotangents to input
+#    on the tangents, which is *{term}`linear`* in them and is recorded as a jaxpr. That
+#    recorded half is the {term}`linearized <linearize>` function: this gives us `linearize`.
+# 2. **{term}`Transposition`** runs a linear jaxpr backwards, turning a function from
+#    input tangents to output tangents into one from output {term}`cotangents <cotangent>` to input
 #    cotangents. Transposing the linearized function gives `vjp`, and `grad` is
 #    `vjp` with a cotangent of 1.
 
@@ -57,7 +67,9 @@ np.set_printoptions(precision=6, suppress=True)
 # %% [markdown]
 # ## What needs to be split
 #
-# Here is the jaxpr of a JVP, the starting point of everything in this chapter:
+# Here is the jaxpr of a JVP, the starting point of everything in this chapter.
+# Tracing `jvp` with `make_jaxpr` records what the
+# {ref}`JVP rules of Part 1 <part1-jvp-rules>` do at each primitive:
 
 
 # %%
@@ -74,17 +86,18 @@ scalar = ShapedArray((), np.float64)
 print(make_jaxpr(f_jvp, scalar, scalar)[0])
 
 # %% [markdown]
-# Some equations use only `a`, the primal input: `sin a`, `cos a`, `cos d`, and
+# Some equations depend only on `a`, the primal input: `sin a`, `cos a`, `cos f`, and
 # so on. Others involve `b`, the tangent. If we know `x` but not yet `x_dot`, we
 # can compute the first kind now and must postpone the second. The postponed
 # equations only ever multiply the tangent by numbers computed from `x`, or add
 # or negate tangents: as a function of the tangent they are linear. That is why
 # the postponed part *is* the linear map $\dot x \mapsto f'(x)\,\dot x$.
 #
+# (part4-partial-eval)=
 # ## Partial evaluation
 #
-# A partial evaluator is an interpreter in which each value is either **known**
-# (we have it) or **unknown** (we know only its type). We record that in a
+# A partial evaluator is an interpreter (one more {ref}`trace <part1-stack>`) in which each value is either **{term}`known <known value>`**
+# (we have it) or **{term}`unknown <unknown value>`** (we know only its type). We record that in a
 # `PartialVal`.
 
 # %% tags=["export"]
@@ -117,7 +130,7 @@ class PartialVal(NamedTuple):
 # known values. For everything else it builds a graph: each unknown tracer points
 # to its **recipe**, which says how the value will be computed later. There are
 # three kinds of recipe: the value is an input of the postponed computation; it
-# is a known value that the postponed computation needs (a **residual**); or it is
+# is a known value that the postponed computation needs (a **{term}`residual`**); or it is
 # an output of an equation whose inputs are other tracers.
 
 
@@ -340,6 +353,7 @@ def partial_eval_flat(
 
 
 # %% [markdown]
+# (part4-linearize)=
 # ## `linearize`
 #
 # `linearize` is now a sentence: partially evaluate the JVP with the primals known
@@ -417,6 +431,7 @@ print("residuals:", *residuals)
 # by residuals (numbers such as $\cos(1.5)$ computed while linearizing), and
 # additions and negations. Each call of `f_lin` evaluates just that.
 #
+# (part4-pe-jaxprs)=
 # ## Partial evaluation of jaxprs
 #
 # `linearize(jit(f))` must work too. A jitted function shows up to the partial
@@ -560,6 +575,7 @@ def _xla_call_partial_eval_jaxpr(unks_in, eqn):
 
 
 # %% [markdown]
+# (part4-unzipped)=
 # ### A jaxpr, unzipped
 #
 # Here is the split at work on the JVP jaxpr from the start of the chapter, with
@@ -631,7 +647,7 @@ unzip_figure(jvp_jaxpr_demo, known, unknown_half, num_res, names)
 
 # %% [markdown]
 # The blue equations form the known half: the primal computation, plus the
-# derivatives of the primitives (`cos a`, `sin d`, ...) that only need the
+# derivatives of the primitives (`cos a`, `sin f`, ...) that only need the
 # primal. The orange ones form the linear map. Everything that crosses from blue
 # to orange is a residual, and that is exactly what reverse mode has to store
 # between its forward and backward passes.
@@ -644,17 +660,18 @@ print(y_jit, f_lin_jit(1.0), f_lin(1.0))
 
 
 # %% [markdown]
+# (part4-transposition)=
 # ## Transposition
 #
 # The linear map $\dot x \mapsto J \dot x$ has a **transpose**, $\bar y \mapsto J^T
-# \bar y$, and that is the vector-Jacobian product reverse mode needs. For a linear
+# \bar y$, and that is the {term}`vector-Jacobian product` reverse mode needs. For a linear
 # jaxpr we get the transpose mechanically, by running the jaxpr backwards: start
 # from a **cotangent** for each output, walk the equations in reverse, and let each
 # linear primitive turn the cotangent of its output into cotangents of its linear
 # inputs. When a variable is used several times, its cotangents add up.
 #
 # Which inputs are linear? Those we do not have: in a linear jaxpr from
-# `linearize`, the tangent inputs. We mark them with `UndefPrimal`, holding only
+# `linearize`, the tangent inputs. We mark them with `UndefPrimal` ({term}`undefined primals <undefined primal>`), holding only
 # their type. Equations that involve no undefined value (for instance a
 # `broadcast` of a constant) are evaluated forward first, so their results are
 # available to the linear equations as ordinary values.
@@ -736,6 +753,9 @@ def zeros_like_aval(aval: ShapedArray) -> np.ndarray:
 # Transpose rules exist only for linear primitives, and each is the adjoint of its
 # primitive, written with primitives so that the result can be transformed again.
 # A rule returns one cotangent per input, `None` for inputs that are not linear.
+# The linear primitives are the five whose JVP rule in
+# {ref}`Part 1 <part1-jvp-rules>` applies the primitive itself to the tangents,
+# and `mul` when one of its operands is known.
 #
 # - `add`: the cotangent flows unchanged to each linear operand.
 # - `neg`: negate it.
@@ -837,6 +857,155 @@ def _xla_call_transpose(cts, *args, jaxpr):
 
 
 # %% [markdown]
+# ### A linear program, transposed
+#
+# Here is `backward_pass` at work on the linear jaxpr of `f` that `linearize`
+# printed above, with the cotangent 1.0 for its output. The figure is drawn from
+# that run: each call of a transpose rule is recorded as it happens and written
+# next to the equation it transposes.
+
+# %% mystnb={"image": {"alt": "The linear jaxpr of f at x = 1.5, one equation per line, below a row that lists its residual inputs a to f with their values, and its tangent input g. Next to each equation are the cotangents backward_pass sent through it in a real run seeded with the cotangent 1.0 at the output o, to be read from the bottom up. Each mul by a residual multiplies the cotangent by that residual, neg flips its sign, and add passes it on unchanged. The input g, used by two equations, receives two contributions, which add up to the derivative of f at 1.5."}} tags=["hide-input"]
+from html import escape
+
+from IPython.display import SVG
+
+
+def record_backward_pass(jaxpr, args, cotangents_out):
+    """Run backward_pass, recording every transpose rule call in order."""
+    calls = []
+
+    def recording(prim, rule):
+        def rule_and_record(cts, *args, **params):
+            cts_in = rule(cts, *args, **params)
+            calls.append((prim, cts, cts_in))
+            return cts_in
+
+        return rule_and_record
+
+    originals = {e.primitive: e.primitive.rules.get("transpose") for e in jaxpr.eqns}
+    for prim, rule in originals.items():
+        if rule is not None:
+            prim.rules["transpose"] = recording(prim, rule)
+    try:
+        cts_in = backward_pass(jaxpr, args, cotangents_out)
+    finally:
+        for prim, rule in originals.items():
+            if rule is not None:
+                prim.rules["transpose"] = rule
+    return cts_in, calls
+
+
+def transpose_figure(jaxpr, residuals, seed):
+    """Transpose ``jaxpr`` (residuals first, then linear inputs) with the output
+    cotangent ``seed``, and draw each equation with the cotangents it passed."""
+    linear_in = jaxpr.in_binders[len(residuals) :]
+    undefs = [UndefPrimal(v.aval) for v in linear_in]
+    cts_in, calls = record_backward_pass(jaxpr, [*residuals, *undefs], [seed])
+    # backward_pass visits the equations that involve linear values in reverse.
+    linear, linear_eqns = set(linear_in), []
+    for eqn in jaxpr.eqns:
+        if any(isinstance(x, Var) and x in linear for x in eqn.inputs):
+            linear_eqns.append(eqn)
+            linear.update(eqn.out_binders)
+    assert len(calls) == len(linear_eqns)
+    received = {}  # variable -> cotangents it received, in backward order
+    step = {}  # equation -> (cotangent of its output, cotangents it sends)
+    for eqn, (prim, cts_out, cts_sent) in zip(reversed(linear_eqns), calls):
+        assert prim is eqn.primitive
+        sent = [(x, ct) for x, ct in zip(eqn.inputs, cts_sent) if ct is not None]
+        for x, ct in sent:
+            received.setdefault(x, []).append(ct)
+        step[id(eqn)] = (cts_out[0], sent)
+
+    def num(x):
+        x = np.asarray(x)
+        return f"{float(x):.4g}" if x.ndim == 0 else np.array2string(x, precision=3)
+
+    names = _Names()
+    eqn_lines = pp_jaxpr(jaxpr, names=names).splitlines()[1 : 1 + len(jaxpr.eqns)]
+    blue, orange = "#dbe9f6", "#fde2c8"
+    row, top, split, width = 24, 64, 300, 760
+    rows = []  # (left text, right text, fill)
+    known = "  ".join(
+        f"{names(v)} = {num(r)}" for v, r in zip(jaxpr.in_binders, residuals)
+    )
+    rows.append((f"residuals  {known}", "", blue))
+    for v, ct in zip(linear_in, cts_in):
+        # in the order of the equations: the reverse of the order received
+        terms = [num(c) for c in reversed(received.get(v, []))]
+        terms = [t if i == 0 or t[0] != "-" else f"({t})" for i, t in enumerate(terms)]
+        total = " + ".join(terms) + (f" = {num(ct)}" if len(terms) > 1 else "")
+        rows.append((f"linear input  {names(v)}", f"ct {names(v)} = {total}", orange))
+    for eqn, text in zip(jaxpr.eqns, eqn_lines):
+        if id(eqn) not in step:
+            rows.append((text.strip(), "", blue))
+            continue
+        ct_out, sent = step[id(eqn)]
+        sends = ", ".join(
+            f"ct {names(x)} {'+=' if len(received[x]) > 1 else '='} {num(ct)}"
+            for x, ct in sent
+        )
+        rows.append(
+            (
+                text.strip(),
+                f"ct {names(eqn.out_binders[0])} = {num(ct_out)}  \u2192  {sends}",
+                orange,
+            )
+        )
+    outs = " ".join(names(x) for x in jaxpr.outs)
+    rows.append((f"output  {outs}", f"ct {outs} = {num(seed)}  (the seed)", orange))
+
+    height = top + row * len(rows) + 16
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        'font-family="monospace" font-size="13">',
+        "<title>A linear jaxpr transposed by backward_pass</title>",
+        '<defs><marker id="tip" markerWidth="8" markerHeight="8" refX="4" refY="4" '
+        'orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#a33"/></marker></defs>',
+        '<text x="20" y="22" font-family="sans-serif" font-weight="bold">'
+        "linear jaxpr (runs top to bottom)</text>",
+        f'<text x="{split + 20}" y="22" font-family="sans-serif" font-weight="bold" '
+        'fill="#a33">backward_pass: cotangents (runs bottom to top)</text>',
+        f'<text x="{split + 20}" y="42" font-family="sans-serif" fill="#555">'
+        "ct v: the cotangent of v; a variable used twice adds its cotangents"
+        "</text>",
+    ]
+    for i, (left, right, fill) in enumerate(rows):
+        y = top + row * i
+        span = width - 56 if i == 0 else split - 4
+        parts.append(
+            f'<rect x="16" y="{y}" width="{span}" height="{row - 3}" fill="{fill}"/>'
+            f'<text x="22" y="{y + 16}" xml:space="preserve">{escape(left)}</text>'
+        )
+        if right:
+            parts.append(
+                f'<text x="{split + 20}" y="{y + 16}" fill="#a33" '
+                f'xml:space="preserve">{escape(right)}</text>'
+            )
+    y0, y1 = top + row * (len(rows) - 1) + 10, top + row + 10
+    parts.append(
+        f'<line x1="{width - 20}" y1="{y0}" x2="{width - 20}" y2="{y1}" '
+        'stroke="#a33" stroke-width="2" marker-end="url(#tip)"/></svg>'
+    )
+    return SVG("".join(parts)), cts_in
+
+
+primals_out, lin_jaxpr, residuals = linearize_flat(lambda x: [f(x)], [np.float64(1.5)])
+figure, cts_in = transpose_figure(lin_jaxpr, residuals, np.float64(1.0))
+assert np.allclose(cts_in[0], f_lin(1.0))  # one variable: the same number
+figure
+
+
+# %% [markdown]
+# Read the right-hand column from the bottom up. The seed enters at the output
+# `o`. `add` passes a cotangent unchanged to each of its linear operands, `neg`
+# flips its sign, and each `mul` by a residual multiplies it by that residual. The
+# tangent input `g` is used by two equations, so two cotangents flow back to it,
+# and their sum is the derivative $f'(1.5)$: for a function of one variable the
+# transpose of the linear map is the same number, the `f_lin(1.0)` printed above.
+# The residuals get no cotangents: they are constants of the linear map.
+#
+# (part4-vjp)=
 # ## `vjp` and `grad`
 #
 # `vjp` linearizes and hands back the transpose of the linear map. `grad` asks for
@@ -1011,6 +1180,9 @@ for name, value in second.items():
 #   `xla_call` its rules, so `linearize(jit(f))` compiles the primal half.
 # - Transposition runs a linear jaxpr backwards with one rule per linear
 #   primitive; `vjp` transposes the linearized function and `grad` seeds it with 1.
+#
+# Every function so far has made its decisions in Python. {ref}`Part 5 <part5>`
+# stages a conditional into the jaxpr itself and gives it all of these rules.
 #
 # ## Exercises
 #

@@ -18,6 +18,15 @@
 # (part5)=
 # # Part 5: staged control flow with `cond`
 #
+# :::{admonition} Where we are
+# :class: note
+# Every transformation of the book exists and composes with the others: `jvp`
+# and `vmap` ({ref}`Part 1 <part1>`), `make_jaxpr` ({ref}`Part 2 <part2>`), `jit`
+# ({ref}`Part 3 <part3>`), and `linearize`, `vjp` and `grad`
+# ({ref}`Part 4 <part4>`). What none of them can stage yet is a decision: a
+# branch taken on a traced value.
+# :::
+#
 # So far a function's control flow has been Python's business. Under `jvp` and
 # `grad` that is fine: a `JVPTracer` knows its primal value, so an `if` on it
 # simply takes one path, and the derivative is the derivative of that path. Two
@@ -28,7 +37,8 @@
 #
 # The way out is to stop asking Python to choose. A conditional becomes a
 # primitive, `cond`, which receives *both* branches as jaxprs and picks one when
-# the program runs. It is our second *higher-order* primitive, after
+# the program runs ({term}`initial style`, as for `jit`). It is our second
+# *{term}`higher-order <higher-order primitive>`* primitive, after
 # {ref}`Part 3 <part3>`'s `xla_call`, and as with `xla_call` the work is in its
 # rules: each transformation must say what it does to a program that contains two
 # programs. This chapter writes all of them — evaluation, abstract evaluation,
@@ -97,7 +107,7 @@ show_error(vmap(kinked), np.array([1.2, -0.5]))
 # mismatch is a mistake in the user's program, and says which output differs.
 # Second, a branch may use values it does not receive as operands — arrays it
 # closes over, or tracers of an enclosing transformation. Tracing turns them into
-# constants: extra leading inputs of that branch's jaxpr. The two branches
+# {term}`constants <constant>`: extra leading inputs of that branch's jaxpr. The two branches
 # usually close over different things, yet `cond` has one list of inputs. So we
 # **join the constants**: the equation's inputs are the true branch's constants,
 # then the false branch's, then the operands, and each jaxpr gets unused input
@@ -142,7 +152,11 @@ def join_consts(
 # %% tags=["export"]
 def _check_predicate(pred: Any) -> Any:
     pred = _as_input(pred, "cond predicate")
-    aval = get_aval(pred)
+    _check_predicate_aval(get_aval(pred))
+    return pred
+
+
+def _check_predicate_aval(aval: ShapedArray) -> None:
     if aval.dtype != np.bool_:
         raise TypeError(
             f"cond: the predicate must be a boolean scalar (bool[]), got "
@@ -150,11 +164,10 @@ def _check_predicate(pred: Any) -> Any:
         )
     if aval.shape != ():
         raise TypeError(
-            f"cond: the predicate must be a scalar (bool[]), got "
+            f"cond: the predicate must be a boolean scalar (bool[]), got "
             f"{aval.str_short()}; to choose elementwise use select, and to "
             "choose per example of a batch apply vmap to a function using cond"
         )
-    return pred
 
 
 def _check_branch_fn(fn: Any, name: str, operands: tuple) -> None:
@@ -192,7 +205,7 @@ def _check_branch_outputs(
 
 # %% [markdown]
 # Now `cond` itself. The branches are traced with `_trace_to_jaxpr` from Part 2,
-# in a dynamic trace of their own, so every operation in a branch is recorded even
+# in a {ref}`dynamic trace <part2-dynamic>` of their own, so every operation in a branch is recorded even
 # if it uses only constants.
 
 
@@ -240,16 +253,13 @@ def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> An
 # %% tags=["export"]
 @cond_p.def_rule("impl")
 def _cond_impl(pred, *args, true_jaxpr, false_jaxpr):
+    _check_predicate_aval(get_aval(pred))
     return eval_jaxpr(true_jaxpr if pred else false_jaxpr, args)
 
 
 @cond_p.def_rule("abstract_eval")
 def _cond_abstract_eval(pred, *avals_in, true_jaxpr, false_jaxpr):
-    if pred.dtype != np.bool_ or pred.shape != ():
-        raise TypeError(
-            f"cond: the predicate must be a boolean scalar (bool[]), got "
-            f"{pred.str_short()}"
-        )
+    _check_predicate_aval(pred)
     true_type = typecheck_jaxpr(true_jaxpr)
     false_type = typecheck_jaxpr(false_jaxpr)
     given = [raise_to_shaped(a) for a in avals_in]
@@ -269,7 +279,7 @@ def _cond_abstract_eval(pred, *avals_in, true_jaxpr, false_jaxpr):
 
 # %% [markdown]
 # With these two rules `cond` already evaluates, traces and prints. The printer
-# from Part 2 shows jaxpr-valued parameters indented under their equation, in
+# from {ref}`Part 2 <part2-printing>` shows jaxpr-valued parameters indented under their equation, in
 # alphabetical order, so the false branch comes first (JAX prints its branches
 # in that order too, by index: 0 for false, 1 for true).
 
@@ -303,10 +313,11 @@ print(make_jaxpr(scale_or_shift, ShapedArray((), np.bool_), vector)[0])
 # %% [markdown]
 # ## Lowering: `stablehlo.if`
 #
-# StableHLO has a conditional of its own, `stablehlo.if`: an operation with a
+# {term}`StableHLO` has a conditional of its own, `stablehlo.if`: an operation with a
 # boolean scalar operand and two *regions*, small blocks of code that end in
 # `stablehlo.return`. Regions may read values defined outside them, so the
-# operands need no plumbing. As for a nested `xla_call`, each branch is lowered
+# operands need no plumbing. As for a nested `xla_call`, each branch is
+# {term}`lowered <lowering>`
 # once to a private function and called, and XLA inlines the calls when it
 # compiles.
 
@@ -387,6 +398,7 @@ for x in [1.2, -0.5]:
 print(make_jaxpr(lambda x, t: jvp(kinked, (x,), (t,)), scalar, scalar)[0])
 
 # %% [markdown]
+# (part5-vmap)=
 # ## `vmap`: a shared predicate, or one per example
 #
 # Batching `cond` has two cases, depending on whether the predicate itself is
@@ -400,7 +412,8 @@ print(make_jaxpr(lambda x, t: jvp(kinked, (x,), (t,)), scalar, scalar)[0])
 # **The predicate differs per example.** Now no single branch is right for the
 # batch. We run *both* branches on the whole batch and then choose, example by
 # example, which result to keep. Choosing elementwise needs a primitive we have
-# not had yet: `select(pred, on_true, on_false)`, the elementwise conditional
+# not had yet: `select(pred, on_true, on_false)`, the
+# {term}`elementwise conditional <select>`
 # (NumPy's `where`). It gets every rule, like any other primitive. It is linear in
 # its two value operands, so it also has a transpose: the output cotangent flows to
 # `on_true` where the predicate is true and to `on_false` where it is false.
@@ -500,9 +513,10 @@ def _cond_vmap(axis_size, vals, dims, *, true_jaxpr, false_jaxpr):
     outs = []
     for on_true, on_false in zip(true_outs, false_outs):
         shape = get_aval(on_true).shape
-        if len(shape) > 1:  # one predicate per example, for all its elements
-            pred = broadcast(pred, shape, tuple(range(1, len(shape))))
-        outs.append(select(pred, on_true, on_false))
+        pred_b = pred  # one predicate per example, for all of its elements
+        if len(shape) > 1:
+            pred_b = broadcast(pred, shape, tuple(range(1, len(shape))))
+        outs.append(select(pred_b, on_true, on_false))
     return outs, [0] * len(outs)
 
 
@@ -529,6 +543,18 @@ print(make_jaxpr(vmap(kinked), vector)[0])
 print(vmap(scale_or_shift, (None, 0))(True, np.ones((2, 3))))
 
 
+def double_or_negate(p, v):  # two outputs of different ranks
+    return cond(
+        p,
+        lambda v: (v * 2.0, reduce_sum(v)),
+        lambda v: (neg(v), reduce_sum(v) * 3.0),
+        v,
+    )
+
+
+print(*vmap(double_or_negate)(np.array([True, False]), np.ones((2, 3))), sep="\n")
+
+
 # %% [markdown]
 # Turning a `cond` into a `select` is only a faithful translation because running
 # a branch whose result is thrown away does nothing else. Every primitive in this
@@ -543,6 +569,7 @@ print(vmap(scale_or_shift, (None, 0))(True, np.ones((2, 3))))
 # reverse mode multiplies that side's derivative by a zero cotangent, and `0 ×
 # ∞` is a NaN that does reach the gradient.
 #
+# (part5-partial-eval)=
 # ## Partial evaluation: both branches, split the same way
 #
 # `linearize` and `grad` partially evaluate a JVP ({ref}`Part 4 <part4>`). When
@@ -550,7 +577,7 @@ print(vmap(scale_or_shift, (None, 0))(True, np.ones((2, 3))))
 # predicate is computed from primal values — the default rule would stage the
 # whole `cond` as unknown, postponing all of its primal work into the linear map.
 # As with `xla_call`, we split instead: partially evaluate *each branch* with
-# `partial_eval_jaxpr`, run a `cond` of the known halves now, and stage a `cond` of
+# [`partial_eval_jaxpr`](#part4-pe-jaxprs), run a `cond` of the known halves now, and stage a `cond` of
 # the unknown halves, which takes the residuals.
 #
 # The two halves of a `cond` must again have one type each, and three things can
@@ -560,7 +587,8 @@ print(vmap(scale_or_shift, (None, 0))(True, np.ones((2, 3))))
 #   constant) and unknown in the other. We split once to learn each branch's
 #   unknown outputs, take the union, and split again with those outputs forced
 #   unknown (`partial_eval_jaxpr`'s `instantiate`).
-# - **The residuals.** Each branch's known half hands different residuals to its
+# - **The residuals.** Each branch's known half hands different
+#   {term}`residuals <residual>` to its
 #   unknown half. We join them like constants: both known halves return the true
 #   branch's residuals followed by the false branch's, each filling the other
 #   branch's slots with zeros, and both unknown halves take the whole list and
@@ -723,7 +751,7 @@ print(pp_jaxpr(unknown_half, names=names))
 # In a linear jaxpr from `linearize`, a `cond` takes the predicate and residuals,
 # which are known, and tangents, which are the linear inputs. Whichever branch
 # runs is linear in those tangents, so `cond` is linear in them, and its transpose
-# is a `cond` of the transposed branches: Part 4's `transpose_jaxpr` (uncached
+# is a `cond` of the transposed branches: {ref}`Part 4 <part4-transposition>`'s `transpose_jaxpr` (uncached
 # again) turns each branch into a jaxpr from its known inputs and output
 # cotangents to the cotangents of its linear inputs, the constants are joined,
 # and the same predicate picks the branch. The predicate itself is never a linear

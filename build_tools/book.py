@@ -139,7 +139,10 @@ def cmd_test(args: argparse.Namespace) -> None:
         [PYTHON, "-m", "ruff", "format", "--check", *lint_targets],
     )
 
-    run("pytest tests/", [PYTHON, "-m", "pytest", "-n", "2", "tests"])
+    # loadgroup: the browser tests (one site build, one Chromium, marked with
+    # xdist_group) stay together on one worker; other tests spread as usual.
+    pytest = [PYTHON, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "tests"]
+    run("pytest tests/", pytest)
 
     if chapter_list:
         # One fresh kernel per notebook; --dist loadfile keeps all cells of a
