@@ -1635,6 +1635,7 @@ def make_jaxpr(f: Callable, *avals_in: Any) -> tuple[Jaxpr, list, PyTreeDef]:
 # ==== chapter: part3_jit ====
 
 import functools
+import weakref
 
 # Import jax before jaxlib's MLIR bindings: jax's import configures jaxlib
 # (among other things, it keeps the XLA runtime's C++ logging quiet).
@@ -1974,7 +1975,8 @@ def jit(f: Callable) -> Callable:
     return f_jitted
 
 
-_jaxpr_types: dict[Jaxpr, JaxprType] = {}
+# Weak keys: a jaxpr that nobody uses any more takes its type with it.
+_jaxpr_types: weakref.WeakKeyDictionary[Jaxpr, JaxprType] = weakref.WeakKeyDictionary()
 
 
 def jaxpr_type(jaxpr: Jaxpr) -> JaxprType:

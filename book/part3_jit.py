@@ -20,16 +20,16 @@
 #
 # {ref}`Part 2 <part2>` taught us to turn a Python function into a jaxpr: a small,
 # typed, self-contained program. This chapter hands that program to a real
-# compiler. XLA, the compiler behind JAX and TensorFlow, takes programs written in
-# **StableHLO**, an array language much like our jaxprs, and turns them into fast
+# compiler. {term}`XLA`, the compiler behind JAX and TensorFlow, takes programs written in
+# **{term}`StableHLO`**, an array language much like our jaxprs, and turns them into fast
 # machine code for CPUs, GPUs and TPUs. We will:
 #
-# 1. translate ("lower") each primitive to StableHLO, using the MLIR Python
+# 1. translate ({term}`lower <lowering>`) each primitive to StableHLO, using the MLIR Python
 #    bindings that ship inside `jaxlib`;
 # 2. compile the result with XLA's client library, and cache the executable;
 # 3. introduce a device-resident `Array`, so that results stay on the device and
 #    feed the next compiled call directly;
-# 4. package all that as `jit`, a **higher-order primitive** that carries a jaxpr,
+# 4. package all that as `jit`, a **{term}`higher-order primitive`** that carries a jaxpr,
 #    with rules that let `jvp`, `vmap` and `make_jaxpr` see through it.
 #
 # Nothing here needs a GPU: XLA compiles for the CPU just as well, and everything
@@ -57,13 +57,13 @@ np.set_printoptions(precision=6, suppress=True)
 #
 # The interpreters of Part 1 process a function **one primitive at a time**, as
 # it runs: `jvp` never sees the whole function, only each `bind` as it happens.
-# JAX calls this *final style*: the transformation is applied at the last moment,
+# JAX calls this *{term}`final style`*: the transformation is applied at the last moment,
 # primitive by primitive, and the function's Python code runs under it.
 #
 # A compiler cannot work like that. It needs the entire computation before it
-# runs any of it. So `jit` works in **initial style**: it first traces the function
+# runs any of it. So `jit` works in **{term}`initial style`**: it first traces the function
 # into a jaxpr (with `make_jaxpr` from Part 2), and only then decides what to do
-# with the whole program. The jaxpr travels as a *parameter* of a new primitive,
+# with the whole program. The jaxpr travels as a *{term}`parameter <params>`* of a new primitive,
 # `xla_call`, and `jit(f)(x)` is nothing more than `bind(xla_call_p, x,
 # jaxpr=<f's jaxpr>)`.
 #
@@ -81,6 +81,7 @@ np.set_printoptions(precision=6, suppress=True)
 
 # %% tags=["export"]
 import functools
+import weakref
 
 # Import jax before jaxlib's MLIR bindings: jax's import configures jaxlib
 # (among other things, it keeps the XLA runtime's C++ logging quiet).
@@ -545,7 +546,8 @@ def jit(f: Callable) -> Callable:
 # happily read the bits of an integer array as floats.
 
 # %% tags=["export"]
-_jaxpr_types: dict[Jaxpr, JaxprType] = {}
+# Weak keys: a jaxpr that nobody uses any more takes its type with it.
+_jaxpr_types: weakref.WeakKeyDictionary[Jaxpr, JaxprType] = weakref.WeakKeyDictionary()
 
 
 def jaxpr_type(jaxpr: Jaxpr) -> JaxprType:
