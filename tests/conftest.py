@@ -22,7 +22,7 @@ _HYPOTHESIS_COMMON = dict(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.register_profile(
-    "autodidax-ci", max_examples=12, derandomize=True, **_HYPOTHESIS_COMMON
+    "autodidax-ci", max_examples=30, derandomize=True, **_HYPOTHESIS_COMMON
 )
 _EXAMPLES = os.environ.get("AUTODIDAX_HYPOTHESIS_EXAMPLES")
 if _EXAMPLES:
