@@ -1,11 +1,37 @@
-"""Shared test setup: float64 JAX and an interpreter-stack check."""
+"""Shared test setup: float64 JAX, Hypothesis profiles, an interpreter-stack check."""
+
+import os
 
 import jax
 import pytest
+from hypothesis import HealthCheck, settings
 
 # The reference computations in the differential tests run in float64. Only the
 # test process switches this on; autodidax itself must never do it.
 jax.config.update("jax_enable_x64", True)
+
+# Hypothesis (tests/test_hypothesis.py). CI runs a small, fixed, derandomized
+# budget so that it is fast and reproducible. The opt-in run,
+# AUTODIDAX_HYPOTHESIS_EXAMPLES=N, runs N examples per single transformation
+# (a third of that per composition of two) with a fresh random seed each time.
+# Neither writes a Hypothesis example database into the repository.
+_HYPOTHESIS_COMMON = dict(
+    deadline=None,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "autodidax-ci", max_examples=30, derandomize=True, **_HYPOTHESIS_COMMON
+)
+_EXAMPLES = os.environ.get("AUTODIDAX_HYPOTHESIS_EXAMPLES")
+if _EXAMPLES:
+    settings.register_profile(
+        "autodidax-large", max_examples=int(_EXAMPLES), **_HYPOTHESIS_COMMON
+    )
+    settings.load_profile("autodidax-large")
+else:
+    settings.load_profile("autodidax-ci")
 
 
 @pytest.fixture
