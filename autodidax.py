@@ -473,13 +473,21 @@ class Tracer(ArrayOperators):
     def full_lower(self) -> Any:
         return self
 
+    def check_live(self) -> None:
+        """Refuse to be used after the transformation that made this tracer
+        has finished (``_is_live`` is defined below, with the stack)."""
+        if not _is_live(self):
+            raise _leaked_tracer_error(self)
+
     def __bool__(self) -> bool:
+        self.check_live()
         raise ConcretizationError(
             f"the truth value of a traced {self.aval.str_short()} value is not "
             "known while tracing, so Python `if`/`while`/`bool()` cannot use it"
         )
 
     def __array__(self, dtype=None, copy=None):
+        self.check_live()
         raise TypeError(
             f"a {type(self).__name__} cannot be turned into a NumPy array: it "
             "stands for a value being transformed. Use autodidax's operations "
@@ -622,6 +630,7 @@ class JVPTracer(Tracer):
         return get_aval(self.primal)
 
     def __bool__(self) -> bool:
+        self.check_live()
         # Branching depends only on the primal, which a JVP knows exactly.
         return bool(self.primal)
 
@@ -905,6 +914,7 @@ class BatchTracer(Tracer):
         return self
 
     def __bool__(self) -> bool:
+        self.check_live()
         if self.batch_axis is None:
             return bool(self.val)
         raise ConcretizationError(
@@ -1466,6 +1476,7 @@ class JaxprTracer(Tracer):
         return self._aval
 
     def __bool__(self) -> bool:
+        self.check_live()
         raise ConcretizationError(
             f"Python `if`, `while` or bool() on a traced {self.aval.str_short()} "
             "value: while a function is staged out (make_jaxpr, jit) only its "
@@ -2222,6 +2233,7 @@ class PartialEvalTracer(Tracer):
         return full_lower(self.pval.const) if self.pval.is_known else self
 
     def __bool__(self) -> bool:
+        self.check_live()
         if self.pval.is_known:
             return bool(self.pval.const)
         return super().__bool__()

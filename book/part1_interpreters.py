@@ -646,13 +646,21 @@ class Tracer(ArrayOperators):
     def full_lower(self) -> Any:
         return self
 
+    def check_live(self) -> None:
+        """Refuse to be used after the transformation that made this tracer
+        has finished (``_is_live`` is defined below, with the stack)."""
+        if not _is_live(self):
+            raise _leaked_tracer_error(self)
+
     def __bool__(self) -> bool:
+        self.check_live()
         raise ConcretizationError(
             f"the truth value of a traced {self.aval.str_short()} value is not "
             "known while tracing, so Python `if`/`while`/`bool()` cannot use it"
         )
 
     def __array__(self, dtype=None, copy=None):
+        self.check_live()
         raise TypeError(
             f"a {type(self).__name__} cannot be turned into a NumPy array: it "
             "stands for a value being transformed. Use autodidax's operations "
@@ -874,6 +882,7 @@ class JVPTracer(Tracer):
         return get_aval(self.primal)
 
     def __bool__(self) -> bool:
+        self.check_live()
         # Branching depends only on the primal, which a JVP knows exactly.
         return bool(self.primal)
 
@@ -1372,6 +1381,7 @@ class BatchTracer(Tracer):
         return self
 
     def __bool__(self) -> bool:
+        self.check_live()
         if self.batch_axis is None:
             return bool(self.val)
         raise ConcretizationError(
@@ -1884,12 +1894,14 @@ show_error(lambda: reduce_sum(np.ones((2, 3)), axis=2))
 
 # %% [markdown]
 # And a tracer that escapes its transformation is caught when it is used again,
-# instead of silently computing with a stale value:
+# instead of silently computing with a stale value — by a primitive, and also by
+# Python's `if` (each tracer's `__bool__` starts with `check_live`):
 
 # %%
 leaked = []
 jvp(lambda x: leaked.append(x) or x, (1.0,), (1.0,))
 show_error(lambda: sin(leaked[0]))
+show_error(lambda: 1 if leaked[0] else 0)
 
 # %% [markdown]
 # ## Where real JAX differs

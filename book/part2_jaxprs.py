@@ -560,6 +560,7 @@ class JaxprTracer(Tracer):
         return self._aval
 
     def __bool__(self) -> bool:
+        self.check_live()
         raise ConcretizationError(
             f"Python `if`, `while` or bool() on a traced {self.aval.str_short()} "
             "value: while a function is staged out (make_jaxpr, jit) only its "

@@ -176,6 +176,7 @@ class PartialEvalTracer(Tracer):
         return full_lower(self.pval.const) if self.pval.is_known else self
 
     def __bool__(self) -> bool:
+        self.check_live()
         if self.pval.is_known:
             return bool(self.pval.const)
         return super().__bool__()
