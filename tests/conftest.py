@@ -42,3 +42,20 @@ def clean_interpreter_stack():
     assert len(autodidax._state.stack) == 1, "stack not clean before the test"
     yield
     assert len(autodidax._state.stack) == 1, "the interpreter stack was not popped"
+
+
+@pytest.fixture
+def compilations(monkeypatch) -> list:
+    """A list that grows by one jaxpr each time autodidax compiles one."""
+    import autodidax
+
+    made: list = []
+    original = autodidax.CompiledJaxpr
+
+    class Counting(original):
+        def __init__(self, jaxpr):
+            made.append(jaxpr)
+            super().__init__(jaxpr)
+
+    monkeypatch.setattr(autodidax, "CompiledJaxpr", Counting)
+    return made

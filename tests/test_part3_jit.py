@@ -95,21 +95,6 @@ def counted(fn: Callable) -> Callable:
     return body
 
 
-@pytest.fixture
-def compilations(monkeypatch) -> list:
-    """A list that grows by one jaxpr each time autodidax compiles one."""
-    made: list = []
-    original = ad.CompiledJaxpr
-
-    class Counting(original):
-        def __init__(self, jaxpr):
-            made.append(jaxpr)
-            super().__init__(jaxpr)
-
-    monkeypatch.setattr(ad, "CompiledJaxpr", Counting)
-    return made
-
-
 def with_constant(prog: Program, seed: int) -> tuple[Callable, Callable]:
     """The program with a closed-over NumPy array added to its main output."""
     rng = np.random.default_rng(20_000 + seed)

@@ -758,21 +758,6 @@ def test_linear_map_does_not_rerun_the_primal(monkeypatch):
     assert calls == before, "the linear map recomputed primal work"
 
 
-@pytest.fixture
-def compilations(monkeypatch) -> list:
-    """A list that grows by one jaxpr each time autodidax compiles one."""
-    made: list = []
-    original = ad.CompiledJaxpr
-
-    class Counting(original):
-        def __init__(self, jaxpr):
-            made.append(jaxpr)
-            super().__init__(jaxpr)
-
-    monkeypatch.setattr(ad, "CompiledJaxpr", Counting)
-    return made
-
-
 def jax_wave(x):
     return jnp.sin(x) * x + jnp.cos(x)
 

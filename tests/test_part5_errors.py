@@ -124,21 +124,6 @@ def clear_error(exc_type: type | tuple[type, ...], match: str):
     return raises_clearly(exc_type, match, then=assert_interpreter_usable)
 
 
-@pytest.fixture
-def compilations(monkeypatch) -> list:
-    """A list that grows by one jaxpr each time autodidax compiles one."""
-    made: list = []
-    original = ad.CompiledJaxpr
-
-    class Counting(original):
-        def __init__(self, jaxpr):
-            made.append(jaxpr)
-            super().__init__(jaxpr)
-
-    monkeypatch.setattr(ad, "CompiledJaxpr", Counting)
-    return made
-
-
 # How a call of cond is reached: directly, or while some transformation traces
 # the function that calls it. ``f`` takes one float64[3] argument.
 TRANSFORMS: dict[str, Callable[[Callable], Any]] = {
