@@ -24,7 +24,7 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
-from helpers import raises_clearly
+from helpers import nothing_compiled, raises_clearly
 
 import autodidax as ad
 
@@ -60,22 +60,6 @@ def clear_error(exc_type, match: str) -> Iterator:
     assert not isinstance(info.value, INTERNAL), type(info.value).__mro__
 
 
-@contextmanager
-def while_tracing() -> Iterator[None]:
-    """Fail if anything is lowered or compiled in the block: an error under
-    jit must be found while tracing, before XLA sees the program."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("lowered or compiled before the error was raised")
-
-    saved = ad.compile_jaxpr, ad.lower_jaxpr
-    ad.compile_jaxpr = ad.lower_jaxpr = refuse
-    try:
-        yield
-    finally:
-        ad.compile_jaxpr, ad.lower_jaxpr = saved
-
-
 def under(mode: str, f: Callable) -> Callable:
     """``f`` (a function of one array) run eagerly or under a transformation.
 
@@ -105,9 +89,9 @@ STAGED = {"jit", "jit-of-grad", "vmap-of-jit", "grad-of-jit"}
 
 @contextmanager
 def in_mode(mode: str) -> Iterator[None]:
-    """``while_tracing`` for the modes that compile, nothing for the others."""
+    """``nothing_compiled`` for the modes that compile, nothing for the others."""
     if mode in STAGED:
-        with while_tracing():
+        with nothing_compiled():
             yield
     else:
         yield
@@ -318,7 +302,7 @@ BAD_VALUES = [("abc", r"str 'abc'"), (object(), r"object <object"), (1j, r"compl
 def test_5_non_array_input(call, bad, given):
     """Every entry point says it expected an array and shows what it got."""
     with clear_error(TypeError, rf"(?i)expected an array.*got {given}"):
-        with while_tracing():
+        with nothing_compiled():
             call(bad)
 
 
@@ -365,7 +349,7 @@ def test_6_jvp_tangent_shape_mismatch(wrap, primal, tangent, given, expected):
 def test_6_jvp_mismatch_inside_jit_and_vmap():
     """A bad jvp call inside jit or vmap is reported in per-example shapes."""
     with clear_error(ValueError, r"(?i)tangent 0 has shape \(4,\).*\(3,\)"):
-        with while_tracing():
+        with nothing_compiled():
             ad.jit(lambda x: ad.jvp(ad.sin, (x,), (V4,)))(V3)
     with clear_error(ValueError, r"(?i)tangent 0 has shape \(4,\).*\(3,\)"):
         ad.vmap(lambda x: ad.jvp(ad.sin, (x,), (V4,)))(M23)
@@ -394,7 +378,7 @@ def test_7_vmap_inconsistent_batch_sizes(wrap):
     """Both sizes are named, with the arguments they come from."""
     f = wrap(ad.vmap(ad.mul))
     with clear_error(ValueError, r"(?i)batch sizes.*size 2.*\[0\].*size 3.*\[1\]"):
-        with while_tracing():
+        with nothing_compiled():
             f(np.ones((2, 3)), np.ones((3, 3)))
 
 
@@ -404,7 +388,7 @@ def test_7_vmap_in_axes_out_of_range(wrap, axis):
     """The axis, the argument's shape and its rank are named."""
     f = wrap(ad.vmap(ad.sin, axis))
     with clear_error(ValueError, rf"(?i)in_axes {axis} is out of range.*\(2, 3\).*2"):
-        with while_tracing():
+        with nothing_compiled():
             f(M23)
 
 
@@ -446,7 +430,7 @@ def test_7_vmap_in_axes_structure_mismatch(wrap, in_axes, args, match):
 
     g = wrap(ad.vmap(f, in_axes))
     with clear_error(ValueError, rf"(?i)vmap: .*{match}"):
-        with while_tracing():
+        with nothing_compiled():
             g(*args)
 
 
@@ -689,7 +673,7 @@ def test_10_tracer_leaked_from_inner_transformation_into_running_outer_one():
         return x + box[0]
 
     with clear_error(ad.UnexpectedTracerError, r"(?i)escaped its transformation"):
-        with while_tracing():
+        with nothing_compiled():
             ad.jit(outer)(V3)
 
 
@@ -725,7 +709,7 @@ def test_11_grad_with_respect_to_integer_input(x, name, wrap):
         return ad.reduce_sum(ad.tree_flatten(x)[0][0] * 1.0)
 
     with clear_error(TypeError, rf"(?i)float inputs.*{name}"):
-        with while_tracing():
+        with nothing_compiled():
             wrap(ad.grad(f))(x)
 
 
@@ -835,7 +819,7 @@ def test_13_jitted_function_returning_non_array(case, wrap):
     """jit names the output and shows what it was, while tracing."""
     fn, given = NON_ARRAY_OUTPUTS[case]
     with clear_error(TypeError, rf"(?i)jit: output.*expected an array.*got {given}"):
-        with while_tracing():
+        with nothing_compiled():
             wrap(ad.jit(fn))(V3)
 
 

@@ -10,13 +10,12 @@ and that the interpreter is usable afterwards.
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
-from helpers import raises_clearly
+from helpers import nothing_compiled, raises_clearly
 
 import autodidax as ad
 from autodidax import ShapedArray
@@ -43,22 +42,6 @@ def assert_interpreter_usable() -> None:
 def clear_error(exc_type: type | tuple[type, ...], match: str):
     """Expect a clear error, then check the interpreter is still usable."""
     return raises_clearly(exc_type, match, then=assert_interpreter_usable)
-
-
-@contextmanager
-def nothing_compiled() -> Iterator[None]:
-    """Fail if anything is lowered or compiled inside the block (an error
-    there must be found while tracing)."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("lowered or compiled before the error was found")
-
-    saved = ad.compile_jaxpr, ad.lower_jaxpr
-    ad.compile_jaxpr = ad.lower_jaxpr = refuse
-    try:
-        yield
-    finally:
-        ad.compile_jaxpr, ad.lower_jaxpr = saved
 
 
 def frames_at(tb: Any, fn: Callable) -> list[traceback.FrameSummary]:

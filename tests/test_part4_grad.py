@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import count_impl_calls
 from jax import lax
 from test_part1_differential import (
     SEEDS,
@@ -728,16 +729,7 @@ def test_device_arrays_in_and_out():
 def test_linear_map_does_not_rerun_the_primal(monkeypatch):
     """Calling f_lin (or f_vjp) runs neither f's Python body nor any sin/cos:
     all primal work happened in linearize."""
-    calls = {"sin": 0, "cos": 0}
-    for name in calls:
-        prim = ad.PRIMITIVES[name]
-        impl = prim.rules["impl"]
-
-        def counting(*args, _impl=impl, _name=name, **params):
-            calls[_name] += 1
-            return _impl(*args, **params)
-
-        monkeypatch.setitem(prim.rules, "impl", counting)
+    calls = count_impl_calls(monkeypatch, ["sin", "cos"])
 
     body = counted(lambda x: ad.reduce_sum(ad.sin(ad.cos(x) * x) * x))
     x = np.array([0.3, -1.2, 2.5])

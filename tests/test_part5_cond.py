@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import count_impl_calls
 from jax import lax
 from test_part1_differential import (
     TOL,
@@ -1052,16 +1053,7 @@ def test_linear_jaxpr_holds_only_linear_work(seed, pred):
 def test_linear_map_does_not_rerun_the_primal(monkeypatch):
     """Calling f_lin or f_vjp of a function with (nested) conds runs no sin or
     cos and not the function's Python body: linearize did the primal work."""
-    calls = {"sin": 0, "cos": 0}
-    for name in calls:
-        prim = ad.PRIMITIVES[name]
-        impl = prim.rules["impl"]
-
-        def counting(*args, _impl=impl, _name=name, **params):
-            calls[_name] += 1
-            return _impl(*args, **params)
-
-        monkeypatch.setitem(prim.rules, "impl", counting)
+    calls = count_impl_calls(monkeypatch, ["sin", "cos"])
 
     def make(cond, sin, cos, total):
         def f(x):
