@@ -3180,6 +3180,872 @@ def _cond_transpose(cts, pred, *args, true_jaxpr, false_jaxpr):
     return [None] + [next(cts_in) if u else None for u in undefined]
 
 
+# ==== chapter: appendix_primitives ====
+
+import math
+import sys
+import types
+
+sub_p = Primitive("sub")
+div_p = Primitive("div")
+max_p = Primitive("max")
+exp_p = Primitive("exp")
+log_p = Primitive("log")
+tanh_p = Primitive("tanh")
+integer_pow_p = Primitive("integer_pow")
+convert_element_type_p = Primitive("convert_element_type")
+reshape_p = Primitive("reshape")
+reduce_max_p = Primitive("reduce_max")
+dot_general_p = Primitive("dot_general")
+
+# Names of the primitives that are linear in none of their inputs: a
+# transpose rule would be meaningless for them.
+NOT_LINEAR = frozenset(
+    ["sin", "cos", "greater", "less", "exp", "log", "tanh", "max"]
+    + ["integer_pow", "reduce_max"]
+)
+
+
+def convert_element_type(x: ArrayLike, dtype: Any) -> ArrayLike:
+    """``x`` with its elements converted to ``dtype`` (NumPy's ``astype``)."""
+    try:
+        new_dtype = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"convert_element_type: {dtype!r} is not a dtype") from None
+    if new_dtype.kind not in _ARRAY_KINDS:
+        raise TypeError(
+            f"convert_element_type: cannot convert to {new_dtype}; arrays hold "
+            "booleans, integers or floats"
+        )
+    if get_aval(x).dtype == new_dtype:
+        return x
+    return bind(convert_element_type_p, x, new_dtype=new_dtype)
+
+
+@convert_element_type_p.def_rule("impl")
+def _convert_element_type_impl(x, *, new_dtype):
+    return [np.asarray(x).astype(new_dtype)]
+
+
+@convert_element_type_p.def_rule("abstract_eval")
+def _convert_element_type_abstract_eval(x, *, new_dtype):
+    if not isinstance(new_dtype, np.dtype) or new_dtype.kind not in _ARRAY_KINDS:
+        raise TypeError(
+            "convert_element_type: param new_dtype must be a NumPy dtype of "
+            f"booleans, integers or floats, got {new_dtype!r}"
+        )
+    return [ShapedArray(x.shape, new_dtype)]
+
+
+@convert_element_type_p.def_rule("jvp")
+def _convert_element_type_jvp(primals, tangents, *, new_dtype):
+    (x,), (dx,) = primals, tangents
+    out = convert_element_type(x, new_dtype)
+    if get_aval(x).dtype.kind == "f" and new_dtype.kind == "f":
+        return [out], [convert_element_type(dx, new_dtype)]
+    return [out], [zeros_like(out)]
+
+
+def _elementwise_vmap_with_params(prim: Primitive) -> None:
+    @prim.def_rule("vmap")
+    def rule(axis_size, vals, dims, **params):
+        (x,), (ax,) = vals, dims
+        return [bind(prim, x, **params)], [ax]
+
+
+_elementwise_vmap_with_params(convert_element_type_p)
+
+
+@convert_element_type_p.def_rule("transpose")
+def _convert_element_type_transpose(cts, x, *, new_dtype):
+    (ct,) = cts
+    if x.aval.dtype.kind != "f" or new_dtype.kind != "f":
+        raise TypeError(
+            "convert_element_type: only float-to-float conversions are linear, "
+            f"got {x.aval.dtype.name} to {new_dtype.name}"
+        )
+    return [convert_element_type(ct, x.aval.dtype)]
+
+
+@convert_element_type_p.def_rule("lower")
+def _convert_element_type_lower(ctx, avals_in, avals_out, x, *, new_dtype):
+    (x_aval,), (out_aval,) = avals_in, avals_out
+    if out_aval.dtype == np.bool_ and x_aval.dtype != np.bool_:
+        zero = ir_constant(0, x_aval)
+        kind = {"f": "FLOAT", "u": "UNSIGNED"}.get(x_aval.dtype.kind, "SIGNED")
+        return [
+            hlo.compare(
+                x,
+                zero,
+                hlo.ComparisonDirectionAttr.get("NE"),
+                compare_type=hlo.ComparisonTypeAttr.get(kind),
+            )
+        ]
+    return [hlo.convert(ir_type(out_aval), x)]
+
+
+def sub(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x - y``."""
+    return _bind_binary(sub_p, x, y)
+
+
+def div(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x / y`` of float arrays."""
+    if _is_python_scalar(x) and _is_python_scalar(y):
+        x, y = float(x), float(y)
+    for operand in (x, y):
+        if not _is_python_scalar(operand):
+            _check_kind("div", operand, "f", "a float")
+    return _bind_binary(div_p, x, y)
+
+
+def maximum(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise larger of ``x`` and ``y``."""
+    return _bind_binary(max_p, x, y)
+
+
+def exp(x: ArrayLike) -> ArrayLike:
+    """Elementwise e to the power ``x``, for a float array."""
+    _check_kind("exp", x, "f", "a float")
+    return bind(exp_p, x)
+
+
+def log(x: ArrayLike) -> ArrayLike:
+    """Elementwise natural logarithm of a float array."""
+    _check_kind("log", x, "f", "a float")
+    return bind(log_p, x)
+
+
+def tanh(x: ArrayLike) -> ArrayLike:
+    """Elementwise hyperbolic tangent of a float array."""
+    _check_kind("tanh", x, "f", "a float")
+    return bind(tanh_p, x)
+
+
+for _prim, _np_fn in [
+    (sub_p, np.subtract),
+    (div_p, np.divide),
+    (max_p, np.maximum),
+    (exp_p, np.exp),
+    (log_p, np.log),
+    (tanh_p, np.tanh),
+]:
+    _impl_from_numpy(_prim, _np_fn)
+
+_binary_abstract_eval(sub_p)
+_binary_abstract_eval(max_p)
+_unary_abstract_eval(exp_p, "f", "a float")
+_unary_abstract_eval(log_p, "f", "a float")
+_unary_abstract_eval(tanh_p, "f", "a float")
+
+
+@div_p.def_rule("abstract_eval")
+def _div_abstract_eval(x, y):
+    check_binary_operands("div", x, y)
+    if x.dtype.kind != "f":
+        raise TypeError(f"div: expected float arrays, got {x.str_short()}")
+    return [ShapedArray(x.shape, x.dtype)]
+
+
+for _prim in [sub_p, div_p, max_p]:
+    _binary_vmap(_prim)
+for _prim in [exp_p, log_p, tanh_p]:
+    _unary_vmap(_prim)
+
+_lower_with(sub_p, hlo.subtract)
+_lower_with(div_p, hlo.divide)
+_lower_with(max_p, hlo.maximum)
+_lower_with(exp_p, hlo.exponential)
+_lower_with(log_p, hlo.log)
+_lower_with(tanh_p, hlo.tanh)
+
+_linear_jvp(sub_p)
+
+
+@exp_p.def_rule("jvp")
+def _exp_jvp(primals, tangents):
+    (x,), (dx,) = primals, tangents
+    out = exp(x)
+    return [out], [mul(dx, out)]
+
+
+@log_p.def_rule("jvp")
+def _log_jvp(primals, tangents):
+    (x,), (dx,) = primals, tangents
+    return [log(x)], [div(dx, x)]
+
+
+@tanh_p.def_rule("jvp")
+def _tanh_jvp(primals, tangents):
+    (x,), (dx,) = primals, tangents
+    out = tanh(x)
+    return [out], [mul(dx, sub(1.0, mul(out, out)))]
+
+
+@div_p.def_rule("jvp")
+def _div_jvp(primals, tangents):
+    (x, y), (dx, dy) = primals, tangents
+    out = div(x, y)
+    return [out], [div(sub(dx, mul(out, dy)), y)]
+
+
+@max_p.def_rule("jvp")
+def _max_jvp(primals, tangents):
+    (x, y), (dx, dy) = primals, tangents
+    out = maximum(x, y)
+    dtype = get_aval(out).dtype
+    if dtype.kind != "f":
+        return [out], [zeros_like(out)]
+    x_wins = convert_element_type(greater(x, y), dtype)  # 1.0 or 0.0
+    y_wins = convert_element_type(less(x, y), dtype)
+    half_if_tie = mul(sub(sub(1.0, x_wins), y_wins), 0.5)
+    d_out = add(mul(dx, add(x_wins, half_if_tie)), mul(dy, add(y_wins, half_if_tie)))
+    return [out], [d_out]
+
+
+@sub_p.def_rule("transpose")
+def _sub_transpose(cts, x, y):
+    (ct,) = cts
+    return [ct if _is_undef(x) else None, neg(ct) if _is_undef(y) else None]
+
+
+@div_p.def_rule("transpose")
+def _div_transpose(cts, x, y):
+    (ct,) = cts
+    if _is_undef(y):
+        raise TypeError("div: transposing a division by a linear value")
+    return [div(ct, y), None]
+
+
+def integer_pow(x: ArrayLike, y: int) -> ArrayLike:
+    """Elementwise ``x ** y`` for an integer exponent ``y``."""
+    if not _is_axis(y):  # a Python or NumPy integer, not a bool
+        raise TypeError(
+            f"integer_pow: the exponent must be an integer, got {_short_repr(y)}; "
+            "for other powers write exp(y * log(x))"
+        )
+    _check_kind("integer_pow", x, "iuf", "a numeric (not boolean)")
+    if y < 0 and get_aval(x).dtype.kind != "f":
+        raise ValueError(
+            f"integer_pow: integers cannot be raised to the negative power {y}; "
+            "convert them to float first"
+        )
+    return bind(integer_pow_p, x, y=int(y))
+
+
+@integer_pow_p.def_rule("impl")
+def _integer_pow_impl(x, *, y):
+    return [np.power(x, y)]
+
+
+@integer_pow_p.def_rule("abstract_eval")
+def _integer_pow_abstract_eval(x, *, y):
+    if not _is_axis(y) or x.dtype.kind not in "iuf" or (y < 0 and x.dtype.kind != "f"):
+        raise TypeError(f"integer_pow: cannot raise {x.str_short()} to the power {y!r}")
+    return [ShapedArray(x.shape, x.dtype)]
+
+
+@integer_pow_p.def_rule("jvp")
+def _integer_pow_jvp(primals, tangents, *, y):
+    (x,), (dx,) = primals, tangents
+    out = integer_pow(x, y)
+    if y == 0 or get_aval(out).dtype.kind != "f":
+        return [out], [zeros_like(out)]
+    slope = x if y == 2 else integer_pow(x, y - 1)
+    return [out], [mul(dx, mul(slope, float(y)))]
+
+
+_elementwise_vmap_with_params(integer_pow_p)
+
+
+@integer_pow_p.def_rule("lower")
+def _integer_pow_lower(ctx, avals_in, avals_out, x, *, y):
+    (aval,) = avals_in
+    result, square, n = None, x, abs(y)
+    while n:
+        if n & 1:  # this binary digit of the exponent is set
+            result = square if result is None else hlo.multiply(result, square)
+        n >>= 1
+        if n:
+            square = hlo.multiply(square, square)
+    if result is None:  # y == 0
+        result = ir_constant(1, aval)
+    if y < 0:
+        result = hlo.divide(ir_constant(1, aval), result)
+    return [result]
+
+
+def reshape(x: ArrayLike, shape: int | Sequence[int]) -> ArrayLike:
+    """The elements of ``x``, in row-major order, in an array of ``shape``.
+
+    One entry of ``shape`` may be -1; it is inferred from the others.
+    """
+    aval = get_aval(x)
+    if _is_axis(shape):
+        shape = (shape,)
+    shape = _check_shape_or_hole("reshape", shape)
+    if -1 in shape:
+        known = math.prod(d for d in shape if d != -1)
+        if known == 0 or aval.size % known:
+            raise ValueError(
+                f"reshape: cannot reshape {aval.str_short()} ({aval.size} "
+                f"elements) into shape {shape}"
+            )
+        shape = tuple(aval.size // known if d == -1 else d for d in shape)
+    if math.prod(shape) != aval.size:
+        raise ValueError(
+            f"reshape: cannot reshape {aval.str_short()} ({aval.size} elements) "
+            f"into shape {shape} ({math.prod(shape)} elements)"
+        )
+    if shape == aval.shape:
+        return x
+    return bind(reshape_p, x, new_sizes=shape)
+
+
+def _check_shape_or_hole(name: str, shape: Any) -> tuple:
+    """Like _check_shape, but one entry may be -1."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise TypeError(
+            f"{name}: shape must be a sequence of integers, got {shape!r}"
+        ) from None
+    holes = [i for i, d in enumerate(dims) if _is_axis(d) and d == -1]
+    if len(holes) > 1:
+        raise ValueError(f"{name}: at most one entry of the shape can be -1: {dims}")
+    checked = _check_shape(name, [0 if i in holes else d for i, d in enumerate(dims)])
+    return tuple(-1 if i in holes else d for i, d in enumerate(checked))
+
+
+@reshape_p.def_rule("impl")
+def _reshape_impl(x, *, new_sizes):
+    return [np.reshape(x, new_sizes)]
+
+
+@reshape_p.def_rule("abstract_eval")
+def _reshape_abstract_eval(x, *, new_sizes):
+    if not isinstance(new_sizes, tuple):
+        raise TypeError(f"reshape: param new_sizes must be a tuple, got {new_sizes!r}")
+    shape = _check_shape("reshape", new_sizes)
+    if math.prod(shape) != x.size:
+        raise ValueError(f"reshape: cannot reshape {x.str_short()} into shape {shape}")
+    return [ShapedArray(shape, x.dtype)]
+
+
+_linear_jvp(reshape_p)
+
+
+@reshape_p.def_rule("vmap")
+def _reshape_vmap(axis_size, vals, dims, *, new_sizes):
+    (x,), (bdim,) = vals, dims
+    front = move_batch_axis(axis_size, bdim, 0, x)
+    return [bind(reshape_p, front, new_sizes=(axis_size, *new_sizes))], [0]
+
+
+@reshape_p.def_rule("lower")
+def _reshape_lower(ctx, avals_in, avals_out, x, *, new_sizes):
+    return [hlo.reshape(ir_type(avals_out[0]), x)]
+
+
+@reshape_p.def_rule("transpose")
+def _reshape_transpose(cts, x, *, new_sizes):
+    (ct,) = cts
+    return [reshape(ct, x.aval.shape)]
+
+
+def reduce_max(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:
+    """The largest element over ``axis`` (an int, ints, or None for all axes)."""
+    _check_kind("reduce_max", x, "iuf", "a numeric (not boolean)")
+    ndim = get_aval(x).ndim
+    if axis is None:
+        axes = tuple(range(ndim))
+    else:
+        axes = _normalize_axes("reduce_max", axis, ndim)
+    return bind(reduce_max_p, x, axes=axes)
+
+
+def _lowest(dtype: np.dtype) -> Any:
+    """The identity of max: -inf, or the smallest integer of the dtype."""
+    dtype = np.dtype(dtype)
+    return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
+
+
+@reduce_max_p.def_rule("impl")
+def _reduce_max_impl(x, *, axes):
+    return [np.max(x, axis=axes, initial=_lowest(x.dtype))]
+
+
+@reduce_max_p.def_rule("abstract_eval")
+def _reduce_max_abstract_eval(x, *, axes):
+    if x.dtype.kind not in "iuf":
+        raise TypeError(f"reduce_max: expected a numeric array, got {x.str_short()}")
+    _check_canonical_axes("reduce_max", "axes", axes, x.ndim)
+    return [ShapedArray([d for i, d in enumerate(x.shape) if i not in axes], x.dtype)]
+
+
+@reduce_max_p.def_rule("vmap")
+def _reduce_max_vmap(axis_size, vals, dims, *, axes):
+    (x,), (bdim,) = vals, dims
+    full_axes = tuple(a if a < bdim else a + 1 for a in axes)
+    out_bdim = bdim - sum(1 for a in axes if a < bdim)
+    return [bind(reduce_max_p, x, axes=full_axes)], [out_bdim]
+
+
+@reduce_max_p.def_rule("lower")
+def _reduce_max_lower(ctx, avals_in, avals_out, x, *, axes):
+    (x_aval,), (out_aval,) = avals_in, avals_out
+    scalar = ShapedArray((), x_aval.dtype)
+    lowest = ir_constant(_lowest(x_aval.dtype), scalar)
+    reduce = hlo.ReduceOp(
+        [ir_type(out_aval)], [x], [lowest], ir.DenseI64ArrayAttr.get(axes)
+    )
+    body = reduce.regions[0].blocks.append(ir_type(scalar), ir_type(scalar))
+    with ir.InsertionPoint(body):
+        hlo.ReturnOp([hlo.maximum(*body.arguments)])
+    return [reduce.result]
+
+
+@reduce_max_p.def_rule("jvp")
+def _reduce_max_jvp(primals, tangents, *, axes):
+    (x,), (dx,) = primals, tangents
+    out = reduce_max(x, axes)
+    aval = get_aval(x)
+    if aval.dtype.kind != "f":
+        return [out], [zeros_like(out)]
+    spread = broadcast(out, aval.shape, axes)
+    is_winner = sub(1.0, convert_element_type(less(x, spread), aval.dtype))
+    winners = reduce_sum(is_winner, axes)
+    return [out], [div(reduce_sum(mul(dx, is_winner), axes), winners)]
+
+
+def _free_axes(ndim: int, *used: tuple[int, ...]) -> list[int]:
+    """The axes among ``range(ndim)`` in none of the tuples ``used``."""
+    taken = {a for axes in used for a in axes}
+    return [a for a in range(ndim) if a not in taken]
+
+
+def _check_dot_dims(x: ShapedArray, y: ShapedArray, dims: Any) -> tuple:
+    """Check ``((x_contract, y_contract), (x_batch, y_batch))`` against the
+    operand types, and return it in canonical form (tuples of ints)."""
+    try:
+        (xc, yc), (xb, yb) = dims
+    except (TypeError, ValueError):
+        raise TypeError(
+            "dot_general: dimension_numbers must be ((x_contract, y_contract), "
+            f"(x_batch, y_batch)), got {dims!r}"
+        ) from None
+    xc, xb = (_normalize_axes("dot_general", axes, x.ndim) for axes in (xc, xb))
+    yc, yb = (_normalize_axes("dot_general", axes, y.ndim) for axes in (yc, yb))
+    if len(xc) != len(yc) or len(xb) != len(yb):
+        raise ValueError(
+            "dot_general: x and y need as many contracting axes as each other, "
+            f"and as many batch axes; got {dims}"
+        )
+    if set(xc) & set(xb) or set(yc) & set(yb):
+        raise ValueError(f"dot_general: an axis is both contracting and batch: {dims}")
+    for kind, x_axes, y_axes in [("contracting", xc, yc), ("batch", xb, yb)]:
+        for i, j in zip(x_axes, y_axes):
+            if x.shape[i] != y.shape[j]:
+                raise TypeError(
+                    f"dot_general: {kind} axis {i} of x {x.str_short()} has size "
+                    f"{x.shape[i]}, but {kind} axis {j} of y {y.str_short()} has "
+                    f"size {y.shape[j]}"
+                )
+    if x.dtype != y.dtype:
+        raise TypeError(
+            f"dot_general: operands must have the same dtype, got {x.str_short()} "
+            f"and {y.str_short()} (use convert_element_type to make them match)"
+        )
+    if x.dtype.kind not in "iuf":
+        raise TypeError(f"dot_general: expected numeric arrays, got {x.str_short()}")
+    return ((xc, yc), (xb, yb))
+
+
+def dot_general(x: ArrayLike, y: ArrayLike, dimension_numbers: Any) -> ArrayLike:
+    """Multiply ``x`` and ``y`` along paired axes, summing the contracted ones.
+
+    ``dimension_numbers = ((x_contract, y_contract), (x_batch, y_batch))``.
+    The result's axes are the batch axes, then the other axes of ``x``, then
+    the other axes of ``y``, each in order.
+    """
+    x, y = (_as_input(v, "dot_general") for v in (x, y))
+    dims = _check_dot_dims(get_aval(x), get_aval(y), dimension_numbers)
+    return bind(dot_general_p, x, y, dimension_numbers=dims)
+
+
+@dot_general_p.def_rule("abstract_eval")
+def _dot_general_abstract_eval(x, y, *, dimension_numbers):
+    if _check_dot_dims(x, y, dimension_numbers) != dimension_numbers:
+        raise TypeError(
+            f"dot_general: param dimension_numbers={dimension_numbers!r} is not "
+            "in canonical form (tuples of non-negative ints)"
+        )
+    (xc, yc), (xb, yb) = dimension_numbers
+    shape = [x.shape[i] for i in xb]
+    shape += [x.shape[i] for i in _free_axes(x.ndim, xc, xb)]
+    shape += [y.shape[j] for j in _free_axes(y.ndim, yc, yb)]
+    return [ShapedArray(shape, x.dtype)]
+
+
+@dot_general_p.def_rule("impl")
+def _dot_general_impl(x, y, *, dimension_numbers):
+    (xc, yc), (xb, yb) = dimension_numbers
+    x_letters = [chr(ord("a") + i) for i in range(np.ndim(x))]
+    y_letters = [chr(ord("A") + j) for j in range(np.ndim(y))]
+    for i, j in zip(xc + xb, yc + yb):
+        y_letters[j] = x_letters[i]  # paired axes share a letter
+    out = [x_letters[i] for i in xb]
+    out += [x_letters[i] for i in _free_axes(np.ndim(x), xc, xb)]
+    out += [y_letters[j] for j in _free_axes(np.ndim(y), yc, yb)]
+    spec = f"{''.join(x_letters)},{''.join(y_letters)}->{''.join(out)}"
+    return [np.einsum(spec, x, y)]
+
+
+@dot_general_p.def_rule("lower")
+def _dot_general_lower(ctx, avals_in, avals_out, x, y, *, dimension_numbers):
+    (xc, yc), (xb, yb) = dimension_numbers
+    dims = hlo.DotDimensionNumbers.get(
+        lhs_batching_dimensions=list(xb),
+        rhs_batching_dimensions=list(yb),
+        lhs_contracting_dimensions=list(xc),
+        rhs_contracting_dimensions=list(yc),
+    )
+    return [hlo.dot_general(ir_type(avals_out[0]), x, y, dims)]
+
+
+@dot_general_p.def_rule("jvp")
+def _dot_general_jvp(primals, tangents, *, dimension_numbers):
+    (x, y), (dx, dy) = primals, tangents
+    params = dict(dimension_numbers=dimension_numbers)
+    out = bind(dot_general_p, x, y, **params)
+    d_out = add(
+        bind(dot_general_p, dx, y, **params), bind(dot_general_p, x, dy, **params)
+    )
+    return [out], [d_out]
+
+
+def _shift_axes(axes: tuple[int, ...], bdim: int) -> tuple[int, ...]:
+    """Renumber axes after a batch axis has been inserted at ``bdim``."""
+    return tuple(a + 1 if a >= bdim else a for a in axes)
+
+
+@dot_general_p.def_rule("vmap")
+def _dot_general_vmap(axis_size, vals, dims, *, dimension_numbers):
+    (x, y), (bx, by) = vals, dims
+    (xc, yc), (xb, yb) = dimension_numbers
+    if bx is not None and by is not None:
+        xc, xb = _shift_axes(xc, bx), (bx, *_shift_axes(xb, bx))
+        yc, yb = _shift_axes(yc, by), (by, *_shift_axes(yb, by))
+        out_dim = 0
+    elif bx is not None:
+        xc, xb = _shift_axes(xc, bx), _shift_axes(xb, bx)
+        x_free = _free_axes(get_aval(x).ndim, xc, xb)
+        out_dim = len(xb) + x_free.index(bx)
+    else:
+        yc, yb = _shift_axes(yc, by), _shift_axes(yb, by)
+        num_x_free = len(_free_axes(get_aval(x).ndim, xc, xb))
+        y_free = _free_axes(get_aval(y).ndim, yc, yb)
+        out_dim = len(xb) + num_x_free + y_free.index(by)
+    out = bind(dot_general_p, x, y, dimension_numbers=((xc, yc), (xb, yb)))
+    return [out], [out_dim]
+
+
+def _argsort(values: Sequence[int]) -> list[int]:
+    return sorted(range(len(values)), key=values.__getitem__)
+
+
+def _transpose_unless_identity(x: Any, perm: list[int]) -> Any:
+    return x if perm == sorted(perm) else transpose(x, perm)
+
+
+def _aval_of(x: Any) -> ShapedArray:
+    return x.aval if _is_undef(x) else get_aval(x)
+
+
+@dot_general_p.def_rule("transpose")
+def _dot_general_transpose(cts, x, y, *, dimension_numbers):
+    (ct,) = cts
+    (xc, yc), (xb, yb) = dimension_numbers
+    if _is_undef(x) and _is_undef(y):
+        raise TypeError("dot_general: transposing a product of two linear values")
+    x_free = _free_axes(_aval_of(x).ndim, xc, xb)
+    y_free = _free_axes(_aval_of(y).ndim, yc, yb)
+    # The cotangent's axes: batch, then x's free axes, then y's free axes.
+    ct_batch = tuple(range(len(xb)))
+    ct_x_free = tuple(range(len(xb), len(xb) + len(x_free)))
+    ct_y_free = tuple(range(len(xb) + len(x_free), get_aval(ct).ndim))
+    if _is_undef(x):
+        dims = ((ct_y_free, tuple(y_free)), (ct_batch, yb))
+        x_bar = bind(dot_general_p, ct, y, dimension_numbers=dims)
+        # Which axis of x each axis of x_bar stands for:
+        stands_for = [*xb, *x_free, *(xc[i] for i in _argsort(yc))]
+        return [_transpose_unless_identity(x_bar, _argsort(stands_for)), None]
+    dims = ((ct_x_free, tuple(x_free)), (ct_batch, xb))
+    y_bar = bind(dot_general_p, ct, x, dimension_numbers=dims)
+    stands_for = [*yb, *y_free, *(yc[i] for i in _argsort(xc))]
+    return [None, _transpose_unless_identity(y_bar, _argsort(stands_for))]
+
+
+def broadcast_shapes(
+    name: str, *shapes: Sequence[int], described: str | None = None
+) -> tuple[int, ...]:
+    """The shape NumPy's broadcasting gives ``shapes``, or a TypeError.
+    ``described`` names the operands in the message (default: the shapes)."""
+    ndim = max(len(s) for s in shapes)
+    padded = [(1,) * (ndim - len(s)) + tuple(s) for s in shapes]
+    result = []
+    for axis, sizes in enumerate(zip(*padded)):
+        other_than_one = {d for d in sizes if d != 1}
+        if len(other_than_one) > 1:
+            described = described or " and ".join(str(tuple(s)) for s in shapes)
+            raise TypeError(
+                f"{name}: operands must have the same shape, or shapes that "
+                f"broadcast; got {described}, whose sizes at axis {axis - ndim} "
+                f"are {' and '.join(map(str, sizes))} (they must be equal, or 1)"
+            )
+        result.append(other_than_one.pop() if other_than_one else 1)
+    return tuple(result)
+
+
+def broadcast_to(x: ArrayLike, shape: Sequence[int]) -> ArrayLike:
+    """``x`` broadcast to ``shape`` by NumPy's rules, as explicit equations."""
+    aval = get_aval(x)
+    shape = _check_shape("broadcast_to", shape)
+    lead = len(shape) - aval.ndim
+    if lead < 0 or broadcast_shapes("broadcast_to", aval.shape, shape) != shape:
+        raise TypeError(
+            f"broadcast_to: cannot broadcast {aval.str_short()} to shape {shape}"
+        )
+    if aval.shape == shape:
+        return x
+    growing = [i for i, d in enumerate(aval.shape) if d == 1 and shape[lead + i] != 1]
+    x = reshape(x, [d for i, d in enumerate(aval.shape) if i not in growing])
+    return broadcast(x, shape, [*range(lead), *(lead + i for i in growing)])
+
+
+def _broadcast_operands(name: str, *args: ArrayLike) -> list[ArrayLike]:
+    """Broadcast the array operands to their common shape. Python numbers stay
+    numbers: the wrappers turn them into arrays of the right dtype."""
+    arrays = [a for a in args if not _is_python_scalar(a)]
+    if not arrays:
+        return list(args)
+    avals = [get_aval(_as_input(a, name)) for a in arrays]
+    described = " and ".join(aval.str_short() for aval in avals)
+    shape = broadcast_shapes(name, *(a.shape for a in avals), described=described)
+    return [a if _is_python_scalar(a) else broadcast_to(a, shape) for a in args]
+
+
+numpy_namespace = types.ModuleType(
+    "autodidax.numpy",
+    "NumPy-style functions built from autodidax's primitives; they broadcast "
+    "their operands like NumPy.",
+)
+
+
+def numpy_function(fn: Callable) -> Callable:
+    """Decorator: put ``numpy_<name>`` into the namespace as ``<name>``."""
+    setattr(numpy_namespace, fn.__name__.removeprefix("numpy_"), fn)
+    return fn
+
+
+def _broadcasting(name: str, strict: Callable) -> Callable:
+    """A NumPy-style binary function: broadcast, then call ``strict``."""
+
+    def fn(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+        return strict(*_broadcast_operands(name, x, y))
+
+    fn.__name__ = f"numpy_{name}"
+    fn.__doc__ = f"``{strict.__name__}`` with NumPy broadcasting."
+    return numpy_function(fn)
+
+
+numpy_add = _broadcasting("add", add)
+numpy_subtract = _broadcasting("subtract", sub)
+numpy_multiply = _broadcasting("multiply", mul)
+numpy_maximum = _broadcasting("maximum", maximum)
+numpy_greater = _broadcasting("greater", greater)
+numpy_less = _broadcasting("less", less)
+for _fn in [sin, cos, exp, log, tanh, reshape, broadcast_to, zeros_like]:
+    setattr(numpy_namespace, _fn.__name__, _fn)
+numpy_namespace.negative = neg
+for _name in ["bool_", "int32", "int64", "float32", "float64"]:
+    setattr(numpy_namespace, _name, getattr(np, _name))
+
+
+@numpy_function
+def numpy_divide(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """True division with NumPy broadcasting; integers become float64 first."""
+    return div(*_broadcast_operands("divide", _as_float(x), _as_float(y)))
+
+
+def _as_float(x: ArrayLike) -> ArrayLike:
+    if _is_python_scalar(x):
+        return float(x)
+    if get_aval(x).dtype.kind != "f":
+        return convert_element_type(x, np.float64)
+    return x
+
+
+@numpy_function
+def numpy_minimum(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise smaller of ``x`` and ``y``, as ``-maximum(-x, -y)``."""
+    return neg(numpy_maximum(-x, -y))
+
+
+@numpy_function
+def numpy_power(x: ArrayLike, y: int) -> ArrayLike:
+    """``x ** y`` for an integer ``y``."""
+    return integer_pow(x, y)
+
+
+@numpy_function
+def numpy_where(pred: ArrayLike, x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """``x`` where ``pred`` is true, else ``y``, with NumPy broadcasting."""
+    if _is_python_scalar(pred):
+        pred = np.asarray(pred)
+    if _is_python_scalar(x) and _is_python_scalar(y):
+        dtype = np.result_type(type(x), type(y))
+        x, y = np.asarray(x, dtype), np.asarray(y, dtype)
+    pred, x, y = _broadcast_operands("where", pred, x, y)
+    if _is_python_scalar(x):
+        x = _scalar_like("where", x, y)
+    if _is_python_scalar(y):
+        y = _scalar_like("where", y, x)
+    return select(pred, x, y)
+
+
+@numpy_function
+def numpy_sum(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:
+    """Sum over ``axis`` (all axes by default)."""
+    return reduce_sum(x, axis)
+
+
+@numpy_function
+def numpy_max(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:
+    """Largest element over ``axis`` (all axes by default)."""
+    return reduce_max(x, axis)
+
+
+@numpy_function
+def numpy_mean(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:
+    """Average over ``axis`` (all axes by default); integers give float64."""
+    x = _as_float(_as_input(x, "mean"))
+    ndim = get_aval(x).ndim
+    axes = range(ndim) if axis is None else _normalize_axes("mean", axis, ndim)
+    count = math.prod(get_aval(x).shape[a] for a in axes)
+    return div(reduce_sum(x, axis), float(count))
+
+
+@numpy_function
+def numpy_transpose(x: ArrayLike, axes: Sequence[int] | None = None) -> ArrayLike:
+    """Permute the axes of ``x``; reverse them if ``axes`` is None."""
+    if axes is None:
+        axes = tuple(reversed(range(get_aval(x).ndim)))
+    return transpose(x, axes)
+
+
+@numpy_function
+def numpy_astype(x: ArrayLike, dtype: Any) -> ArrayLike:
+    """``x`` converted to ``dtype``."""
+    return convert_element_type(x, dtype)
+
+
+@numpy_function
+def numpy_zeros(shape: int | Sequence[int], dtype: Any = np.float64) -> np.ndarray:
+    """An array of zeros: a constant, since it depends on no input."""
+    return np.zeros(shape, dtype)
+
+
+@numpy_function
+def numpy_ones(shape: int | Sequence[int], dtype: Any = np.float64) -> np.ndarray:
+    """An array of ones (a constant)."""
+    return np.ones(shape, dtype)
+
+
+@numpy_function
+def numpy_ones_like(x: ArrayLike) -> np.ndarray:
+    """An array of ones with the shape and dtype of ``x``."""
+    aval = get_aval(x)
+    return np.ones(aval.shape, aval.dtype)
+
+
+def _contract_last_axis(name: str, x: Any, y: Any) -> Any:
+    """x's last axis against y's only axis, or y's second-to-last."""
+    x_aval, y_aval = get_aval(x), get_aval(y)
+    i, j = x_aval.ndim - 1, max(y_aval.ndim - 2, 0)
+    if x_aval.shape[i] != y_aval.shape[j]:
+        raise TypeError(
+            f"{name}: shapes {x_aval.str_short()} and {y_aval.str_short()} are not "
+            f"aligned: axis {i} of x has size {x_aval.shape[i]}, axis {j} of y "
+            f"has size {y_aval.shape[j]}"
+        )
+    return dot_general(x, y, (((i,), (j,)), ((), ())))
+
+
+@numpy_function
+def numpy_dot(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """NumPy's ``dot``; with a scalar operand, a multiplication."""
+    x, y = (_as_input(v, "dot") for v in (x, y))
+    if get_aval(x).ndim == 0 or get_aval(y).ndim == 0:
+        return numpy_multiply(x, y)
+    return _contract_last_axis("dot", x, y)
+
+
+@numpy_function
+def numpy_matmul(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """NumPy's ``matmul``, the ``@`` operator."""
+    x, y = (_as_input(v, "matmul") for v in (x, y))
+    x_aval, y_aval = get_aval(x), get_aval(y)
+    if x_aval.ndim == 0 or y_aval.ndim == 0:
+        raise TypeError(
+            f"matmul: operands must not be scalars, got {x_aval.str_short()} and "
+            f"{y_aval.str_short()} (use * to multiply by a scalar)"
+        )
+    if max(x_aval.ndim, y_aval.ndim) <= 2 or min(x_aval.ndim, y_aval.ndim) == 1:
+        return _contract_last_axis("matmul", x, y)
+    # Two stacks of matrices: broadcast the stacks, then batch over them.
+    if x_aval.shape[-1] != y_aval.shape[-2]:
+        _contract_last_axis("matmul", x, y)  # raises the error
+    batch = broadcast_shapes("matmul", x_aval.shape[:-2], y_aval.shape[:-2])
+    x = broadcast_to(x, (*batch, *x_aval.shape[-2:]))
+    y = broadcast_to(y, (*batch, *y_aval.shape[-2:]))
+    n = len(batch)
+    return dot_general(x, y, (((n + 1,), (n,)), (tuple(range(n)), tuple(range(n)))))
+
+
+numpy = numpy_namespace  # for `from autodidax import numpy as anp`
+if __name__ != "__main__":  # in the module: `import autodidax.numpy as anp`
+    sys.modules[f"{__name__}.numpy"] = numpy_namespace
+
+
+def _power(x: ArrayLike, exponent: Any) -> ArrayLike:
+    if not _is_axis(exponent):  # a Python or NumPy integer
+        raise TypeError(
+            f"**: only integer exponents are supported, got {_short_repr(exponent)}"
+            "; write exp(y * log(x)) for other powers"
+        )
+    return integer_pow(x, exponent)
+
+
+def _install_operators() -> None:
+    binary = {
+        "add": numpy_add,
+        "sub": numpy_subtract,
+        "mul": numpy_multiply,
+        "truediv": numpy_divide,
+        "matmul": numpy_matmul,
+    }
+    for name, fn in binary.items():
+        setattr(ArrayOperators, f"__{name}__", lambda a, b, fn=fn: fn(a, b))
+        setattr(ArrayOperators, f"__r{name}__", lambda a, b, fn=fn: fn(b, a))
+    ArrayOperators.__gt__ = lambda a, b: numpy_greater(a, b)
+    ArrayOperators.__lt__ = lambda a, b: numpy_less(a, b)
+    ArrayOperators.__neg__ = lambda a: neg(a)
+    ArrayOperators.__pow__ = _power
+
+
+_install_operators()
+
 # ==== chapter: performance ====
 
 # ==== book support (generated by build_tools/tangle.py) ====

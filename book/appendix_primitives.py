@@ -1,0 +1,1675 @@
+# ---
+# jupyter:
+#   jupytext:
+#     default_lexer: ipython3
+#     formats: ipynb,md:myst,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# (appendix)=
+# # Appendix: more primitives and a NumPy-like front end
+#
+# :::{admonition} Where we are
+# :class: note
+# The five parts built every transformation of the book — `jvp`, `vmap`,
+# `make_jaxpr`, `jit`, `linearize`, `vjp`, `grad` and `cond` — on ten
+# elementwise and shape primitives plus `select`. That was enough to explain the
+# machinery, and too little to write a real program with.
+# :::
+#
+# The chapters kept the set of primitives small on purpose: each new primitive
+# would have added a handful of rules to read, and none of them would have taught
+# anything new about interpreters. Now that the machinery is finished, the
+# balance flips. This appendix adds what a small numerical program needs, and
+# shows along the way how little a primitive costs once the interpreters exist:
+#
+# 1. **eleven primitives**: `sub`, `div`, `max`, `exp`, `log`, `tanh`, integer
+#    powers, `convert_element_type`, `reshape`, `reduce_max`, and `dot_general`,
+#    the one contraction behind every matrix product — each with every
+#    {term}`rule <rule>` the earlier parts defined;
+# 2. **NumPy's broadcasting** for binary operations, spelled out as explicit
+#    `reshape` and `broadcast` equations so that jaxprs stay explicit;
+# 3. the **operators** `- / ** @` on tracers and arrays, and a small module
+#    `autodidax.numpy` (`sum`, `mean`, `exp`, `where`, `matmul`, ...) so that user
+#    code reads like code written for `jax.numpy`;
+# 4. the **table of every primitive and every rule**, generated from the
+#    registries, with no gaps;
+# 5. a worked example: the gradient of a two-layer neural network's loss with
+#    `jit(grad(loss))`, checked against JAX, and a few steps of training.
+#
+# The folded cell below loads the library code of the chapters from the module
+# `autodidax`, as in {ref}`Part 2 <part2-setup>`. In Colab it first installs the
+# JAX release the book is tested with and fetches the module.
+
+# %% tags=["hide-input"]
+from __future__ import annotations  # as in the module: postponed annotations
+
+import importlib.metadata
+import sys
+from pathlib import Path
+
+BOOK_JAX = "0.10.2"  # the JAX and jaxlib release this book is tested with
+
+
+def installed_version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+found = {installed_version("jax"), installed_version("jaxlib")}
+if found != {BOOK_JAX} and "google.colab" in sys.modules:
+    # A fresh Colab runtime: install the book's JAX (Colab ships another one).
+    import subprocess
+
+    pins = [f"jax=={BOOK_JAX}", f"jaxlib=={BOOK_JAX}"]
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *pins], check=True)
+elif found != {BOOK_JAX}:
+    print(
+        f"This book is tested with jax and jaxlib {BOOK_JAX}; found {found}. "
+        f"To match: pip install jax=={BOOK_JAX} jaxlib=={BOOK_JAX}"
+    )
+try:
+    import autodidax
+except ImportError:
+    if Path("../autodidax.py").is_file():  # a checkout of the repository
+        sys.path.insert(0, "..")
+    else:  # e.g. in Colab: fetch the module this book builds
+        import urllib.request
+
+        urllib.request.urlretrieve(
+            "https://raw.githubusercontent.com/autodidax-book/autodidax/main/"
+            "autodidax.py",
+            "autodidax.py",
+        )
+    import autodidax
+
+autodidax.load_chapters(globals(), before="appendix_primitives")
+np.set_printoptions(precision=6, suppress=True)
+
+# %% tags=["hide-input"]
+import textwrap
+
+import jax
+import jax.numpy as jnp
+
+
+def show_error(fn, *args):
+    try:
+        fn(*args)
+    except Exception as e:
+        print(textwrap.fill(f"{type(e).__name__}: {e}", 80, subsequent_indent="  "))
+
+
+# %% [markdown]
+# ## What a primitive needs
+#
+# Every primitive so far has the same kit, and a new one needs all of it:
+#
+# | part | what it says | defined in |
+# |---|---|---|
+# | a wrapper | checks the user's arguments and calls `bind` with canonical params | {ref}`Part 1 <part1>` |
+# | `impl` | how to compute it with NumPy | {ref}`Part 1 <part1>` |
+# | `jvp` | its derivative, written with primitives | {ref}`Part 1 <part1-jvp-rules>` |
+# | `vmap` | how to apply it to a batch at once | {ref}`Part 1 <part1-vmap>` |
+# | `abstract_eval` | its output type, from its input types | {ref}`Part 2 <part2-abstract-eval>` |
+# | `lower` | the StableHLO it becomes | {ref}`Part 3 <part3>` |
+# | `transpose` | for a {term}`linear` primitive: how cotangents flow back | {ref}`Part 4 <part4-transposition>` |
+#
+# Partial evaluation needs nothing per primitive: the generic rule of
+# {ref}`Part 4 <part4>` stages any first-order primitive whose inputs are not all
+# known. Only the higher-order primitives, `xla_call` and `cond`, bring special
+# partial-evaluation rules.
+#
+# Here are the new primitives. One more registry records which primitives are
+# *not linear in any input*: for those a transpose rule is not missing but
+# meaningless, and the table at the end of the appendix marks them as such.
+
+# %% tags=["export"]
+import math
+import sys
+import types
+
+sub_p = Primitive("sub")
+div_p = Primitive("div")
+max_p = Primitive("max")
+exp_p = Primitive("exp")
+log_p = Primitive("log")
+tanh_p = Primitive("tanh")
+integer_pow_p = Primitive("integer_pow")
+convert_element_type_p = Primitive("convert_element_type")
+reshape_p = Primitive("reshape")
+reduce_max_p = Primitive("reduce_max")
+dot_general_p = Primitive("dot_general")
+
+# Names of the primitives that are linear in none of their inputs: a
+# transpose rule would be meaningless for them.
+NOT_LINEAR = frozenset(
+    ["sin", "cos", "greater", "less", "exp", "log", "tanh", "max"]
+    + ["integer_pow", "reduce_max"]
+)
+
+
+# %% [markdown]
+# ## Changing the dtype
+#
+# The first new primitive is one the others' rules will use.
+# `convert_element_type` is NumPy's `astype`. Its param is the new dtype; when
+# the dtype does not change, the wrapper returns its input and records nothing.
+# Between floats the conversion is linear (up to rounding), so its derivative
+# converts the tangent and its transpose converts the cotangent back. Into or
+# out of integers and booleans nothing varies smoothly, and the tangent is zero.
+# The batching rule is the elementwise one, except that it must pass the params
+# along; integer powers will reuse it.
+
+
+# %% tags=["export"]
+def convert_element_type(x: ArrayLike, dtype: Any) -> ArrayLike:
+    """``x`` with its elements converted to ``dtype`` (NumPy's ``astype``)."""
+    try:
+        new_dtype = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"convert_element_type: {dtype!r} is not a dtype") from None
+    if new_dtype.kind not in _ARRAY_KINDS:
+        raise TypeError(
+            f"convert_element_type: cannot convert to {new_dtype}; arrays hold "
+            "booleans, integers or floats"
+        )
+    if get_aval(x).dtype == new_dtype:
+        return x
+    return bind(convert_element_type_p, x, new_dtype=new_dtype)
+
+
+@convert_element_type_p.def_rule("impl")
+def _convert_element_type_impl(x, *, new_dtype):
+    return [np.asarray(x).astype(new_dtype)]
+
+
+@convert_element_type_p.def_rule("abstract_eval")
+def _convert_element_type_abstract_eval(x, *, new_dtype):
+    if not isinstance(new_dtype, np.dtype) or new_dtype.kind not in _ARRAY_KINDS:
+        raise TypeError(
+            "convert_element_type: param new_dtype must be a NumPy dtype of "
+            f"booleans, integers or floats, got {new_dtype!r}"
+        )
+    return [ShapedArray(x.shape, new_dtype)]
+
+
+@convert_element_type_p.def_rule("jvp")
+def _convert_element_type_jvp(primals, tangents, *, new_dtype):
+    (x,), (dx,) = primals, tangents
+    out = convert_element_type(x, new_dtype)
+    if get_aval(x).dtype.kind == "f" and new_dtype.kind == "f":
+        return [out], [convert_element_type(dx, new_dtype)]
+    return [out], [zeros_like(out)]
+
+
+def _elementwise_vmap_with_params(prim: Primitive) -> None:
+    @prim.def_rule("vmap")
+    def rule(axis_size, vals, dims, **params):
+        (x,), (ax,) = vals, dims
+        return [bind(prim, x, **params)], [ax]
+
+
+_elementwise_vmap_with_params(convert_element_type_p)
+
+
+@convert_element_type_p.def_rule("transpose")
+def _convert_element_type_transpose(cts, x, *, new_dtype):
+    (ct,) = cts
+    if x.aval.dtype.kind != "f" or new_dtype.kind != "f":
+        raise TypeError(
+            "convert_element_type: only float-to-float conversions are linear, "
+            f"got {x.aval.dtype.name} to {new_dtype.name}"
+        )
+    return [convert_element_type(ct, x.aval.dtype)]
+
+
+# %% [markdown]
+# One lowering detail: NumPy turns a number into a boolean by asking whether it
+# is nonzero. StableHLO's `convert` does the same for floats, but we say it
+# explicitly with a comparison, so that the meaning does not depend on how a
+# compiler reads an integer-to-`i1` conversion.
+
+
+# %% tags=["export"]
+@convert_element_type_p.def_rule("lower")
+def _convert_element_type_lower(ctx, avals_in, avals_out, x, *, new_dtype):
+    (x_aval,), (out_aval,) = avals_in, avals_out
+    if out_aval.dtype == np.bool_ and x_aval.dtype != np.bool_:
+        zero = ir_constant(0, x_aval)
+        kind = {"f": "FLOAT", "u": "UNSIGNED"}.get(x_aval.dtype.kind, "SIGNED")
+        return [
+            hlo.compare(
+                x,
+                zero,
+                hlo.ComparisonDirectionAttr.get("NE"),
+                compare_type=hlo.ComparisonTypeAttr.get(kind),
+            )
+        ]
+    return [hlo.convert(ir_type(out_aval), x)]
+
+
+# %% [markdown]
+# ## Six elementwise primitives
+#
+# `sub`, `div` and `max` take two operands of one shape and dtype, like `add`;
+# `exp`, `log` and `tanh` take one float array, like `sin`. Their wrappers reuse
+# {ref}`Part 1 <part1>`'s helpers, so Python numbers broadcast as they do for
+# `add` and `mul`. Division is defined for floats only: what `/` should do with
+# integers is a front-end decision, made further down.
+
+
+# %% tags=["export"]
+def sub(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x - y``."""
+    return _bind_binary(sub_p, x, y)
+
+
+def div(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x / y`` of float arrays."""
+    if _is_python_scalar(x) and _is_python_scalar(y):
+        x, y = float(x), float(y)
+    for operand in (x, y):
+        if not _is_python_scalar(operand):
+            _check_kind("div", operand, "f", "a float")
+    return _bind_binary(div_p, x, y)
+
+
+def maximum(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise larger of ``x`` and ``y``."""
+    return _bind_binary(max_p, x, y)
+
+
+def exp(x: ArrayLike) -> ArrayLike:
+    """Elementwise e to the power ``x``, for a float array."""
+    _check_kind("exp", x, "f", "a float")
+    return bind(exp_p, x)
+
+
+def log(x: ArrayLike) -> ArrayLike:
+    """Elementwise natural logarithm of a float array."""
+    _check_kind("log", x, "f", "a float")
+    return bind(log_p, x)
+
+
+def tanh(x: ArrayLike) -> ArrayLike:
+    """Elementwise hyperbolic tangent of a float array."""
+    _check_kind("tanh", x, "f", "a float")
+    return bind(tanh_p, x)
+
+
+# %% [markdown]
+# Evaluation, abstract evaluation, batching and lowering are one line each,
+# because {ref}`Parts 1 <part1>` to {ref}`3 <part3>` already wrote the helpers
+# that turn "this is an elementwise NumPy function / StableHLO operation" into a
+# rule. `div` has its own abstract evaluation rule because it also checks the
+# dtype.
+
+# %% tags=["export"]
+for _prim, _np_fn in [
+    (sub_p, np.subtract),
+    (div_p, np.divide),
+    (max_p, np.maximum),
+    (exp_p, np.exp),
+    (log_p, np.log),
+    (tanh_p, np.tanh),
+]:
+    _impl_from_numpy(_prim, _np_fn)
+
+_binary_abstract_eval(sub_p)
+_binary_abstract_eval(max_p)
+_unary_abstract_eval(exp_p, "f", "a float")
+_unary_abstract_eval(log_p, "f", "a float")
+_unary_abstract_eval(tanh_p, "f", "a float")
+
+
+@div_p.def_rule("abstract_eval")
+def _div_abstract_eval(x, y):
+    check_binary_operands("div", x, y)
+    if x.dtype.kind != "f":
+        raise TypeError(f"div: expected float arrays, got {x.str_short()}")
+    return [ShapedArray(x.shape, x.dtype)]
+
+
+for _prim in [sub_p, div_p, max_p]:
+    _binary_vmap(_prim)
+for _prim in [exp_p, log_p, tanh_p]:
+    _unary_vmap(_prim)
+
+_lower_with(sub_p, hlo.subtract)
+_lower_with(div_p, hlo.divide)
+_lower_with(max_p, hlo.maximum)
+_lower_with(exp_p, hlo.exponential)
+_lower_with(log_p, hlo.log)
+_lower_with(tanh_p, hlo.tanh)
+
+# %% [markdown]
+# The derivatives are the ones from a calculus course, written with primitives
+# so that every interpreter can run them (and so that they can be differentiated
+# again):
+#
+# - $\frac{d}{dx} e^x = e^x$, so the JVP of `exp` reuses its output;
+# - $\frac{d}{dx} \log x = 1/x$;
+# - $\frac{d}{dx} \tanh x = 1 - \tanh^2 x$, again from the output;
+# - $d(x/y) = dx/y - (x/y)\,dy/y$, which also reuses the output.
+#
+# `sub` is linear, and {ref}`Part 1 <part1-jvp-rules>`'s `_linear_jvp` covers it.
+
+# %% tags=["export"]
+_linear_jvp(sub_p)
+
+
+@exp_p.def_rule("jvp")
+def _exp_jvp(primals, tangents):
+    (x,), (dx,) = primals, tangents
+    out = exp(x)
+    return [out], [mul(dx, out)]
+
+
+@log_p.def_rule("jvp")
+def _log_jvp(primals, tangents):
+    (x,), (dx,) = primals, tangents
+    return [log(x)], [div(dx, x)]
+
+
+@tanh_p.def_rule("jvp")
+def _tanh_jvp(primals, tangents):
+    (x,), (dx,) = primals, tangents
+    out = tanh(x)
+    return [out], [mul(dx, sub(1.0, mul(out, out)))]
+
+
+@div_p.def_rule("jvp")
+def _div_jvp(primals, tangents):
+    (x, y), (dx, dy) = primals, tangents
+    out = div(x, y)
+    return [out], [div(sub(dx, mul(out, dy)), y)]
+
+
+# %% [markdown]
+# `max` needs a decision. Away from ties, the derivative of $\max(x, y)$ is the
+# derivative of whichever operand is larger. Where $x = y$ the function has a
+# kink and no derivative; any slope between the two one-sided slopes is a
+# reasonable answer. We give each operand half, as JAX does: then
+# `maximum(x, x)`, which is just `x`, has slope exactly 1, and the rule is
+# symmetric in its operands. For integers there is nothing to differentiate, and
+# the tangent is zero, as for the comparisons of Part 1.
+
+
+# %% tags=["export"]
+@max_p.def_rule("jvp")
+def _max_jvp(primals, tangents):
+    (x, y), (dx, dy) = primals, tangents
+    out = maximum(x, y)
+    dtype = get_aval(out).dtype
+    if dtype.kind != "f":
+        return [out], [zeros_like(out)]
+    x_wins = convert_element_type(greater(x, y), dtype)  # 1.0 or 0.0
+    y_wins = convert_element_type(less(x, y), dtype)
+    half_if_tie = mul(sub(sub(1.0, x_wins), y_wins), 0.5)
+    d_out = add(mul(dx, add(x_wins, half_if_tie)), mul(dy, add(y_wins, half_if_tie)))
+    return [out], [d_out]
+
+
+# %% [markdown]
+# Two of the six are linear: `sub` in both operands, and `div` in its numerator
+# (dividing by a fixed $y$ is scaling by $1/y$). Their transpose rules follow
+# the pattern of `add` and `mul` in {ref}`Part 4 <part4-transposition>`: the
+# cotangent flows back to `x - y` as $(\bar c, -\bar c)$, and to $x / y$ as
+# $\bar c / y$.
+
+
+# %% tags=["export"]
+@sub_p.def_rule("transpose")
+def _sub_transpose(cts, x, y):
+    (ct,) = cts
+    return [ct if _is_undef(x) else None, neg(ct) if _is_undef(y) else None]
+
+
+@div_p.def_rule("transpose")
+def _div_transpose(cts, x, y):
+    (ct,) = cts
+    if _is_undef(y):
+        raise TypeError("div: transposing a division by a linear value")
+    return [div(ct, y), None]
+
+
+# %% [markdown]
+# That is all six. A quick check of the derivatives against JAX, and of the tie
+# rule: at $x = y$ both operands of `max` get half of the slope.
+
+
+# %%
+def smooth(x, y):
+    return tanh(div(exp(x), y)) - log(maximum(x, y))
+
+
+x0, y0 = 0.7, 1.3
+ours = grad(lambda xy: smooth(*xy))((x0, y0))
+with jax.enable_x64(True):
+    theirs = jax.grad(
+        lambda xy: jnp.tanh(jnp.exp(xy[0]) / xy[1]) - jnp.log(jnp.maximum(*xy))
+    )((x0, y0))
+print("ours:", [float(g) for g in ours])
+print("JAX: ", [float(g) for g in theirs])
+print(
+    "slopes of max at a tie:",
+    [float(s) for s in grad(lambda xy: maximum(*xy))((2.0, 2.0))],
+)
+
+
+# %% [markdown]
+# ## Integer powers
+#
+# `x ** 3` could be written `x * x * x`, but a primitive for integer powers keeps
+# jaxprs short and derivatives simple. The exponent is a
+# {term}`parameter <params>`, not an operand: it is a Python integer known when
+# the program is traced, so `integer_pow[y=3]` is a different operation from
+# `integer_pow[y=2]`, just as `reduce_sum[axes=(0,)]` differs from
+# `reduce_sum[axes=(1,)]`. Negative exponents are allowed for floats only
+# (NumPy refuses them for integers as well).
+
+
+# %% tags=["export"]
+def integer_pow(x: ArrayLike, y: int) -> ArrayLike:
+    """Elementwise ``x ** y`` for an integer exponent ``y``."""
+    if not _is_axis(y):  # a Python or NumPy integer, not a bool
+        raise TypeError(
+            f"integer_pow: the exponent must be an integer, got {_short_repr(y)}; "
+            "for other powers write exp(y * log(x))"
+        )
+    _check_kind("integer_pow", x, "iuf", "a numeric (not boolean)")
+    if y < 0 and get_aval(x).dtype.kind != "f":
+        raise ValueError(
+            f"integer_pow: integers cannot be raised to the negative power {y}; "
+            "convert them to float first"
+        )
+    return bind(integer_pow_p, x, y=int(y))
+
+
+@integer_pow_p.def_rule("impl")
+def _integer_pow_impl(x, *, y):
+    return [np.power(x, y)]
+
+
+@integer_pow_p.def_rule("abstract_eval")
+def _integer_pow_abstract_eval(x, *, y):
+    if not _is_axis(y) or x.dtype.kind not in "iuf" or (y < 0 and x.dtype.kind != "f"):
+        raise TypeError(f"integer_pow: cannot raise {x.str_short()} to the power {y!r}")
+    return [ShapedArray(x.shape, x.dtype)]
+
+
+# %% [markdown]
+# The derivative is $\frac{d}{dx} x^n = n x^{n-1}$, itself an integer power, so
+# derivatives of every order stay within the primitive. The batching rule is the
+# elementwise one with params, from the section on dtypes.
+
+
+# %% tags=["export"]
+@integer_pow_p.def_rule("jvp")
+def _integer_pow_jvp(primals, tangents, *, y):
+    (x,), (dx,) = primals, tangents
+    out = integer_pow(x, y)
+    if y == 0 or get_aval(out).dtype.kind != "f":
+        return [out], [zeros_like(out)]
+    slope = x if y == 2 else integer_pow(x, y - 1)
+    return [out], [mul(dx, mul(slope, float(y)))]
+
+
+_elementwise_vmap_with_params(integer_pow_p)
+
+
+# %% [markdown]
+# StableHLO has a general `power` operation, but for a known integer exponent a
+# few multiplications are cheaper and exact. The lowering rule squares
+# repeatedly and multiplies together the squares that the exponent's binary
+# digits select: $x^{13} = x^8 \cdot x^4 \cdot x$, since $13 = 1101_2$. That is
+# five multiplications instead of twelve.
+
+
+# %% tags=["export"]
+@integer_pow_p.def_rule("lower")
+def _integer_pow_lower(ctx, avals_in, avals_out, x, *, y):
+    (aval,) = avals_in
+    result, square, n = None, x, abs(y)
+    while n:
+        if n & 1:  # this binary digit of the exponent is set
+            result = square if result is None else hlo.multiply(result, square)
+        n >>= 1
+        if n:
+            square = hlo.multiply(square, square)
+    if result is None:  # y == 0
+        result = ir_constant(1, aval)
+    if y < 0:
+        result = hlo.divide(ir_constant(1, aval), result)
+    return [result]
+
+
+# %%
+scalar = ShapedArray((), np.float64)
+power_jaxpr, _, _ = make_jaxpr(lambda x: integer_pow(x, 13), scalar)
+print(power_jaxpr)
+print(lower_jaxpr(power_jaxpr))
+
+
+# %% [markdown]
+# ## `reshape`
+#
+# `reshape` reads the elements in row-major order and pours them into a new
+# shape with the same number of elements. As in NumPy, one entry of the new
+# shape may be `-1`, worked out by the wrapper; the param `new_sizes` is always
+# the full shape.
+
+
+# %% tags=["export"]
+def reshape(x: ArrayLike, shape: int | Sequence[int]) -> ArrayLike:
+    """The elements of ``x``, in row-major order, in an array of ``shape``.
+
+    One entry of ``shape`` may be -1; it is inferred from the others.
+    """
+    aval = get_aval(x)
+    if _is_axis(shape):
+        shape = (shape,)
+    shape = _check_shape_or_hole("reshape", shape)
+    if -1 in shape:
+        known = math.prod(d for d in shape if d != -1)
+        if known == 0 or aval.size % known:
+            raise ValueError(
+                f"reshape: cannot reshape {aval.str_short()} ({aval.size} "
+                f"elements) into shape {shape}"
+            )
+        shape = tuple(aval.size // known if d == -1 else d for d in shape)
+    if math.prod(shape) != aval.size:
+        raise ValueError(
+            f"reshape: cannot reshape {aval.str_short()} ({aval.size} elements) "
+            f"into shape {shape} ({math.prod(shape)} elements)"
+        )
+    if shape == aval.shape:
+        return x
+    return bind(reshape_p, x, new_sizes=shape)
+
+
+def _check_shape_or_hole(name: str, shape: Any) -> tuple:
+    """Like _check_shape, but one entry may be -1."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise TypeError(
+            f"{name}: shape must be a sequence of integers, got {shape!r}"
+        ) from None
+    holes = [i for i, d in enumerate(dims) if _is_axis(d) and d == -1]
+    if len(holes) > 1:
+        raise ValueError(f"{name}: at most one entry of the shape can be -1: {dims}")
+    checked = _check_shape(name, [0 if i in holes else d for i, d in enumerate(dims)])
+    return tuple(-1 if i in holes else d for i, d in enumerate(checked))
+
+
+# %% [markdown]
+# Reshaping is linear, and so simple that its rules almost write themselves: the
+# tangent is reshaped like the primal, a cotangent is reshaped back to the
+# input's shape, and a batch is handled by moving the batch axis to the front
+# and keeping it there, because a reshape must not mix elements of different
+# examples.
+
+
+# %% tags=["export"]
+@reshape_p.def_rule("impl")
+def _reshape_impl(x, *, new_sizes):
+    return [np.reshape(x, new_sizes)]
+
+
+@reshape_p.def_rule("abstract_eval")
+def _reshape_abstract_eval(x, *, new_sizes):
+    if not isinstance(new_sizes, tuple):
+        raise TypeError(f"reshape: param new_sizes must be a tuple, got {new_sizes!r}")
+    shape = _check_shape("reshape", new_sizes)
+    if math.prod(shape) != x.size:
+        raise ValueError(f"reshape: cannot reshape {x.str_short()} into shape {shape}")
+    return [ShapedArray(shape, x.dtype)]
+
+
+_linear_jvp(reshape_p)
+
+
+@reshape_p.def_rule("vmap")
+def _reshape_vmap(axis_size, vals, dims, *, new_sizes):
+    (x,), (bdim,) = vals, dims
+    front = move_batch_axis(axis_size, bdim, 0, x)
+    return [bind(reshape_p, front, new_sizes=(axis_size, *new_sizes))], [0]
+
+
+@reshape_p.def_rule("lower")
+def _reshape_lower(ctx, avals_in, avals_out, x, *, new_sizes):
+    return [hlo.reshape(ir_type(avals_out[0]), x)]
+
+
+@reshape_p.def_rule("transpose")
+def _reshape_transpose(cts, x, *, new_sizes):
+    (ct,) = cts
+    return [reshape(ct, x.aval.shape)]
+
+
+# %% [markdown]
+# ## `reduce_max`
+#
+# `reduce_max` is `reduce_sum`'s sibling: the same `axes` param, the same
+# batching rule (renumber the axes around the batch axis), a `reduce` in
+# StableHLO with `maximum` instead of `add` in its body. The starting value of
+# that reduction is the identity of `max`, minus infinity for floats and the
+# smallest integer for integers, which is also what a maximum over zero elements
+# returns; NumPy needs to be told (`initial=`), or it refuses empty reductions.
+
+
+# %% tags=["export"]
+def reduce_max(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:
+    """The largest element over ``axis`` (an int, ints, or None for all axes)."""
+    _check_kind("reduce_max", x, "iuf", "a numeric (not boolean)")
+    ndim = get_aval(x).ndim
+    if axis is None:
+        axes = tuple(range(ndim))
+    else:
+        axes = _normalize_axes("reduce_max", axis, ndim)
+    return bind(reduce_max_p, x, axes=axes)
+
+
+def _lowest(dtype: np.dtype) -> Any:
+    """The identity of max: -inf, or the smallest integer of the dtype."""
+    dtype = np.dtype(dtype)
+    return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
+
+
+@reduce_max_p.def_rule("impl")
+def _reduce_max_impl(x, *, axes):
+    return [np.max(x, axis=axes, initial=_lowest(x.dtype))]
+
+
+@reduce_max_p.def_rule("abstract_eval")
+def _reduce_max_abstract_eval(x, *, axes):
+    if x.dtype.kind not in "iuf":
+        raise TypeError(f"reduce_max: expected a numeric array, got {x.str_short()}")
+    _check_canonical_axes("reduce_max", "axes", axes, x.ndim)
+    return [ShapedArray([d for i, d in enumerate(x.shape) if i not in axes], x.dtype)]
+
+
+@reduce_max_p.def_rule("vmap")
+def _reduce_max_vmap(axis_size, vals, dims, *, axes):
+    (x,), (bdim,) = vals, dims
+    full_axes = tuple(a if a < bdim else a + 1 for a in axes)
+    out_bdim = bdim - sum(1 for a in axes if a < bdim)
+    return [bind(reduce_max_p, x, axes=full_axes)], [out_bdim]
+
+
+@reduce_max_p.def_rule("lower")
+def _reduce_max_lower(ctx, avals_in, avals_out, x, *, axes):
+    (x_aval,), (out_aval,) = avals_in, avals_out
+    scalar = ShapedArray((), x_aval.dtype)
+    lowest = ir_constant(_lowest(x_aval.dtype), scalar)
+    reduce = hlo.ReduceOp(
+        [ir_type(out_aval)], [x], [lowest], ir.DenseI64ArrayAttr.get(axes)
+    )
+    body = reduce.regions[0].blocks.append(ir_type(scalar), ir_type(scalar))
+    with ir.InsertionPoint(body):
+        hlo.ReturnOp([hlo.maximum(*body.arguments)])
+    return [reduce.result]
+
+
+# %% [markdown]
+# Its derivative is the tie question of `max` again, over many elements. Moving
+# one input by a small amount moves the maximum only if that input is the
+# maximum; if several elements share the maximum, we average their tangents,
+# which generalizes the half-and-half rule and is again JAX's choice. The rule
+# finds the winners by comparing each element with the maximum broadcast back to
+# the input's shape: an element is a winner unless it is less than the maximum.
+
+
+# %% tags=["export"]
+@reduce_max_p.def_rule("jvp")
+def _reduce_max_jvp(primals, tangents, *, axes):
+    (x,), (dx,) = primals, tangents
+    out = reduce_max(x, axes)
+    aval = get_aval(x)
+    if aval.dtype.kind != "f":
+        return [out], [zeros_like(out)]
+    spread = broadcast(out, aval.shape, axes)
+    is_winner = sub(1.0, convert_element_type(less(x, spread), aval.dtype))
+    winners = reduce_sum(is_winner, axes)
+    return [out], [div(reduce_sum(mul(dx, is_winner), axes), winners)]
+
+
+# %%
+scores = np.array([[1.0, 3.0, 3.0], [0.5, -1.0, 2.0]])
+ours = grad(lambda s: reduce_sum(reduce_max(s, 1)))(scores)
+with jax.enable_x64(True):
+    theirs = jax.grad(lambda s: jnp.sum(jnp.max(s, 1)))(scores)
+print(ours)
+print(np.array_equal(ours, theirs))
+
+
+# %% [markdown]
+# (appendix-dot)=
+# ## `dot_general`: one primitive for every product
+#
+# Matrix–matrix, matrix–vector and vector–vector products, and their batched
+# versions, are all the same operation: multiply elements of two arrays that
+# face each other along some pairs of axes, and sum over those pairs. JAX
+# describes every such product with one primitive, `dot_general`, and so do we.
+# Its param `dimension_numbers` is a pair of pairs:
+#
+# - `(x_contract, y_contract)`: axes of `x` and of `y` that are multiplied
+#   together and summed away, in matching order;
+# - `(x_batch, y_batch)`: axes that are matched up but *not* summed, like the
+#   example axis of a batch of matrix products.
+#
+# The output has the batch axes first, then the remaining ("free") axes of `x`,
+# then those of `y`, each in their original order. A matrix product `x @ y` of
+# `(m, k)` by `(k, n)` contracts axis 1 of `x` with axis 0 of `y`: `(((1,), (0,)),
+# ((), ()))`, and its output is `(m, n)`. A matrix–vector product contracts the
+# same axes, and its output is `(m,)`.
+
+
+# %% tags=["export"]
+def _free_axes(ndim: int, *used: tuple[int, ...]) -> list[int]:
+    """The axes among ``range(ndim)`` in none of the tuples ``used``."""
+    taken = {a for axes in used for a in axes}
+    return [a for a in range(ndim) if a not in taken]
+
+
+def _check_dot_dims(x: ShapedArray, y: ShapedArray, dims: Any) -> tuple:
+    """Check ``((x_contract, y_contract), (x_batch, y_batch))`` against the
+    operand types, and return it in canonical form (tuples of ints)."""
+    try:
+        (xc, yc), (xb, yb) = dims
+    except (TypeError, ValueError):
+        raise TypeError(
+            "dot_general: dimension_numbers must be ((x_contract, y_contract), "
+            f"(x_batch, y_batch)), got {dims!r}"
+        ) from None
+    xc, xb = (_normalize_axes("dot_general", axes, x.ndim) for axes in (xc, xb))
+    yc, yb = (_normalize_axes("dot_general", axes, y.ndim) for axes in (yc, yb))
+    if len(xc) != len(yc) or len(xb) != len(yb):
+        raise ValueError(
+            "dot_general: x and y need as many contracting axes as each other, "
+            f"and as many batch axes; got {dims}"
+        )
+    if set(xc) & set(xb) or set(yc) & set(yb):
+        raise ValueError(f"dot_general: an axis is both contracting and batch: {dims}")
+    for kind, x_axes, y_axes in [("contracting", xc, yc), ("batch", xb, yb)]:
+        for i, j in zip(x_axes, y_axes):
+            if x.shape[i] != y.shape[j]:
+                raise TypeError(
+                    f"dot_general: {kind} axis {i} of x {x.str_short()} has size "
+                    f"{x.shape[i]}, but {kind} axis {j} of y {y.str_short()} has "
+                    f"size {y.shape[j]}"
+                )
+    if x.dtype != y.dtype:
+        raise TypeError(
+            f"dot_general: operands must have the same dtype, got {x.str_short()} "
+            f"and {y.str_short()} (use convert_element_type to make them match)"
+        )
+    if x.dtype.kind not in "iuf":
+        raise TypeError(f"dot_general: expected numeric arrays, got {x.str_short()}")
+    return ((xc, yc), (xb, yb))
+
+
+def dot_general(x: ArrayLike, y: ArrayLike, dimension_numbers: Any) -> ArrayLike:
+    """Multiply ``x`` and ``y`` along paired axes, summing the contracted ones.
+
+    ``dimension_numbers = ((x_contract, y_contract), (x_batch, y_batch))``.
+    The result's axes are the batch axes, then the other axes of ``x``, then
+    the other axes of ``y``, each in order.
+    """
+    x, y = (_as_input(v, "dot_general") for v in (x, y))
+    dims = _check_dot_dims(get_aval(x), get_aval(y), dimension_numbers)
+    return bind(dot_general_p, x, y, dimension_numbers=dims)
+
+
+@dot_general_p.def_rule("abstract_eval")
+def _dot_general_abstract_eval(x, y, *, dimension_numbers):
+    if _check_dot_dims(x, y, dimension_numbers) != dimension_numbers:
+        raise TypeError(
+            f"dot_general: param dimension_numbers={dimension_numbers!r} is not "
+            "in canonical form (tuples of non-negative ints)"
+        )
+    (xc, yc), (xb, yb) = dimension_numbers
+    shape = [x.shape[i] for i in xb]
+    shape += [x.shape[i] for i in _free_axes(x.ndim, xc, xb)]
+    shape += [y.shape[j] for j in _free_axes(y.ndim, yc, yb)]
+    return [ShapedArray(shape, x.dtype)]
+
+
+# %% [markdown]
+# NumPy's `einsum` speaks exactly this language, with letters for axes: paired
+# axes share a letter, and the letters of the output say what is kept and in
+# which order. The evaluation rule translates the params into an `einsum`
+# specification, and lowering hands them to StableHLO's own `dot_general`.
+
+
+# %% tags=["export"]
+@dot_general_p.def_rule("impl")
+def _dot_general_impl(x, y, *, dimension_numbers):
+    (xc, yc), (xb, yb) = dimension_numbers
+    x_letters = [chr(ord("a") + i) for i in range(np.ndim(x))]
+    y_letters = [chr(ord("A") + j) for j in range(np.ndim(y))]
+    for i, j in zip(xc + xb, yc + yb):
+        y_letters[j] = x_letters[i]  # paired axes share a letter
+    out = [x_letters[i] for i in xb]
+    out += [x_letters[i] for i in _free_axes(np.ndim(x), xc, xb)]
+    out += [y_letters[j] for j in _free_axes(np.ndim(y), yc, yb)]
+    spec = f"{''.join(x_letters)},{''.join(y_letters)}->{''.join(out)}"
+    return [np.einsum(spec, x, y)]
+
+
+@dot_general_p.def_rule("lower")
+def _dot_general_lower(ctx, avals_in, avals_out, x, y, *, dimension_numbers):
+    (xc, yc), (xb, yb) = dimension_numbers
+    dims = hlo.DotDimensionNumbers.get(
+        lhs_batching_dimensions=list(xb),
+        rhs_batching_dimensions=list(yb),
+        lhs_contracting_dimensions=list(xc),
+        rhs_contracting_dimensions=list(yc),
+    )
+    return [hlo.dot_general(ir_type(avals_out[0]), x, y, dims)]
+
+
+# %% [markdown]
+# A product is linear in each operand separately (bilinear), so its derivative
+# is the product rule, $d(xy) = dx\,y + x\,dy$, with the same dimension numbers
+# for both terms.
+
+
+# %% tags=["export"]
+@dot_general_p.def_rule("jvp")
+def _dot_general_jvp(primals, tangents, *, dimension_numbers):
+    (x, y), (dx, dy) = primals, tangents
+    params = dict(dimension_numbers=dimension_numbers)
+    out = bind(dot_general_p, x, y, **params)
+    d_out = add(
+        bind(dot_general_p, dx, y, **params), bind(dot_general_p, x, dy, **params)
+    )
+    return [out], [d_out]
+
+
+# %% [markdown]
+# ### Batching without a loop
+#
+# A batch of products is still a product, so `vmap` never has to loop over
+# examples. The batching rule only renumbers axes: a batch axis inserted at
+# position `b` shifts every axis at or after `b` up by one, and then there are
+# three cases.
+#
+# - **Both operands batched.** The two batch axes face each other: they become
+#   one more pair of *batch* dimensions. Batch dimensions come first in the
+#   output, so the output's batch axis is 0.
+# - **Only `x` batched.** Its batch axis is just one more free axis of `x`; it
+#   lands among `x`'s free axes in the output, after the existing batch axes.
+# - **Only `y` batched.** Likewise, among `y`'s free axes, after all of `x`'s.
+
+
+# %% tags=["export"]
+def _shift_axes(axes: tuple[int, ...], bdim: int) -> tuple[int, ...]:
+    """Renumber axes after a batch axis has been inserted at ``bdim``."""
+    return tuple(a + 1 if a >= bdim else a for a in axes)
+
+
+@dot_general_p.def_rule("vmap")
+def _dot_general_vmap(axis_size, vals, dims, *, dimension_numbers):
+    (x, y), (bx, by) = vals, dims
+    (xc, yc), (xb, yb) = dimension_numbers
+    if bx is not None and by is not None:
+        xc, xb = _shift_axes(xc, bx), (bx, *_shift_axes(xb, bx))
+        yc, yb = _shift_axes(yc, by), (by, *_shift_axes(yb, by))
+        out_dim = 0
+    elif bx is not None:
+        xc, xb = _shift_axes(xc, bx), _shift_axes(xb, bx)
+        x_free = _free_axes(get_aval(x).ndim, xc, xb)
+        out_dim = len(xb) + x_free.index(bx)
+    else:
+        yc, yb = _shift_axes(yc, by), _shift_axes(yb, by)
+        num_x_free = len(_free_axes(get_aval(x).ndim, xc, xb))
+        y_free = _free_axes(get_aval(y).ndim, yc, yb)
+        out_dim = len(xb) + num_x_free + y_free.index(by)
+    out = bind(dot_general_p, x, y, dimension_numbers=((xc, yc), (xb, yb)))
+    return [out], [out_dim]
+
+
+# %% [markdown]
+# A matrix applied to a batch of vectors, and a batch of matrices applied to a
+# batch of vectors, each become a single `dot_general`. In the first, the batch
+# axis of the vectors is a free axis, which lands after the matrix's rows, so
+# `vmap` adds a `transpose` to move it to the front, where `out_axes=0` wants
+# it. In the second, the two batch axes form a batch dimension.
+
+
+# %%
+def matvec(m, v):
+    return dot_general(m, v, (((1,), (0,)), ((), ())))
+
+
+float64 = np.float64
+print(
+    make_jaxpr(
+        vmap(matvec, (None, 0)),
+        ShapedArray((3, 4), float64),
+        ShapedArray((5, 4), float64),
+    )[0]
+)
+print(
+    make_jaxpr(
+        vmap(matvec, (0, 1)),
+        ShapedArray((5, 3, 4), float64),
+        ShapedArray((4, 5), float64),
+    )[0]
+)
+
+
+# %% [markdown]
+# ### Transposing a product
+#
+# Fix `y`; then $x \mapsto \mathrm{dot}(x, y)$ is linear, and its transpose
+# takes an output cotangent $\bar c$ back to a cotangent for `x`. For matrices
+# that is the familiar $\bar x = \bar c\, y^T$: a product of the cotangent with
+# the *other* operand, contracted over the axes the output got from that other
+# operand. In general:
+#
+# 1. contract $\bar c$ with `y` over `y`'s free axes (which are the last axes of
+#    $\bar c$), keeping the batch axes paired;
+# 2. the result has the batch axes, then the free axes of `x` (the rest of
+#    $\bar c$), then `y`'s contracted axes — which stand for `x`'s contracted
+#    axes, listed in `y`'s order;
+# 3. a final `transpose` puts those axes back in `x`'s order.
+#
+# The cotangent for `y` is the mirror image. The order bookkeeping is the only
+# subtle part, and the {ref}`dot-product test <appendix-dot-test>` below checks
+# it on a product with batch and contracting axes out of order.
+
+
+# %% tags=["export"]
+def _argsort(values: Sequence[int]) -> list[int]:
+    return sorted(range(len(values)), key=values.__getitem__)
+
+
+def _transpose_unless_identity(x: Any, perm: list[int]) -> Any:
+    return x if perm == sorted(perm) else transpose(x, perm)
+
+
+def _aval_of(x: Any) -> ShapedArray:
+    return x.aval if _is_undef(x) else get_aval(x)
+
+
+@dot_general_p.def_rule("transpose")
+def _dot_general_transpose(cts, x, y, *, dimension_numbers):
+    (ct,) = cts
+    (xc, yc), (xb, yb) = dimension_numbers
+    if _is_undef(x) and _is_undef(y):
+        raise TypeError("dot_general: transposing a product of two linear values")
+    x_free = _free_axes(_aval_of(x).ndim, xc, xb)
+    y_free = _free_axes(_aval_of(y).ndim, yc, yb)
+    # The cotangent's axes: batch, then x's free axes, then y's free axes.
+    ct_batch = tuple(range(len(xb)))
+    ct_x_free = tuple(range(len(xb), len(xb) + len(x_free)))
+    ct_y_free = tuple(range(len(xb) + len(x_free), get_aval(ct).ndim))
+    if _is_undef(x):
+        dims = ((ct_y_free, tuple(y_free)), (ct_batch, yb))
+        x_bar = bind(dot_general_p, ct, y, dimension_numbers=dims)
+        # Which axis of x each axis of x_bar stands for:
+        stands_for = [*xb, *x_free, *(xc[i] for i in _argsort(yc))]
+        return [_transpose_unless_identity(x_bar, _argsort(stands_for)), None]
+    dims = ((ct_x_free, tuple(x_free)), (ct_batch, xb))
+    y_bar = bind(dot_general_p, ct, x, dimension_numbers=dims)
+    stands_for = [*yb, *y_free, *(yc[i] for i in _argsort(xc))]
+    return [None, _transpose_unless_identity(y_bar, _argsort(stands_for))]
+
+
+# %% [markdown]
+# (appendix-dot-test)=
+# A transpose can be tested without knowing the answer: for a linear map $A$,
+# $\langle \bar c, A v\rangle = \langle A^T \bar c, v\rangle$ for every $v$ and
+# $\bar c$. Here $A$ is a product with one batch pair and two contracting pairs
+# listed in an order that differs between the operands, and `vjp` supplies
+# $A^T$.
+
+# %%
+rng = np.random.default_rng(0)
+dims = (((2, 0), (0, 2)), ((1,), (1,)))  # contract x2-y0 and x0-y2; batch x1-y1
+x = rng.normal(size=(3, 4, 5))
+y = rng.normal(size=(5, 4, 3, 2))
+v_x, v_y = rng.normal(size=x.shape), rng.normal(size=y.shape)
+out, product_vjp = vjp(lambda x, y: dot_general(x, y, dims), x, y)
+ct = rng.normal(size=out.shape)
+x_bar, y_bar = product_vjp(ct)
+# x -> dot(x, y) and y -> dot(x, y) are each linear:
+print(np.allclose(np.sum(ct * dot_general(v_x, y, dims)), np.sum(x_bar * v_x)))
+print(np.allclose(np.sum(ct * dot_general(x, v_y, dims)), np.sum(y_bar * v_y)))
+with jax.enable_x64(True):
+    print(np.allclose(out, jax.lax.dot_general(x, y, dims)))
+
+
+# %% [markdown]
+# (appendix-broadcasting)=
+# ## Broadcasting, made explicit
+#
+# Every binary primitive insists on operands of one shape, and so does `lax`,
+# JAX's layer of thin wrappers around its primitives. NumPy and `jax.numpy` are
+# more forgiving: they {term}`broadcast` operands of different shapes. Line the
+# shapes up on the right; at each position the sizes must be equal or one of
+# them must be 1; a missing leading axis counts as size 1; the result takes the
+# larger size everywhere. So `(3,)` meets `(2, 3)` as `(2, 3)`, and `(3, 1)`
+# meets `(1, 4)` as `(3, 4)`.
+
+
+# %% tags=["export"]
+def broadcast_shapes(
+    name: str, *shapes: Sequence[int], described: str | None = None
+) -> tuple[int, ...]:
+    """The shape NumPy's broadcasting gives ``shapes``, or a TypeError.
+    ``described`` names the operands in the message (default: the shapes)."""
+    ndim = max(len(s) for s in shapes)
+    padded = [(1,) * (ndim - len(s)) + tuple(s) for s in shapes]
+    result = []
+    for axis, sizes in enumerate(zip(*padded)):
+        other_than_one = {d for d in sizes if d != 1}
+        if len(other_than_one) > 1:
+            described = described or " and ".join(str(tuple(s)) for s in shapes)
+            raise TypeError(
+                f"{name}: operands must have the same shape, or shapes that "
+                f"broadcast; got {described}, whose sizes at axis {axis - ndim} "
+                f"are {' and '.join(map(str, sizes))} (they must be equal, or 1)"
+            )
+        result.append(other_than_one.pop() if other_than_one else 1)
+    return tuple(result)
+
+
+# %% [markdown]
+# Our `broadcast` primitive from {ref}`Part 1 <part1>` only *inserts* axes; it
+# cannot stretch an existing axis of size 1. We keep it that way and stretch in
+# two explicit steps: a `reshape` drops the size-1 axes that must grow, then
+# `broadcast` inserts them back at full size, together with any new leading
+# axes. Nothing happens, and nothing is recorded, for an operand that already
+# has the result's shape.
+
+
+# %% tags=["export"]
+def broadcast_to(x: ArrayLike, shape: Sequence[int]) -> ArrayLike:
+    """``x`` broadcast to ``shape`` by NumPy's rules, as explicit equations."""
+    aval = get_aval(x)
+    shape = _check_shape("broadcast_to", shape)
+    lead = len(shape) - aval.ndim
+    if lead < 0 or broadcast_shapes("broadcast_to", aval.shape, shape) != shape:
+        raise TypeError(
+            f"broadcast_to: cannot broadcast {aval.str_short()} to shape {shape}"
+        )
+    if aval.shape == shape:
+        return x
+    growing = [i for i, d in enumerate(aval.shape) if d == 1 and shape[lead + i] != 1]
+    x = reshape(x, [d for i, d in enumerate(aval.shape) if i not in growing])
+    return broadcast(x, shape, [*range(lead), *(lead + i for i in growing)])
+
+
+def _broadcast_operands(name: str, *args: ArrayLike) -> list[ArrayLike]:
+    """Broadcast the array operands to their common shape. Python numbers stay
+    numbers: the wrappers turn them into arrays of the right dtype."""
+    arrays = [a for a in args if not _is_python_scalar(a)]
+    if not arrays:
+        return list(args)
+    avals = [get_aval(_as_input(a, name)) for a in arrays]
+    described = " and ".join(aval.str_short() for aval in avals)
+    shape = broadcast_shapes(name, *(a.shape for a in avals), described=described)
+    return [a if _is_python_scalar(a) else broadcast_to(a, shape) for a in args]
+
+
+# %% [markdown]
+# (appendix-numpy)=
+# ## A NumPy-like front end
+#
+# With broadcasting in hand, the front end is a thin layer. Following JAX's
+# split between `lax` and `jax.numpy`, the wrappers `add`, `sub`, `mul`, ...
+# stay strict — the transformation rules call them and should fail loudly on a
+# shape mistake rather than broadcast it away — and a separate module,
+# `autodidax.numpy`, holds NumPy-style functions that broadcast first. Outside
+# the book you get it with `import autodidax.numpy as anp`; in this notebook it
+# is the object `numpy_namespace`. Each `numpy_<name>` function below appears in
+# it as `<name>`.
+
+# %% tags=["export"]
+numpy_namespace = types.ModuleType(
+    "autodidax.numpy",
+    "NumPy-style functions built from autodidax's primitives; they broadcast "
+    "their operands like NumPy.",
+)
+
+
+def numpy_function(fn: Callable) -> Callable:
+    """Decorator: put ``numpy_<name>`` into the namespace as ``<name>``."""
+    setattr(numpy_namespace, fn.__name__.removeprefix("numpy_"), fn)
+    return fn
+
+
+def _broadcasting(name: str, strict: Callable) -> Callable:
+    """A NumPy-style binary function: broadcast, then call ``strict``."""
+
+    def fn(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+        return strict(*_broadcast_operands(name, x, y))
+
+    fn.__name__ = f"numpy_{name}"
+    fn.__doc__ = f"``{strict.__name__}`` with NumPy broadcasting."
+    return numpy_function(fn)
+
+
+numpy_add = _broadcasting("add", add)
+numpy_subtract = _broadcasting("subtract", sub)
+numpy_multiply = _broadcasting("multiply", mul)
+numpy_maximum = _broadcasting("maximum", maximum)
+numpy_greater = _broadcasting("greater", greater)
+numpy_less = _broadcasting("less", less)
+for _fn in [sin, cos, exp, log, tanh, reshape, broadcast_to, zeros_like]:
+    setattr(numpy_namespace, _fn.__name__, _fn)
+numpy_namespace.negative = neg
+for _name in ["bool_", "int32", "int64", "float32", "float64"]:
+    setattr(numpy_namespace, _name, getattr(np, _name))
+
+
+@numpy_function
+def numpy_divide(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """True division with NumPy broadcasting; integers become float64 first."""
+    return div(*_broadcast_operands("divide", _as_float(x), _as_float(y)))
+
+
+def _as_float(x: ArrayLike) -> ArrayLike:
+    if _is_python_scalar(x):
+        return float(x)
+    if get_aval(x).dtype.kind != "f":
+        return convert_element_type(x, np.float64)
+    return x
+
+
+@numpy_function
+def numpy_minimum(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise smaller of ``x`` and ``y``, as ``-maximum(-x, -y)``."""
+    return neg(numpy_maximum(-x, -y))
+
+
+@numpy_function
+def numpy_power(x: ArrayLike, y: int) -> ArrayLike:
+    """``x ** y`` for an integer ``y``."""
+    return integer_pow(x, y)
+
+
+@numpy_function
+def numpy_where(pred: ArrayLike, x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """``x`` where ``pred`` is true, else ``y``, with NumPy broadcasting."""
+    if _is_python_scalar(pred):
+        pred = np.asarray(pred)
+    if _is_python_scalar(x) and _is_python_scalar(y):
+        dtype = np.result_type(type(x), type(y))
+        x, y = np.asarray(x, dtype), np.asarray(y, dtype)
+    pred, x, y = _broadcast_operands("where", pred, x, y)
+    if _is_python_scalar(x):
+        x = _scalar_like("where", x, y)
+    if _is_python_scalar(y):
+        y = _scalar_like("where", y, x)
+    return select(pred, x, y)
+
+
+@numpy_function
+def numpy_sum(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:
+    """Sum over ``axis`` (all axes by default)."""
+    return reduce_sum(x, axis)
+
+
+@numpy_function
+def numpy_max(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:
+    """Largest element over ``axis`` (all axes by default)."""
+    return reduce_max(x, axis)
+
+
+@numpy_function
+def numpy_mean(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:
+    """Average over ``axis`` (all axes by default); integers give float64."""
+    x = _as_float(_as_input(x, "mean"))
+    ndim = get_aval(x).ndim
+    axes = range(ndim) if axis is None else _normalize_axes("mean", axis, ndim)
+    count = math.prod(get_aval(x).shape[a] for a in axes)
+    return div(reduce_sum(x, axis), float(count))
+
+
+@numpy_function
+def numpy_transpose(x: ArrayLike, axes: Sequence[int] | None = None) -> ArrayLike:
+    """Permute the axes of ``x``; reverse them if ``axes`` is None."""
+    if axes is None:
+        axes = tuple(reversed(range(get_aval(x).ndim)))
+    return transpose(x, axes)
+
+
+@numpy_function
+def numpy_astype(x: ArrayLike, dtype: Any) -> ArrayLike:
+    """``x`` converted to ``dtype``."""
+    return convert_element_type(x, dtype)
+
+
+@numpy_function
+def numpy_zeros(shape: int | Sequence[int], dtype: Any = np.float64) -> np.ndarray:
+    """An array of zeros: a constant, since it depends on no input."""
+    return np.zeros(shape, dtype)
+
+
+@numpy_function
+def numpy_ones(shape: int | Sequence[int], dtype: Any = np.float64) -> np.ndarray:
+    """An array of ones (a constant)."""
+    return np.ones(shape, dtype)
+
+
+@numpy_function
+def numpy_ones_like(x: ArrayLike) -> np.ndarray:
+    """An array of ones with the shape and dtype of ``x``."""
+    aval = get_aval(x)
+    return np.ones(aval.shape, aval.dtype)
+
+
+# %% [markdown]
+# The two products follow NumPy's definitions, both on top of `dot_general`.
+# `dot` contracts the last axis of `x` with the only axis of a vector `y`, or
+# with the second-to-last axis of an array `y`, and keeps all other axes.
+# `matmul` (the `@` operator) treats arrays of more than two axes as stacks of
+# matrices: the stacks are broadcast against each other and become batch
+# dimensions, so a batch of matrix products is again one equation.
+
+
+# %% tags=["export"]
+def _contract_last_axis(name: str, x: Any, y: Any) -> Any:
+    """x's last axis against y's only axis, or y's second-to-last."""
+    x_aval, y_aval = get_aval(x), get_aval(y)
+    i, j = x_aval.ndim - 1, max(y_aval.ndim - 2, 0)
+    if x_aval.shape[i] != y_aval.shape[j]:
+        raise TypeError(
+            f"{name}: shapes {x_aval.str_short()} and {y_aval.str_short()} are not "
+            f"aligned: axis {i} of x has size {x_aval.shape[i]}, axis {j} of y "
+            f"has size {y_aval.shape[j]}"
+        )
+    return dot_general(x, y, (((i,), (j,)), ((), ())))
+
+
+@numpy_function
+def numpy_dot(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """NumPy's ``dot``; with a scalar operand, a multiplication."""
+    x, y = (_as_input(v, "dot") for v in (x, y))
+    if get_aval(x).ndim == 0 or get_aval(y).ndim == 0:
+        return numpy_multiply(x, y)
+    return _contract_last_axis("dot", x, y)
+
+
+@numpy_function
+def numpy_matmul(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """NumPy's ``matmul``, the ``@`` operator."""
+    x, y = (_as_input(v, "matmul") for v in (x, y))
+    x_aval, y_aval = get_aval(x), get_aval(y)
+    if x_aval.ndim == 0 or y_aval.ndim == 0:
+        raise TypeError(
+            f"matmul: operands must not be scalars, got {x_aval.str_short()} and "
+            f"{y_aval.str_short()} (use * to multiply by a scalar)"
+        )
+    if max(x_aval.ndim, y_aval.ndim) <= 2 or min(x_aval.ndim, y_aval.ndim) == 1:
+        return _contract_last_axis("matmul", x, y)
+    # Two stacks of matrices: broadcast the stacks, then batch over them.
+    if x_aval.shape[-1] != y_aval.shape[-2]:
+        _contract_last_axis("matmul", x, y)  # raises the error
+    batch = broadcast_shapes("matmul", x_aval.shape[:-2], y_aval.shape[:-2])
+    x = broadcast_to(x, (*batch, *x_aval.shape[-2:]))
+    y = broadcast_to(y, (*batch, *y_aval.shape[-2:]))
+    n = len(batch)
+    return dot_general(x, y, (((n + 1,), (n,)), (tuple(range(n)), tuple(range(n)))))
+
+
+numpy = numpy_namespace  # for `from autodidax import numpy as anp`
+if __name__ != "__main__":  # in the module: `import autodidax.numpy as anp`
+    sys.modules[f"{__name__}.numpy"] = numpy_namespace
+
+
+# %% [markdown]
+# Finally the operators. {ref}`Part 1 <part1>` gave tracers (and, in Part 3,
+# device arrays) the operators `+ * - > <` through the shared class
+# `ArrayOperators`, with `-` spelled as `add` and `neg`. Now each operator goes to
+# its NumPy-style function, so it broadcasts, `-` becomes one `sub`, and there
+# are four more: `/`, `@`, unary `-`, and `**` with an integer exponent. Python
+# numbers on either side work as before.
+
+
+# %% tags=["export"]
+def _power(x: ArrayLike, exponent: Any) -> ArrayLike:
+    if not _is_axis(exponent):  # a Python or NumPy integer
+        raise TypeError(
+            f"**: only integer exponents are supported, got {_short_repr(exponent)}"
+            "; write exp(y * log(x)) for other powers"
+        )
+    return integer_pow(x, exponent)
+
+
+def _install_operators() -> None:
+    binary = {
+        "add": numpy_add,
+        "sub": numpy_subtract,
+        "mul": numpy_multiply,
+        "truediv": numpy_divide,
+        "matmul": numpy_matmul,
+    }
+    for name, fn in binary.items():
+        setattr(ArrayOperators, f"__{name}__", lambda a, b, fn=fn: fn(a, b))
+        setattr(ArrayOperators, f"__r{name}__", lambda a, b, fn=fn: fn(b, a))
+    ArrayOperators.__gt__ = lambda a, b: numpy_greater(a, b)
+    ArrayOperators.__lt__ = lambda a, b: numpy_less(a, b)
+    ArrayOperators.__neg__ = lambda a: neg(a)
+    ArrayOperators.__pow__ = _power
+
+
+_install_operators()
+
+# %% [markdown]
+# Here is what broadcasting records. Adding a `(3, 1)` column to a `(4,)` row
+# stretches both: the column loses its size-1 axis and gains a new one of size
+# 4; the row gains a leading axis of size 3.
+
+# %%
+anp = numpy_namespace
+print(
+    make_jaxpr(
+        lambda col, row: col + row,
+        ShapedArray((3, 1), float64),
+        ShapedArray((4,), float64),
+    )[0]
+)
+
+
+# %% [markdown]
+# (appendix-rule-table)=
+# ## Every primitive, every rule
+#
+# {ref}`Part 1 <part1>` stored each primitive's rules in a dictionary on the
+# primitive, and every primitive registers itself in `PRIMITIVES`; each part
+# added its kinds of rule to `RULE_KINDS`. So the table of what the module can do
+# is not written by hand: the cell below reads it off the registries every time
+# the chapter runs, and CI re-runs the chapter and compares. A cell says
+# *not linear* where a transpose rule would be meaningless, and *generic* where
+# {ref}`Part 4 <part4>`'s generic partial evaluation applies, which needs no
+# rule of its own. Anything else missing would show up as a gap.
+
+
+# %%
+class RuleTable:
+    """Rows of (primitive, status per rule kind); HTML on the page, text in
+    the notebook's plain-text output (which the tests compare)."""
+
+    def __init__(self, kinds, rows):
+        self.kinds, self.rows = kinds, rows
+
+    def __repr__(self):
+        lines = [" ".join(f"{c:>20}" for c in ("primitive", *self.kinds))]
+        lines += [" ".join(f"{c:>20}" for c in row) for row in self.rows]
+        return "\n".join(lines)
+
+    def _repr_html_(self):
+        def cell(text, tag="td"):
+            style = "" if text in ("yes", "") else ' style="color: #6b7280"'
+            return f"<{tag}{style}>{'✓' if text == 'yes' else text}</{tag}>"
+
+        head = "".join(cell(c, "th") for c in ("primitive", *self.kinds))
+        body = "".join(
+            f"<tr><td><code>{name}</code></td>{''.join(map(cell, statuses))}</tr>"
+            for name, *statuses in self.rows
+        )
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def rule_status(prim, kind):
+    if kind in prim.rules:
+        return "yes"
+    if kind == "transpose" and prim.name in NOT_LINEAR:
+        return "not linear"
+    if kind in ("partial_eval", "partial_eval_jaxpr") and prim.name not in (
+        "xla_call",
+        "cond",
+    ):
+        return "generic"
+    return "MISSING"
+
+
+rows = [
+    (name, *(rule_status(prim, kind) for kind in RULE_KINDS))
+    for name, prim in sorted(PRIMITIVES.items())
+]
+gaps = [
+    (row[0], kind)
+    for row in rows
+    for kind, s in zip(RULE_KINDS, row[1:])
+    if s == "MISSING"
+]
+print(f"{len(rows)} primitives, {len(RULE_KINDS)} kinds of rule, gaps: {gaps}")
+RuleTable(RULE_KINDS, rows)
+
+
+# %% [markdown]
+# ## A worked example: a small neural network
+#
+# Everything is in place to write a model the way one would for JAX. A
+# two-layer perceptron maps each input row through a matrix product, a bias, a
+# `tanh`, and a second matrix product and bias; the loss is the mean squared
+# error on a batch. The parameters live in a dict, a {term}`pytree`, and `grad`
+# differentiates with respect to all of them at once.
+
+
+# %%
+def predict(params, x):
+    hidden = anp.tanh(x @ params["w1"] + params["b1"])
+    return hidden @ params["w2"] + params["b2"]
+
+
+def loss(params, x, y):
+    return anp.mean((predict(params, x) - y) ** 2)
+
+
+rng = np.random.default_rng(42)
+x_train = rng.uniform(-2.0, 2.0, size=(64, 1))
+y_train = np.sin(2.0 * x_train) + 0.1 * rng.normal(size=x_train.shape)
+params = {
+    "w1": 0.5 * rng.normal(size=(1, 32)),
+    "b1": np.zeros(32),
+    "w2": 0.3 * rng.normal(size=(32, 1)),
+    "b2": np.zeros(1),
+}
+shaped = {name: ShapedArray(p.shape, p.dtype) for name, p in params.items()}
+print(make_jaxpr(loss, shaped, get_aval(x_train), get_aval(y_train))[0])
+
+# %% [markdown]
+# Every broadcast is in the jaxpr: the biases gain the batch axis with
+# `broadcast`, and the mean is a sum followed by a division by the literal
+# 64.0. Now the gradient, compiled, and the same function written for JAX:
+
+# %%
+loss_grad = jit(grad(loss))
+ours = loss_grad(params, x_train, y_train)
+
+
+def jax_loss(params, x, y):
+    hidden = jnp.tanh(x @ params["w1"] + params["b1"])
+    return jnp.mean((hidden @ params["w2"] + params["b2"] - y) ** 2)
+
+
+with jax.enable_x64(True):
+    jax_loss_grad = jax.jit(jax.grad(jax_loss))
+    theirs = jax_loss_grad(params, x_train, y_train)
+for name in params:
+    difference = np.max(np.abs(np.asarray(ours[name]) - np.asarray(theirs[name])))
+    print(
+        f"{name}: shape {ours[name].shape}, largest difference from JAX {difference:.1e}"
+    )
+
+
+# %% [markdown]
+# The two agree to the last few bits of float64. Training is a loop around that
+# gradient: step every parameter a little against its gradient. Running both
+# trainings side by side for 300 steps shows them staying together while the
+# loss drops.
+
+
+# %%
+def sgd_step(params, grads, learning_rate=0.1):
+    return {name: params[name] - learning_rate * grads[name] for name in params}
+
+
+ours, theirs = params, params
+with jax.enable_x64(True):
+    for step in range(301):
+        if step % 100 == 0:
+            print(
+                f"step {step:3}: loss {float(loss(ours, x_train, y_train)):.6f} "
+                f"(JAX: {float(jax_loss(theirs, x_train, y_train)):.6f})"
+            )
+        ours = sgd_step(ours, loss_grad(ours, x_train, y_train))
+        theirs = sgd_step(theirs, jax_loss_grad(theirs, x_train, y_train))
+drift = max(np.max(np.abs(np.asarray(ours[k]) - np.asarray(theirs[k]))) for k in ours)
+print(f"largest parameter difference after 300 steps: {drift:.1e}")
+
+# %% [markdown]
+# ## Mistakes the new primitives catch
+#
+# Each wrapper checks its arguments before anything is recorded, so a mistake
+# surfaces at the line that made it, eagerly or while tracing under `jit`, with
+# the shapes in the message.
+
+# %%
+a, b = np.ones((2, 3)), np.ones((4, 5))
+show_error(jit(lambda a, b: a @ b), a, b)  # inner sizes differ
+show_error(jit(lambda a: anp.dot(a, a)), a)  # under jit: at trace time
+show_error(lambda: reshape(a, (4, 2)))  # 6 elements do not fill (4, 2)
+show_error(lambda: reshape(a, (-1, 4)))
+show_error(lambda: log(np.arange(3)))  # log of integers
+show_error(jit(lambda a: a + np.ones((3, 2))), a)  # shapes that do not broadcast
+show_error(lambda: jit(lambda a: a**0.5)(a))  # only integer powers
+show_error(lambda: integer_pow(np.arange(3), -1))
+show_error(lambda: anp.astype(a, "U3"))  # not a numeric dtype
+show_error(lambda: dot_general(a, a, (((1,), (0,)), ((), ()))))
+show_error(lambda: jit(lambda a: a @ 2.0)(a))
+
+
+# %% [markdown]
+# ## Where real JAX differs
+#
+# - **Type promotion.** `jax.numpy` combines different dtypes by a
+#   [promotion lattice](https://docs.jax.dev/en/latest/type_promotion.html)
+#   (`int32 + float32` is `float32`) with "weak" types for Python numbers; we
+#   refuse mixed dtypes and only let Python numbers adapt, so any conversion is
+#   an explicit `convert_element_type` in the jaxpr. JAX's `convert_element_type`
+#   accordingly has a `weak_type` param.
+# - **Broadcasting in one step.** JAX's
+#   [`broadcast_in_dim`](https://docs.jax.dev/en/latest/_autosummary/jax.lax.broadcast_in_dim.html)
+#   can stretch axes of size 1 directly, so `jax.numpy` broadcasting needs no
+#   `reshape`. Our two-step version is equivalent and keeps Part 1's `broadcast`
+#   simple.
+# - **More params on products.**
+#   [`lax.dot_general`](https://docs.jax.dev/en/latest/_autosummary/jax.lax.dot_general.html)
+#   also takes a `precision` and a `preferred_element_type` (for instance, to
+#   accumulate a `bfloat16` product in `float32`); XLA picks the algorithm.
+# - **Powers.** JAX has a general `pow` primitive for non-integer exponents;
+#   `x ** 2` still becomes `integer_pow`, lowered by repeated squaring as here.
+# - **Ties.** JAX's rules for `max` and `reduce_max` split the derivative among
+#   tied elements in the same way, which is why the examples above agree
+#   exactly.
+# - **Many more functions.** `jax.numpy` implements most of NumPy's API on top of
+#   about a hundred primitives, and jit-compiles many of its functions
+#   internally; ours is a dozen functions, enough for the example above.
+#
+# ## Summary
+#
+# - Once the interpreters exist, a primitive is a wrapper and a set of small
+#   rules: evaluation, abstract evaluation, `jvp`, `vmap`, lowering, and
+#   transposition if it is linear. Partial evaluation comes for free.
+# - A kink such as `max` needs a convention for its derivative at ties; ours
+#   (and JAX's) splits the slope evenly among the tied inputs.
+# - `dot_general` expresses every matrix and vector product, batched or not,
+#   through dimension numbers; `vmap` and transposition only renumber axes.
+# - NumPy broadcasting becomes explicit `reshape` and `broadcast` equations in
+#   the front end, while the primitives and their wrappers stay strict.
+# - The table of primitives and rules is generated from the registries, and has
+#   no gaps.
+#
+# ## Exercises
+#
+# **1. A stable `logsumexp`.** `log(sum(exp(x)))` overflows for large inputs.
+# Write `logsumexp(x)` that subtracts the maximum first, check it against the
+# naive formula on moderate inputs, show that it survives `x = [1000., 1001.]`,
+# and compare its gradient (which is the softmax) with JAX's.
+
+
+# %% tags=["hide-input"]
+def logsumexp(x):
+    top = anp.max(x)
+    return anp.log(anp.sum(anp.exp(x - top))) + top
+
+
+x = np.array([0.3, -1.2, 2.0])
+print(logsumexp(x), np.log(np.sum(np.exp(x))))
+print(logsumexp(np.array([1000.0, 1001.0])))  # the naive formula gives inf
+with jax.enable_x64(True):
+    print(grad(logsumexp)(x), jax.grad(jax.nn.logsumexp)(x))
+
+# %% [markdown]
+# **2. A new primitive.** Add `sqrt` with all the rules of this appendix:
+# evaluation, abstract evaluation, `jvp` ($\frac{d}{dx}\sqrt{x} = 1/(2\sqrt{x})$),
+# `vmap` and lowering (`hlo.sqrt`). Is it linear? Check `jit(grad(...))` of
+# a function that uses it against JAX, and look it up in a regenerated table.
+
+# %% tags=["hide-input"]
+sqrt_p = Primitive("sqrt")
+
+
+def sqrt(x):
+    _check_kind("sqrt", x, "f", "a float")
+    return bind(sqrt_p, x)
+
+
+_impl_from_numpy(sqrt_p, np.sqrt)
+_unary_abstract_eval(sqrt_p, "f", "a float")
+_unary_vmap(sqrt_p)
+_lower_with(sqrt_p, hlo.sqrt)
+
+
+@sqrt_p.def_rule("jvp")
+def _sqrt_jvp(primals, tangents):
+    (x,), (dx,) = primals, tangents
+    out = sqrt(x)
+    return [out], [div(dx, mul(out, 2.0))]
+
+
+# Not linear: sqrt(a + b) != sqrt(a) + sqrt(b), so no transpose rule; the
+# table should say so rather than report a gap.
+NOT_LINEAR = NOT_LINEAR | {"sqrt"}
+print(jit(grad(lambda x: anp.sum(sqrt(x * x + 1.0))))(np.array([0.5, 2.0])))
+with jax.enable_x64(True):
+    print(jax.grad(lambda x: jnp.sum(jnp.sqrt(x * x + 1.0)))(np.array([0.5, 2.0])))
+print({kind: rule_status(sqrt_p, kind) for kind in RULE_KINDS})
+
+# %% [markdown]
+# **3. Batched products, counted.** Under `vmap(vmap(matvec))`, with the matrix
+# batched in the outer `vmap` only and the vector in both, how many equations
+# does the jaxpr have, and which axes are batch dimensions of the
+# `dot_general`?
+
+# %% tags=["hide-input"]
+inner = vmap(matvec, (None, 0))  # one matrix, many vectors
+outer = vmap(inner, (0, 0))  # many matrices, each with its own vectors
+jaxpr, _, _ = make_jaxpr(
+    outer, ShapedArray((2, 3, 4), float64), ShapedArray((2, 5, 4), float64)
+)
+print(jaxpr)
+# One dot_general: the outer batch axis pairs the operands' axes 0 as a batch
+# dimension; the inner one is a free axis of the vectors, which lands after
+# the matrix rows, hence the transpose that puts it back in second place.
