@@ -97,6 +97,10 @@ except ImportError:
 autodidax.load_chapters(globals(), before="appendix_primitives")
 np.set_printoptions(precision=6, suppress=True)
 
+# %% [markdown]
+# The second folded cell imports JAX, against which the appendix checks its
+# answers, and a helper that prints an error message instead of stopping.
+
 # %% tags=["hide-input"]
 import textwrap
 
@@ -1396,17 +1400,18 @@ print(
 # {ref}`Part 1 <part1>` stored each primitive's rules in a dictionary on the
 # primitive, and every primitive registers itself in `PRIMITIVES`; each part
 # added its kinds of rule to `RULE_KINDS`. So the table of what the module can do
-# is not written by hand: the cell below reads it off the registries every time
-# the chapter runs, and CI re-runs the chapter and compares. A cell says
+# is not written by hand: the second cell below reads it off the registries
+# every time the chapter runs (the folded first one only draws the table), and
+# CI re-runs the chapter and compares. A cell says
 # *not linear* where a transpose rule would be meaningless, and *generic* where
 # {ref}`Part 4 <part4>`'s generic partial evaluation applies, which needs no
 # rule of its own. Anything else missing would show up as a gap.
 
 
-# %%
+# %% tags=["hide-input"]
 class RuleTable:
-    """Rows of (primitive, status per rule kind); HTML on the page, text in
-    the notebook's plain-text output (which the tests compare)."""
+    """Rows of (primitive, status per rule kind): an HTML table on the page,
+    plain text in the notebook's text output (which the tests compare)."""
 
     def __init__(self, kinds, rows):
         self.kinds, self.rows = kinds, rows
@@ -1418,15 +1423,25 @@ class RuleTable:
 
     def _repr_html_(self):
         def cell(text, tag="td"):
-            style = "" if text in ("yes", "") else ' style="color: #6b7280"'
-            return f"<{tag}{style}>{'✓' if text == 'yes' else text}</{tag}>"
+            shown = {"yes": "✓"}.get(text, text.replace("_", " "))
+            style = "text-align: center"
+            if text not in ("yes", "primitive"):
+                style += "; color: #6b7280" if tag == "td" else ""
+            return f'<{tag} style="{style}">{shown}</{tag}>'
 
         head = "".join(cell(c, "th") for c in ("primitive", *self.kinds))
         body = "".join(
             f"<tr><td><code>{name}</code></td>{''.join(map(cell, statuses))}</tr>"
             for name, *statuses in self.rows
         )
-        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        return (
+            '<div style="overflow-x: auto"><table style="font-size: 0.85em">'
+            f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+        )
+
+
+# %%
+HIGHER_ORDER = ("xla_call", "cond")  # the primitives that carry jaxprs
 
 
 def rule_status(prim, kind):
@@ -1434,10 +1449,7 @@ def rule_status(prim, kind):
         return "yes"
     if kind == "transpose" and prim.name in NOT_LINEAR:
         return "not linear"
-    if kind in ("partial_eval", "partial_eval_jaxpr") and prim.name not in (
-        "xla_call",
-        "cond",
-    ):
+    if kind.startswith("partial_eval") and prim.name not in HIGHER_ORDER:
         return "generic"
     return "MISSING"
 
@@ -1449,8 +1461,8 @@ rows = [
 gaps = [
     (row[0], kind)
     for row in rows
-    for kind, s in zip(RULE_KINDS, row[1:])
-    if s == "MISSING"
+    for kind, status in zip(RULE_KINDS, row[1:])
+    if status == "MISSING"
 ]
 print(f"{len(rows)} primitives, {len(RULE_KINDS)} kinds of rule, gaps: {gaps}")
 RuleTable(RULE_KINDS, rows)
