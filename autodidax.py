@@ -3826,10 +3826,9 @@ def broadcast_to(x: ArrayLike, shape: Sequence[int]) -> ArrayLike:
 def _broadcast_operands(name: str, *args: ArrayLike) -> list[ArrayLike]:
     """Broadcast the array operands to their common shape. Python numbers stay
     numbers: the wrappers turn them into arrays of the right dtype."""
-    arrays = [a for a in args if not _is_python_scalar(a)]
-    if not arrays:
-        return list(args)
-    avals = [get_aval(_as_input(a, name)) for a in arrays]
+    avals = [get_aval(a) for a in args if not _is_python_scalar(a)]
+    if all(aval.shape == avals[0].shape for aval in avals):
+        return list(args)  # the common case: nothing to do
     described = " and ".join(aval.str_short() for aval in avals)
     shape = broadcast_shapes(name, *(a.shape for a in avals), described=described)
     return [a if _is_python_scalar(a) else broadcast_to(a, shape) for a in args]
@@ -4036,11 +4035,11 @@ def _install_operators() -> None:
         "matmul": numpy_matmul,
     }
     for name, fn in binary.items():
-        setattr(ArrayOperators, f"__{name}__", lambda a, b, fn=fn: fn(a, b))
+        setattr(ArrayOperators, f"__{name}__", fn)  # fn(self, other)
         setattr(ArrayOperators, f"__r{name}__", lambda a, b, fn=fn: fn(b, a))
-    ArrayOperators.__gt__ = lambda a, b: numpy_greater(a, b)
-    ArrayOperators.__lt__ = lambda a, b: numpy_less(a, b)
-    ArrayOperators.__neg__ = lambda a: neg(a)
+    ArrayOperators.__gt__ = numpy_greater
+    ArrayOperators.__lt__ = numpy_less
+    ArrayOperators.__neg__ = neg
     ArrayOperators.__pow__ = _power
 
 
