@@ -181,13 +181,19 @@ NOT_LINEAR = frozenset(
 def convert_element_type(x: ArrayLike, dtype: Any) -> ArrayLike:
     """``x`` with its elements converted to ``dtype`` (NumPy's ``astype``)."""
     try:
-        new_dtype = np.dtype(dtype)
+        new_dtype = None if dtype is None else np.dtype(dtype)
     except TypeError:
-        raise TypeError(f"convert_element_type: {dtype!r} is not a dtype") from None
-    if new_dtype.kind not in _ARRAY_KINDS:
+        new_dtype = None
+    if new_dtype is None:
+        raise TypeError(f"convert_element_type: {dtype!r} is not a dtype")
+    if new_dtype.kind not in _ARRAY_KINDS or new_dtype.itemsize > 8:
+        kinds = {"U": "strings", "S": "bytes", "O": "objects", "c": "complex numbers"}
+        what = (
+            f" (a dtype of {kinds[new_dtype.kind]})" if new_dtype.kind in kinds else ""
+        )
         raise TypeError(
-            f"convert_element_type: cannot convert to {new_dtype}; arrays hold "
-            "booleans, integers or floats"
+            f"convert_element_type: cannot convert to {new_dtype}{what}; arrays "
+            "hold booleans, integers or floats of up to 64 bits"
         )
     if get_aval(x).dtype == new_dtype:
         return x
@@ -490,7 +496,7 @@ def integer_pow(x: ArrayLike, y: int) -> ArrayLike:
     """Elementwise ``x ** y`` for an integer exponent ``y``."""
     if not _is_axis(y):  # a Python or NumPy integer, not a bool
         raise TypeError(
-            f"integer_pow: the exponent must be an integer, got {_short_repr(y)}; "
+            f"integer_pow: the exponent must be an integer, got {_describe(y)}; "
             "for other powers write exp(y * log(x))"
         )
     _check_kind("integer_pow", x, "iuf", "a numeric (not boolean)")
@@ -500,6 +506,13 @@ def integer_pow(x: ArrayLike, y: int) -> ArrayLike:
             "convert them to float first"
         )
     return bind(integer_pow_p, x, y=int(y))
+
+
+def _describe(value: Any) -> str:
+    """A value for an error message: an array or tracer by its type."""
+    if isinstance(value, (Tracer, np.ndarray, *DEVICE_ARRAY_TYPES)):
+        return f"an array of type {get_aval(value).str_short()}"
+    return _short_repr(value)
 
 
 @integer_pow_p.def_rule("impl")
@@ -615,7 +628,15 @@ def _check_shape_or_hole(name: str, shape: Any) -> tuple:
     holes = [i for i, d in enumerate(dims) if _is_axis(d) and d == -1]
     if len(holes) > 1:
         raise ValueError(f"{name}: at most one entry of the shape can be -1: {dims}")
-    checked = _check_shape(name, [0 if i in holes else d for i, d in enumerate(dims)])
+    try:
+        checked = _check_shape(
+            name, [0 if i in holes else d for i, d in enumerate(dims)]
+        )
+    except ValueError:
+        raise ValueError(
+            f"{name}: shape must contain non-negative integers and at most one "
+            f"-1, got {dims}"
+        ) from None
     return tuple(-1 if i in holes else d for i, d in enumerate(checked))
 
 
@@ -1123,12 +1144,32 @@ def broadcast_to(x: ArrayLike, shape: Sequence[int]) -> ArrayLike:
 def _broadcast_operands(name: str, *args: ArrayLike) -> list[ArrayLike]:
     """Broadcast the array operands to their common shape. Python numbers stay
     numbers: the wrappers turn them into arrays of the right dtype."""
-    avals = [get_aval(a) for a in args if not _is_python_scalar(a)]
+    avals = [
+        a.aval if isinstance(a, Tracer) else get_aval(as_array(a, name))
+        for a in args
+        if not _is_python_scalar(a)
+    ]
     if all(aval.shape == avals[0].shape for aval in avals):
         return list(args)  # the common case: nothing to do
     described = " and ".join(aval.str_short() for aval in avals)
     shape = broadcast_shapes(name, *(a.shape for a in avals), described=described)
     return [a if _is_python_scalar(a) else broadcast_to(a, shape) for a in args]
+
+
+def _operands_alike(name: str, *args: ArrayLike) -> list[ArrayLike]:
+    """Broadcast, then make Python numbers arrays like the other operands, and
+    check that all have one dtype: what the strict wrappers would accept."""
+    args = _broadcast_operands(name, *args)
+    arrays = [a for a in args if not _is_python_scalar(a)]
+    if not arrays:
+        dtype = np.result_type(*(type(a) for a in args))
+        return [np.asarray(a, dtype) for a in args]
+    args = [
+        _scalar_like(name, a, arrays[0]) if _is_python_scalar(a) else a for a in args
+    ]
+    for other in args[1:]:
+        check_binary_operands(name, get_aval(args[0]), get_aval(other))
+    return args
 
 
 # %% [markdown]
@@ -1185,7 +1226,10 @@ for _name in ["bool_", "int32", "int64", "float32", "float64"]:
 @numpy_function
 def numpy_divide(x: ArrayLike, y: ArrayLike) -> ArrayLike:
     """True division with NumPy broadcasting; integers become float64 first."""
-    return div(*_broadcast_operands("divide", _as_float(x), _as_float(y)))
+    x, y = _broadcast_operands("divide", x, y)
+    if not (_is_python_scalar(x) or _is_python_scalar(y)):
+        check_binary_operands("divide", get_aval(x), get_aval(y))
+    return div(_as_float(x), _as_float(y))
 
 
 def _as_float(x: ArrayLike) -> ArrayLike:
@@ -1198,8 +1242,12 @@ def _as_float(x: ArrayLike) -> ArrayLike:
 
 @numpy_function
 def numpy_minimum(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """Elementwise smaller of ``x`` and ``y``, as ``-maximum(-x, -y)``."""
-    return neg(numpy_maximum(-x, -y))
+    """Elementwise smaller of ``x`` and ``y``, with NumPy broadcasting."""
+    x, y = _operands_alike("minimum", x, y)
+    if get_aval(x).dtype.kind == "f":
+        # Negation is exact for floats, and this shares max's rule at ties.
+        return neg(maximum(neg(x), neg(y)))
+    return select(less(x, y), x, y)  # integers: -x could overflow
 
 
 @numpy_function
@@ -1211,16 +1259,16 @@ def numpy_power(x: ArrayLike, y: int) -> ArrayLike:
 @numpy_function
 def numpy_where(pred: ArrayLike, x: ArrayLike, y: ArrayLike) -> ArrayLike:
     """``x`` where ``pred`` is true, else ``y``, with NumPy broadcasting."""
-    if _is_python_scalar(pred):
-        pred = np.asarray(pred)
+    pred = np.asarray(pred) if _is_python_scalar(pred) else pred
+    if get_aval(pred).dtype != np.bool_:
+        raise TypeError(
+            f"where: the condition must be a boolean array, got "
+            f"{get_aval(pred).str_short()} (compare with > or < to make one)"
+        )
     if _is_python_scalar(x) and _is_python_scalar(y):
-        dtype = np.result_type(type(x), type(y))
-        x, y = np.asarray(x, dtype), np.asarray(y, dtype)
+        x, y = _operands_alike("where", x, y)
     pred, x, y = _broadcast_operands("where", pred, x, y)
-    if _is_python_scalar(x):
-        x = _scalar_like("where", x, y)
-    if _is_python_scalar(y):
-        y = _scalar_like("where", y, x)
+    x, y = _operands_alike("where", x, y)
     return select(pred, x, y)
 
 
@@ -1326,7 +1374,10 @@ def numpy_matmul(x: ArrayLike, y: ArrayLike) -> ArrayLike:
     # Two stacks of matrices: broadcast the stacks, then batch over them.
     if x_aval.shape[-1] != y_aval.shape[-2]:
         _contract_last_axis("matmul", x, y)  # raises the error
-    batch = broadcast_shapes("matmul", x_aval.shape[:-2], y_aval.shape[:-2])
+    described = f"{x_aval.str_short()} and {y_aval.str_short()} (as stacks of matrices)"
+    batch = broadcast_shapes(
+        "matmul", x_aval.shape[:-2], y_aval.shape[:-2], described=described
+    )
     x = broadcast_to(x, (*batch, *x_aval.shape[-2:]))
     y = broadcast_to(y, (*batch, *y_aval.shape[-2:]))
     n = len(batch)
@@ -1343,18 +1394,26 @@ if __name__ != "__main__":  # in the module: `import autodidax.numpy as anp`
 # device arrays) the operators `+ * - > <` through the shared class
 # `ArrayOperators`, with `-` spelled as `add` and `neg`. Now each operator goes to
 # its NumPy-style function, so it broadcasts, `-` becomes one `sub`, and there
-# are four more: `/`, `@`, unary `-`, and `**` with an integer exponent. Python
-# numbers on either side work as before.
+# are three more: `/`, `@`, and `**` with an integer exponent (a number raised
+# to an array's power gets a clear error instead of Python's generic one).
+# Python numbers on either side work as before.
 
 
 # %% tags=["export"]
 def _power(x: ArrayLike, exponent: Any) -> ArrayLike:
     if not _is_axis(exponent):  # a Python or NumPy integer
         raise TypeError(
-            f"**: only integer exponents are supported, got {_short_repr(exponent)}"
+            f"**: only integer exponents are supported, got {_describe(exponent)}"
             "; write exp(y * log(x)) for other powers"
         )
     return integer_pow(x, exponent)
+
+
+def _reflected_power(x: ArrayLike, base: Any) -> ArrayLike:
+    raise TypeError(
+        f"**: only integer exponents are supported, got {_describe(x)} as the "
+        f"exponent of {_describe(base)}; write exp(x * log(base)) instead"
+    )
 
 
 def _install_operators() -> None:
@@ -1372,6 +1431,7 @@ def _install_operators() -> None:
     ArrayOperators.__lt__ = numpy_less
     ArrayOperators.__neg__ = neg
     ArrayOperators.__pow__ = _power
+    ArrayOperators.__rpow__ = _reflected_power
 
 
 _install_operators()

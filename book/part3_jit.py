@@ -162,13 +162,24 @@ def ir_element_type(dtype: np.dtype) -> ir.Type:
     if dtype == np.bool_:
         return ir.IntegerType.get_signless(1)
     bits = dtype.itemsize * 8
-    if dtype.kind == "f":
-        return {16: ir.F16Type, 32: ir.F32Type, 64: ir.F64Type}[bits].get()
-    if dtype.kind == "i":
+    floats = {16: ir.F16Type, 32: ir.F32Type, 64: ir.F64Type}
+    if dtype.kind == "f" and bits in floats:
+        return floats[bits].get()
+    if dtype.kind == "i" and bits <= 64:
         return ir.IntegerType.get_signless(bits)
-    if dtype.kind == "u":
+    if dtype.kind == "u" and bits <= 64:
         return ir.IntegerType.get_unsigned(bits)
-    raise TypeError(f"no StableHLO type for dtype {dtype}")
+    check_xla_dtype(dtype)
+    raise TypeError(f"no StableHLO type for dtype {dtype.name}")
+
+
+def check_xla_dtype(dtype: np.dtype, who: str = "jit") -> None:
+    """Refuse a dtype that XLA has no type for (NumPy's float128, say)."""
+    if dtype.kind not in "biuf" or dtype.itemsize > 8:
+        raise TypeError(
+            f"{who}: XLA has no type for dtype {dtype.name}; use booleans, "
+            "integers of up to 64 bits, or float16/32/64"
+        )
 
 
 def ir_type(aval: ShapedArray) -> ir.RankedTensorType:
@@ -544,6 +555,8 @@ def trace_for_call(
     key = (in_tree, avals)
     cached = traces.get(key)
     if cached is None:
+        for aval in avals:
+            check_xla_dtype(aval.dtype)
         abstract_args = tree_unflatten(in_tree, avals)
         jaxpr, consts, out_tree = _trace_to_jaxpr(
             f, abstract_args, dynamic=True, who="jit"
