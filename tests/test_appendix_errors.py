@@ -415,27 +415,32 @@ RESHAPE = {
     "negative-sizes": (
         lambda x: ad.reshape(x, (-2, -3)),
         ValueError,
-        r"reshape: shape must contain non-negative integers and at most one -1, got .*-2, -3",
+        r"reshape: shape must contain non-negative integers and at most one -1, "
+        r"got .*-2, -3",
     ),
     "negative-size-next-to-hole": (
         lambda x: ad.reshape(x, (-1, -2)),
         ValueError,
-        r"reshape: shape must contain non-negative integers and at most one -1, got .*-2",
+        r"reshape: shape must contain non-negative integers and at most one -1, "
+        r"got .*-2",
     ),
     "float-size": (
         lambda x: ad.reshape(x, (2.0, 3)),
         ValueError,
-        r"reshape: shape must contain non-negative integers and at most one -1, got .*2\.0, 3",
+        r"reshape: shape must contain non-negative integers and at most one -1, "
+        r"got .*2\.0, 3",
     ),
     "string-size": (
         lambda x: ad.reshape(x, ("2", 3)),
         ValueError,
-        r"reshape: shape must contain non-negative integers and at most one -1, got .*'2', 3",
+        r"reshape: shape must contain non-negative integers and at most one -1, "
+        r"got .*'2', 3",
     ),
     "bool-size": (
         lambda x: ad.reshape(x, (True, 6)),
         ValueError,
-        r"reshape: shape must contain non-negative integers and at most one -1, got .*True, 6",
+        r"reshape: shape must contain non-negative integers and at most one -1, "
+        r"got .*True, 6",
     ),
     "float-shape": (
         lambda x: ad.reshape(x, 6.0),
@@ -534,7 +539,8 @@ POWERS = {
     "array-exponent": (
         lambda x: ad.integer_pow(x, np.array([1, 2, 3])),
         TypeError,
-        r"integer_pow: the exponent must be an integer, got an array of type int64\[3\]",
+        r"integer_pow: the exponent must be an integer, "
+        r"got an array of type int64\[3\]",
     ),
     "ints-to-negative-power": (
         lambda x: ad.integer_pow(ints(x), -1),
@@ -566,7 +572,8 @@ POWERS = {
     "operator-numpy-array": (
         lambda x: x ** np.array([1.0, 2.0, 3.0]),
         TypeError,
-        r"\*\*: only integer exponents are supported, got an array of type float64\[3\]",
+        r"\*\*: only integer exponents are supported, "
+        r"got an array of type float64\[3\]",
     ),
     "operator-traced-array": (
         lambda x: x**x,
