@@ -158,6 +158,47 @@ def test_2_binary_shape_mismatch(mode, op):
             f(x)
 
 
+STRICT_BINARY = {"add": ad.add, "mul": ad.mul, "greater": ad.greater, "less": ad.less}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("op", STRICT_BINARY, ids=list(STRICT_BINARY))
+def test_2_strict_wrappers_refuse_a_rank_mismatch(mode, op):
+    """The primitive wrappers do not broadcast ranks (like jax.lax), even
+    where NumPy's rules would: float64[3] against float64[2,3] is an error."""
+    f = under(mode, lambda x: STRICT_BINARY[op](x, M23))
+    with clear_error(
+        TypeError,
+        rf"{op}: operands must have the same shape.*float64\[3\].*"
+        r"float64\[2,3\]",
+    ):
+        with in_mode(mode):
+            f(V3)
+
+
+BROADCASTING_OPS = {
+    "operator-": (lambda x, y: x - y, np.subtract),
+    "operator*": (lambda x, y: x * y, np.multiply),
+    "operator>": (lambda x, y: x > y, np.greater),
+}
+
+
+@pytest.mark.parametrize("mode", ["eager", "jit", "vmap", "vmap-of-jit"])
+@pytest.mark.parametrize("op", BROADCASTING_OPS, ids=list(BROADCASTING_OPS))
+def test_2_operators_broadcast_like_numpy(mode, op):
+    """Not a mistake: the operators broadcast float64[3] against float64[2,3]
+    as NumPy does (vmap maps over two copies of the input)."""
+    ours, theirs = BROADCASTING_OPS[op]
+    f = under(mode, lambda x: ours(x, M23))
+    x = ad.device_put(V3) if mode == "eager" else V3
+    expected = theirs(V3, M23)
+    if mode.startswith("vmap"):
+        expected = np.stack([expected, expected])
+    out = np.asarray(f(x))
+    assert out.dtype == expected.dtype
+    np.testing.assert_allclose(out, expected, rtol=1e-12)
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(
     "other, name",

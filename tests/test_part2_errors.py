@@ -415,10 +415,17 @@ def test_if_on_static_information_is_fine():
     "fn, avals, exc, match",
     [
         (
-            lambda x, y: x + y,
+            lambda x, y: ad.add(x, y),
             (VEC3, SCALAR),
             TypeError,
             r"add: operands must have the same shape, got float64\[3\] and float64\[\]",
+        ),
+        (
+            lambda x, y: x + y,
+            (VEC3, ShapedArray((2,), F64)),
+            TypeError,
+            r"add: operands must have the same shape, or shapes that broadcast; "
+            r"got float64\[3\] and float64\[2\], whose sizes at axis -1 are 3 and 2",
         ),
         (
             lambda x, y: ad.mul(x, y),
@@ -426,7 +433,31 @@ def test_if_on_static_information_is_fine():
             TypeError,
             r"mul: .*same shape.*float64\[3\].*float64\[2,3\]",
         ),
-        (lambda x, y: x > y, (MAT23, VEC3), TypeError, r"greater: .*same shape"),
+        (
+            lambda x, y: ad.greater(x, y),
+            (MAT23, VEC3),
+            TypeError,
+            r"greater: .*same shape.*float64\[2,3\].*float64\[3\]",
+        ),
+        (
+            lambda x, y: x > y,
+            (MAT23, ShapedArray((3, 2), F64)),
+            TypeError,
+            r"greater: .*same shape, or shapes that broadcast.*float64\[2,3\] and "
+            r"float64\[3,2\].*axis -2",
+        ),
+        (
+            lambda x, y: x * y,
+            (VEC3, ShapedArray((2,), F64)),
+            TypeError,
+            r"multiply: .*shapes that broadcast.*float64\[3\] and float64\[2\]",
+        ),
+        (
+            lambda x, y: x - y,
+            (MAT23, ShapedArray((2,), F64)),
+            TypeError,
+            r"subtract: .*shapes that broadcast.*float64\[2,3\] and float64\[2\]",
+        ),
         (
             lambda x, y: x + y,
             (VEC3, ShapedArray((3,), np.float32)),
@@ -551,9 +582,39 @@ def test_function_returning_non_array(out):
         ad.make_jaxpr(f, VEC3)
 
 
+@pytest.mark.parametrize(
+    "op, x_shape, y_shape",
+    [
+        (lambda x, y: x + y, (3,), ()),
+        (lambda x, y: x - y, (2, 3), (3,)),
+        (lambda x, y: x * y, (3, 1), (1, 4)),
+        (lambda x, y: x > y, (2, 3), (3,)),
+        (lambda x, y: x < y, (3,), (2, 1)),
+    ],
+    ids=["add-rank", "sub-row", "mul-outer", "greater-row", "less-outer"],
+)
+def test_operators_broadcast_while_tracing_like_jax_numpy(op, x_shape, y_shape):
+    """Shapes that broadcast are no longer a mistake for the operators: the
+    traced jaxpr typechecks and computes what jax.numpy computes."""
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=x_shape), rng.normal(size=y_shape)
+    jaxpr, consts, _ = ad.make_jaxpr(
+        op, ShapedArray(x_shape, F64), ShapedArray(y_shape, F64)
+    )
+    expected = np.asarray(op(jnp.asarray(x), jnp.asarray(y)))
+    (out_type,) = ad.typecheck_jaxpr(jaxpr).out_types
+    assert out_type.shape == expected.shape and out_type.dtype == expected.dtype
+    (out,) = ad.eval_jaxpr(jaxpr, [*consts, x, y])
+    np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-12)
+
+
 def test_make_jaxpr_v1_reports_the_same_errors():
-    with clear_error(TypeError, r"add: .*same shape"):
-        ad.make_jaxpr_v1(lambda x, y: x + y, VEC3, SCALAR)
+    with clear_error(TypeError, r"add: operands must have the same shape, got"):
+        ad.make_jaxpr_v1(lambda x, y: ad.add(x, y), VEC3, SCALAR)
+    with clear_error(TypeError, r"add: .*shapes that broadcast.*axis -1 are 3 and 2"):
+        ad.make_jaxpr_v1(lambda x, y: x + y, VEC3, ShapedArray((2,), F64))
     with clear_error(ad.ConcretizationError, r"cond"):
         ad.make_jaxpr_v1(lambda x: x if x > 0.0 else -x, SCALAR)
     with clear_error(TypeError, r"output of the function"):

@@ -108,13 +108,19 @@ def expected_primitive_counts(prog: Program) -> Counter:
     per primitive application, including those on constants (omnistaging)."""
     counts: Counter = Counter()
     for op in prog.ops:
+        # Every value of a program derives from its inputs, so under make_jaxpr
+        # every operand is a tracer and "op" style really uses the operators;
+        # the operator ``-`` is one ``sub``, the "fn" style spells it with
+        # ``add`` and ``neg``.
         if op.kind == "sub":
-            counts.update(["add", "neg"])
+            counts.update(["sub"] if op.style == "op" else ["add", "neg"])
         elif op.kind == "scalar":
             name, _, left = op.params
             if prog.shapes[op.args[0]]:  # the number is broadcast to a non-scalar
                 counts["broadcast"] += 1
-            if name == "sub":
+            if name == "sub" and op.style == "op":
+                counts["sub"] += 1
+            elif name == "sub":
                 counts.update(["add", "neg"] if left else ["add"])
             elif left and op.style == "op" and name in FLIPPED:
                 counts[FLIPPED[name]] += 1  # Python runs `2.0 > x` as `x < 2.0`
@@ -245,7 +251,9 @@ class LaxOps(JaxOps):
     @staticmethod
     def binary(name, x, y, style):
         if name == "sub":
-            return lax.add(x, lax.neg(y))
+            # Like ours: JAX's own operator ``-`` on two tracers of one shape
+            # records one ``sub``; the "fn" style spells it add(x, neg(y)).
+            return x - y if style == "op" else lax.add(x, lax.neg(y))
         return LaxOps._lax[name](x, y)
 
     @staticmethod
@@ -350,7 +358,11 @@ def test_equation_counts_match_jax_hand_written(name):
         ),
         (
             lambda x: 1.5 - x,
-            lambda x: lax.add(lax.broadcast_in_dim(1.5, (2, 3), ()), lax.neg(x)),
+            lambda x: lax.sub(lax.broadcast_in_dim(1.5, (2, 3), ()), x),
+        ),
+        (
+            lambda x: x - 1.5,
+            lambda x: lax.sub(x, lax.broadcast_in_dim(1.5, (2, 3), ())),
         ),
         (
             lambda x: ad.sin(x) > 0.25,

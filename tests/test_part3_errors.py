@@ -231,6 +231,15 @@ def compared_shapes(x, y):
     return x > y  # the mistake
 
 
+def strict_ranks(x, y):
+    z = ad.sin(x)
+    return ad.mul(z, y)  # the mistake: the wrapper does not broadcast ranks
+
+
+def strict_compared_ranks(x, y):
+    return ad.greater(x, y)  # the mistake
+
+
 def sin_of_ints(x, y):
     return ad.sin(y)  # the mistake
 
@@ -246,14 +255,23 @@ def float_times_ints(x, y):
             mismatched_shapes,
             (np.ones(3), np.ones(2)),
             TypeError,
-            r"mul: operands must have the same shape, "
-            r"got float64\[3\] and float64\[2\]",
+            r"multiply: operands must have the same shape, or shapes that "
+            r"broadcast; got float64\[3\] and float64\[2\], whose sizes at axis "
+            r"-1 are 3 and 2 \(they must be equal, or 1\)",
         ),
         (
             mismatched_shapes,
             (np.ones((2, 3)), np.ones((3, 2))),
             TypeError,
-            r"mul: .*same shape.*float64\[2,3\].*float64\[3,2\]",
+            r"multiply: .*same shape.*broadcast.*float64\[2,3\].*float64\[3,2\]"
+            r".*axis -2 are 2 and 3",
+        ),
+        (
+            strict_ranks,
+            (np.ones(3), np.ones((2, 3))),
+            TypeError,
+            r"mul: operands must have the same shape, "
+            r"got float64\[3\] and float64\[2,3\]",
         ),
         (
             mismatched_dtypes,
@@ -269,9 +287,17 @@ def float_times_ints(x, y):
         ),
         (
             compared_shapes,
+            (np.ones((2, 3)), np.ones(2)),
+            TypeError,
+            r"greater: .*same shape, or shapes that broadcast.*float64\[2,3\]"
+            r".*float64\[2\].*axis -1 are 3 and 2",
+        ),
+        (
+            strict_compared_ranks,
             (np.ones((2, 3)), np.ones(3)),
             TypeError,
-            r"greater: .*same shape.*float64\[2,3\].*float64\[3\]",
+            r"greater: operands must have the same shape, "
+            r"got float64\[2,3\] and float64\[3\]",
         ),
         (
             sin_of_ints,
@@ -286,7 +312,17 @@ def float_times_ints(x, y):
             r"mul: cannot combine the float 2.5 with an array of dtype int64",
         ),
     ],
-    ids=["shape", "shape-2d", "dtype", "int-float", "compare", "sin-int", "scalar"],
+    ids=[
+        "shape",
+        "shape-2d",
+        "strict-rank",
+        "dtype",
+        "int-float",
+        "compare",
+        "strict-compare-rank",
+        "sin-int",
+        "scalar",
+    ],
 )
 @pytest.mark.parametrize("nesting", ["jit", "jit-in-jit", "jvp-of-jit"])
 def test_mistakes_found_while_tracing_at_the_users_line(fn, args, exc, match, nesting):
@@ -302,6 +338,40 @@ def test_mistakes_found_while_tracing_at_the_users_line(fn, args, exc, match, ne
     frames = frames_at(info.tb, fn)
     assert frames, "the user's function is not in the traceback"
     assert frames[-1].lineno == line_of(fn, "# the mistake")
+
+
+@pytest.mark.parametrize(
+    "x_shape, y_shape",
+    [((2, 3), (3,)), ((3, 1), (1, 4)), ((3,), ())],
+    ids=["row", "outer", "rank-0"],
+)
+def test_operators_broadcast_under_jit_like_jax_numpy(x_shape, y_shape):
+    """Shapes that broadcast are not a mistake for the operators: under jit,
+    and under jvp of jit, the results are jax.numpy's."""
+    import jax
+    import jax.numpy as jnp
+
+    def f(x, y):
+        return ad.sin(x) * y - y, x > y
+
+    def f_jax(x, y):
+        return jnp.sin(x) * y - y, x > y
+
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=x_shape), rng.normal(size=y_shape)
+    tx, ty = rng.normal(size=x_shape), rng.normal(size=y_shape)
+    out, bigger = ad.jit(f)(x, y)
+    want, want_bigger = f_jax(jnp.asarray(x), jnp.asarray(y))
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-12)
+    np.testing.assert_array_equal(np.asarray(bigger), np.asarray(want_bigger))
+    primal, tangent = ad.jvp(lambda a, b: ad.jit(f)(a, b)[0], (x, y), (tx, ty))
+    jax_primal, jax_tangent = jax.jvp(
+        lambda a, b: f_jax(a, b)[0], (jnp.asarray(x), jnp.asarray(y)), (tx, ty)
+    )
+    np.testing.assert_allclose(np.asarray(primal), np.asarray(jax_primal), rtol=1e-12)
+    np.testing.assert_allclose(
+        np.asarray(tangent), np.asarray(jax_tangent), rtol=1e-12, atol=1e-12
+    )
 
 
 def test_mistake_in_a_lambda_points_at_the_lambda():

@@ -43,7 +43,7 @@ pytestmark = pytest.mark.usefixtures("clean_interpreter_stack")
 F64 = np.float64
 GRAD_SEEDS = SEEDS[:20]
 JIT_SEEDS = GRAD_SEEDS[::2]  # compositions with jit compile; fewer seeds
-LINEAR_PRIMITIVES = ("add", "neg", "mul", "reduce_sum", "broadcast", "transpose")
+LINEAR_PRIMITIVES = ("add", "sub", "neg", "mul", "reduce_sum", "broadcast", "transpose")
 
 
 # ---------------------------------------------------------------------------

@@ -52,7 +52,7 @@ SEEDS = range(12)  # nesting depth 1, 2, 3 by seed % 3
 AD_SEEDS = SEEDS[:9]
 HEAVY_SEEDS = SEEDS[:6]
 JIT2_SEEDS = (0, 2, 4)  # depth 1, 3 and 2 (with a jitted branch)
-LINEAR_PRIMITIVES = {"add", "neg", "mul", "reduce_sum", "broadcast", "transpose"}
+LINEAR_PRIMITIVES = {"add", "sub", "neg", "mul", "reduce_sum", "broadcast", "transpose"}
 
 
 def np_tree(tree: Any) -> Any:

@@ -479,20 +479,81 @@ def test_user_exception_inside_a_branch_propagates_unchanged(
         assert_new_transformations_work()
 
 
+MISMATCHES = {
+    # The operator broadcasts, but (3,) and (2,) do not broadcast.
+    "operator": (
+        lambda x: x * np.ones(2),
+        r"(?s)multiply: operands must have the same shape, or shapes that "
+        r"broadcast; got float64\[3\] and float64\[2\], whose sizes at axis -1 "
+        r"are 3 and 2",
+    ),
+    # The strict wrapper refuses even shapes that would broadcast.
+    "strict": (
+        lambda x: ad.mul(x, np.ones((2, 3))),
+        r"(?s)mul: operands must have the same shape, got float64\[3\] and "
+        r"float64\[2,3\]",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MISMATCHES))
 @pytest.mark.parametrize("transform", SOME_TRANSFORMS)
 @pytest.mark.parametrize("branch", ["true", "false"])
-def test_shape_mismatch_of_an_operation_inside_a_branch(transform, branch):
+def test_shape_mismatch_of_an_operation_inside_a_branch(transform, branch, kind):
     """The operation's own clear error, raised while tracing the branch."""
-
-    def bad(x):
-        return x * np.ones(2)
+    bad, match = MISMATCHES[kind]
 
     def f(x):
         fns = (bad, ad.sin) if branch == "true" else (ad.sin, bad)
         return ad.cond(positive(x), *fns, x)
 
-    with clear_error(TypeError, r"(?s)mul: .*same shape.*float64\[3\].*float64\[2\]"):
+    with clear_error(TypeError, match):
         TRANSFORMS[transform](f)
+
+
+def _broadcasting_in_a_branch(cond, sin, reduce_sum, branch):
+    """A branch whose operator broadcasts (3,) against (2, 3)."""
+    rows = np.array([[1.0, -2.0, 0.5], [3.0, 0.25, -1.0]])
+
+    def good(x):
+        return reduce_sum(sin(x) * rows - x, 0)
+
+    def f(x):
+        fns = (good, sin) if branch == "true" else (sin, good)
+        return cond(reduce_sum(x, 0) > 0.0, *fns, x)
+
+    return f
+
+
+JAX_TRANSFORMS: dict[str, Callable[[Callable], Any]] = {
+    "eager": lambda f: f(VEC),
+    "jit": lambda f: jax.jit(f)(VEC),
+    "vmap": lambda f: jax.vmap(f)(np.stack([VEC, -VEC])),
+    "grad": lambda f: jax.grad(lambda x: jnp.sum(f(x)))(VEC),
+    "jvp": lambda f: jax.jvp(f, (VEC,), (VEC,)),
+    "jit-of-grad": lambda f: jax.jit(jax.grad(lambda x: jnp.sum(f(x))))(VEC),
+}
+
+
+@pytest.mark.parametrize("transform", SOME_TRANSFORMS)
+@pytest.mark.parametrize("branch", ["true", "false"])
+def test_broadcasting_operator_inside_a_branch_is_fine(transform, branch):
+    """Shapes that broadcast are not a mistake: the branch computes what
+    jax.numpy computes, under the same transformations (the predicate sends
+    VEC, whose sum is positive, to the true branch; vmap sends -VEC to the
+    false branch)."""
+    ours = TRANSFORMS[transform](
+        _broadcasting_in_a_branch(ad.cond, ad.sin, ad.reduce_sum, branch)
+    )
+    theirs = JAX_TRANSFORMS[transform](
+        _broadcasting_in_a_branch(
+            lax.cond, jnp.sin, lambda x, axis: jnp.sum(x, axis), branch
+        )
+    )
+    ours, theirs = jax.tree.leaves(ours), jax.tree.leaves(theirs)
+    assert len(ours) == len(theirs)
+    for mine, ref in zip(ours, theirs):
+        np.testing.assert_allclose(np.asarray(mine), np.asarray(ref), rtol=TOL)
 
 
 def test_user_exception_in_a_nested_branch_under_jit_leaves_no_trace():
