@@ -1227,9 +1227,15 @@ for _name in ["bool_", "int32", "int64", "float32", "float64"]:
 def numpy_divide(x: ArrayLike, y: ArrayLike) -> ArrayLike:
     """True division with NumPy broadcasting; integers become float64 first."""
     x, y = _broadcast_operands("divide", x, y)
+    x_float, y_float = _as_float(x), _as_float(y)
     if not (_is_python_scalar(x) or _is_python_scalar(y)):
-        check_binary_operands("divide", get_aval(x), get_aval(y))
-    return div(_as_float(x), _as_float(y))
+        if get_aval(x_float).dtype != get_aval(y_float).dtype:
+            raise TypeError(
+                f"divide: cannot divide {get_aval(x).str_short()} by "
+                f"{get_aval(y).str_short()}: integers become 64-bit floats, and "
+                "then both dtypes must be the same"
+            )
+    return div(x_float, y_float)
 
 
 def _as_float(x: ArrayLike) -> ArrayLike:
@@ -1274,7 +1280,13 @@ def numpy_where(pred: ArrayLike, x: ArrayLike, y: ArrayLike) -> ArrayLike:
 
 @numpy_function
 def numpy_sum(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:
-    """Sum over ``axis`` (all axes by default)."""
+    """Sum over ``axis`` (all axes by default). As in NumPy, booleans and
+    integers narrower than 64 bits are summed as 64-bit integers."""
+    dtype = get_aval(_as_input(x, "sum")).dtype
+    if dtype.kind in "bi" and dtype.itemsize < 8:
+        x = convert_element_type(x, np.int64)
+    elif dtype.kind == "u" and dtype.itemsize < 8:
+        x = convert_element_type(x, np.uint64)
     return reduce_sum(x, axis)
 
 

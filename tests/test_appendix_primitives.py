@@ -1703,7 +1703,7 @@ def test_mlp_gradient_and_training(seed, batch, d_in, width, d_out) -> None:
 # ---------------------------------------------------------------------------
 
 
-def test_bug_anp_minimum_of_unsigned_integers() -> None:
+def test_regression_anp_minimum_of_unsigned_integers() -> None:
     """BUG: anp.minimum is written -maximum(-x, -y), which is wrong where
     negation wraps around: for unsigned integers minimum(0, 5) gives 5."""
     a, b = np.array([0, 3], np.uint8), np.array([5, 1], np.uint8)
@@ -1711,7 +1711,7 @@ def test_bug_anp_minimum_of_unsigned_integers() -> None:
     assert_close(ad.jit(anp.minimum)(a, b), np.minimum(a, b), "jit")
 
 
-def test_bug_anp_minimum_at_the_smallest_integer() -> None:
+def test_regression_anp_minimum_at_the_smallest_integer() -> None:
     """BUG: -iinfo.min overflows to iinfo.min, so anp.minimum(iinfo.min, 0)
     gives 0 instead of iinfo.min."""
     a = np.array([np.iinfo(np.int64).min, 4])
@@ -1720,7 +1720,7 @@ def test_bug_anp_minimum_at_the_smallest_integer() -> None:
     assert_close(ad.jit(anp.minimum)(a, b), np.minimum(a, b), "jit")
 
 
-def test_bug_anp_sum_of_booleans_counts_like_numpy() -> None:
+def test_regression_anp_sum_of_booleans_counts_like_numpy() -> None:
     """BUG: anp.sum of a boolean array returns a boolean (reduce_sum keeps
     the dtype, so it is a logical 'any'), where np.sum and jnp.sum count the
     True elements: a silent wrong answer in the NumPy-like front end."""
