@@ -1698,8 +1698,8 @@ def test_mlp_gradient_and_training(seed, batch, d_in, width, d_out) -> None:
 
 
 # ---------------------------------------------------------------------------
-# Bugs found by these tests. Each test below FAILS with the current module
-# and is kept as a reproduction (reported; the module is not ours to fix).
+# Regressions: bugs these tests found, fixed in the appendix chapter (anp.minimum
+# negated integers; anp.sum kept booleans boolean).
 # ---------------------------------------------------------------------------
 
 
