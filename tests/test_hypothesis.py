@@ -1,11 +1,43 @@
 """Property-based differential tests with Hypothesis (issue 8, SPEC §6).
 
-Hypothesis generates small programs over every primitive (``add mul neg sin
-cos greater less reduce_sum transpose broadcast select cond``, with ``cond``
-branches that are generated programs themselves, may nest and close over outer
-values), their input shapes (rank 0-2, sizes 0-3) and input values. A program
-is plain data: it is interpreted once with autodidax and once with
-jax.numpy/jax.lax, and the results must agree to 1e-9 in float64.
+Hypothesis generates small programs over every primitive and the NumPy-like
+front end, their input shapes (rank 0-2, sizes 0-3; intermediate values up to
+rank 3) and input values. A program is plain data: it is interpreted once with
+autodidax and once with jax.numpy/jax.lax, and the results must agree to 1e-9
+in float64. The programs use
+
+- the primitives ``neg sin cos tanh exp log add sub mul div max greater less
+  integer_pow convert_element_type reshape reduce_sum reduce_max transpose
+  broadcast select dot_general cond`` (``cond`` branches are generated programs
+  themselves, may nest and close over outer values);
+- three spellings of most operations: the strict wrappers (``ad.add``, ...),
+  ``autodidax.numpy`` (``anp.subtract anp.divide anp.maximum anp.minimum
+  anp.power anp.astype anp.reshape anp.sum anp.max anp.transpose anp.where
+  anp.dot anp.matmul``, ...) and the operators ``+ - * / @ ** > <`` and unary
+  ``-`` on tracers and device arrays;
+- NumPy broadcasting: binary operations and ``anp.where`` on operands of
+  different but compatible shapes (rank promotion and stretching of size-1
+  axes), and Python scalars on either side;
+- products: ``dot_general`` with random valid dimension numbers (contracting
+  and batch axes in any order; negative axis numbers for autodidax now and
+  then), ``anp.dot``, ``anp.matmul`` and ``@`` on ranks 0-3 (stacks of
+  matrices broadcast); an operand is often an existing value, an input of the
+  program among them, so that vmap batches one operand, the other or both;
+- values of three dtypes, float64, int32 and bool, and float32 inside round
+  trips ``float64 -> float32 -> float64`` (lossy but deterministic, with only
+  exact operations on the float32 values in between).
+
+The generator keeps programs numerically tame, so that 1e-9 is a fair bar:
+denominators and logarithms only see values bounded away from 0 (``1 + x*x``,
+``1 + x**2`` or ``exp(tanh(x))``), ``exp`` and powers above 2 only bounded
+values (``tanh sin cos`` of something, or a program input), negative powers
+only positive ones, float-to-int conversions only ``2.5 * tanh(x)`` and the
+like (so no value is near the int32 range limits), and ``reduce_max`` never
+reduces an empty axis into a non-empty result (which would be -inf). Ties are
+generated on purpose: ``maximum(x, x)``, ``maximum`` of a value and an exact
+copy of it, of a value and its maximum along some axes, and ``reduce_max``
+over a broadcast axis; they also arise among int32 values and the floats
+converted from them.
 
 Each test applies a transformation, or a composition ``outer(inner(program))``
 of two, to both versions. A transformation is a small recipe that turns a
@@ -14,7 +46,9 @@ in_axes and out_axes, which argument grad differentiates, tangent and
 cotangent values) from Hypothesis, so that failures shrink to a small program
 *and* a small transformation. Every pair of the transformations ``jit vmap jvp
 grad linearize vjp make_jaxpr`` is tested, including a transformation composed
-with itself (second derivatives, nested vmap, nested jit).
+with itself (second derivatives, nested vmap, nested jit). One more test
+evaluates programs eagerly with every operand first moved to the device, so
+that the operators and functions also meet device Arrays (what jit returns).
 
 How many examples run: the Hypothesis profile chosen in ``conftest.py``. CI
 runs a fixed, derandomized budget; setting ``AUTODIDAX_HYPOTHESIS_EXAMPLES=N``
@@ -24,6 +58,9 @@ each pair), with a random seed.
 
 from __future__ import annotations
 
+import functools
+import math
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,11 +74,12 @@ from hypothesis import strategies as st
 from jax import lax
 
 import autodidax as ad
+from autodidax import numpy as anp
 
 pytestmark = pytest.mark.usefixtures("clean_interpreter_stack")
 
 TOL = 1e-9
-MAX_RANK = 3  # inputs have rank 0-2; broadcast may add one more axis
+MAX_RANK = 3  # inputs have rank 0-2; broadcasting may add one more axis
 MAX_SIZE = 36
 MAX_COND_DEPTH = 2
 F64 = np.dtype(np.float64)
@@ -53,7 +91,11 @@ SINGLE = settings(max_examples=BASE_EXAMPLES)
 PAIR = settings(max_examples=max(2, BASE_EXAMPLES // 3))
 
 Shape = tuple[int, ...]
-Type = tuple[Shape, bool]  # (shape, is_bool); every other value is float64
+# The dtype of a program value: float64, int32 or bool. float32 values only
+# live inside the ops "f32" and "f32_compare" (round trips).
+FLT, INT, BOOL = "f", "i", "b"
+DTYPES = {FLT: np.dtype(np.float64), INT: np.dtype(np.int32), BOOL: np.dtype(np.bool_)}
+Type = tuple[Shape, str]  # (shape, dtype tag)
 
 
 # ---------------------------------------------------------------------------
@@ -63,13 +105,17 @@ Type = tuple[Shape, bool]  # (shape, is_bool); every other value is float64
 
 @dataclass(frozen=True)
 class Op:
-    """``kind`` applied to environment entries ``args``; ``style`` "op" uses
-    Python operators when an operand is a tracer (or a device array)."""
+    """``kind`` applied to environment entries ``args``. ``style`` says how
+    autodidax spells it: "fn" the strict wrapper, "np" ``autodidax.numpy``,
+    "op" a Python operator when an operand is a tracer or a device array
+    (otherwise ``autodidax.numpy``). ``why`` is a note from the generator
+    (shown when a test fails, and checked by the coverage test)."""
 
     kind: str
     args: tuple[int, ...]
     params: tuple = ()
     style: str = "fn"
+    why: str = ""
 
 
 @dataclass(frozen=True)
@@ -86,7 +132,7 @@ class Program:
         """The program as readable pseudo-code (shown for failing examples)."""
 
         def ty(t: Type) -> str:
-            return f"{'bool' if t[1] else 'f64'}{list(t[0])}"
+            return f"{DTYPES[t[1]].name}{list(t[0])}"
 
         ins = ", ".join(f"v{i}:{ty(t)}" for i, t in enumerate(self.in_types))
         lines = [f"{indent}lambda {ins}:"]
@@ -106,8 +152,9 @@ class Program:
                 lines.append(false_prog.pretty(indent + "    false: "))
             else:
                 params = f"{list(op.params)}" if op.params else ""
+                why = f"  # {op.why}" if op.why else ""
                 lines.append(
-                    f"{indent}  {outs} = {op.kind}{params}({args}) [{op.style}]"
+                    f"{indent}  {outs} = {op.kind}{params}({args}) [{op.style}]{why}"
                 )
             n += n_out
         lines.append(f"{indent}  return {', '.join(f'v{i}' for i in self.outs)}")
@@ -115,11 +162,84 @@ class Program:
 
 
 SCALARS = [0.5, 2, -1.25, 3.0, -1, 0.0]
+NONZERO_SCALARS = [c for c in SCALARS if c != 0]
+INT_SCALARS = [1, 2, -1, 0, 3]
+EXPONENTS = [2, 1, 3, 0, -1, 4, -2, 5]
 DIMS = [1, 2, 3, 2, 3, 1, 2, 3, 2, 3, 1, 0]  # a size-0 axis now and then
+
+# How each kind of op may be spelled (see Op.style).
+STYLES = {
+    "neg": ("fn", "np", "op"),
+    "add": ("fn", "np", "op"),
+    "mul": ("fn", "np", "op"),
+    "sub": ("fn", "np", "op"),
+    "div": ("fn", "np", "op"),
+    "greater": ("fn", "np", "op"),
+    "less": ("fn", "np", "op"),
+    "pow": ("fn", "np", "op"),
+    "maximum": ("fn", "np"),
+    "minimum": ("np",),
+    "matmul": ("np", "op"),
+    "dot": ("np",),
+    "where": ("np",),
+}
+for _kind in ["sin", "cos", "tanh", "exp", "log", "convert", "reshape"]:
+    STYLES[_kind] = ("fn", "np")
+for _kind in ["reduce_sum", "reduce_max", "transpose"]:
+    STYLES[_kind] = ("fn", "np")
+BINARY = ["add", "mul", "sub", "div", "maximum", "minimum", "greater", "less"]
+
+
+def size(shape: Shape) -> int:
+    return math.prod(shape)
 
 
 def shapes(max_rank: int = 2) -> st.SearchStrategy[Shape]:
     return st.lists(st.sampled_from(DIMS), max_size=max_rank).map(tuple)
+
+
+def fits(shape: Shape) -> bool:
+    return len(shape) <= MAX_RANK and size(shape) <= MAX_SIZE
+
+
+def broadcast_shape(*shapes_: Shape) -> Shape | None:
+    """NumPy's broadcast of ``shapes_`` if they broadcast and it fits."""
+    try:
+        out = tuple(np.broadcast_shapes(*shapes_))
+    except ValueError:
+        return None
+    return out if fits(out) else None
+
+
+def product_shape(kind: str, x: Shape, y: Shape) -> Shape | None:
+    """The shape of ``np.dot`` or ``np.matmul`` of arrays of shapes ``x`` and
+    ``y`` (NumPy as the independent oracle), if it is defined and fits."""
+    fn = np.matmul if kind == "matmul" else np.dot
+    try:
+        out = fn(np.zeros(x), np.zeros(y)).shape
+    except ValueError:
+        return None
+    return out if fits(out) else None
+
+
+@functools.cache
+def shapes_of_size(n: int) -> list[Shape]:
+    """Every shape of rank 0-3 with ``n`` elements (dims at most 3 if n is 0),
+    fewest axes first."""
+    dims = range(4) if n == 0 else [d for d in range(1, n + 1) if n % d == 0]
+    found = [()] if n == 1 else []
+    frontier: list[Shape] = [()]
+    for _ in range(MAX_RANK):
+        frontier = [s + (d,) for s in frontier for d in dims]
+        found += [s for s in frontier if size(s) == n]
+    return found
+
+
+def max_is_finite(shape: Shape, reduced: Sequence[int]) -> bool:
+    """Whether reduce_max over ``reduced`` gives no -inf: no empty axis is
+    reduced into a non-empty result."""
+    kept = [d for i, d in enumerate(shape) if i not in reduced]
+    return size(kept) == 0 or all(shape[i] for i in reduced)
 
 
 class Builder:
@@ -132,128 +252,342 @@ class Builder:
         self.types: list[Type] = list(in_types)
         self.ops: list[Op] = []
         self.depth = depth
+        # Entries known to lie in [-1, 1] (results of tanh, sin, cos) or in
+        # [1/e, inf) (1 + x*x, 1 + x**2, exp of a bounded value); the inputs
+        # of the program (uniform in [-2, 2]) are tame too. A cond branch's
+        # inputs are not known to be anything.
+        self.bounded: set[int] = set()
+        self.positive: set[int] = set()
+        self.tame: set[int] = set(range(len(in_types))) if depth == 0 else set()
 
     # -- picking values ------------------------------------------------------
 
-    def pick(self, ok: Callable[[Type], bool]) -> int | None:
-        """An environment entry whose type satisfies ``ok``: often the most
-        recent one (so that ops build on each other), and shrinking toward it;
-        None if there is none."""
-        ids = [i for i, t in enumerate(self.types) if ok(t)]
+    def shape(self, index: int) -> Shape:
+        return self.types[index][0]
+
+    def dtype(self, index: int) -> str:
+        return self.types[index][1]
+
+    def pick(self, ok: Callable[[Type], bool], among: set[int] | None = None):
+        """An environment entry whose type satisfies ``ok`` (and that is in
+        ``among``, if given): often the most recent one (so that ops build on
+        each other), and shrinking toward it; None if there is none."""
+        ids = [
+            i
+            for i, t in enumerate(self.types)
+            if ok(t) and (among is None or i in among)
+        ]
         if not ids:
             return None
         back = self.draw(st.one_of(st.just(0), st.integers(0, len(ids) - 1)))
         return ids[-1 - back]
 
     def pick_float(self) -> int:
-        index = self.pick(lambda t: not t[1])
+        index = self.pick(lambda t: t[1] == FLT)
         assert index is not None, "every program has a float value"
         return index
 
+    def pick_number(self) -> int:
+        """A float, or now and then an int (a new one if there is none)."""
+        if self.draw(st.integers(0, 3)) == 3:
+            index = self.pick(lambda t: t[1] == INT)
+            if index is not None:
+                return index
+            return self.to_int(self.pick_float())
+        return self.pick_float()
+
+    def value_of(self, shape: Shape, dtype: str) -> int:
+        if dtype == FLT:
+            return self.float_of_shape(shape)
+        if dtype == INT:
+            return self.int_of_shape(shape)
+        return self.bool_of_shape(shape)
+
     def float_of_shape(self, shape: Shape) -> int:
-        """A float of ``shape``: an existing one, or a sum of another value
-        broadcast to ``shape``."""
-        same = self.pick(lambda t: t == (shape, False))
+        """A float of ``shape``: an existing one, another one reshaped, or a
+        sum of another value broadcast to ``shape``."""
+        same = self.pick(lambda t: t == (shape, FLT))
         if same is not None and self.draw(st.booleans()) is False:
             return same
         other = self.pick_float()
-        if self.types[other] == (shape, False):
+        if self.types[other] == (shape, FLT):
             return other
-        total = self.emit("reduce_sum", [other], (None,), [((), False)])
+        if size(self.shape(other)) == size(shape) and self.draw(st.booleans()):
+            return self.reshape(other, shape)
+        total = self.emit(
+            "reduce_sum", [other], (None,), [((), FLT)], STYLES["reduce_sum"]
+        )
         if shape == ():
             return total
         return self.emit(
-            "broadcast", [total], (shape, tuple(range(len(shape)))), [(shape, False)]
+            "broadcast", [total], (shape, tuple(range(len(shape)))), [(shape, FLT)]
         )
 
-    def bool_of_shape(self, shape: Shape) -> int:
-        """A boolean of ``shape``: an existing one or a new comparison."""
-        same = self.pick(lambda t: t == (shape, True))
+    def int_of_shape(self, shape: Shape) -> int:
+        """An int32 of ``shape``: an existing one, a converted boolean, or a
+        float in (-2.5, 2.5) converted (truncated toward zero)."""
+        same = self.pick(lambda t: t == (shape, INT))
         if same is not None and self.draw(st.booleans()) is False:
             return same
-        a = self.float_of_shape(shape)
+        if self.draw(st.integers(0, 2)) == 2:
+            return self.convert(self.bool_of_shape(shape), INT)
+        return self.to_int(self.float_of_shape(shape))
+
+    def to_int(self, x: int) -> int:
+        """The float ``x`` squashed into (-2.5, 2.5) and converted to int32."""
+        scaled = self.scalar("mul", self.bounded_of(x), 2.5, self.draw(st.booleans()))
+        return self.convert(scaled, INT)
+
+    def bool_of_shape(self, shape: Shape) -> int:
+        """A boolean of ``shape``: an existing one, a comparison, or a
+        conversion of a number."""
+        same = self.pick(lambda t: t == (shape, BOOL))
+        if same is not None and self.draw(st.booleans()) is False:
+            return same
+        how = self.draw(st.sampled_from(["compare", "convert", "f32"]))
+        if how == "f32":
+            a, b = self.float_of_shape(shape), self.float_of_shape(shape)
+            name = self.draw(st.sampled_from(["greater", "less"]))
+            return self.emit("f32_compare", [a, b], (name,), [(shape, BOOL)])
+        dtype = self.draw(st.sampled_from([FLT, INT]))
+        a = self.value_of(shape, dtype)
+        if how == "convert":
+            return self.convert(a, BOOL)
         name = self.draw(st.sampled_from(["greater", "less"]))
         if self.draw(st.booleans()):
-            b = self.float_of_shape(shape)
-            return self.emit(name, [a, b], (), [(shape, True)])
-        c, left = self.draw(st.sampled_from(SCALARS)), self.draw(st.booleans())
-        return self.emit("scalar", [a], (name, c, left), [(shape, True)])
+            return self.binary(name, a, self.value_of(shape, dtype))
+        return self.scalar(name, a, self.constant(dtype), self.draw(st.booleans()))
+
+    def bounded_of(self, x: int) -> int:
+        """``x`` if it is known to lie in [-1, 1], else tanh, sin or cos of it."""
+        if x in self.bounded:
+            return x
+        name = self.draw(st.sampled_from(["tanh", "sin", "cos"]))
+        return self.unary(name, x)
+
+    def positive_of_shape(self, shape: Shape) -> int:
+        """A float of ``shape`` with every element at least 1/e: an existing
+        one, or 1 + x*x, 1 + x**2 or exp(tanh(x)) (or sin, cos) of a float x."""
+        same = self.pick(lambda t: t == (shape, FLT), among=self.positive)
+        if same is not None and self.draw(st.booleans()) is False:
+            return same
+        x = self.float_of_shape(shape)
+        how = self.draw(st.sampled_from(["square", "pow", "exp"]))
+        if how == "exp":
+            return self.unary("exp", self.bounded_of(x))
+        if how == "square":
+            square = self.binary("mul", x, x, why="1 + x*x > 0")
+        else:
+            square = self.emit("pow", [x], (2,), [self.types[x]], STYLES["pow"])
+        out = self.scalar("add", square, 1.0, self.draw(st.booleans()))
+        self.positive.add(out)
+        return out
+
+    def constant(self, dtype: str) -> Any:
+        return self.draw(st.sampled_from(INT_SCALARS if dtype == INT else SCALARS))
+
+    def compatible_shape(self, shape: Shape) -> Shape:
+        """A shape that broadcasts with ``shape`` (fewer or more axes, size-1
+        axes on either side), or ``shape`` itself if the drawn one does not
+        fit."""
+        rank = self.draw(st.integers(0, MAX_RANK))
+        dims = []
+        for k in range(1, rank + 1):
+            if k > len(shape):
+                options = DIMS
+            elif shape[-k] == 1:
+                options = [1, 2, 3]
+            else:
+                options = [shape[-k], 1]
+            dims.append(self.draw(st.sampled_from(options)))
+        other = tuple(reversed(dims))
+        return other if broadcast_shape(shape, other) is not None else shape
+
+    def partner(self, a: int) -> int:
+        """A value to combine with ``a``: of its dtype, and of its shape or of
+        a shape that broadcasts with it (an existing value, or a new one)."""
+        shape, dtype = self.types[a]
+        how = self.draw(st.sampled_from(["same", "existing", "new"]))
+        if how == "existing":
+            found = self.pick(
+                lambda t: (
+                    t[1] == dtype
+                    and t[0] != shape
+                    and broadcast_shape(shape, t[0]) is not None
+                )
+            )
+            if found is not None:
+                return found
+        if how == "same":
+            return self.value_of(shape, dtype)
+        return self.value_of(self.compatible_shape(shape), dtype)
+
+    def copy_of(self, a: int) -> int:
+        """A value equal to ``a`` (bit for bit) computed by other ops."""
+        shape, dtype = self.types[a]
+        how = self.draw(st.sampled_from(["mul", "add", "reshape"]))
+        if how == "reshape":
+            flat = self.reshape(a, (size(shape),))
+            return self.reshape(flat, shape, why="a copy")
+        one, zero = (1, 0) if dtype == INT else (1.0, 0.0)
+        const = one if how == "mul" else zero
+        return self.scalar(how, a, const, self.draw(st.booleans()), why="a copy")
 
     def axis(self, axis: int, ndim: int) -> int:
         """``axis``, or the same axis counted from the end."""
         return axis - ndim if self.draw(st.booleans()) else axis
 
+    def reduction_axes(self, shape: Shape) -> tuple[Any, Shape, tuple[int, ...]]:
+        """Drawn axes to reduce: (axis param, kept shape, reduced axes)."""
+        ndim = len(shape)
+        how = self.draw(st.sampled_from(["all", "one", "some"]))
+        if how == "all":
+            return None, (), tuple(range(ndim))
+        if how == "one" and ndim:
+            ax = self.draw(st.integers(0, ndim - 1))
+            kept = tuple(d for i, d in enumerate(shape) if i != ax)
+            return self.axis(ax, ndim), kept, (ax,)
+        chosen = self.draw(st.permutations(range(ndim)))
+        chosen = chosen[: self.draw(st.integers(0, ndim))]
+        axis = tuple(self.axis(i, ndim) for i in chosen)
+        kept = tuple(d for i, d in enumerate(shape) if i not in chosen)
+        return axis, kept, tuple(chosen)
+
     # -- emitting ops --------------------------------------------------------
 
-    def emit(self, kind: str, args, params=(), out_types=()) -> int:
-        style = self.draw(st.sampled_from(["fn", "op"]))
-        self.ops.append(Op(kind, tuple(args), tuple(params), style))
+    def emit(
+        self, kind: str, args, params=(), out_types=(), styles=("fn",), why=""
+    ) -> int:
+        style = self.draw(st.sampled_from(styles)) if len(styles) > 1 else styles[0]
+        self.ops.append(Op(kind, tuple(args), tuple(params), style, why))
         first = len(self.types)
         self.types.extend(out_types)
         return first
 
+    def unary(self, name: str, a: int) -> int:
+        out = self.emit(name, [a], (), [self.types[a]], STYLES[name])
+        if name in ("tanh", "sin", "cos"):
+            self.bounded.add(out)
+        if name == "exp":
+            self.positive.add(out)
+        return out
+
+    def binary(self, name: str, a: int, b: int, why: str = "") -> int:
+        """``name(a, b)``, broadcasting (then not with a strict wrapper)."""
+        out_shape = broadcast_shape(self.shape(a), self.shape(b))
+        assert out_shape is not None
+        styles = STYLES[name]
+        if self.shape(a) != self.shape(b):
+            styles = tuple(s for s in styles if s != "fn")
+        dtype = BOOL if name in ("greater", "less") else self.dtype(a)
+        return self.emit(name, [a, b], (), [(out_shape, dtype)], styles, why)
+
+    def scalar(self, name: str, a: int, c: Any, left: bool, why: str = "") -> int:
+        """``name(c, a)`` if ``left`` else ``name(a, c)``, c a Python number."""
+        dtype = BOOL if name in ("greater", "less") else self.dtype(a)
+        out = (self.shape(a), dtype)
+        return self.emit("scalar", [a], (name, c, left), [out], STYLES[name], why)
+
+    def convert(self, a: int, dtype: str) -> int:
+        out = (self.shape(a), dtype)
+        return self.emit("convert", [a], (dtype,), [out], STYLES["convert"])
+
+    def reshape(self, a: int, shape: Shape, why: str = "") -> int:
+        """``a`` reshaped to ``shape``, spelled with a -1 now and then."""
+        holes = [k for k in range(len(shape)) if size(shape[:k] + shape[k + 1 :])]
+        hole = self.draw(st.sampled_from([None, *holes]))
+        spelled = tuple(-1 if k == hole else d for k, d in enumerate(shape))
+        out = (shape, self.dtype(a))
+        return self.emit("reshape", [a], (spelled,), [out], STYLES["reshape"], why)
+
     def step(self) -> None:
         kinds = ["unary", "binary", "scalar", "compare", "reduce_sum", "transpose"]
-        kinds += ["broadcast", "select"]
+        kinds += ["broadcast", "select", "div", "exp_log", "pow", "maximum"]
+        kinds += ["convert", "f32", "reshape", "reduce_max", "dot_general"]
+        kinds += ["product", "where"]
         if self.depth < MAX_COND_DEPTH:
-            kinds.append("cond")
+            kinds += ["cond", "cond"]  # the most intricate primitive
         kind = self.draw(st.sampled_from(kinds))
         getattr(self, "step_" + kind)()
 
     def step_unary(self) -> None:
-        a = self.pick_float()
-        name = self.draw(st.sampled_from(["sin", "neg", "cos"]))
-        self.emit(name, [a], (), [self.types[a]])
+        a = self.pick_number()
+        names = ["neg"] if self.dtype(a) == INT else ["sin", "neg", "cos", "tanh"]
+        self.unary(self.draw(st.sampled_from(names)), a)
 
     def step_binary(self) -> None:
-        a = self.pick_float()
-        b = self.float_of_shape(self.types[a][0])
+        a = self.pick_number()
         name = self.draw(st.sampled_from(["add", "mul", "sub"]))
-        self.emit(name, [a, b], (), [self.types[a]])
+        b = self.partner(a)
+        if self.draw(st.booleans()):
+            a, b = b, a
+        self.binary(name, a, b)
 
     def step_scalar(self) -> None:
-        a = self.pick_float()
-        name = self.draw(st.sampled_from(["add", "mul", "sub", "greater", "less"]))
-        c, left = self.draw(st.sampled_from(SCALARS)), self.draw(st.booleans())
-        shape = self.types[a][0]
-        self.emit(
-            "scalar", [a], (name, c, left), [(shape, name in ("greater", "less"))]
-        )
+        a = self.pick_number()
+        dtype = self.dtype(a)
+        names = ["add", "mul", "sub", "greater", "less", "maximum", "minimum"]
+        if dtype == FLT:
+            names.append("div")
+        name = self.draw(st.sampled_from(names))
+        if name == "div":
+            self.scalar_div(a)
+        else:
+            self.scalar(name, a, self.constant(dtype), self.draw(st.booleans()))
+
+    def scalar_div(self, a: int) -> None:
+        """x / c with c a nonzero number, or c / y with y >= 1/e."""
+        if self.draw(st.booleans()):
+            den = self.positive_of_shape(self.shape(a))
+            self.scalar("div", den, self.constant(FLT), left=True)
+        else:
+            self.scalar("div", a, self.draw(st.sampled_from(NONZERO_SCALARS)), False)
 
     def step_compare(self) -> None:
-        self.bool_of_shape(self.types[self.pick_float()][0])
+        a = self.pick_number()
+        if self.draw(st.booleans()) is False:
+            self.bool_of_shape(self.shape(a))
+            return
+        # Two values of the same or broadcasting shapes.
+        b = self.partner(a)
+        if self.draw(st.booleans()):
+            a, b = b, a
+        self.binary(self.draw(st.sampled_from(["greater", "less"])), a, b)
 
     def step_reduce_sum(self) -> None:
-        a = self.pick_float()
-        shape = self.types[a][0]
-        ndim = len(shape)
-        how = self.draw(st.sampled_from(["all", "one", "some"]))
-        if how == "all":
-            axis, kept = None, ()
-        elif how == "one" and ndim:
-            ax = self.draw(st.integers(0, ndim - 1))
-            axis = self.axis(ax, ndim)
-            kept = tuple(d for i, d in enumerate(shape) if i != ax)
-        else:
-            chosen = self.draw(st.permutations(range(ndim)))
-            chosen = chosen[: self.draw(st.integers(0, ndim))]
-            axis = tuple(self.axis(i, ndim) for i in chosen)
-            kept = tuple(d for i, d in enumerate(shape) if i not in chosen)
-        self.emit("reduce_sum", [a], (axis,), [(kept, False)])
+        a = self.pick_number()
+        axis, kept, _ = self.reduction_axes(self.shape(a))
+        out = (kept, self.dtype(a))
+        self.emit("reduce_sum", [a], (axis,), [out], STYLES["reduce_sum"])
+
+    def step_reduce_max(self) -> None:
+        a = self.pick_number()
+        shape, dtype = self.types[a]
+        why = ""
+        if len(shape) < MAX_RANK and self.draw(st.integers(0, 3)) == 3:
+            # Ties: a broadcast along a new leading axis, reduced over it.
+            new = (self.draw(st.sampled_from([2, 3])), *shape)
+            if size(new) <= MAX_SIZE:
+                a = self.emit("broadcast", [a], (new, (0,)), [(new, dtype)])
+                axis, kept, reduced, why = 0, shape, (0,), "ties"
+        if not why:
+            axis, kept, reduced = self.reduction_axes(shape)
+        kind = "reduce_max" if max_is_finite(self.shape(a), reduced) else "reduce_sum"
+        self.emit(kind, [a], (axis,), [(kept, dtype)], STYLES[kind], why)
 
     def step_transpose(self) -> None:
         a = self.pick(lambda t: True)
-        shape, is_bool = self.types[a]
+        shape, dtype = self.types[a]
         perm = self.draw(st.permutations(range(len(shape))))
         out = tuple(shape[p] for p in perm)
         spelled = tuple(self.axis(p, len(shape)) for p in perm)
-        self.emit("transpose", [a], (spelled,), [(out, is_bool)])
+        self.emit("transpose", [a], (spelled,), [(out, dtype)], STYLES["transpose"])
 
     def step_broadcast(self) -> None:
         a = self.pick(lambda t: True)
-        shape, is_bool = self.types[a]
+        shape, dtype = self.types[a]
         room = MAX_RANK - len(shape)
-        if room == 0:
+        if room <= 0:
             return self.step_unary()
         new = self.draw(st.integers(1, min(2, room)))
         out_ndim = len(shape) + new
@@ -266,14 +600,205 @@ class Builder:
         if int(np.prod(out)) > MAX_SIZE:
             return self.step_unary()
         spelled = self.draw(st.permutations([self.axis(i, out_ndim) for i in axes]))
-        self.emit("broadcast", [a], (out, tuple(spelled)), [(out, is_bool)])
+        self.emit("broadcast", [a], (out, tuple(spelled)), [(out, dtype)])
+
+    def step_reshape(self) -> None:
+        a = self.pick(lambda t: True)
+        self.reshape(a, self.draw(st.sampled_from(shapes_of_size(size(self.shape(a))))))
 
     def step_select(self) -> None:
-        a = self.pick_float()
-        shape = self.types[a][0]
-        b = self.float_of_shape(shape)
+        a = self.pick_number()
+        shape, dtype = self.types[a]
+        b = self.value_of(shape, dtype)
         pred = self.bool_of_shape(shape)
-        self.emit("select", [pred, a, b], (), [(shape, False)])
+        self.emit("select", [pred, a, b], (), [(shape, dtype)])
+
+    def step_where(self) -> None:
+        """anp.where(pred, x, y), the three broadcasting, or x or y a number."""
+        a = self.pick_number()
+        shape, dtype = self.types[a]
+        form = self.draw(st.sampled_from(["arrays", "scalar"]))
+        if form == "arrays":
+            b = self.partner(a)
+            values_ = [a, b] if self.draw(st.booleans()) else [b, a]
+            shape = broadcast_shape(shape, self.shape(b))
+            params: tuple = (None, None)
+        else:
+            values_ = [a]
+            params = (self.draw(st.sampled_from([1, 2])), self.constant(dtype))
+        pred = self.bool_of_shape(self.compatible_shape(shape))
+        out_shape = broadcast_shape(shape, self.shape(pred))
+        assert out_shape is not None
+        self.emit("where", [pred, *values_], params, [(out_shape, dtype)], ("np",))
+
+    def step_div(self) -> None:
+        """x / y with y >= 1/e, of the same or broadcasting shapes, or a
+        division with a Python number."""
+        a = self.pick_float()
+        if self.draw(st.booleans()):
+            return self.scalar_div(a)
+        den = self.positive_of_shape(self.compatible_shape(self.shape(a)))
+        self.binary("div", a, den)
+
+    def step_exp_log(self) -> None:
+        a = self.pick_float()
+        if self.draw(st.booleans()):
+            self.unary("exp", self.bounded_of(a))
+        else:
+            self.unary("log", self.positive_of_shape(self.shape(a)))
+
+    def step_pow(self) -> None:
+        a = self.pick_number()
+        if self.dtype(a) == INT:
+            exponent = self.draw(st.sampled_from([2, 1, 3, 0]))
+        else:
+            exponent = self.draw(st.sampled_from(EXPONENTS))
+            if exponent < 0:
+                a = self.positive_of_shape(self.shape(a))
+            elif exponent > 2 and a not in self.tame:
+                a = self.bounded_of(a)
+        self.emit("pow", [a], (exponent,), [self.types[a]], STYLES["pow"])
+
+    def step_maximum(self) -> None:
+        """maximum or minimum, with ties now and then."""
+        a = self.pick_number()
+        shape, dtype = self.types[a]
+        name = self.draw(st.sampled_from(["maximum", "minimum"]))
+        how = self.draw(st.sampled_from(["other", "itself", "copy", "its_max"]))
+        if how == "itself":
+            return self.binary(name, a, a, why="ties")
+        if how == "copy":
+            return self.binary(name, a, self.copy_of(a), why="ties")
+        if how == "its_max":
+            # Ties where a is largest along some axes: compare a with its
+            # maxima, kept as size-1 axes that broadcasting stretches back.
+            axis, kept, reduced = self.reduction_axes(shape)
+            if not max_is_finite(shape, reduced):
+                return self.binary(name, a, a, why="ties")
+            styles = STYLES["reduce_max"]
+            top = self.emit("reduce_max", [a], (axis,), [(kept, dtype)], styles)
+            ones = tuple(1 if i in reduced else d for i, d in enumerate(shape))
+            top = self.reshape(top, ones)
+            return self.binary(name, a, top, why="ties at the maxima")
+        b = self.partner(a)
+        if self.draw(st.booleans()):
+            a, b = b, a
+        self.binary(name, a, b)
+
+    def step_convert(self) -> None:
+        a = self.pick(lambda t: True)
+        target = self.draw(st.sampled_from([FLT, INT, BOOL]))
+        if self.dtype(a) == FLT and target == INT:
+            self.to_int(a)
+        else:
+            self.convert(a, target)
+
+    def step_f32(self) -> None:
+        """A float64 -> float32 -> float64 round trip, with an exact float32
+        operation in between; or a comparison of two values in float32."""
+        a = self.pick_float()
+        shape = self.shape(a)
+        if self.draw(st.booleans()):
+            b = self.float_of_shape(shape)
+            name = self.draw(st.sampled_from(["greater", "less"]))
+            self.emit("f32_compare", [a, b], (name,), [(shape, BOOL)])
+            return
+        inner = self.draw(st.sampled_from(["none", "neg", "max", "transpose", "flat"]))
+        out = {"transpose": shape[::-1], "flat": (size(shape),)}.get(inner, shape)
+        self.emit("f32", [a], (inner,), [(out, FLT)])
+
+    def step_dot_general(self) -> None:
+        """dot_general with random valid dimension numbers: the second
+        operand is any existing value (axes of equal size may pair up), or a
+        new one built to match."""
+        x = self.pick_number()
+        dtype = self.dtype(x)
+        sx = self.shape(x)
+        if self.draw(st.booleans()):
+            y = self.pick(lambda t: t[1] == dtype)
+            sy = self.shape(y)
+            pairs = []  # (x axis, y axis, is_batch)
+            for i in self.draw(st.permutations(range(len(sx)))):
+                used = {j for _, j, _ in pairs}
+                free = [j for j in range(len(sy)) if j not in used and sy[j] == sx[i]]
+                j = self.draw(st.sampled_from([None, *free]))
+                if j is not None:
+                    pairs.append((i, j, self.draw(st.booleans())))
+        else:
+            roles = [self.draw(st.sampled_from([None, False, True])) for _ in sx]
+            paired = [i for i, role in enumerate(roles) if role is not None]
+            extra = self.draw(st.lists(st.sampled_from(DIMS), max_size=1))
+            sizes = [sx[i] for i in paired] + extra
+            order = self.draw(st.permutations(range(len(sizes))))
+            sy = tuple(sizes[k] for k in order)
+            # paired[k] of x pairs with the axis of y where position k went.
+            pairs = [(i, order.index(k), roles[i]) for k, i in enumerate(paired)]
+            y = self.value_of(sy, dtype)
+        out = self.dot_general_shape(sx, sy, pairs)
+        if not fits(out):
+            # Contract every axis with an operand of x's shape.
+            y, sy = self.value_of(sx, dtype), sx
+            pairs = [(i, i, False) for i in range(len(sx))]
+            out = ()
+        contract = [(i, j) for i, j, batch in pairs if not batch]
+        batch = [(i, j) for i, j, is_batch in pairs if is_batch]
+        dims_jax = (
+            (tuple(i for i, _ in contract), tuple(j for _, j in contract)),
+            (tuple(i for i, _ in batch), tuple(j for _, j in batch)),
+        )
+        dims_ours = (
+            (
+                tuple(self.axis(i, len(sx)) for i, _ in contract),
+                tuple(self.axis(j, len(sy)) for _, j in contract),
+            ),
+            (
+                tuple(self.axis(i, len(sx)) for i, _ in batch),
+                tuple(self.axis(j, len(sy)) for _, j in batch),
+            ),
+        )
+        self.emit("dot_general", [x, y], (dims_ours, dims_jax), [(out, dtype)])
+
+    @staticmethod
+    def dot_general_shape(sx: Shape, sy: Shape, pairs) -> Shape:
+        x_paired = {i for i, _, _ in pairs}
+        y_paired = {j for _, j, _ in pairs}
+        out = [sx[i] for i, _, batch in pairs if batch]
+        out += [d for i, d in enumerate(sx) if i not in x_paired]
+        out += [d for j, d in enumerate(sy) if j not in y_paired]
+        return tuple(out)
+
+    def step_product(self) -> None:
+        """anp.dot, anp.matmul or ``@``: with an existing operand of a
+        fitting shape, or a new one."""
+        kind = self.draw(st.sampled_from(["matmul", "dot"]))
+        a = self.pick_number()
+        if kind == "matmul" and not self.shape(a):  # not for scalars
+            dtype = self.dtype(a)
+            a = self.pick(lambda t: t[1] == dtype and len(t[0]) > 0)
+            if a is None:
+                return self.step_unary()
+        sa, dtype = self.types[a]
+
+        def ok(t: Type) -> bool:
+            return t[1] == dtype and product_shape(kind, sa, t[0]) is not None
+
+        b = self.pick(ok) if self.draw(st.booleans()) else None
+        if b is None:
+            k = sa[-1] if sa else 1
+            options = [(k,), (k, self.draw(st.sampled_from(DIMS)))]
+            options.append((self.draw(st.sampled_from(DIMS)), *options[1]))
+            if kind == "dot":
+                options.append(())
+            options = [s for s in options if product_shape(kind, sa, s) is not None]
+            if not options:
+                return self.step_unary()
+            b = self.value_of(self.draw(st.sampled_from(options)), dtype)
+        x, y = (b, a) if self.draw(st.booleans()) else (a, b)
+        out = product_shape(kind, self.shape(x), self.shape(y))
+        if out is None:  # the swapped order does not multiply
+            x, y = a, b
+            out = product_shape(kind, self.shape(x), self.shape(y))
+        self.emit(kind, [x, y], (), [(out, dtype)], STYLES[kind])
 
     def step_cond(self) -> None:
         # The predicate: a Python bool, or a traced boolean scalar.
@@ -292,11 +817,11 @@ class Builder:
             self.pick(lambda t: True) for _ in range(n_operands + n_captured - 1)
         ]
         branch_in = [self.types[i] for i in inputs]
-        float_shapes = [s for s, b in branch_in if not b]
+        float_shapes = [s for s, dtype in branch_in if dtype == FLT]
         out_types = [
             (
                 self.draw(st.sampled_from(float_shapes)),
-                self.draw(st.integers(0, 3)) == 0,
+                self.draw(st.sampled_from([FLT, FLT, FLT, BOOL, INT])),
             )
             for _ in range(self.draw(st.integers(1, 2)))
         ]
@@ -314,22 +839,21 @@ def branch(draw, in_types: list[Type], out_types: list[Type], depth: int) -> Pro
     builder = Builder(draw, in_types, depth)
     for _ in range(draw(st.integers(0, 3))):
         builder.step()
-    outs = [
-        builder.bool_of_shape(shape) if is_bool else builder.float_of_shape(shape)
-        for shape, is_bool in out_types
-    ]
+    outs = [builder.value_of(shape, dtype) for shape, dtype in out_types]
     return builder.finish(outs)
 
 
 @st.composite
 def programs(draw, max_ops: int = 8) -> Program:
     """A program of 1-3 float inputs. Its first output is its last float
-    value; up to two more outputs are any values (floats or booleans)."""
-    in_types = [(s, False) for s in draw(st.lists(shapes(), min_size=1, max_size=3))]
+    value; up to two more outputs are any values (floats, ints or booleans)."""
+    in_types = [(s, FLT) for s in draw(st.lists(shapes(), min_size=1, max_size=3))]
     builder = Builder(draw, in_types, depth=0)
     for _ in range(draw(st.integers(1, max_ops))):
+        if len(builder.ops) >= max_ops:  # steps that build operands emit more
+            break
         builder.step()
-    main = max(i for i, (_, is_bool) in enumerate(builder.types) if not is_bool)
+    main = max(i for i, (_, dtype) in enumerate(builder.types) if dtype == FLT)
     extra = [builder.pick(lambda t: True) for _ in range(draw(st.integers(0, 2)))]
     return builder.finish([main, *extra])
 
@@ -344,55 +868,118 @@ def _traced(*xs: Any) -> bool:
 
 
 class Autodidax:
-    """Program ops in autodidax, via functions or Python operators."""
+    """Program ops in autodidax: strict wrappers, autodidax.numpy, or Python
+    operators (see Op.style)."""
 
-    BINARY_OPS = {
-        "add": lambda x, y: x + y,
-        "mul": lambda x, y: x * y,
-        "sub": lambda x, y: x - y,
-        "greater": lambda x, y: x > y,
-        "less": lambda x, y: x < y,
+    STRICT = {
+        "neg": ad.neg,
+        "sin": ad.sin,
+        "cos": ad.cos,
+        "tanh": ad.tanh,
+        "exp": ad.exp,
+        "log": ad.log,
+        "add": ad.add,
+        "mul": ad.mul,
+        "sub": ad.sub,
+        "div": ad.div,
+        "maximum": ad.maximum,
+        "greater": ad.greater,
+        "less": ad.less,
+        "pow": ad.integer_pow,
+        "convert": ad.convert_element_type,
+        "reshape": ad.reshape,
+        "reduce_sum": ad.reduce_sum,
+        "reduce_max": ad.reduce_max,
+        "transpose": ad.transpose,
+        "broadcast": ad.broadcast,
+        "select": ad.select,
+        "dot_general": ad.dot_general,
+    }
+    NUMPY = {
+        "neg": anp.negative,
+        "sin": anp.sin,
+        "cos": anp.cos,
+        "tanh": anp.tanh,
+        "exp": anp.exp,
+        "log": anp.log,
+        "add": anp.add,
+        "mul": anp.multiply,
+        "sub": anp.subtract,
+        "div": anp.divide,
+        "maximum": anp.maximum,
+        "minimum": anp.minimum,
+        "greater": anp.greater,
+        "less": anp.less,
+        "pow": anp.power,
+        "convert": anp.astype,
+        "reshape": anp.reshape,
+        "reduce_sum": anp.sum,
+        "reduce_max": anp.max,
+        "transpose": anp.transpose,
+        "where": anp.where,
+        "dot": anp.dot,
+        "matmul": anp.matmul,
+    }
+    OPERATORS = {
+        "neg": operator.neg,
+        "add": operator.add,
+        "mul": operator.mul,
+        "sub": operator.sub,
+        "div": operator.truediv,
+        "greater": operator.gt,
+        "less": operator.lt,
+        "pow": operator.pow,
+        "matmul": operator.matmul,
     }
 
     @classmethod
-    def binary(cls, name, x, y, style):
-        if style == "op" and _traced(x, y):
-            return cls.BINARY_OPS[name](x, y)
-        if name == "sub":
-            return ad.add(x, ad.neg(y))
-        return getattr(ad, name)(x, y)
+    def call(cls, kind: str, style: str, *args: Any) -> Any:
+        """``kind`` spelled in ``style``; operators only when an operand is a
+        tracer or device array (on NumPy arrays they would be NumPy's)."""
+        if style == "op" and _traced(*args[:2]):
+            return cls.OPERATORS[kind](*args)
+        if style == "fn":
+            return cls.STRICT[kind](*args)
+        return cls.NUMPY[kind](*args)
 
     @classmethod
     def apply(cls, op: Op, vals: list) -> list:
-        kind, p = op.kind, op.params
-        if kind == "neg" and op.style == "op" and _traced(*vals):
-            return [-vals[0]]
-        if kind in ("neg", "sin", "cos"):
-            return [getattr(ad, kind)(*vals)]
-        if kind in cls.BINARY_OPS:
-            return [cls.binary(kind, *vals, op.style)]
+        kind, p, style = op.kind, op.params, op.style
         if kind == "scalar":
             name, c, left = p
-            if op.style == "op" and _traced(*vals):
-                args = (c, vals[0]) if left else (vals[0], c)
-                return [cls.BINARY_OPS[name](*args)]
-            if name == "sub":
-                return [ad.add(c, ad.neg(vals[0])) if left else ad.add(vals[0], -c)]
-            fn = getattr(ad, name)
-            return [fn(c, vals[0]) if left else fn(vals[0], c)]
-        if kind == "reduce_sum":
+            return [cls.call(name, style, *((c, vals[0]) if left else (vals[0], c)))]
+        if kind in ("reduce_sum", "reduce_max"):
             (axis,) = p
             if axis is None:
-                return [ad.reduce_sum(vals[0])]
-            return [ad.reduce_sum(vals[0], axis)]
-        if kind == "transpose":
-            return [ad.transpose(vals[0], *p)]
-        if kind == "broadcast":
-            return [ad.broadcast(vals[0], *p)]
-        if kind == "select":
-            return [ad.select(*vals)]
-        assert kind == "cond"
-        return _cond(ad.cond, cls, op, vals)
+                return [cls.call(kind, style, vals[0])]
+            return [cls.call(kind, style, vals[0], axis)]
+        if kind == "convert":
+            return [cls.call(kind, style, vals[0], DTYPES[p[0]])]
+        if kind == "dot_general":
+            return [cls.call(kind, style, *vals, p[0])]
+        if kind == "where":
+            return [anp.where(*_where_args(op, vals))]
+        if kind == "f32":
+            return [_f32_round_trip(ad, vals[0], p[0])]
+        if kind == "f32_compare":
+            x, y = (ad.convert_element_type(v, np.float32) for v in vals)
+            return [getattr(ad, p[0])(x, y)]
+        if kind == "cond":
+            return _cond(ad.cond, cls, op, vals)
+        return [cls.call(kind, style, *vals, *p)]
+
+
+# jit of the identity: moves a NumPy value to the device as an Array.
+_to_device = ad.jit(lambda x: x)
+
+
+class OnDevice(Autodidax):
+    """Autodidax with every operand that is not a tracer (cond traces its
+    branches) or an Array first moved to the device; for eager evaluation."""
+
+    @classmethod
+    def apply(cls, op: Op, vals: list) -> list:
+        return super().apply(op, [v if _traced(v) else _to_device(v) for v in vals])
 
 
 class Jax:
@@ -402,11 +989,20 @@ class Jax:
         "neg": jnp.negative,
         "sin": jnp.sin,
         "cos": jnp.cos,
+        "tanh": jnp.tanh,
+        "exp": jnp.exp,
+        "log": jnp.log,
         "add": jnp.add,
         "mul": jnp.multiply,
         "sub": jnp.subtract,
+        "div": jnp.divide,
+        "maximum": jnp.maximum,
+        "minimum": jnp.minimum,
         "greater": jnp.greater,
         "less": jnp.less,
+        "select": lax.select,
+        "dot": jnp.dot,
+        "matmul": jnp.matmul,
     }
 
     @classmethod
@@ -419,7 +1015,19 @@ class Jax:
             fn = cls.FNS[name]
             return [fn(c, vals[0]) if left else fn(vals[0], c)]
         if kind == "reduce_sum":
-            return [jnp.sum(vals[0], axis=p[0])]
+            # jnp.sum would widen int32 to int64; lax.reduce_sum does not.
+            return [jnp.sum(vals[0], axis=p[0], dtype=vals[0].dtype)]
+        if kind == "reduce_max":
+            # jnp.max refuses empty reductions (without initial=); lax does not.
+            (x,), (axis,) = vals, p
+            axes = range(x.ndim) if axis is None else np.atleast_1d(axis)
+            return [lax.reduce_max(x, tuple(int(a) % x.ndim for a in axes))]
+        if kind == "pow":
+            return [lax.integer_pow(vals[0], p[0])]
+        if kind == "convert":
+            return [lax.convert_element_type(vals[0], DTYPES[p[0]])]
+        if kind == "reshape":
+            return [jnp.reshape(vals[0], p[0])]
         if kind == "transpose":
             return [jnp.transpose(vals[0], p[0])]
         if kind == "broadcast":
@@ -427,10 +1035,39 @@ class Jax:
             new = {a % len(shape) for a in axes}
             kept = [i for i in range(len(shape)) if i not in new]
             return [lax.broadcast_in_dim(vals[0], shape, kept)]
-        if kind == "select":
-            return [lax.select(*vals)]
+        if kind == "dot_general":
+            return [lax.dot_general(*vals, p[1])]
+        if kind == "where":
+            return [jnp.where(*_where_args(op, vals))]
+        if kind == "f32":
+            return [_f32_round_trip(lax, vals[0], p[0])]
+        if kind == "f32_compare":
+            x, y = (lax.convert_element_type(v, np.float32) for v in vals)
+            return [cls.FNS[p[0]](x, y)]
         assert kind == "cond"
         return _cond(lax.cond, cls, op, vals)
+
+
+def _where_args(op: Op, vals: list) -> list:
+    """(pred, x, y) of a "where" op, with its Python number put in place."""
+    position, c = op.params
+    return vals if position is None else [*vals[:position], c, *vals[position:]]
+
+
+def _f32_round_trip(lib: Any, x: Any, inner: str) -> Any:
+    """x to float32, an exact operation, back to float64; ``lib`` is
+    autodidax or jax.lax, which spell these operations alike."""
+    y = lib.convert_element_type(x, np.float32)
+    ndim = np.ndim(x) if lib is lax else ad.get_aval(x).ndim
+    if inner == "neg":
+        y = lib.neg(y)
+    elif inner == "max":
+        y = lib.max(y, y) if lib is lax else ad.maximum(y, y)
+    elif inner == "transpose":
+        y = lib.transpose(y, tuple(reversed(range(ndim))))
+    elif inner == "flat":
+        y = lib.reshape(y, (-1,)) if lib is ad else lax.reshape(y, (y.size,))
+    return lib.convert_element_type(y, np.float64)
 
 
 def _cond(cond: Callable, lib: type, op: Op, vals: list) -> list:
@@ -665,12 +1302,14 @@ def assert_matches(ours: Any, theirs: Any) -> None:
             np.testing.assert_allclose(mine, ref, rtol=TOL, atol=TOL * scale)
 
 
-def check(prog: Program, data, names: Sequence[str]) -> None:
+def check(prog: Program, data, names: Sequence[str], ours: type = None) -> None:
     """Apply the transformations ``names`` (innermost first) to ``prog`` in
-    both libraries, draw arguments, and compare."""
+    both libraries (autodidax interpreted by ``ours``, default Autodidax),
+    draw arguments, and compare."""
     note(prog.pretty())
+    ours = ours or Autodidax
     fns = Fns(
-        lambda *xs: run(prog, Autodidax, xs),
+        lambda *xs: run(prog, ours, xs),
         lambda *xs: run(prog, Jax, xs),
         [s for s, _ in prog.in_types],
     )
@@ -695,6 +1334,14 @@ def test_eval(prog, data):
     check(prog, data, [])
 
 
+@SINGLE
+@given(programs(), st.data())
+def test_eval_on_device_arrays(prog, data):
+    """Eager evaluation with every operand a device Array (what jit returns),
+    so that the operators and functions meet Arrays everywhere."""
+    check(prog, data, [], ours=OnDevice)
+
+
 @pytest.mark.parametrize("name", TRANSFORMS)
 @SINGLE
 @given(prog=programs(), data=st.data())
@@ -714,46 +1361,133 @@ def test_pair(outer, inner, prog, data):
     check(prog, data, [inner, outer])
 
 
+def _features(prog: Program, seen: set[str], top: bool) -> None:
+    """Add to ``seen`` the primitives, spellings and forms that ``prog`` uses."""
+    # Which program inputs each entry depends on (top level only).
+    deps: list[set[int]] = [{i} for i in range(len(prog.in_types))]
+    n = len(prog.in_types)
+    for op in prog.ops:
+        name = op.kind if op.kind != "scalar" else f"scalar-{op.params[0]}"
+        ins = [prog.types[i] for i in op.args]
+        n_out = len(op.params[3]) if op.kind == "cond" else 1
+        seen.add(f"{name}/{op.style}")
+        if op.why:
+            seen.add(f"{name}: {op.why}")
+        if any(dtype == INT for _, dtype in ins) and op.kind != "cond":
+            seen.add(f"{name}-int")
+        if op.kind in BINARY or op.kind == "where":
+            shapes_ = [s for s, _ in ins]
+            if len(set(shapes_)) > 1:
+                seen.add(f"{name}-broadcasting/{op.style}")
+                if len({len(s) for s in shapes_}) > 1:
+                    seen.add("rank-promotion")
+                for dims in zip(*(s[::-1] for s in shapes_)):
+                    if 1 in dims and max(dims) > 1:
+                        seen.add("size-1-stretching")
+        if op.kind == "where" and op.params[0] is not None:
+            seen.add(f"where-scalar-{op.params[0]}")
+        if op.kind == "convert":
+            source, target = ins[0][1], op.params[0]
+            seen.add(
+                "convert-same" if source == target else f"convert-{source}{target}"
+            )
+        if op.kind == "pow":
+            seen.add(f"pow-{op.params[0]}")
+        if op.kind == "reshape" and -1 in op.params[0]:
+            seen.add("reshape-hole")
+        if op.kind in ("reduce_sum", "reduce_max"):
+            seen.add(f"{op.kind}-axis-{type(op.params[0]).__name__}")
+        if op.kind in ("f32", "f32_compare"):
+            seen.add(f"{op.kind}-{op.params[0]}")
+        if op.kind == "dot_general":
+            dims_ours, ((xc, _), (xb, _)) = op.params
+            seen.add(f"dot_general-{len(xc)}-contracting-{len(xb)}-batch")
+            if any(a < 0 for pair in dims_ours for axes in pair for a in axes):
+                seen.add("dot_general-negative-axes")
+        if op.kind in ("matmul", "dot"):
+            ranks = [len(shape) for shape, _ in ins]
+            seen.add(f"{op.kind}-ranks-{ranks[0]}-{ranks[1]}")
+            if min(ranks) == 0:
+                seen.add(f"{op.kind}-of-a-scalar")
+            if min(ranks) >= 2 and max(ranks) == 3:
+                seen.add(f"{op.kind}-of-stacks")
+        if top and op.kind in ("dot_general", "matmul", "dot"):
+            x_deps, y_deps = (deps[i] for i in op.args)
+            if x_deps and y_deps and not x_deps & y_deps:
+                seen.add(f"{op.kind}-of-different-inputs")
+        if op.kind == "cond":
+            pred_const, true_prog, false_prog, out_types, n_operands = op.params
+            seen.add("cond-const-pred" if pred_const is not None else "cond-pred")
+            seen.add(f"cond-operands-{n_operands}")
+            if len(op.args) > n_operands + (pred_const is None):
+                seen.add("cond-closure")
+            for _, dtype in out_types:
+                seen.add(f"cond-{dtype}-out")
+            if any(o.kind == "cond" for o in true_prog.ops + false_prog.ops):
+                seen.add("cond-nested")
+            _features(true_prog, seen, top=False)
+            _features(false_prog, seen, top=False)
+        used = set().union(*(deps[i] for i in op.args)) if op.args else set()
+        deps += [used] * n_out
+        n += n_out
+
+
 def test_generator_covers_every_primitive_and_form():
-    """The strategy reaches every primitive, op form and cond variant (checked
-    on generated examples, so a change to the generator cannot silently drop
+    """The strategy reaches every primitive, spelling and form (checked on
+    generated examples, so a change to the generator cannot silently drop
     one)."""
     seen: set[str] = set()
 
-    def visit(prog: Program) -> None:
-        for op in prog.ops:
-            name = op.kind if op.kind != "scalar" else f"scalar-{op.params[0]}"
-            seen.add(f"{name}/{op.style}")
-            if op.kind == "cond":
-                pred_const, true_prog, false_prog, out_types, n_operands = op.params
-                seen.add("cond-const-pred" if pred_const is not None else "cond-pred")
-                seen.add(f"cond-operands-{n_operands}")
-                if len(op.args) > n_operands + (pred_const is None):
-                    seen.add("cond-closure")
-                if any(b for _, b in out_types):
-                    seen.add("cond-bool-out")
-                if any(o.kind == "cond" for o in true_prog.ops + false_prog.ops):
-                    seen.add("cond-nested")
-                visit(true_prog)
-                visit(false_prog)
-            if op.kind == "reduce_sum":
-                seen.add(f"reduce_sum-{type(op.params[0]).__name__}")
-
-    @settings(max_examples=300, derandomize=True, database=None, deadline=None)
+    @settings(max_examples=1000, derandomize=True, database=None, deadline=None)
     @given(programs())
     def collect(prog):
-        visit(prog)
+        _features(prog, seen, top=True)
 
     collect()
-    kinds = ["neg", "sin", "cos", "add", "mul", "sub", "greater", "less"]
-    kinds += ["reduce_sum", "transpose", "broadcast", "select", "cond"]
-    kinds += [f"scalar-{n}" for n in ("add", "mul", "sub", "greater", "less")]
-    expected = {f"{k}/{style}" for k in kinds for style in ("fn", "op")}
-    expected |= {"cond-const-pred", "cond-pred", "cond-closure", "cond-bool-out"}
-    expected |= {"cond-nested", "cond-operands-0", "cond-operands-1"}
-    expected |= {"cond-operands-2", "reduce_sum-NoneType", "reduce_sum-int"}
-    expected |= {"reduce_sum-tuple"}
-    assert expected <= seen, sorted(expected - seen)
+    expected = {
+        f"{kind}/{style}" for kind, styles in STYLES.items() for style in styles
+    }
+    expected |= {f"{kind}/fn" for kind in ["broadcast", "select", "dot_general"]}
+    expected |= {"cond/fn", "f32/fn", "f32_compare/fn"}
+    scalar_names = ["add", "mul", "sub", "div", "greater", "less"]
+    scalar_names += ["maximum", "minimum"]
+    expected |= {f"scalar-{n}/{s}" for n in scalar_names for s in STYLES[n]}
+    # Broadcasting through the NumPy functions and the operators.
+    expected |= {f"{n}-broadcasting/np" for n in BINARY + ["where"]}
+    expected |= {f"{n}-broadcasting/op" for n in ["add", "mul", "sub", "div"]}
+    expected |= {"greater-broadcasting/op", "less-broadcasting/op"}
+    expected |= {"rank-promotion", "size-1-stretching", "where-scalar-1"}
+    expected |= {"where-scalar-2"}
+    # Ties, integers, conversions, powers, reshapes, reductions, products.
+    expected |= {"maximum: ties", "minimum: ties", "maximum: ties at the maxima"}
+    expected |= {"reduce_max: ties", "scalar-mul: a copy", "reshape: a copy"}
+    expected |= {"scalar-add: a copy"}
+    expected |= {"add-int", "maximum-int", "reduce_max-int", "reduce_sum-int"}
+    expected |= {"select-int", "where-int", "dot_general-int", "greater-int"}
+    tags = [FLT, INT, BOOL]
+    expected |= {f"convert-{a}{b}" for a in tags for b in tags if a != b}
+    expected |= {"convert-same"}
+    expected |= {f"pow-{e}" for e in EXPONENTS} | {"pow-int"}
+    expected |= {"reshape-hole"}
+    expected |= {
+        f"reduce_{k}-axis-{t}"
+        for k in ("sum", "max")
+        for t in ("int", "tuple", "NoneType")
+    }
+    expected |= {f"f32-{inner}" for inner in ["none", "neg", "max", "transpose"]}
+    expected |= {"f32-flat", "f32_compare-greater", "f32_compare-less"}
+    expected |= {"dot_general-1-contracting-0-batch"}
+    expected |= {"dot_general-0-contracting-1-batch"}
+    expected |= {"dot_general-1-contracting-1-batch"}
+    expected |= {"dot_general-0-contracting-0-batch", "dot_general-negative-axes"}
+    expected |= {"matmul-ranks-2-2", "matmul-ranks-1-2", "matmul-ranks-2-1"}
+    expected |= {"matmul-of-stacks", "dot-ranks-2-2", "dot-of-a-scalar"}
+    expected |= {f"{k}-of-different-inputs" for k in ["dot_general", "matmul"]}
+    # cond
+    expected |= {"cond-const-pred", "cond-pred", "cond-closure", "cond-nested"}
+    expected |= {"cond-operands-0", "cond-operands-1", "cond-operands-2"}
+    expected |= {"cond-f-out", "cond-b-out", "cond-i-out"}
+    assert expected <= seen, str(sorted(expected - seen))
 
 
 # ---------------------------------------------------------------------------
