@@ -458,6 +458,7 @@ class Builder:
     def emit(
         self, kind: str, args, params=(), out_types=(), styles=("fn",), why=""
     ) -> int:
+        assert all(fits(shape) for shape, _ in out_types), (kind, out_types)
         style = self.draw(st.sampled_from(styles)) if len(styles) > 1 else styles[0]
         self.ops.append(Op(kind, tuple(args), tuple(params), style, why))
         first = len(self.types)
@@ -729,6 +730,8 @@ class Builder:
             paired = [i for i, role in enumerate(roles) if role is not None]
             extra = self.draw(st.lists(st.sampled_from(DIMS), max_size=1))
             sizes = [sx[i] for i in paired] + extra
+            if not fits(tuple(sizes)):
+                sizes = sizes[: len(paired)]
             order = self.draw(st.permutations(range(len(sizes))))
             sy = tuple(sizes[k] for k in order)
             # paired[k] of x pairs with the axis of y where position k went.
