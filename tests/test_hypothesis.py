@@ -916,7 +916,10 @@ class Autodidax:
         "pow": anp.power,
         "convert": anp.astype,
         "reshape": anp.reshape,
-        "reduce_sum": anp.sum,
+        # anp.sum widens small integers and booleans to int64, as NumPy does;
+        # the generated programs keep the dtype, so convert back (an int32
+        # sum wraps around the same way either way).
+        "reduce_sum": lambda x, *axis: anp.astype(anp.sum(x, *axis), x.dtype),
         "reduce_max": anp.max,
         "transpose": anp.transpose,
         "where": anp.where,
