@@ -53,7 +53,14 @@ SITE_BUILD = JUPYTER_BOOK + [
     ".",
 ]
 SITE_INDEX = ROOT / "_build" / "html" / "index.html"
-LINT_TARGETS = ["autodidax.py", "build_tools", "tests", "bench"]
+LINT_TARGETS = [
+    "autodidax.py",
+    "build_tools",
+    "tests",
+    "bench",
+    "book/book_setup.py",
+    "book/figures.py",
+]
 
 
 class StepFailed(Exception):
@@ -64,20 +71,95 @@ def banner(text: str) -> None:
     print(f"\n==> {text}", flush=True)
 
 
+STEP_TIMES: list[tuple[str, float]] = []  # (step, seconds), for the summary
+
+
 def run(step: str, argv: Sequence[str], env: dict[str, str] | None = None) -> None:
     """Run one external step from the repository root; raise StepFailed if it fails."""
     banner(step)
     started = time.monotonic()
     code = subprocess.run(argv, cwd=ROOT, env=env, check=False).returncode
+    elapsed = time.monotonic() - started
+    STEP_TIMES.append((step, elapsed))
     if code != 0:
         raise StepFailed(f"{step} failed (exit code {code})")
-    print(f"    ({step}: ok, {time.monotonic() - started:.1f}s)", flush=True)
+    print(f"    ({step}: ok, {elapsed:.1f}s)", flush=True)
+
+
+def junit_counts(path: Path) -> str:
+    """'N passed, M skipped' from a pytest JUnit XML report ('' if unreadable)."""
+    import xml.etree.ElementTree as ElementTree
+
+    try:
+        suites = ElementTree.parse(path).getroot()
+    except (OSError, ElementTree.ParseError):
+        return ""
+    total = skipped = failed = 0
+    for suite in suites.iter("testsuite"):
+        total += int(suite.get("tests", 0))
+        skipped += int(suite.get("skipped", 0))
+        failed += int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+    counts = f"{total - skipped - failed} passed"
+    if failed:
+        counts += f", {failed} failed"
+    if skipped:
+        counts += f", {skipped} skipped"
+    return counts
+
+
+def minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)}m{seconds % 60:02.0f}s"
 
 
 # ---------------------------------------------------------------- commands
 
 
+def unmet_requirements(root: Path = ROOT) -> list[str]:
+    """What ``install`` would change in this Python: [] when nothing.
+
+    Each pin of requirements.txt against the installed version, and autodidax
+    installed in editable mode from this checkout. Reads package metadata
+    only, so it takes a fraction of a second where pip takes half a minute.
+    """
+    import importlib.metadata
+    import json
+
+    unmet = []
+    for line in (root / "requirements.txt").read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, _, version = line.partition("==")
+        try:
+            found = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found = None
+        if found != version:
+            unmet.append(f"{name}=={version} (found {found or 'none'})")
+    # The checkout's autodidax.egg-info may shadow the installed metadata on
+    # sys.path, so look at every autodidax distribution found.
+    editable_here = False
+    for dist in importlib.metadata.distributions(name="autodidax"):
+        direct_url = json.loads(dist.read_text("direct_url.json") or "{}")
+        editable = direct_url.get("dir_info", {}).get("editable", False)
+        editable_here |= editable and direct_url.get("url") == root.as_uri()
+    if not editable_here:
+        unmet.append(f"autodidax (editable, from {root})")
+    return unmet
+
+
 def cmd_install(args: argparse.Namespace) -> None:
+    started = time.monotonic()
+    unmet = unmet_requirements()
+    if not unmet and not getattr(args, "force", False):
+        banner(f"install into {PYTHON}")
+        print(
+            "    the pinned requirements and autodidax are already installed; "
+            f"skipped ({time.monotonic() - started:.1f}s; `install --force` "
+            "reinstalls)",
+            flush=True,
+        )
+        return
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     pip = [PYTHON, "-m", "pip", "install", "-q", "-r", "requirements.txt", "-e", "."]
     run(f"install into {PYTHON}", pip, env=env)
@@ -126,6 +208,9 @@ def cmd_check(args: argparse.Namespace) -> None:
 
 
 def cmd_test(args: argparse.Namespace) -> None:
+    import tempfile
+
+    started = time.monotonic()
     cmd_install(args)
     # A fresh interpreter for check: the packages were possibly just installed.
     run("check", [PYTHON, __file__, "check"])
@@ -139,10 +224,19 @@ def cmd_test(args: argparse.Namespace) -> None:
         [PYTHON, "-m", "ruff", "format", "--check", *lint_targets],
     )
 
-    # loadgroup: the browser tests (one site build, one Chromium, marked with
-    # xdist_group) stay together on one worker; other tests spread as usual.
-    pytest = [PYTHON, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "tests"]
-    run("pytest tests/", pytest)
+    # The site first: the browser tests in pytest open this build instead of
+    # building the site a second time.
+    run("site build (warnings are errors)", SITE_BUILD)
+
+    reports = Path(tempfile.mkdtemp(prefix="autodidax-test-"))
+    # loadgroup: the browser tests (one Chromium, marked with xdist_group) stay
+    # together on one worker; other tests spread over both cores. -rs prints
+    # each reason for skipping once, with the number of tests it skipped.
+    pytest = [PYTHON, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-rs"]
+    pytest += [f"--junitxml={reports / 'pytest.xml'}", "tests"]
+    env = {**os.environ, "AUTODIDAX_SITE_HTML": str(SITE_INDEX.parent)}
+    run("pytest tests/", pytest, env=env)
+    summary = [f"pytest {junit_counts(reports / 'pytest.xml')}"]
 
     if chapter_list:
         # One fresh kernel per notebook; --dist loadfile keeps all cells of a
@@ -150,13 +244,21 @@ def cmd_test(args: argparse.Namespace) -> None:
         workers = str(min(2, len(chapter_list)))
         nbval = [PYTHON, "-m", "pytest", "--nbval", "--nbval-current-env"]
         nbval += ["--nbval-cell-timeout=600", "-n", workers, "--dist", "loadfile"]
+        nbval += [f"--junitxml={reports / 'nbval.xml'}"]
         nbval += [chapter.rel(chapter.ipynb) for chapter in chapter_list]
         run("nbval (re-execute every chapter, compare outputs)", nbval)
+        summary.append(
+            f"nbval {len(chapter_list)} chapters, "
+            f"{junit_counts(reports / 'nbval.xml')} cells"
+        )
     else:
         banner("nbval: no chapters yet, skipped")
 
-    run("site build (warnings are errors)", SITE_BUILD)
-    banner("test: all steps passed")
+    steps = ", ".join(f"{step.split(' (')[0]} {sec:.0f}s" for step, sec in STEP_TIMES)
+    banner(
+        f"test: all steps passed in {minutes(time.monotonic() - started)}: "
+        f"{'; '.join(summary)} ({steps})"
+    )
 
 
 def cmd_site(args: argparse.Namespace) -> None:
@@ -190,7 +292,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         sub = commands.add_parser(name, help=help_text, description=help_text)
         if takes_chapters:
             sub.add_argument("chapters", nargs="*", help="chapters (default: all)")
-        sub.set_defaults(function=function, chapters=[])
+        if name == "install":
+            sub.add_argument(
+                "--force", action="store_true", help="reinstall even if satisfied"
+            )
+        sub.set_defaults(function=function, chapters=[], force=False)
     return parser.parse_args(argv)
 
 

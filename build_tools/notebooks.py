@@ -35,6 +35,12 @@ VOLATILE_NOTEBOOK_METADATA = ("papermill", "widgets", "vscode")
 
 Notebook = Any  # nbformat.NotebookNode; kept loose to avoid importing nbformat
 
+# Cells folded on the site (SPEC 2a) are folded in the notebook too: JupyterLab
+# collapses a cell whose metadata has jupyter.source_hidden, Colab shows a cell
+# with cellView "form" as its "# @title" line and hides the code.
+FOLD_TAGS = ("hide-input", "hide-cell")
+TITLE_PREFIX = "# @title "
+
 
 class NotebookError(RuntimeError):
     """Formatting or executing a chapter failed; the message says where."""
@@ -98,6 +104,43 @@ def _stable_ids(notebook: Notebook, kept_ids: set[str]) -> None:
         used.add(cell["id"])
 
 
+def is_folded(cell: Any) -> bool:
+    """True for a code cell that the site shows folded (tagged hide-input/-cell)."""
+    tags = cell.metadata.get("tags", [])
+    return cell.cell_type == "code" and any(tag in tags for tag in FOLD_TAGS)
+
+
+def fold_metadata(notebook: Notebook) -> Notebook:
+    """Give folded cells the metadata that folds them in JupyterLab and Colab.
+
+    Derived from the tags every time, so that a cell that is no longer folded
+    loses it; the .md carries only the tag.
+    """
+    for cell in notebook.cells:
+        if cell.cell_type != "code":
+            continue
+        jupyter = dict(cell.metadata.get("jupyter", {}))
+        jupyter.pop("source_hidden", None)
+        cell.metadata.pop("cellView", None)
+        if is_folded(cell):
+            jupyter["source_hidden"] = True
+            cell.metadata["cellView"] = "form"
+        if jupyter:
+            cell.metadata["jupyter"] = jupyter
+        else:
+            cell.metadata.pop("jupyter", None)
+    return notebook
+
+
+def untitled_folded_cells(notebook: Notebook) -> list[int]:
+    """Indexes (1-based) of folded cells whose first line is not a Colab title."""
+    return [
+        index
+        for index, cell in enumerate(notebook.cells, start=1)
+        if is_folded(cell) and not cell.source.startswith(TITLE_PREFIX)
+    ]
+
+
 def synced_ipynb(chapter: Chapter, source: Notebook | None = None) -> Notebook:
     """The .ipynb that ``sync`` writes: the .md's cells, old outputs where they fit."""
     import jupytext
@@ -106,11 +149,11 @@ def synced_ipynb(chapter: Chapter, source: Notebook | None = None) -> Notebook:
     source = read_source(chapter) if source is None else copy.deepcopy(source)
     if not chapter.ipynb.is_file():
         _stable_ids(source, set())
-        return source
+        return fold_metadata(source)
     old = jupytext.read(chapter.ipynb, fmt="ipynb")
     combined = combine_inputs_with_outputs(source, old, fmt=MYST_FORMAT)
     _stable_ids(combined, {cell.get("id") for cell in old.cells})
-    return combined
+    return fold_metadata(combined)
 
 
 def _write_if_changed(path: Path, text: str) -> bool:
@@ -168,6 +211,12 @@ def check_chapter(chapter: Chapter) -> list[str]:
                     f"{chapter.rel(chapter.ipynb)}: notebook metadata '{key}' differs "
                     f"from {chapter.rel(chapter.md)}; {sync_hint}"
                 )
+
+    for index in untitled_folded_cells(source):
+        problems.append(
+            f"{chapter.rel(chapter.md)}: folded code cell {index} must start with a "
+            f"'{TITLE_PREFIX}...' line, the title Colab shows in place of its code"
+        )
 
     if not chapter.py.is_file():
         problems.append(f"{chapter.rel(chapter.py)} is missing; {sync_hint}")

@@ -188,13 +188,43 @@ def test_check_detects_changed_tags(tmp_path: Path) -> None:
 
 
 def test_check_detects_removed_export_tag(tmp_path: Path) -> None:
-    write_book(tmp_path, {"ch": [code("x = 1", "export", "hide-input")]})
+    write_book(tmp_path, {"ch": [code("# @title x\nx = 1", "export", "hide-input")]})
     sync_all(tmp_path)
     md = tmp_path / "book" / "ch.md"
     md.write_text(md.read_text().replace("[export, hide-input]", "[hide-input]"))
     problems = check_repo(tmp_path)
     assert any("ch.ipynb" in p and "metadata/tags" in p for p in problems), problems
     assert any(p.startswith(f"{MODULE_FILE} differs") for p in problems), problems
+
+
+def test_folded_cells_fold_in_jupyterlab_and_colab(tmp_path: Path) -> None:
+    folded = code("# @title Set x\nx = 1", "export", "hide-input")
+    write_book(tmp_path, {"ch": [folded, code("x + 1")]})
+    sync_all(tmp_path)
+    assert check_repo(tmp_path) == []
+    (chapter,) = find_chapters(tmp_path)
+    cells = json.loads(chapter.ipynb.read_text())["cells"]
+    hidden, shown = (cell for cell in cells if cell["cell_type"] == "code")
+    assert hidden["metadata"]["jupyter"] == {"source_hidden": True}
+    assert hidden["metadata"]["cellView"] == "form"
+    assert "jupyter" not in shown["metadata"] and "cellView" not in shown["metadata"]
+    # Unfolding the cell in the .md takes the metadata away again.
+    md = chapter.md
+    md.write_text(md.read_text().replace("[export, hide-input]", "[export]"))
+    sync_chapter(chapter)
+    cells = json.loads(chapter.ipynb.read_text())["cells"]
+    assert all("cellView" not in cell["metadata"] for cell in cells)
+    assert all("jupyter" not in cell["metadata"] for cell in cells)
+
+
+def test_check_requires_a_colab_title_on_folded_cells(tmp_path: Path) -> None:
+    write_book(tmp_path, {"ch": [code("x = 1", "hide-input")]})
+    sync_all(tmp_path)
+    problems = check_repo(tmp_path)
+    assert any(
+        "book/ch.md: folded code cell 2 must start with a '# @title" in p
+        for p in problems
+    ), problems
 
 
 def test_generated_script_passes_ruff_format_check(tmp_path: Path) -> None:

@@ -1,14 +1,15 @@
 """The website as readers see it, checked in a real browser.
 
 The module builds the site into a temporary directory (the same Jupyter Book
-command as ``book.py site``), serves it over HTTP on localhost, and opens every
-page of the table of contents in headless Chromium, driven through the
-DevTools protocol (``tests/chromium.py``). It checks that each page loads
-without console errors or failed requests, that every chapter shows its code
-outputs and none of them is a Python traceback, that every chapter has its
-Colab launch link, that every internal link leads to an existing page and
-anchor, that the previous/next links follow the table of contents, and that
-the search page finds "jaxpr".
+command as ``book.py site``; ``book.py test``, which has just built the site,
+passes its build in AUTODIDAX_SITE_HTML instead), serves it over HTTP on
+localhost, and opens every page of the table of contents in headless
+Chromium, driven through the DevTools protocol (``tests/chromium.py``). It
+checks that each page loads without console errors or failed requests, that
+every chapter shows its code outputs and none of them is a Python traceback,
+that every chapter has its Colab launch link, that every internal link leads
+to an existing page and anchor, that the previous/next links follow the table
+of contents, and that the search page finds "jaxpr".
 
 The browser gets no network beyond localhost, so the checks do not depend on
 the machine's connection; the only outside resource a page may ask for is
@@ -244,9 +245,16 @@ class Site:
         return None
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
-    chromium = find_chromium()  # first: skip quickly when there is no browser
+def build_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The built site's html directory: ``book.py test``'s build, or a new one.
+
+    ``book.py test`` builds the site (warnings as errors) before running pytest
+    and names it in AUTODIDAX_SITE_HTML; run on its own, this module builds the
+    site into a temporary directory with the same command.
+    """
+    prebuilt = os.environ.get("AUTODIDAX_SITE_HTML")
+    if prebuilt and (Path(prebuilt) / "index.html").is_file():
+        return Path(prebuilt)
     out = tmp_path_factory.mktemp("site")
     started = time.monotonic()
     build = subprocess.run(
@@ -263,7 +271,13 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
             pytrace=False,
         )
     print(f"site built in {time.monotonic() - started:.1f}s")
-    html = out / "_build" / "html"
+    return out / "_build" / "html"
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    chromium = find_chromium()  # first: skip quickly when there is no browser
+    html = build_site(tmp_path_factory)
     profile = tmp_path_factory.mktemp("chromium-profile")
     browser = Browser(
         chromium,
