@@ -3630,15 +3630,11 @@ def reduce_max(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLi
     """The largest element over ``axis`` (an int, ints, or None for all axes)."""
     _check_kind("reduce_max", x, "iuf", "a numeric (not boolean)")
     ndim = get_aval(x).ndim
-    axes = (
-        tuple(range(ndim))
-        if axis is None
-        else _normalize_axes("reduce_max", axis, ndim)
-    )
-    return bind(reduce_max_p, x, axes=axes)
+    axes = range(ndim) if axis is None else axis
+    return bind(reduce_max_p, x, axes=_normalize_axes("reduce_max", axes, ndim))
 
 
-def _lowest(dtype: np.dtype) -> Any:
+def _max_identity(dtype: np.dtype) -> Any:
     """The identity of max: -inf, or the smallest integer of the dtype."""
     dtype = np.dtype(dtype)
     return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
@@ -3646,13 +3642,20 @@ def _lowest(dtype: np.dtype) -> Any:
 
 @reduce_max_p.def_rule("impl")
 def _reduce_max_impl(x, *, axes):
-    return [np.max(x, axis=axes, initial=_lowest(x.dtype))]
+    return [np.max(x, axis=axes, initial=_max_identity(x.dtype))]
 
 
 @reduce_max_p.def_rule("abstract_eval")
 def _reduce_max_abstract_eval(x, *, axes):
     check_reduce_max_types(x, axes)
     return [ShapedArray([d for i, d in enumerate(x.shape) if i not in axes], x.dtype)]
+
+
+# @title Checks, batching as for reduce_sum, lowering to a StableHLO reduce
+def check_reduce_max_types(x: ShapedArray, axes: Any) -> None:
+    if x.dtype.kind not in "iuf":
+        raise TypeError(f"reduce_max: expected a numeric array, got {x.str_short()}")
+    _check_canonical_axes("reduce_max", "axes", axes, x.ndim)
 
 
 @reduce_max_p.def_rule("vmap")
@@ -3663,18 +3666,11 @@ def _reduce_max_vmap(axis_size, vals, dims, *, axes):
     return [bind(reduce_max_p, x, axes=full_axes)], [out_bdim]
 
 
-# @title Checks and lowering: a StableHLO reduce whose body is maximum
-def check_reduce_max_types(x: ShapedArray, axes: Any) -> None:
-    if x.dtype.kind not in "iuf":
-        raise TypeError(f"reduce_max: expected a numeric array, got {x.str_short()}")
-    _check_canonical_axes("reduce_max", "axes", axes, x.ndim)
-
-
 @reduce_max_p.def_rule("lower")
 def _reduce_max_lower(ctx, avals_in, avals_out, x, *, axes):
     (x_aval,), (out_aval,) = avals_in, avals_out
     scalar = ShapedArray((), x_aval.dtype)
-    lowest = ir_constant(_lowest(x_aval.dtype), scalar)
+    lowest = ir_constant(_max_identity(x_aval.dtype), scalar)
     reduce = hlo.ReduceOp(
         [ir_type(out_aval)], [x], [lowest], ir.DenseI64ArrayAttr.get(axes)
     )
@@ -4180,13 +4176,8 @@ def _reflected_power(x: ArrayLike, base: Any) -> ArrayLike:
 
 
 def _install_operators() -> None:
-    binary = {
-        "add": numpy_add,
-        "sub": numpy_subtract,
-        "mul": numpy_multiply,
-        "truediv": numpy_divide,
-        "matmul": numpy_matmul,
-    }
+    binary = dict(add=numpy_add, sub=numpy_subtract, mul=numpy_multiply)
+    binary.update(truediv=numpy_divide, matmul=numpy_matmul)
     for name, fn in binary.items():
         setattr(ArrayOperators, f"__{name}__", fn)  # fn(self, other)
         setattr(ArrayOperators, f"__r{name}__", lambda a, b, fn=fn: fn(b, a))

@@ -503,10 +503,8 @@ with jax.enable_x64(True):
     )((x0, y0))
 print("ours:", [float(g) for g in ours])
 print("JAX: ", [float(g) for g in theirs])
-print(
-    "slopes of max at a tie:",
-    [float(s) for s in grad(lambda xy: maximum(*xy))((2.0, 2.0))],
-)
+tie = grad(lambda xy: maximum(*xy))((2.0, 2.0))
+print("slopes of max at a tie:", [float(s) for s in tie])
 
 
 # %% [markdown]
@@ -764,15 +762,11 @@ def reduce_max(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLi
     """The largest element over ``axis`` (an int, ints, or None for all axes)."""
     _check_kind("reduce_max", x, "iuf", "a numeric (not boolean)")
     ndim = get_aval(x).ndim
-    axes = (
-        tuple(range(ndim))
-        if axis is None
-        else _normalize_axes("reduce_max", axis, ndim)
-    )
-    return bind(reduce_max_p, x, axes=axes)
+    axes = range(ndim) if axis is None else axis
+    return bind(reduce_max_p, x, axes=_normalize_axes("reduce_max", axes, ndim))
 
 
-def _lowest(dtype: np.dtype) -> Any:
+def _max_identity(dtype: np.dtype) -> Any:
     """The identity of max: -inf, or the smallest integer of the dtype."""
     dtype = np.dtype(dtype)
     return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
@@ -780,13 +774,28 @@ def _lowest(dtype: np.dtype) -> Any:
 
 @reduce_max_p.def_rule("impl")
 def _reduce_max_impl(x, *, axes):
-    return [np.max(x, axis=axes, initial=_lowest(x.dtype))]
+    return [np.max(x, axis=axes, initial=_max_identity(x.dtype))]
 
 
 @reduce_max_p.def_rule("abstract_eval")
 def _reduce_max_abstract_eval(x, *, axes):
     check_reduce_max_types(x, axes)
     return [ShapedArray([d for i, d in enumerate(x.shape) if i not in axes], x.dtype)]
+
+
+# %% [markdown]
+# The folded cell holds the abstract evaluation rule's check (a numeric array,
+# canonical axes), the batching rule, which is `reduce_sum`'s with another
+# primitive, and the lowering rule, which builds that `reduce` and its one-line
+# body.
+
+
+# %% tags=["export", "hide-input"]
+# @title Checks, batching as for reduce_sum, lowering to a StableHLO reduce
+def check_reduce_max_types(x: ShapedArray, axes: Any) -> None:
+    if x.dtype.kind not in "iuf":
+        raise TypeError(f"reduce_max: expected a numeric array, got {x.str_short()}")
+    _check_canonical_axes("reduce_max", "axes", axes, x.ndim)
 
 
 @reduce_max_p.def_rule("vmap")
@@ -797,25 +806,11 @@ def _reduce_max_vmap(axis_size, vals, dims, *, axes):
     return [bind(reduce_max_p, x, axes=full_axes)], [out_bdim]
 
 
-# %% [markdown]
-# The folded cell holds the abstract evaluation rule's check (a numeric array,
-# canonical axes) and the lowering rule, which builds that `reduce` and its
-# one-line body.
-
-
-# %% tags=["export", "hide-input"]
-# @title Checks and lowering: a StableHLO reduce whose body is maximum
-def check_reduce_max_types(x: ShapedArray, axes: Any) -> None:
-    if x.dtype.kind not in "iuf":
-        raise TypeError(f"reduce_max: expected a numeric array, got {x.str_short()}")
-    _check_canonical_axes("reduce_max", "axes", axes, x.ndim)
-
-
 @reduce_max_p.def_rule("lower")
 def _reduce_max_lower(ctx, avals_in, avals_out, x, *, axes):
     (x_aval,), (out_aval,) = avals_in, avals_out
     scalar = ShapedArray((), x_aval.dtype)
-    lowest = ir_constant(_lowest(x_aval.dtype), scalar)
+    lowest = ir_constant(_max_identity(x_aval.dtype), scalar)
     reduce = hlo.ReduceOp(
         [ir_type(out_aval)], [x], [lowest], ir.DenseI64ArrayAttr.get(axes)
     )
@@ -1069,21 +1064,12 @@ def matvec(m, v):
     return dot_general(m, v, (((1,), (0,)), ((), ())))
 
 
-float64 = np.float64
-print(
-    make_jaxpr(
-        vmap(matvec, (None, 0)),
-        ShapedArray((3, 4), float64),
-        ShapedArray((5, 4), float64),
-    )[0]
-)
-print(
-    make_jaxpr(
-        vmap(matvec, (0, 1)),
-        ShapedArray((5, 3, 4), float64),
-        ShapedArray((4, 5), float64),
-    )[0]
-)
+def f64(*shape):
+    return ShapedArray(shape, np.float64)
+
+
+print(make_jaxpr(vmap(matvec, (None, 0)), f64(3, 4), f64(5, 4))[0])
+print(make_jaxpr(vmap(matvec, (0, 1)), f64(5, 3, 4), f64(4, 5))[0])
 
 
 # %% [markdown]
@@ -1172,8 +1158,9 @@ with jax.enable_x64(True):
 # (appendix-broadcasting)=
 # ## Broadcasting, made explicit
 #
-# Every binary primitive insists on operands of one shape, and so does `lax`,
-# JAX's layer of thin wrappers around its primitives. NumPy and `jax.numpy` are
+# Every binary primitive of ours insists on operands of one shape. (`lax`,
+# JAX's layer of thin wrappers around its primitives, is nearly as strict: it
+# wants one rank, and only stretches axes of size 1.) NumPy and `jax.numpy` are
 # more forgiving: they {term}`broadcast` operands of different shapes. Line the
 # shapes up on the right; at each position the sizes must be equal or one of
 # them must be 1; a missing leading axis counts as size 1; the result takes the
@@ -1579,13 +1566,8 @@ def _reflected_power(x: ArrayLike, base: Any) -> ArrayLike:
 
 # %% tags=["export"]
 def _install_operators() -> None:
-    binary = {
-        "add": numpy_add,
-        "sub": numpy_subtract,
-        "mul": numpy_multiply,
-        "truediv": numpy_divide,
-        "matmul": numpy_matmul,
-    }
+    binary = dict(add=numpy_add, sub=numpy_subtract, mul=numpy_multiply)
+    binary.update(truediv=numpy_divide, matmul=numpy_matmul)
     for name, fn in binary.items():
         setattr(ArrayOperators, f"__{name}__", fn)  # fn(self, other)
         setattr(ArrayOperators, f"__r{name}__", lambda a, b, fn=fn: fn(b, a))
@@ -1605,13 +1587,7 @@ _install_operators()
 
 # %%
 anp = numpy_namespace
-print(
-    make_jaxpr(
-        lambda col, row: col + row,
-        ShapedArray((3, 1), float64),
-        ShapedArray((4,), float64),
-    )[0]
-)
+print(make_jaxpr(lambda col, row: col + row, f64(3, 1), f64(4))[0])
 
 # %% [markdown]
 # (appendix-rule-table)=
@@ -1647,12 +1623,7 @@ rows = [
     (name, *(rule_status(prim, kind) for kind in RULE_KINDS))
     for name, prim in sorted(PRIMITIVES.items())
 ]
-gaps = [
-    (row[0], kind)
-    for row in rows
-    for kind, status in zip(RULE_KINDS, row[1:])
-    if status == "MISSING"
-]
+gaps = [(r[0], k) for r in rows for k, s in zip(RULE_KINDS, r[1:]) if s == "MISSING"]
 print(f"{len(rows)} primitives, {len(RULE_KINDS)} kinds of rule, gaps: {gaps}")
 RuleTable(RULE_KINDS, rows)
 
@@ -1755,7 +1726,6 @@ show_error(lambda: reshape(a, (4, 2)))  # 6 elements do not fill (4, 2)
 show_error(lambda: log(np.arange(3)))  # log of integers
 show_error(jit(lambda a: a + np.ones((3, 2))), a)  # shapes that do not broadcast
 show_error(lambda: jit(lambda a: a**0.5)(a))  # only integer powers
-show_error(lambda: integer_pow(np.arange(3), -1))
 show_error(lambda: anp.astype(a, "U3"))  # not a numeric dtype
 show_error(lambda: dot_general(a, a, (((1,), (0,)), ((), ()))))
 show_error(lambda: jit(lambda a: a @ 2.0)(a))
@@ -1770,22 +1740,26 @@ show_error(lambda: jit(lambda a: a @ 2.0)(a))
 #   refuse mixed dtypes and only let Python numbers adapt, so any conversion is
 #   an explicit `convert_element_type` in the jaxpr. JAX's `convert_element_type`
 #   accordingly has a `weak_type` param.
-# - **Broadcasting in one step.** JAX's
+# - **Broadcasting in fewer steps.** JAX's
 #   [`broadcast_in_dim`](https://docs.jax.dev/en/latest/_autosummary/jax.lax.broadcast_in_dim.html)
-#   can stretch axes of size 1 directly, so `jax.numpy` broadcasting needs no
-#   `reshape`. Our two-step version is equivalent and keeps Part 1's `broadcast`
-#   simple.
+#   can stretch axes of size 1 directly, and JAX's binary primitives themselves
+#   stretch size-1 axes between operands of one rank: `jax.make_jaxpr` of
+#   `col + row` above shows one `broadcast_in_dim` that adds the row's leading
+#   axis, then an `add` of shapes `(3, 1)` and `(1, 4)`. Our primitives stay
+#   strict, so every stretch is an explicit `reshape` and `broadcast` in the
+#   jaxpr; the result is the same.
 # - **More params on products.**
 #   [`lax.dot_general`](https://docs.jax.dev/en/latest/_autosummary/jax.lax.dot_general.html)
-#   also takes a `precision` and a `preferred_element_type` (for instance, to
-#   accumulate a `bfloat16` product in `float32`); XLA picks the algorithm.
+#   also takes a `precision`, a `preferred_element_type` (for instance, to
+#   accumulate a `bfloat16` product in `float32`) and an `out_sharding`; XLA
+#   picks the algorithm.
 # - **Powers.** JAX has a general `pow` primitive for non-integer exponents;
 #   `x ** 2` still becomes `integer_pow`, lowered by repeated squaring as here.
 # - **Ties.** JAX's rules for `max` and `reduce_max` split the derivative among
 #   tied elements in the same way, which is why the examples above agree
 #   exactly.
 # - **Many more functions.** `jax.numpy` implements most of NumPy's API on top of
-#   about a hundred primitives, and jit-compiles many of its functions
+#   a few hundred primitives, and jit-compiles many of its functions
 #   internally; ours is a dozen functions, enough for the example above.
 #
 # ## Summary
@@ -1867,9 +1841,7 @@ print({kind: rule_status(sqrt_p, kind) for kind in RULE_KINDS})
 # %% tags=["hide-input"]
 inner = vmap(matvec, (None, 0))  # one matrix, many vectors
 outer = vmap(inner, (0, 0))  # many matrices, each with its own vectors
-jaxpr, _, _ = make_jaxpr(
-    outer, ShapedArray((2, 3, 4), float64), ShapedArray((2, 5, 4), float64)
-)
+jaxpr, _, _ = make_jaxpr(outer, f64(2, 3, 4), f64(2, 5, 4))
 print(jaxpr)
 # One dot_general: the outer batch axis pairs the operands' axes 0 as a batch
 # dimension; the inner one is a free axis of the vectors, which lands after
