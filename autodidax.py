@@ -3211,8 +3211,6 @@ reshape_p = Primitive("reshape")
 reduce_max_p = Primitive("reduce_max")
 dot_general_p = Primitive("dot_general")
 
-# Names of the primitives that are linear in none of their inputs: a
-# transpose rule would be meaningless for them.
 NOT_LINEAR = frozenset(
     ["sin", "cos", "greater", "less", "exp", "log", "tanh", "max"]
     + ["integer_pow", "reduce_max"]
@@ -3221,21 +3219,7 @@ NOT_LINEAR = frozenset(
 
 def convert_element_type(x: ArrayLike, dtype: Any) -> ArrayLike:
     """``x`` with its elements converted to ``dtype`` (NumPy's ``astype``)."""
-    try:
-        new_dtype = None if dtype is None else np.dtype(dtype)
-    except TypeError:
-        new_dtype = None
-    if new_dtype is None:
-        raise TypeError(f"convert_element_type: {dtype!r} is not a dtype")
-    if new_dtype.kind not in _ARRAY_KINDS or new_dtype.itemsize > 8:
-        kinds = {"U": "strings", "S": "bytes", "O": "objects", "c": "complex numbers"}
-        what = (
-            f" (a dtype of {kinds[new_dtype.kind]})" if new_dtype.kind in kinds else ""
-        )
-        raise TypeError(
-            f"convert_element_type: cannot convert to {new_dtype}{what}; arrays "
-            "hold booleans, integers or floats of up to 64 bits"
-        )
+    new_dtype = check_array_dtype("convert_element_type", dtype)
     if get_aval(x).dtype == new_dtype:
         return x
     return bind(convert_element_type_p, x, new_dtype=new_dtype)
@@ -3248,11 +3232,7 @@ def _convert_element_type_impl(x, *, new_dtype):
 
 @convert_element_type_p.def_rule("abstract_eval")
 def _convert_element_type_abstract_eval(x, *, new_dtype):
-    if not isinstance(new_dtype, np.dtype) or new_dtype.kind not in _ARRAY_KINDS:
-        raise TypeError(
-            "convert_element_type: param new_dtype must be a NumPy dtype of "
-            f"booleans, integers or floats, got {new_dtype!r}"
-        )
+    check_new_dtype_param(new_dtype)
     return [ShapedArray(x.shape, new_dtype)]
 
 
@@ -3278,14 +3258,48 @@ _elementwise_vmap_with_params(convert_element_type_p)
 @convert_element_type_p.def_rule("transpose")
 def _convert_element_type_transpose(cts, x, *, new_dtype):
     (ct,) = cts
-    if x.aval.dtype.kind != "f" or new_dtype.kind != "f":
-        raise TypeError(
-            "convert_element_type: only float-to-float conversions are linear, "
-            f"got {x.aval.dtype.name} to {new_dtype.name}"
-        )
+    check_float_to_float(x.aval.dtype, new_dtype)
     return [convert_element_type(ct, x.aval.dtype)]
 
 
+# @title Checks: dtypes that arrays can hold
+def check_array_dtype(name: str, dtype: Any) -> np.dtype:
+    """``dtype`` as a NumPy dtype of booleans, integers or floats."""
+    try:
+        new_dtype = None if dtype is None else np.dtype(dtype)
+    except TypeError:
+        new_dtype = None
+    if new_dtype is None:
+        raise TypeError(f"{name}: {dtype!r} is not a dtype")
+    if new_dtype.kind not in _ARRAY_KINDS or new_dtype.itemsize > 8:
+        kinds = {"U": "strings", "S": "bytes", "O": "objects", "c": "complex numbers"}
+        what = (
+            f" (a dtype of {kinds[new_dtype.kind]})" if new_dtype.kind in kinds else ""
+        )
+        raise TypeError(
+            f"{name}: cannot convert to {new_dtype}{what}; arrays "
+            "hold booleans, integers or floats of up to 64 bits"
+        )
+    return new_dtype
+
+
+def check_new_dtype_param(new_dtype: Any) -> None:
+    if not isinstance(new_dtype, np.dtype) or new_dtype.kind not in _ARRAY_KINDS:
+        raise TypeError(
+            "convert_element_type: param new_dtype must be a NumPy dtype of "
+            f"booleans, integers or floats, got {new_dtype!r}"
+        )
+
+
+def check_float_to_float(old: np.dtype, new: np.dtype) -> None:
+    if old.kind != "f" or new.kind != "f":
+        raise TypeError(
+            "convert_element_type: only float-to-float conversions are linear, "
+            f"got {old.name} to {new.name}"
+        )
+
+
+# @title Lowering: a conversion to bool compares with zero
 @convert_element_type_p.def_rule("lower")
 def _convert_element_type_lower(ctx, avals_in, avals_out, x, *, new_dtype):
     (x_aval,), (out_aval,) = avals_in, avals_out
@@ -3312,9 +3326,7 @@ def div(x: ArrayLike, y: ArrayLike) -> ArrayLike:
     """Elementwise ``x / y`` of float arrays."""
     if _is_python_scalar(x) and _is_python_scalar(y):
         x, y = float(x), float(y)
-    for operand in (x, y):
-        if not _is_python_scalar(operand):
-            _check_kind("div", operand, "f", "a float")
+    check_float_arrays("div", x, y)
     return _bind_binary(div_p, x, y)
 
 
@@ -3339,6 +3351,14 @@ def tanh(x: ArrayLike) -> ArrayLike:
     """Elementwise hyperbolic tangent of a float array."""
     _check_kind("tanh", x, "f", "a float")
     return bind(tanh_p, x)
+
+
+# @title Checks: division of floats
+def check_float_arrays(name: str, *operands: ArrayLike) -> None:
+    """Operands that are arrays must hold floats (Python numbers adapt)."""
+    for operand in operands:
+        if not _is_python_scalar(operand):
+            _check_kind(name, operand, "f", "a float")
 
 
 for _prim, _np_fn in [
@@ -3438,6 +3458,23 @@ def _div_transpose(cts, x, y):
 
 def integer_pow(x: ArrayLike, y: int) -> ArrayLike:
     """Elementwise ``x ** y`` for an integer exponent ``y``."""
+    check_integer_power(x, y)
+    return bind(integer_pow_p, x, y=int(y))
+
+
+@integer_pow_p.def_rule("impl")
+def _integer_pow_impl(x, *, y):
+    return [np.power(x, y)]
+
+
+@integer_pow_p.def_rule("abstract_eval")
+def _integer_pow_abstract_eval(x, *, y):
+    check_integer_power_types(x, y)
+    return [ShapedArray(x.shape, x.dtype)]
+
+
+# @title Checks: an integer exponent, a numeric base
+def check_integer_power(x: ArrayLike, y: Any) -> None:
     if not _is_axis(y):  # a Python or NumPy integer, not a bool
         raise TypeError(
             f"integer_pow: the exponent must be an integer, got {_describe(y)}; "
@@ -3449,7 +3486,11 @@ def integer_pow(x: ArrayLike, y: int) -> ArrayLike:
             f"integer_pow: integers cannot be raised to the negative power {y}; "
             "convert them to float first"
         )
-    return bind(integer_pow_p, x, y=int(y))
+
+
+def check_integer_power_types(x: ShapedArray, y: Any) -> None:
+    if not _is_axis(y) or x.dtype.kind not in "iuf" or (y < 0 and x.dtype.kind != "f"):
+        raise TypeError(f"integer_pow: cannot raise {x.str_short()} to the power {y!r}")
 
 
 def _describe(value: Any) -> str:
@@ -3457,18 +3498,6 @@ def _describe(value: Any) -> str:
     if isinstance(value, (Tracer, np.ndarray, *DEVICE_ARRAY_TYPES)):
         return f"an array of type {get_aval(value).str_short()}"
     return _short_repr(value)
-
-
-@integer_pow_p.def_rule("impl")
-def _integer_pow_impl(x, *, y):
-    return [np.power(x, y)]
-
-
-@integer_pow_p.def_rule("abstract_eval")
-def _integer_pow_abstract_eval(x, *, y):
-    if not _is_axis(y) or x.dtype.kind not in "iuf" or (y < 0 and x.dtype.kind != "f"):
-        raise TypeError(f"integer_pow: cannot raise {x.str_short()} to the power {y!r}")
-    return [ShapedArray(x.shape, x.dtype)]
 
 
 @integer_pow_p.def_rule("jvp")
@@ -3502,11 +3531,20 @@ def _integer_pow_lower(ctx, avals_in, avals_out, x, *, y):
 
 
 def reshape(x: ArrayLike, shape: int | Sequence[int]) -> ArrayLike:
-    """The elements of ``x``, in row-major order, in an array of ``shape``.
-
-    One entry of ``shape`` may be -1; it is inferred from the others.
-    """
+    """The elements of ``x``, in row-major order, in an array of ``shape``."""
     aval = get_aval(x)
+    shape = check_reshape(aval, shape)  # sizes, at most one -1, that fit x
+    if -1 in shape:
+        known = math.prod(d for d in shape if d != -1)
+        shape = tuple(aval.size // known if d == -1 else d for d in shape)
+    if shape == aval.shape:
+        return x
+    return bind(reshape_p, x, new_sizes=shape)
+
+
+# @title Checks: a shape that holds all the elements
+def check_reshape(aval: ShapedArray, shape: Any) -> tuple:
+    """``shape`` as a tuple, checked against the size of ``aval``."""
     if _is_axis(shape):
         shape = (shape,)
     shape = _check_shape_or_hole("reshape", shape)
@@ -3517,15 +3555,12 @@ def reshape(x: ArrayLike, shape: int | Sequence[int]) -> ArrayLike:
                 f"reshape: cannot reshape {aval.str_short()} ({aval.size} "
                 f"elements) into shape {shape}"
             )
-        shape = tuple(aval.size // known if d == -1 else d for d in shape)
-    if math.prod(shape) != aval.size:
+    elif math.prod(shape) != aval.size:
         raise ValueError(
             f"reshape: cannot reshape {aval.str_short()} ({aval.size} elements) "
             f"into shape {shape} ({math.prod(shape)} elements)"
         )
-    if shape == aval.shape:
-        return x
-    return bind(reshape_p, x, new_sizes=shape)
+    return shape
 
 
 def _check_shape_or_hole(name: str, shape: Any) -> tuple:
@@ -3551,6 +3586,15 @@ def _check_shape_or_hole(name: str, shape: Any) -> tuple:
     return tuple(-1 if i in holes else d for i, d in enumerate(checked))
 
 
+def check_reshape_param(x: ShapedArray, new_sizes: Any) -> tuple:
+    if not isinstance(new_sizes, tuple):
+        raise TypeError(f"reshape: param new_sizes must be a tuple, got {new_sizes!r}")
+    shape = _check_shape("reshape", new_sizes)
+    if math.prod(shape) != x.size:
+        raise ValueError(f"reshape: cannot reshape {x.str_short()} into shape {shape}")
+    return shape
+
+
 @reshape_p.def_rule("impl")
 def _reshape_impl(x, *, new_sizes):
     return [np.reshape(x, new_sizes)]
@@ -3558,12 +3602,7 @@ def _reshape_impl(x, *, new_sizes):
 
 @reshape_p.def_rule("abstract_eval")
 def _reshape_abstract_eval(x, *, new_sizes):
-    if not isinstance(new_sizes, tuple):
-        raise TypeError(f"reshape: param new_sizes must be a tuple, got {new_sizes!r}")
-    shape = _check_shape("reshape", new_sizes)
-    if math.prod(shape) != x.size:
-        raise ValueError(f"reshape: cannot reshape {x.str_short()} into shape {shape}")
-    return [ShapedArray(shape, x.dtype)]
+    return [ShapedArray(check_reshape_param(x, new_sizes), x.dtype)]
 
 
 _linear_jvp(reshape_p)
@@ -3591,14 +3630,11 @@ def reduce_max(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLi
     """The largest element over ``axis`` (an int, ints, or None for all axes)."""
     _check_kind("reduce_max", x, "iuf", "a numeric (not boolean)")
     ndim = get_aval(x).ndim
-    if axis is None:
-        axes = tuple(range(ndim))
-    else:
-        axes = _normalize_axes("reduce_max", axis, ndim)
-    return bind(reduce_max_p, x, axes=axes)
+    axes = range(ndim) if axis is None else axis
+    return bind(reduce_max_p, x, axes=_normalize_axes("reduce_max", axes, ndim))
 
 
-def _lowest(dtype: np.dtype) -> Any:
+def _max_identity(dtype: np.dtype) -> Any:
     """The identity of max: -inf, or the smallest integer of the dtype."""
     dtype = np.dtype(dtype)
     return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
@@ -3606,15 +3642,20 @@ def _lowest(dtype: np.dtype) -> Any:
 
 @reduce_max_p.def_rule("impl")
 def _reduce_max_impl(x, *, axes):
-    return [np.max(x, axis=axes, initial=_lowest(x.dtype))]
+    return [np.max(x, axis=axes, initial=_max_identity(x.dtype))]
 
 
 @reduce_max_p.def_rule("abstract_eval")
 def _reduce_max_abstract_eval(x, *, axes):
+    check_reduce_max_types(x, axes)
+    return [ShapedArray([d for i, d in enumerate(x.shape) if i not in axes], x.dtype)]
+
+
+# @title Checks, batching as for reduce_sum, lowering to a StableHLO reduce
+def check_reduce_max_types(x: ShapedArray, axes: Any) -> None:
     if x.dtype.kind not in "iuf":
         raise TypeError(f"reduce_max: expected a numeric array, got {x.str_short()}")
     _check_canonical_axes("reduce_max", "axes", axes, x.ndim)
-    return [ShapedArray([d for i, d in enumerate(x.shape) if i not in axes], x.dtype)]
 
 
 @reduce_max_p.def_rule("vmap")
@@ -3629,7 +3670,7 @@ def _reduce_max_vmap(axis_size, vals, dims, *, axes):
 def _reduce_max_lower(ctx, avals_in, avals_out, x, *, axes):
     (x_aval,), (out_aval,) = avals_in, avals_out
     scalar = ShapedArray((), x_aval.dtype)
-    lowest = ir_constant(_lowest(x_aval.dtype), scalar)
+    lowest = ir_constant(_max_identity(x_aval.dtype), scalar)
     reduce = hlo.ReduceOp(
         [ir_type(out_aval)], [x], [lowest], ir.DenseI64ArrayAttr.get(axes)
     )
@@ -3658,6 +3699,24 @@ def _free_axes(ndim: int, *used: tuple[int, ...]) -> list[int]:
     return [a for a in range(ndim) if a not in taken]
 
 
+def dot_general(x: ArrayLike, y: ArrayLike, dimension_numbers: Any) -> ArrayLike:
+    """Multiply ``x`` and ``y`` along paired axes, summing the contracted ones."""
+    x, y = (_as_input(v, "dot_general") for v in (x, y))
+    dims = _check_dot_dims(get_aval(x), get_aval(y), dimension_numbers)
+    return bind(dot_general_p, x, y, dimension_numbers=dims)
+
+
+@dot_general_p.def_rule("abstract_eval")
+def _dot_general_abstract_eval(x, y, *, dimension_numbers):
+    check_canonical_dot_dims(x, y, dimension_numbers)
+    (xc, yc), (xb, yb) = dimension_numbers
+    shape = [x.shape[i] for i in xb]
+    shape += [x.shape[i] for i in _free_axes(x.ndim, xc, xb)]
+    shape += [y.shape[j] for j in _free_axes(y.ndim, yc, yb)]
+    return [ShapedArray(shape, x.dtype)]
+
+
+# @title Checks: dimension numbers that fit the operands
 def _check_dot_dims(x: ShapedArray, y: ShapedArray, dims: Any) -> tuple:
     """Check ``((x_contract, y_contract), (x_batch, y_batch))`` against the
     operand types, and return it in canonical form (tuples of ints)."""
@@ -3695,30 +3754,12 @@ def _check_dot_dims(x: ShapedArray, y: ShapedArray, dims: Any) -> tuple:
     return ((xc, yc), (xb, yb))
 
 
-def dot_general(x: ArrayLike, y: ArrayLike, dimension_numbers: Any) -> ArrayLike:
-    """Multiply ``x`` and ``y`` along paired axes, summing the contracted ones.
-
-    ``dimension_numbers = ((x_contract, y_contract), (x_batch, y_batch))``.
-    The result's axes are the batch axes, then the other axes of ``x``, then
-    the other axes of ``y``, each in order.
-    """
-    x, y = (_as_input(v, "dot_general") for v in (x, y))
-    dims = _check_dot_dims(get_aval(x), get_aval(y), dimension_numbers)
-    return bind(dot_general_p, x, y, dimension_numbers=dims)
-
-
-@dot_general_p.def_rule("abstract_eval")
-def _dot_general_abstract_eval(x, y, *, dimension_numbers):
-    if _check_dot_dims(x, y, dimension_numbers) != dimension_numbers:
+def check_canonical_dot_dims(x: ShapedArray, y: ShapedArray, dims: Any) -> None:
+    if _check_dot_dims(x, y, dims) != dims:
         raise TypeError(
-            f"dot_general: param dimension_numbers={dimension_numbers!r} is not "
+            f"dot_general: param dimension_numbers={dims!r} is not "
             "in canonical form (tuples of non-negative ints)"
         )
-    (xc, yc), (xb, yb) = dimension_numbers
-    shape = [x.shape[i] for i in xb]
-    shape += [x.shape[i] for i in _free_axes(x.ndim, xc, xb)]
-    shape += [y.shape[j] for j in _free_axes(y.ndim, yc, yb)]
-    return [ShapedArray(shape, x.dtype)]
 
 
 @dot_general_p.def_rule("impl")
@@ -3735,6 +3776,7 @@ def _dot_general_impl(x, y, *, dimension_numbers):
     return [np.einsum(spec, x, y)]
 
 
+# @title Lowering: StableHLO's dot_general, with the same dimension numbers
 @dot_general_p.def_rule("lower")
 def _dot_general_lower(ctx, avals_in, avals_out, x, y, *, dimension_numbers):
     (xc, yc), (xb, yb) = dimension_numbers
@@ -3823,20 +3865,14 @@ def _dot_general_transpose(cts, x, y, *, dimension_numbers):
 def broadcast_shapes(
     name: str, *shapes: Sequence[int], described: str | None = None
 ) -> tuple[int, ...]:
-    """The shape NumPy's broadcasting gives ``shapes``, or a TypeError.
-    ``described`` names the operands in the message (default: the shapes)."""
+    """The shape NumPy's broadcasting gives ``shapes``, or a TypeError."""
     ndim = max(len(s) for s in shapes)
     padded = [(1,) * (ndim - len(s)) + tuple(s) for s in shapes]
     result = []
     for axis, sizes in enumerate(zip(*padded)):
         other_than_one = {d for d in sizes if d != 1}
         if len(other_than_one) > 1:
-            described = described or " and ".join(str(tuple(s)) for s in shapes)
-            raise TypeError(
-                f"{name}: operands must have the same shape, or shapes that "
-                f"broadcast; got {described}, whose sizes at axis {axis - ndim} "
-                f"are {' and '.join(map(str, sizes))} (they must be equal, or 1)"
-            )
+            raise _not_broadcastable(name, shapes, described, axis - ndim, sizes)
         result.append(other_than_one.pop() if other_than_one else 1)
     return tuple(result)
 
@@ -3844,12 +3880,8 @@ def broadcast_shapes(
 def broadcast_to(x: ArrayLike, shape: Sequence[int]) -> ArrayLike:
     """``x`` broadcast to ``shape`` by NumPy's rules, as explicit equations."""
     aval = get_aval(x)
-    shape = _check_shape("broadcast_to", shape)
+    shape = check_broadcast_to(aval, shape)
     lead = len(shape) - aval.ndim
-    if lead < 0 or broadcast_shapes("broadcast_to", aval.shape, shape) != shape:
-        raise TypeError(
-            f"broadcast_to: cannot broadcast {aval.str_short()} to shape {shape}"
-        )
     if aval.shape == shape:
         return x
     growing = [i for i, d in enumerate(aval.shape) if d == 1 and shape[lead + i] != 1]
@@ -3858,8 +3890,7 @@ def broadcast_to(x: ArrayLike, shape: Sequence[int]) -> ArrayLike:
 
 
 def _broadcast_operands(name: str, *args: ArrayLike) -> list[ArrayLike]:
-    """Broadcast the array operands to their common shape. Python numbers stay
-    numbers: the wrappers turn them into arrays of the right dtype."""
+    """Broadcast the array operands to their common shape; numbers stay numbers."""
     avals = [
         a.aval if isinstance(a, Tracer) else get_aval(as_array(a, name))
         for a in args
@@ -3870,6 +3901,29 @@ def _broadcast_operands(name: str, *args: ArrayLike) -> list[ArrayLike]:
     described = " and ".join(aval.str_short() for aval in avals)
     shape = broadcast_shapes(name, *(a.shape for a in avals), described=described)
     return [a if _is_python_scalar(a) else broadcast_to(a, shape) for a in args]
+
+
+# @title Checks: shapes that broadcast
+def _not_broadcastable(name, shapes, described, axis, sizes) -> TypeError:
+    """The error for ``shapes`` whose ``sizes`` clash at ``axis`` (negative).
+    ``described`` names the operands in the message (default: the shapes)."""
+    described = described or " and ".join(str(tuple(s)) for s in shapes)
+    return TypeError(
+        f"{name}: operands must have the same shape, or shapes that "
+        f"broadcast; got {described}, whose sizes at axis {axis} "
+        f"are {' and '.join(map(str, sizes))} (they must be equal, or 1)"
+    )
+
+
+def check_broadcast_to(aval: ShapedArray, shape: Any) -> tuple:
+    """``shape`` as a tuple that ``aval`` broadcasts to."""
+    shape = _check_shape("broadcast_to", shape)
+    lead = len(shape) - aval.ndim
+    if lead < 0 or broadcast_shapes("broadcast_to", aval.shape, shape) != shape:
+        raise TypeError(
+            f"broadcast_to: cannot broadcast {aval.str_short()} to shape {shape}"
+        )
+    return shape
 
 
 def _operands_alike(name: str, *args: ArrayLike) -> list[ArrayLike]:
@@ -3888,11 +3942,7 @@ def _operands_alike(name: str, *args: ArrayLike) -> list[ArrayLike]:
     return args
 
 
-numpy_namespace = types.ModuleType(
-    "autodidax.numpy",
-    "NumPy-style functions built from autodidax's primitives; they broadcast "
-    "their operands like NumPy.",
-)
+numpy_namespace = types.ModuleType("autodidax.numpy", "NumPy-style functions.")
 
 
 def numpy_function(fn: Callable) -> Callable:
@@ -3920,6 +3970,24 @@ numpy_greater = _broadcasting("greater", greater)
 numpy_less = _broadcasting("less", less)
 for _fn in [sin, cos, exp, log, tanh, reshape, broadcast_to, zeros_like]:
     setattr(numpy_namespace, _fn.__name__, _fn)
+
+
+numpy = numpy_namespace  # for `from autodidax import numpy as anp`
+if __name__ != "__main__":  # in the module: `import autodidax.numpy as anp`
+    sys.modules[f"{__name__}.numpy"] = numpy_namespace
+
+
+# @title The rest of autodidax.numpy
+@numpy_function
+def numpy_mean(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:
+    """Average over ``axis`` (all axes by default); integers give float64."""
+    x = _as_float(_as_input(x, "mean"))
+    ndim = get_aval(x).ndim
+    axes = range(ndim) if axis is None else _normalize_axes("mean", axis, ndim)
+    count = math.prod(get_aval(x).shape[a] for a in axes)
+    return div(reduce_sum(x, axis), float(count))
+
+
 numpy_namespace.negative = neg
 for _name in ["bool_", "int32", "int64", "float32", "float64"]:
     setattr(numpy_namespace, _name, getattr(np, _name))
@@ -3999,16 +4067,6 @@ def numpy_max(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLik
 
 
 @numpy_function
-def numpy_mean(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:
-    """Average over ``axis`` (all axes by default); integers give float64."""
-    x = _as_float(_as_input(x, "mean"))
-    ndim = get_aval(x).ndim
-    axes = range(ndim) if axis is None else _normalize_axes("mean", axis, ndim)
-    count = math.prod(get_aval(x).shape[a] for a in axes)
-    return div(reduce_sum(x, axis), float(count))
-
-
-@numpy_function
 def numpy_transpose(x: ArrayLike, axes: Sequence[int] | None = None) -> ArrayLike:
     """Permute the axes of ``x``; reverse them if ``axes`` is None."""
     if axes is None:
@@ -4043,17 +4101,27 @@ def numpy_ones_like(x: ArrayLike) -> np.ndarray:
 
 def _contract_last_axis(name: str, x: Any, y: Any) -> Any:
     """x's last axis against y's only axis, or y's second-to-last."""
-    x_aval, y_aval = get_aval(x), get_aval(y)
-    i, j = x_aval.ndim - 1, max(y_aval.ndim - 2, 0)
-    if x_aval.shape[i] != y_aval.shape[j]:
-        raise TypeError(
-            f"{name}: shapes {x_aval.str_short()} and {y_aval.str_short()} are not "
-            f"aligned: axis {i} of x has size {x_aval.shape[i]}, axis {j} of y "
-            f"has size {y_aval.shape[j]}"
-        )
+    i, j = check_aligned(name, get_aval(x), get_aval(y))
     return dot_general(x, y, (((i,), (j,)), ((), ())))
 
 
+@numpy_function
+def numpy_matmul(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """NumPy's ``matmul``, the ``@`` operator."""
+    x, y = (_as_input(v, "matmul") for v in (x, y))
+    x_aval, y_aval = get_aval(x), get_aval(y)
+    check_matmul_operands(x_aval, y_aval)  # no scalars, inner sizes that agree
+    if max(x_aval.ndim, y_aval.ndim) <= 2 or min(x_aval.ndim, y_aval.ndim) == 1:
+        return _contract_last_axis("matmul", x, y)
+    # Two stacks of matrices: broadcast the stacks, then batch over them.
+    batch = _broadcast_stacks(x_aval, y_aval)
+    x = broadcast_to(x, (*batch, *x_aval.shape[-2:]))
+    y = broadcast_to(y, (*batch, *y_aval.shape[-2:]))
+    n = len(batch)
+    return dot_general(x, y, (((n + 1,), (n,)), (tuple(range(n)), tuple(range(n)))))
+
+
+# @title Checks: operands of a product that line up; and numpy.dot
 @numpy_function
 def numpy_dot(x: ArrayLike, y: ArrayLike) -> ArrayLike:
     """NumPy's ``dot``; with a scalar operand, a multiplication."""
@@ -4063,36 +4131,34 @@ def numpy_dot(x: ArrayLike, y: ArrayLike) -> ArrayLike:
     return _contract_last_axis("dot", x, y)
 
 
-@numpy_function
-def numpy_matmul(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """NumPy's ``matmul``, the ``@`` operator."""
-    x, y = (_as_input(v, "matmul") for v in (x, y))
-    x_aval, y_aval = get_aval(x), get_aval(y)
-    if x_aval.ndim == 0 or y_aval.ndim == 0:
+def check_aligned(name: str, x: ShapedArray, y: ShapedArray) -> tuple[int, int]:
+    """The axes to contract: x's last, and y's only or second-to-last."""
+    i, j = x.ndim - 1, max(y.ndim - 2, 0)
+    if x.shape[i] != y.shape[j]:
         raise TypeError(
-            f"matmul: operands must not be scalars, got {x_aval.str_short()} and "
-            f"{y_aval.str_short()} (use * to multiply by a scalar)"
+            f"{name}: shapes {x.str_short()} and {y.str_short()} are not "
+            f"aligned: axis {i} of x has size {x.shape[i]}, axis {j} of y "
+            f"has size {y.shape[j]}"
         )
-    if max(x_aval.ndim, y_aval.ndim) <= 2 or min(x_aval.ndim, y_aval.ndim) == 1:
-        return _contract_last_axis("matmul", x, y)
-    # Two stacks of matrices: broadcast the stacks, then batch over them.
-    if x_aval.shape[-1] != y_aval.shape[-2]:
-        _contract_last_axis("matmul", x, y)  # raises the error
-    described = f"{x_aval.str_short()} and {y_aval.str_short()} (as stacks of matrices)"
-    batch = broadcast_shapes(
-        "matmul", x_aval.shape[:-2], y_aval.shape[:-2], described=described
-    )
-    x = broadcast_to(x, (*batch, *x_aval.shape[-2:]))
-    y = broadcast_to(y, (*batch, *y_aval.shape[-2:]))
-    n = len(batch)
-    return dot_general(x, y, (((n + 1,), (n,)), (tuple(range(n)), tuple(range(n)))))
+    return i, j
 
 
-numpy = numpy_namespace  # for `from autodidax import numpy as anp`
-if __name__ != "__main__":  # in the module: `import autodidax.numpy as anp`
-    sys.modules[f"{__name__}.numpy"] = numpy_namespace
+def check_matmul_operands(x: ShapedArray, y: ShapedArray) -> None:
+    if x.ndim == 0 or y.ndim == 0:
+        raise TypeError(
+            f"matmul: operands must not be scalars, got {x.str_short()} and "
+            f"{y.str_short()} (use * to multiply by a scalar)"
+        )
+    check_aligned("matmul", x, y)
 
 
+def _broadcast_stacks(x: ShapedArray, y: ShapedArray) -> tuple[int, ...]:
+    """The common shape of the stacks of two stacks of matrices."""
+    described = f"{x.str_short()} and {y.str_short()} (as stacks of matrices)"
+    return broadcast_shapes("matmul", x.shape[:-2], y.shape[:-2], described=described)
+
+
+# @title Checks: `**` with an integer exponent only
 def _power(x: ArrayLike, exponent: Any) -> ArrayLike:
     if not _is_axis(exponent):  # a Python or NumPy integer
         raise TypeError(
@@ -4110,13 +4176,8 @@ def _reflected_power(x: ArrayLike, base: Any) -> ArrayLike:
 
 
 def _install_operators() -> None:
-    binary = {
-        "add": numpy_add,
-        "sub": numpy_subtract,
-        "mul": numpy_multiply,
-        "truediv": numpy_divide,
-        "matmul": numpy_matmul,
-    }
+    binary = dict(add=numpy_add, sub=numpy_subtract, mul=numpy_multiply)
+    binary.update(truediv=numpy_divide, matmul=numpy_matmul)
     for name, fn in binary.items():
         setattr(ArrayOperators, f"__{name}__", fn)  # fn(self, other)
         setattr(ArrayOperators, f"__r{name}__", lambda a, b, fn=fn: fn(b, a))
