@@ -863,11 +863,16 @@ show_error(jit(lambda x: cond(x, sin, cos, x)), one)  # float predicate, under j
 #   flow through the discarded side and the `0 × ∞` problem above cannot reach
 #   the gradient. See the
 #   [FAQ entry on NaN gradients with `where`](https://docs.jax.dev/en/latest/faq.html#gradients-contain-nan-where-using-where).
-# - JAX's partial evaluation of `cond` also fills the other branch's residual
-#   slots with zeros, but lets the branches share slots of the same type, so a
-#   `cond` stores about as many residuals as its hungrier branch rather than the
-#   sum. It also forwards known inputs instead of returning them as residuals,
-#   removes inputs and outputs that no branch uses, and caches traced branches.
+# - JAX's partial evaluation of `cond` also gives each branch the other's
+#   residual slots, but fills them with uninitialized buffers (an `empty2`
+#   equation in the printed jaxpr) rather than zeros, and lets the branches share
+#   slots of the same type, so a `cond` stores about as many residuals as its
+#   hungrier branch rather than the sum. It also removes inputs and outputs that no branch uses, takes an output
+#   that both branches return unchanged from an input straight from that input
+#   instead of from the `cond`, and caches traced branches.
+# - JAX's reverse mode does not run a JVP and then partially evaluate it: `cond`
+#   has a linearize rule that does both in one step, splitting each branch into
+#   its primal half (which also returns residuals) and its linear half directly.
 # - Branching on Python values is still fine in JAX, as here: use `cond` only
 #   when the predicate is a traced value.
 #
