@@ -2766,41 +2766,58 @@ def grad(f: Callable) -> Callable:
 
 # ==== chapter: part5_cond ====
 
-import inspect
-
 cond_p = Primitive("cond", multiple_results=True)
 
 
-def _with_unused_inputs(jaxpr: Jaxpr, at: int, avals: list[ShapedArray]) -> Jaxpr:
-    """``jaxpr`` with inputs of types ``avals`` inserted at position ``at``,
-    which it ignores."""
-    new_binders = [Var(aval) for aval in avals]
-    in_binders = jaxpr.in_binders[:at] + new_binders + jaxpr.in_binders[at:]
-    return Jaxpr(in_binders, jaxpr.eqns, jaxpr.outs)
+def _with_unused_inputs(jaxpr: Jaxpr, at: int, avals: list) -> Jaxpr:
+    """``jaxpr`` with inputs of types ``avals``, which it ignores, at ``at``."""
+    binders, new = jaxpr.in_binders, [Var(aval) for aval in avals]
+    return Jaxpr(binders[:at] + new + binders[at:], jaxpr.eqns, jaxpr.outs)
 
 
 def join_consts(
     true_jaxpr: Jaxpr, true_consts: list, false_jaxpr: Jaxpr, false_consts: list
-) -> tuple[Jaxpr, Jaxpr]:
-    """Make two branches, each taking its own constants first, take the same
-    inputs: (true constants, false constants, operands)."""
-
-    def avals(consts: list) -> list[ShapedArray]:
-        return [raise_to_shaped(get_aval(c)) for c in consts]
-
-    return (
-        _with_unused_inputs(true_jaxpr, len(true_consts), avals(false_consts)),
-        _with_unused_inputs(false_jaxpr, 0, avals(true_consts)),
+) -> tuple[list, dict]:
+    """Both branches' constants, and both branches taking all of them."""
+    true_avals = [get_aval(c) for c in true_consts]
+    false_avals = [get_aval(c) for c in false_consts]
+    branches = dict(
+        true_jaxpr=_with_unused_inputs(true_jaxpr, len(true_consts), false_avals),
+        false_jaxpr=_with_unused_inputs(false_jaxpr, 0, true_avals),
     )
+    return [*true_consts, *false_consts], branches
 
 
-def _check_predicate(pred: Any) -> Any:
+def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> Any:
+    """``true_fn(*operands)`` if ``pred`` else ``false_fn(*operands)``, staged."""
+    pred = check_predicate(pred)
+    check_branch_fns(true_fn, false_fn, operands)
+    ops_flat, in_tree = tree_flatten(operands)
+    ops_flat = [_as_input(x, "cond operand") for x in ops_flat]
+    avals = tree_unflatten(in_tree, [get_aval(x) for x in ops_flat])
+    true_jaxpr, true_consts, out_tree = _trace_to_jaxpr(
+        true_fn, avals, dynamic=True, who="cond: true_fn"
+    )
+    false_jaxpr, false_consts, false_tree = _trace_to_jaxpr(
+        false_fn, avals, dynamic=True, who="cond: false_fn"
+    )
+    check_branches_match(out_tree, true_jaxpr, false_tree, false_jaxpr)
+    consts, branches = join_consts(true_jaxpr, true_consts, false_jaxpr, false_consts)
+    outs = bind(cond_p, pred, *consts, *ops_flat, **branches)
+    return tree_unflatten(out_tree, outs)
+
+
+# @title Checks: the predicate, the branch functions, the branches' types
+import inspect
+
+
+def check_predicate(pred: Any) -> Any:
     pred = _as_input(pred, "cond predicate")
-    _check_predicate_aval(get_aval(pred))
+    check_predicate_type(get_aval(pred))
     return pred
 
 
-def _check_predicate_aval(aval: ShapedArray) -> None:
+def check_predicate_type(aval: ShapedArray) -> None:
     if aval.dtype != np.bool_:
         raise TypeError(
             f"cond: the predicate must be a boolean scalar (bool[]), got "
@@ -2814,23 +2831,24 @@ def _check_predicate_aval(aval: ShapedArray) -> None:
         )
 
 
-def _check_branch_fn(fn: Any, name: str, operands: tuple) -> None:
-    if not callable(fn):
-        raise TypeError(f"cond: {name} must be a function, got {_short_repr(fn)}")
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):  # e.g. some builtins: let the call decide
-        return
-    try:
-        signature.bind(*operands)
-    except TypeError as err:
-        raise TypeError(
-            f"cond: {name} cannot be called with the {len(operands)} operand(s) "
-            f"given to cond ({err})"
-        ) from None
+def check_branch_fns(true_fn: Any, false_fn: Any, operands: tuple) -> None:
+    for fn, name in [(true_fn, "true_fn"), (false_fn, "false_fn")]:
+        if not callable(fn):
+            raise TypeError(f"cond: {name} must be a function, got {_short_repr(fn)}")
+        try:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):  # e.g. some builtins: let the call decide
+            continue
+        try:
+            signature.bind(*operands)
+        except TypeError as err:
+            raise TypeError(
+                f"cond: {name} cannot be called with the {len(operands)} "
+                f"operand(s) given to cond ({err})"
+            ) from None
 
 
-def _check_branch_outputs(
+def check_branches_match(
     true_tree: PyTreeDef, true_jaxpr: Jaxpr, false_tree: PyTreeDef, false_jaxpr: Jaxpr
 ) -> None:
     if true_tree != false_tree:
@@ -2847,51 +2865,8 @@ def _check_branch_outputs(
             )
 
 
-def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> Any:
-    """``true_fn(*operands)`` if the boolean scalar ``pred`` is true, else
-    ``false_fn(*operands)``; both branches are staged, one is run."""
-    pred = _check_predicate(pred)
-    _check_branch_fn(true_fn, "true_fn", operands)
-    _check_branch_fn(false_fn, "false_fn", operands)
-    ops_flat, in_tree = tree_flatten(operands)
-    ops_flat = [_as_input(x, "cond operand") for x in ops_flat]
-    abstract_ops = tree_unflatten(
-        in_tree, [raise_to_shaped(get_aval(x)) for x in ops_flat]
-    )
-    true_jaxpr, true_consts, true_tree = _trace_to_jaxpr(
-        true_fn, abstract_ops, dynamic=True, who="cond: true_fn"
-    )
-    false_jaxpr, false_consts, false_tree = _trace_to_jaxpr(
-        false_fn, abstract_ops, dynamic=True, who="cond: false_fn"
-    )
-    _check_branch_outputs(true_tree, true_jaxpr, false_tree, false_jaxpr)
-    true_jaxpr, false_jaxpr = join_consts(
-        true_jaxpr, true_consts, false_jaxpr, false_consts
-    )
-    outs = bind(
-        cond_p,
-        pred,
-        *true_consts,
-        *false_consts,
-        *ops_flat,
-        true_jaxpr=true_jaxpr,
-        false_jaxpr=false_jaxpr,
-    )
-    return tree_unflatten(true_tree, outs)
-
-
-@cond_p.def_rule("impl")
-def _cond_impl(pred, *args, true_jaxpr, false_jaxpr):
-    _check_predicate_aval(get_aval(pred))
-    return eval_jaxpr(true_jaxpr if pred else false_jaxpr, args)
-
-
-@cond_p.def_rule("abstract_eval")
-def _cond_abstract_eval(pred, *avals_in, true_jaxpr, false_jaxpr):
-    _check_predicate_aval(pred)
-    true_type = typecheck_jaxpr(true_jaxpr)
-    false_type = typecheck_jaxpr(false_jaxpr)
-    given = [raise_to_shaped(a) for a in avals_in]
+def check_branch_types(avals_in: Sequence, true_type: Any, false_type: Any) -> None:
+    given = list(avals_in)
     for name, branch_type in [("true", true_type), ("false", false_type)]:
         if branch_type.in_types != given:
             got = ", ".join(a.str_short() for a in given)
@@ -2903,6 +2878,24 @@ def _cond_abstract_eval(pred, *avals_in, true_jaxpr, false_jaxpr):
         raise TypeError(
             f"cond: the branches return different types: {true_type} and {false_type}"
         )
+
+
+def check_predicate_not_linear(who: str, pred: Any) -> None:
+    if _is_undef(pred):
+        raise TypeError(f"{who}: the predicate cannot be a linear input")
+
+
+@cond_p.def_rule("impl")
+def _cond_impl(pred, *args, true_jaxpr, false_jaxpr):
+    check_predicate_type(get_aval(pred))
+    return eval_jaxpr(true_jaxpr if pred else false_jaxpr, args)
+
+
+@cond_p.def_rule("abstract_eval")
+def _cond_abstract_eval(pred, *avals_in, true_jaxpr, false_jaxpr):
+    check_predicate_type(pred)
+    true_type, false_type = typecheck_jaxpr(true_jaxpr), typecheck_jaxpr(false_jaxpr)
+    check_branch_types(avals_in, true_type, false_type)
     return true_type.out_types
 
 
@@ -2915,38 +2908,51 @@ def _cond_lower(ctx, avals_in, avals_out, pred, *operands, true_jaxpr, false_jax
         (if_op.false_branch, false_jaxpr),
     ]:
         callee = ir.FlatSymbolRefAttr.get(ctx.function_for(jaxpr))
-        block = region.blocks.append()
-        with ir.InsertionPoint(block):
+        with ir.InsertionPoint(region.blocks.append()):
             call = mlir_func.CallOp(out_types, callee, operands)
             hlo.ReturnOp(call.results)
     return list(if_op.results)
 
 
+def transform_branches(transform: Callable, branches: dict, *args: Any) -> tuple:
+    """Apply ``transform`` to both branches and join the constants it makes."""
+    true_jaxpr, true_consts = transform(branches["true_jaxpr"], *args)
+    false_jaxpr, false_consts = transform(branches["false_jaxpr"], *args)
+    return join_consts(true_jaxpr, true_consts, false_jaxpr, false_consts)
+
+
 @cond_p.def_rule("jvp")
-def _cond_jvp(primals, tangents, *, true_jaxpr, false_jaxpr):
+def _cond_jvp(primals, tangents, **branches):
     pred, *operands = primals
-    operand_tangents = tangents[1:]  # the predicate's tangent is not needed
-    true_jvp, true_consts = jvp_jaxpr.__wrapped__(true_jaxpr)
-    false_jvp, false_consts = jvp_jaxpr.__wrapped__(false_jaxpr)
-    true_jvp, false_jvp = join_consts(true_jvp, true_consts, false_jvp, false_consts)
-    outs = bind(
-        cond_p,
-        pred,
-        *true_consts,
-        *false_consts,
-        *operands,
-        *operand_tangents,
-        true_jaxpr=true_jvp,
-        false_jaxpr=false_jvp,
-    )
+    consts, jvp_branches = transform_branches(jvp_jaxpr, branches)
+    outs = bind(cond_p, pred, *consts, *operands, *tangents[1:], **jvp_branches)
     n = len(outs) // 2
     return outs[:n], outs[n:]
+
+
+# @title transform_branches, bypassing the caches of jvp_jaxpr and the others
+def transform_branches(transform: Callable, branches: dict, *args: Any) -> tuple:
+    """Apply ``transform`` to both branches and join the constants it makes."""
+    transform = getattr(transform, "__wrapped__", transform)  # functools.cache
+    true_jaxpr, true_consts = transform(branches["true_jaxpr"], *args)
+    false_jaxpr, false_consts = transform(branches["false_jaxpr"], *args)
+    return join_consts(true_jaxpr, true_consts, false_jaxpr, false_consts)
 
 
 select_p = Primitive("select")
 
 
-def _check_select(pred: ShapedArray, on_true: ShapedArray, on_false: ShapedArray):
+def select(pred: ArrayLike, on_true: ArrayLike, on_false: ArrayLike) -> ArrayLike:
+    """Elementwise ``on_true if pred else on_false`` (NumPy's ``where``)."""
+    args = [_as_input(x, "select") for x in (pred, on_true, on_false)]
+    check_select_operands(*[get_aval(x) for x in args])
+    return bind(select_p, *args)
+
+
+# @title select: its check and its rules
+def check_select_operands(
+    pred: ShapedArray, on_true: ShapedArray, on_false: ShapedArray
+):
     check_binary_operands("select", on_true, on_false)
     if pred.dtype != np.bool_ or pred.shape != on_true.shape:
         raise TypeError(
@@ -2955,19 +2961,12 @@ def _check_select(pred: ShapedArray, on_true: ShapedArray, on_false: ShapedArray
         )
 
 
-def select(pred: ArrayLike, on_true: ArrayLike, on_false: ArrayLike) -> ArrayLike:
-    """Elementwise ``on_true if pred else on_false`` (NumPy's ``where``)."""
-    args = [_as_input(x, "select") for x in (pred, on_true, on_false)]
-    _check_select(*[get_aval(x) for x in args])
-    return bind(select_p, *args)
-
-
 _impl_from_numpy(select_p, np.where)
 
 
 @select_p.def_rule("abstract_eval")
 def _select_abstract_eval(pred, on_true, on_false):
-    _check_select(pred, on_true, on_false)
+    check_select_operands(pred, on_true, on_false)
     return [ShapedArray(on_true.shape, on_true.dtype)]
 
 
@@ -2993,8 +2992,7 @@ def _select_lower(ctx, avals_in, avals_out, pred, on_true, on_false):
 @select_p.def_rule("transpose")
 def _select_transpose(cts, pred, on_true, on_false):
     (ct,) = cts
-    if _is_undef(pred):
-        raise TypeError("select: the predicate cannot be a linear input")
+    check_predicate_not_linear("select", pred)
     zeros = zeros_like(ct)
     return [
         None,
@@ -3004,41 +3002,26 @@ def _select_transpose(cts, pred, on_true, on_false):
 
 
 @cond_p.def_rule("vmap")
-def _cond_vmap(axis_size, vals, dims, *, true_jaxpr, false_jaxpr):
+def _cond_vmap(axis_size, vals, dims, **branches):
     (pred, *operands), (pred_dim, *operand_dims) = vals, dims
+    batched = tuple(d is not None for d in operand_dims)
     operands = [
         x if d is None else move_batch_axis(axis_size, d, 0, x)
         for x, d in zip(operands, operand_dims)
     ]
-    batched = tuple(d is not None for d in operand_dims)
     if pred_dim is None:  # one branch for the whole batch
-        true_b, true_consts = vmap_jaxpr.__wrapped__(true_jaxpr, axis_size, batched)
-        false_b, false_consts = vmap_jaxpr.__wrapped__(false_jaxpr, axis_size, batched)
-        true_b, false_b = join_consts(true_b, true_consts, false_b, false_consts)
-        outs = bind(
-            cond_p,
-            pred,
-            *true_consts,
-            *false_consts,
-            *operands,
-            true_jaxpr=true_b,
-            false_jaxpr=false_b,
-        )
+        consts, vmapped = transform_branches(vmap_jaxpr, branches, axis_size, batched)
+        outs = bind(cond_p, pred, *consts, *operands, **vmapped)
         return outs, [0] * len(outs)
     # A predicate per example: run both branches, then choose per example.
     pred = move_batch_axis(axis_size, pred_dim, 0, pred)
-    true_outs = _run_batched(true_jaxpr, axis_size, operands, batched)
-    false_outs = _run_batched(false_jaxpr, axis_size, operands, batched)
-    outs = []
-    for on_true, on_false in zip(true_outs, false_outs):
-        shape = get_aval(on_true).shape
-        pred_b = pred  # one predicate per example, for all of its elements
-        if len(shape) > 1:
-            pred_b = broadcast(pred, shape, tuple(range(1, len(shape))))
-        outs.append(select(pred_b, on_true, on_false))
+    true_outs = _run_batched(branches["true_jaxpr"], axis_size, operands, batched)
+    false_outs = _run_batched(branches["false_jaxpr"], axis_size, operands, batched)
+    outs = [_select_per_example(pred, t, f) for t, f in zip(true_outs, false_outs)]
     return outs, [0] * len(outs)
 
 
+# @title Both branches for every example, then a select per example
 def _run_batched(
     jaxpr: Jaxpr, axis_size: int, operands: list, batched: tuple[bool, ...]
 ) -> list:
@@ -3048,6 +3031,41 @@ def _run_batched(
         return vmap_flat(jaxpr_as_fun(jaxpr), in_axes, operands)
     outs = eval_jaxpr(jaxpr, operands)  # same for every example: broadcast it
     return [move_batch_axis(axis_size, None, 0, x) for x in outs]
+
+
+def _select_per_example(pred: Any, on_true: Any, on_false: Any) -> Any:
+    """Choose ``on_true[i]`` or ``on_false[i]`` by ``pred[i]``, for each example i."""
+    shape = get_aval(on_true).shape
+    if len(shape) > 1:  # one predicate per example, for all of its elements
+        pred = broadcast(pred, shape, tuple(range(1, len(shape))))
+    return select(pred, on_true, on_false)
+
+
+def split_branches(branches: dict, in_unknowns: list[bool]) -> tuple:
+    """Partially evaluate both branches the same way, with joined residuals."""
+    jaxprs = branches["true_jaxpr"], branches["false_jaxpr"]
+    first = [partial_eval_jaxpr(j, in_unknowns)[2] for j in jaxprs]
+    out_unknowns = [t or f for t, f in zip(*first)]
+    (true_k, true_u, _, n_true), (false_k, false_u, _, n_false) = [
+        partial_eval_jaxpr(j, in_unknowns, out_unknowns) for j in jaxprs
+    ]
+    true_res = [v.aval for v in true_u.in_binders[:n_true]]
+    false_res = [v.aval for v in false_u.in_binders[:n_false]]
+    known = dict(
+        true_jaxpr=_with_zero_outputs(true_k, len(true_k.outs), false_res),
+        false_jaxpr=_with_zero_outputs(false_k, out_unknowns.count(False), true_res),
+    )
+    unknown = dict(
+        true_jaxpr=_with_unused_inputs(true_u, n_true, false_res),
+        false_jaxpr=_with_unused_inputs(false_u, 0, true_res),
+    )
+    return known, unknown, out_unknowns, true_res + false_res
+
+
+# @title Helpers: outputs of zeros for the other branch's slots; _split_by
+def _split_by(flags: list[bool], xs: Sequence) -> tuple[list, list]:
+    """The items of ``xs`` whose flag is false, and those whose flag is true."""
+    return [x for x, f in zip(xs, flags) if not f], [x for x, f in zip(xs, flags) if f]
 
 
 def _with_zero_outputs(jaxpr: Jaxpr, at: int, avals: list[ShapedArray]) -> Jaxpr:
@@ -3065,131 +3083,54 @@ def _with_zero_outputs(jaxpr: Jaxpr, at: int, avals: list[ShapedArray]) -> Jaxpr
     return Jaxpr(jaxpr.in_binders, eqns, jaxpr.outs[:at] + zeros + jaxpr.outs[at:])
 
 
-class BranchSplit(NamedTuple):
-    """Both branches of a cond, each split into known and unknown halves."""
-
-    true_known: Jaxpr  # known inputs -> known outputs, residuals (true, false)
-    false_known: Jaxpr
-    true_unknown: Jaxpr  # residuals (true, false), unknown inputs -> unknown outputs
-    false_unknown: Jaxpr
-    out_unknowns: list[bool]
-    num_residuals: int
-
-
-def split_branches(
-    true_jaxpr: Jaxpr, false_jaxpr: Jaxpr, in_unknowns: list[bool]
-) -> BranchSplit:
-    """Partially evaluate both branches the same way, with joined residuals."""
-    first = [partial_eval_jaxpr(j, in_unknowns) for j in (true_jaxpr, false_jaxpr)]
-    out_unknowns = [t or f for t, f in zip(first[0][2], first[1][2])]
-    (true_k, true_u, _, n_true), (false_k, false_u, _, n_false) = [
-        partial_eval_jaxpr(j, in_unknowns, out_unknowns)
-        for j in (true_jaxpr, false_jaxpr)
-    ]
-    true_res = [v.aval for v in true_u.in_binders[:n_true]]
-    false_res = [v.aval for v in false_u.in_binders[:n_false]]
-    n_known_outs = out_unknowns.count(False)
-    return BranchSplit(
-        _with_zero_outputs(true_k, len(true_k.outs), false_res),
-        _with_zero_outputs(false_k, n_known_outs, true_res),
-        _with_unused_inputs(true_u, n_true, false_res),
-        _with_unused_inputs(false_u, 0, true_res),
-        out_unknowns,
-        n_true + n_false,
-    )
-
-
 @cond_p.def_rule("partial_eval")
-def _cond_partial_eval(trace, tracers, *, true_jaxpr, false_jaxpr):
+def _cond_partial_eval(trace, tracers, **branches):
     pred, *operands = tracers
     if not pred.pval.is_known:
-        params = dict(true_jaxpr=true_jaxpr, false_jaxpr=false_jaxpr)
-        return trace.stage(cond_p, tracers, params)
+        return trace.stage(cond_p, tracers, branches)
     in_unknowns = [not t.pval.is_known for t in operands]
-    split = split_branches(true_jaxpr, false_jaxpr, in_unknowns)
-    known_vals = [t.pval.const for t in operands if t.pval.is_known]
-    known_outs_and_res = bind(
-        cond_p,
-        pred.pval.const,
-        *known_vals,
-        true_jaxpr=split.true_known,
-        false_jaxpr=split.false_known,
-    )
-    n_known = len(known_outs_and_res) - split.num_residuals
-    known_outs, residuals = known_outs_and_res[:n_known], known_outs_and_res[n_known:]
-    staged_inputs = [
-        trace.instantiate_const(pred),
-        *[trace.instantiate_const(trace.pure(r)) for r in residuals],
-        *[t for t in operands if not t.pval.is_known],
-    ]
-    unknown_outs = trace.stage(
-        cond_p,
-        staged_inputs,
-        dict(true_jaxpr=split.true_unknown, false_jaxpr=split.false_unknown),
-    )
-    known_iter, unknown_iter = iter(known_outs), iter(unknown_outs)
+    known, unknown, out_unknowns, res_avals = split_branches(branches, in_unknowns)
+    known_ops, unknown_ops = _split_by(in_unknowns, operands)
+    outs = bind(cond_p, pred.pval.const, *[t.pval.const for t in known_ops], **known)
+    n = len(outs) - len(res_avals)
+    known_outs, residuals = iter(outs[:n]), outs[n:]
+    residuals = [trace.instantiate_const(trace.pure(r)) for r in residuals]
+    staged_inputs = [trace.instantiate_const(pred), *residuals, *unknown_ops]
+    unknown_outs = iter(trace.stage(cond_p, staged_inputs, unknown))
     return [
-        next(unknown_iter) if unknown else trace.pure(next(known_iter))
-        for unknown in split.out_unknowns
+        next(unknown_outs) if u else trace.pure(next(known_outs)) for u in out_unknowns
     ]
 
 
 @cond_p.def_rule("partial_eval_jaxpr")
 def _cond_partial_eval_jaxpr(unks_in, eqn):
-    pred_unknown, *in_unknowns = unks_in
-    pred, *operands = eqn.inputs
+    (pred_unknown, *in_unknowns), (pred, *operands) = unks_in, eqn.inputs
     if pred_unknown:  # everything waits for the predicate
         known_vars = [
             x for x, u in zip(eqn.inputs, unks_in) if isinstance(x, Var) and not u
         ]
         return None, eqn, [True] * len(eqn.out_binders), known_vars
-    split = split_branches(
-        eqn.params["true_jaxpr"], eqn.params["false_jaxpr"], in_unknowns
-    )
-    known_outs = [v for v, u in zip(eqn.out_binders, split.out_unknowns) if not u]
-    unknown_outs = [v for v, u in zip(eqn.out_binders, split.out_unknowns) if u]
-    residuals = [Var(x.aval) for x in split.true_known.outs[len(known_outs) :]]
-    known_ins = [x for x, u in zip(operands, in_unknowns) if not u]
-    unknown_ins = [x for x, u in zip(operands, in_unknowns) if u]
-    eqn_known = JaxprEqn(
-        cond_p,
-        [pred, *known_ins],
-        dict(true_jaxpr=split.true_known, false_jaxpr=split.false_known),
-        known_outs + residuals,
-    )
+    known, unknown, out_unknowns, res_avals = split_branches(eqn.params, in_unknowns)
+    residuals = [Var(aval) for aval in res_avals]
+    outs_known, outs_unknown = _split_by(out_unknowns, eqn.out_binders)
+    ins_known, ins_unknown = _split_by(in_unknowns, operands)
+    eqn_known = JaxprEqn(cond_p, [pred, *ins_known], known, outs_known + residuals)
     eqn_unknown = JaxprEqn(
-        cond_p,
-        [pred, *residuals, *unknown_ins],
-        dict(true_jaxpr=split.true_unknown, false_jaxpr=split.false_unknown),
-        unknown_outs,
+        cond_p, [pred, *residuals, *ins_unknown], unknown, outs_unknown
     )
     pred_residual = [pred] if isinstance(pred, Var) else []
-    return eqn_known, eqn_unknown, split.out_unknowns, pred_residual + residuals
+    return eqn_known, eqn_unknown, out_unknowns, pred_residual + residuals
 
 
 @cond_p.def_rule("transpose")
-def _cond_transpose(cts, pred, *args, true_jaxpr, false_jaxpr):
-    if _is_undef(pred):
-        raise TypeError("cond: the predicate cannot be a linear input")
+def _cond_transpose(cts, pred, *args, **branches):
+    check_predicate_not_linear("cond", pred)
     undefined = tuple(_is_undef(x) for x in args)
-    true_t, true_consts = transpose_jaxpr.__wrapped__(true_jaxpr, undefined)
-    false_t, false_consts = transpose_jaxpr.__wrapped__(false_jaxpr, undefined)
-    true_t, false_t = join_consts(true_t, true_consts, false_t, false_consts)
-    out_types = [x.aval for x in true_jaxpr.outs]
+    consts, transposed = transform_branches(transpose_jaxpr, branches, undefined)
+    out_types = [x.aval for x in branches["true_jaxpr"].outs]
     cts = [zeros_like_aval(t) if ct is None else ct for ct, t in zip(cts, out_types)]
     defined = [x for x in args if not _is_undef(x)]
-    cts_in = iter(
-        bind(
-            cond_p,
-            pred,
-            *true_consts,
-            *false_consts,
-            *defined,
-            *cts,
-            true_jaxpr=true_t,
-            false_jaxpr=false_t,
-        )
-    )
+    cts_in = iter(bind(cond_p, pred, *consts, *defined, *cts, **transposed))
     return [None] + [next(cts_in) if u else None for u in undefined]
 
 

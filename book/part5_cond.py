@@ -27,11 +27,15 @@
 # branch taken on a traced value.
 # :::
 #
-# So far a function's control flow has been Python's business. Under `jvp` and
-# `grad` that is fine: a `JVPTracer` knows its primal value, so an `if` on it
-# simply takes one path, and the derivative is the derivative of that path. Two
-# of our transformations cannot do this. While `jit` or `make_jaxpr` trace a
-# function, a value is only a type, so there is nothing to branch on
+# So far a function's control flow has been Python's business, and for some of
+# our transformations that is fine. Under `jvp`, a `JVPTracer` carries its primal
+# value, so an `if` on it takes one path, and the derivative is the derivative of
+# that path. Under `linearize` and `grad` an `if` works too, for a different
+# reason: partial evaluation runs while the function runs, and the primal half of
+# every value is known, so the comparison is ordinary Python on a number; only
+# the linear half is staged ({ref}`Part 4 <part4-partial-eval>`). A Python `if`
+# fails only where the value is not known while tracing. Under `jit` or
+# `make_jaxpr` a value is only a type, so there is nothing to branch on
 # ({ref}`Part 2 <part2>` made that a `ConcretizationError`). Under `vmap` a value
 # is a whole batch, and different examples may want different branches.
 #
@@ -137,60 +141,86 @@ show_error(vmap(kinked), np.array([1.2, -0.5]))
 #
 # Two details make the branches fit into a single equation. First, the equation's
 # output types must not depend on the branch taken, so both branches must return
-# the same pytree of the same shapes and dtypes; the wrapper checks this, since a
-# mismatch is a mistake in the user's program, and says which output differs.
-# Second, a branch may use values it does not receive as operands — arrays it
-# closes over, or tracers of an enclosing transformation. Tracing turns them into
-# {term}`constants <constant>`: extra leading inputs of that branch's jaxpr. The two branches
-# usually close over different things, yet `cond` has one list of inputs. So we
-# **join the constants**: the equation's inputs are the true branch's constants,
-# then the false branch's, then the operands, and each jaxpr gets unused input
-# binders for the other branch's constants. Both jaxprs then have the same input
-# type, and the operands of `cond` are simply whatever the taken branch reads.
+# the same pytree of the same shapes and dtypes. Second, a branch may use values
+# it does not receive as operands — arrays it closes over, or tracers of an
+# enclosing transformation. Tracing turns them into
+# {term}`constants <constant>`: extra leading inputs of that branch's jaxpr. The
+# two branches usually close over different things, yet `cond` has one list of
+# inputs. So we **join the constants**: the equation's inputs are the true
+# branch's constants, then the false branch's, then the operands, and each jaxpr
+# gets unused input binders for the other branch's constants. Both jaxprs then
+# have the same input type, and the operands of `cond` are simply whatever the
+# taken branch reads. `join_consts` returns the joined constants and the two
+# branches as the keyword parameters of the equation.
 
 # %% tags=["export"]
-import inspect
-
 cond_p = Primitive("cond", multiple_results=True)
 
 
-def _with_unused_inputs(jaxpr: Jaxpr, at: int, avals: list[ShapedArray]) -> Jaxpr:
-    """``jaxpr`` with inputs of types ``avals`` inserted at position ``at``,
-    which it ignores."""
-    new_binders = [Var(aval) for aval in avals]
-    in_binders = jaxpr.in_binders[:at] + new_binders + jaxpr.in_binders[at:]
-    return Jaxpr(in_binders, jaxpr.eqns, jaxpr.outs)
+def _with_unused_inputs(jaxpr: Jaxpr, at: int, avals: list) -> Jaxpr:
+    """``jaxpr`` with inputs of types ``avals``, which it ignores, at ``at``."""
+    binders, new = jaxpr.in_binders, [Var(aval) for aval in avals]
+    return Jaxpr(binders[:at] + new + binders[at:], jaxpr.eqns, jaxpr.outs)
 
 
 def join_consts(
     true_jaxpr: Jaxpr, true_consts: list, false_jaxpr: Jaxpr, false_consts: list
-) -> tuple[Jaxpr, Jaxpr]:
-    """Make two branches, each taking its own constants first, take the same
-    inputs: (true constants, false constants, operands)."""
-
-    def avals(consts: list) -> list[ShapedArray]:
-        return [raise_to_shaped(get_aval(c)) for c in consts]
-
-    return (
-        _with_unused_inputs(true_jaxpr, len(true_consts), avals(false_consts)),
-        _with_unused_inputs(false_jaxpr, 0, avals(true_consts)),
+) -> tuple[list, dict]:
+    """Both branches' constants, and both branches taking all of them."""
+    true_avals = [get_aval(c) for c in true_consts]
+    false_avals = [get_aval(c) for c in false_consts]
+    branches = dict(
+        true_jaxpr=_with_unused_inputs(true_jaxpr, len(true_consts), false_avals),
+        false_jaxpr=_with_unused_inputs(false_jaxpr, 0, true_avals),
     )
+    return [*true_consts, *false_consts], branches
 
 
 # %% [markdown]
-# The checks come first, so that every mistake is reported in terms of the user's
-# call: a predicate that is not a boolean scalar, a branch that is not callable or
-# cannot take the operands, branches whose results differ in structure or type.
+# Now `cond` itself. The branches are traced with `_trace_to_jaxpr` from Part 2,
+# in a {ref}`dynamic trace <part2-dynamic>` of their own, so every operation in a
+# branch is recorded even if it uses only constants.
 
 
 # %% tags=["export"]
-def _check_predicate(pred: Any) -> Any:
+def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> Any:
+    """``true_fn(*operands)`` if ``pred`` else ``false_fn(*operands)``, staged."""
+    pred = check_predicate(pred)
+    check_branch_fns(true_fn, false_fn, operands)
+    ops_flat, in_tree = tree_flatten(operands)
+    ops_flat = [_as_input(x, "cond operand") for x in ops_flat]
+    avals = tree_unflatten(in_tree, [get_aval(x) for x in ops_flat])
+    true_jaxpr, true_consts, out_tree = _trace_to_jaxpr(
+        true_fn, avals, dynamic=True, who="cond: true_fn"
+    )
+    false_jaxpr, false_consts, false_tree = _trace_to_jaxpr(
+        false_fn, avals, dynamic=True, who="cond: false_fn"
+    )
+    check_branches_match(out_tree, true_jaxpr, false_tree, false_jaxpr)
+    consts, branches = join_consts(true_jaxpr, true_consts, false_jaxpr, false_consts)
+    outs = bind(cond_p, pred, *consts, *ops_flat, **branches)
+    return tree_unflatten(out_tree, outs)
+
+
+# %% [markdown]
+# The checks report every mistake in terms of the user's call: a predicate that
+# is not a boolean scalar, a branch that is not callable or cannot take the
+# operands, branches whose results differ in structure or type (saying which
+# output differs). The folded cell holds them, with the checks the rules below
+# make on `cond` equations that other code builds.
+
+# %% tags=["export", "hide-input"]
+# @title Checks: the predicate, the branch functions, the branches' types
+import inspect
+
+
+def check_predicate(pred: Any) -> Any:
     pred = _as_input(pred, "cond predicate")
-    _check_predicate_aval(get_aval(pred))
+    check_predicate_type(get_aval(pred))
     return pred
 
 
-def _check_predicate_aval(aval: ShapedArray) -> None:
+def check_predicate_type(aval: ShapedArray) -> None:
     if aval.dtype != np.bool_:
         raise TypeError(
             f"cond: the predicate must be a boolean scalar (bool[]), got "
@@ -204,23 +234,24 @@ def _check_predicate_aval(aval: ShapedArray) -> None:
         )
 
 
-def _check_branch_fn(fn: Any, name: str, operands: tuple) -> None:
-    if not callable(fn):
-        raise TypeError(f"cond: {name} must be a function, got {_short_repr(fn)}")
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):  # e.g. some builtins: let the call decide
-        return
-    try:
-        signature.bind(*operands)
-    except TypeError as err:
-        raise TypeError(
-            f"cond: {name} cannot be called with the {len(operands)} operand(s) "
-            f"given to cond ({err})"
-        ) from None
+def check_branch_fns(true_fn: Any, false_fn: Any, operands: tuple) -> None:
+    for fn, name in [(true_fn, "true_fn"), (false_fn, "false_fn")]:
+        if not callable(fn):
+            raise TypeError(f"cond: {name} must be a function, got {_short_repr(fn)}")
+        try:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):  # e.g. some builtins: let the call decide
+            continue
+        try:
+            signature.bind(*operands)
+        except TypeError as err:
+            raise TypeError(
+                f"cond: {name} cannot be called with the {len(operands)} "
+                f"operand(s) given to cond ({err})"
+            ) from None
 
 
-def _check_branch_outputs(
+def check_branches_match(
     true_tree: PyTreeDef, true_jaxpr: Jaxpr, false_tree: PyTreeDef, false_jaxpr: Jaxpr
 ) -> None:
     if true_tree != false_tree:
@@ -237,44 +268,24 @@ def _check_branch_outputs(
             )
 
 
-# %% [markdown]
-# Now `cond` itself. The branches are traced with `_trace_to_jaxpr` from Part 2,
-# in a {ref}`dynamic trace <part2-dynamic>` of their own, so every operation in a branch is recorded even
-# if it uses only constants.
+def check_branch_types(avals_in: Sequence, true_type: Any, false_type: Any) -> None:
+    given = list(avals_in)
+    for name, branch_type in [("true", true_type), ("false", false_type)]:
+        if branch_type.in_types != given:
+            got = ", ".join(a.str_short() for a in given)
+            raise TypeError(
+                f"cond: the {name} branch takes {branch_type} but the operands "
+                f"are ({got})"
+            )
+    if true_type.out_types != false_type.out_types:
+        raise TypeError(
+            f"cond: the branches return different types: {true_type} and {false_type}"
+        )
 
 
-# %% tags=["export"]
-def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> Any:
-    """``true_fn(*operands)`` if the boolean scalar ``pred`` is true, else
-    ``false_fn(*operands)``; both branches are staged, one is run."""
-    pred = _check_predicate(pred)
-    _check_branch_fn(true_fn, "true_fn", operands)
-    _check_branch_fn(false_fn, "false_fn", operands)
-    ops_flat, in_tree = tree_flatten(operands)
-    ops_flat = [_as_input(x, "cond operand") for x in ops_flat]
-    abstract_ops = tree_unflatten(
-        in_tree, [raise_to_shaped(get_aval(x)) for x in ops_flat]
-    )
-    true_jaxpr, true_consts, true_tree = _trace_to_jaxpr(
-        true_fn, abstract_ops, dynamic=True, who="cond: true_fn"
-    )
-    false_jaxpr, false_consts, false_tree = _trace_to_jaxpr(
-        false_fn, abstract_ops, dynamic=True, who="cond: false_fn"
-    )
-    _check_branch_outputs(true_tree, true_jaxpr, false_tree, false_jaxpr)
-    true_jaxpr, false_jaxpr = join_consts(
-        true_jaxpr, true_consts, false_jaxpr, false_consts
-    )
-    outs = bind(
-        cond_p,
-        pred,
-        *true_consts,
-        *false_consts,
-        *ops_flat,
-        true_jaxpr=true_jaxpr,
-        false_jaxpr=false_jaxpr,
-    )
-    return tree_unflatten(true_tree, outs)
+def check_predicate_not_linear(who: str, pred: Any) -> None:
+    if _is_undef(pred):
+        raise TypeError(f"{who}: the predicate cannot be a linear input")
 
 
 # %% [markdown]
@@ -287,27 +298,15 @@ def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> An
 # %% tags=["export"]
 @cond_p.def_rule("impl")
 def _cond_impl(pred, *args, true_jaxpr, false_jaxpr):
-    _check_predicate_aval(get_aval(pred))
+    check_predicate_type(get_aval(pred))
     return eval_jaxpr(true_jaxpr if pred else false_jaxpr, args)
 
 
 @cond_p.def_rule("abstract_eval")
 def _cond_abstract_eval(pred, *avals_in, true_jaxpr, false_jaxpr):
-    _check_predicate_aval(pred)
-    true_type = typecheck_jaxpr(true_jaxpr)
-    false_type = typecheck_jaxpr(false_jaxpr)
-    given = [raise_to_shaped(a) for a in avals_in]
-    for name, branch_type in [("true", true_type), ("false", false_type)]:
-        if branch_type.in_types != given:
-            got = ", ".join(a.str_short() for a in given)
-            raise TypeError(
-                f"cond: the {name} branch takes {branch_type} but the operands "
-                f"are ({got})"
-            )
-    if true_type.out_types != false_type.out_types:
-        raise TypeError(
-            f"cond: the branches return different types: {true_type} and {false_type}"
-        )
+    check_predicate_type(pred)
+    true_type, false_type = typecheck_jaxpr(true_jaxpr), typecheck_jaxpr(false_jaxpr)
+    check_branch_types(avals_in, true_type, false_type)
     return true_type.out_types
 
 
@@ -366,8 +365,7 @@ def _cond_lower(ctx, avals_in, avals_out, pred, *operands, true_jaxpr, false_jax
         (if_op.false_branch, false_jaxpr),
     ]:
         callee = ir.FlatSymbolRefAttr.get(ctx.function_for(jaxpr))
-        block = region.blocks.append()
-        with ir.InsertionPoint(block):
+        with ir.InsertionPoint(region.blocks.append()):
             call = mlir_func.CallOp(out_types, callee, operands)
             hlo.ReturnOp(call.results)
     return list(if_op.results)
@@ -394,41 +392,51 @@ print(kinked_jit(1.2), kinked_jit(-0.5), kinked(1.2), kinked(-0.5))
 # and returns both — and binds `cond` on the primal operands followed by their
 # tangents. The predicate is a boolean, so it has no tangent to pass.
 #
-# The JVP jaxprs may have constants of their own (zero tangents, for instance),
-# which we join as before. One more point: Part 3 cached `jvp_jaxpr` per jaxpr,
-# which suits `jit`, whose jaxprs live as long as the jitted function. A `cond`'s
-# branches are traced again whenever the enclosing Python function runs, so a
-# cache would keep every version alive. We call the uncached function, which
-# `functools.cache` keeps as `jvp_jaxpr.__wrapped__`.
+# Transforming each branch with a jaxpr-to-jaxpr transformation and joining the
+# constants the transformed branches bring (zero tangents, for instance) is what
+# the `vmap` and transpose rules will do too, so one helper does it for all three.
 
 
 # %% tags=["export"]
+def transform_branches(transform: Callable, branches: dict, *args: Any) -> tuple:
+    """Apply ``transform`` to both branches and join the constants it makes."""
+    true_jaxpr, true_consts = transform(branches["true_jaxpr"], *args)
+    false_jaxpr, false_consts = transform(branches["false_jaxpr"], *args)
+    return join_consts(true_jaxpr, true_consts, false_jaxpr, false_consts)
+
+
 @cond_p.def_rule("jvp")
-def _cond_jvp(primals, tangents, *, true_jaxpr, false_jaxpr):
+def _cond_jvp(primals, tangents, **branches):
     pred, *operands = primals
-    operand_tangents = tangents[1:]  # the predicate's tangent is not needed
-    true_jvp, true_consts = jvp_jaxpr.__wrapped__(true_jaxpr)
-    false_jvp, false_consts = jvp_jaxpr.__wrapped__(false_jaxpr)
-    true_jvp, false_jvp = join_consts(true_jvp, true_consts, false_jvp, false_consts)
-    outs = bind(
-        cond_p,
-        pred,
-        *true_consts,
-        *false_consts,
-        *operands,
-        *operand_tangents,
-        true_jaxpr=true_jvp,
-        false_jaxpr=false_jvp,
-    )
+    consts, jvp_branches = transform_branches(jvp_jaxpr, branches)
+    outs = bind(cond_p, pred, *consts, *operands, *tangents[1:], **jvp_branches)
     n = len(outs) // 2
     return outs[:n], outs[n:]
 
 
+# %% [markdown]
+# The module's `transform_branches` calls the transformations without their
+# caches, since a `cond`'s branches are traced anew each time the enclosing
+# function runs, and caching their transforms would only keep old jaxprs alive.
+
+
+# %% tags=["export", "hide-input"]
+# @title transform_branches, bypassing the caches of jvp_jaxpr and the others
+def transform_branches(transform: Callable, branches: dict, *args: Any) -> tuple:
+    """Apply ``transform`` to both branches and join the constants it makes."""
+    transform = getattr(transform, "__wrapped__", transform)  # functools.cache
+    true_jaxpr, true_consts = transform(branches["true_jaxpr"], *args)
+    false_jaxpr, false_consts = transform(branches["false_jaxpr"], *args)
+    return join_consts(true_jaxpr, true_consts, false_jaxpr, false_consts)
+
+
 # %%
+def kinked_slope(x):
+    return np.cos(x) * x + np.sin(x) if x > 0 else -3.0 * np.sin(x)
+
+
 for x in [1.2, -0.5]:
-    _, slope = jvp(kinked, (x,), (1.0,))
-    by_hand = np.cos(x) * x + np.sin(x) if x > 0 else -3.0 * np.sin(x)
-    print(x, slope, by_hand)
+    print(x, jvp(kinked, (x,), (1.0,))[1], kinked_slope(x))
 print(make_jaxpr(lambda x, t: jvp(kinked, (x,), (t,)), scalar, scalar)[0])
 
 # %% [markdown]
@@ -439,24 +447,40 @@ print(make_jaxpr(lambda x, t: jvp(kinked, (x,), (t,)), scalar, scalar)[0])
 # batched.
 #
 # **The predicate is the same for the whole batch.** Then one branch runs for every
-# example, and we batch both branches with Part 3's `vmap_jaxpr` (uncached, for
-# the reason above): `cond` of the batched branches, with the batch axis of every
-# output at 0.
+# example, and we batch both branches with Part 3's `vmap_jaxpr`: `cond` of the
+# batched branches, with the batch axis of every output at 0.
 #
 # **The predicate differs per example.** Now no single branch is right for the
 # batch. We run *both* branches on the whole batch and then choose, example by
 # example, which result to keep. Choosing elementwise needs a primitive we have
 # not had yet: `select(pred, on_true, on_false)`, the
 # {term}`elementwise conditional <select>`
-# (NumPy's `where`). It gets every rule, like any other primitive. It is linear in
-# its two value operands, so it also has a transpose: the output cotangent flows to
-# `on_true` where the predicate is true and to `on_false` where it is false.
+# (NumPy's `where`).
 
 # %% tags=["export"]
 select_p = Primitive("select")
 
 
-def _check_select(pred: ShapedArray, on_true: ShapedArray, on_false: ShapedArray):
+def select(pred: ArrayLike, on_true: ArrayLike, on_false: ArrayLike) -> ArrayLike:
+    """Elementwise ``on_true if pred else on_false`` (NumPy's ``where``)."""
+    args = [_as_input(x, "select") for x in (pred, on_true, on_false)]
+    check_select_operands(*[get_aval(x) for x in args])
+    return bind(select_p, *args)
+
+
+# %% [markdown]
+# It gets every rule, like any other primitive; they are in the folded cell. Its
+# JVP selects between the tangents with the same predicate, and it lowers to
+# `stablehlo.select`. It is linear in its two value operands, so it also has a
+# transpose: the output cotangent flows to `on_true` where the predicate is true
+# and to `on_false` where it is false.
+
+
+# %% tags=["export", "hide-input"]
+# @title select: its check and its rules
+def check_select_operands(
+    pred: ShapedArray, on_true: ShapedArray, on_false: ShapedArray
+):
     check_binary_operands("select", on_true, on_false)
     if pred.dtype != np.bool_ or pred.shape != on_true.shape:
         raise TypeError(
@@ -465,19 +489,12 @@ def _check_select(pred: ShapedArray, on_true: ShapedArray, on_false: ShapedArray
         )
 
 
-def select(pred: ArrayLike, on_true: ArrayLike, on_false: ArrayLike) -> ArrayLike:
-    """Elementwise ``on_true if pred else on_false`` (NumPy's ``where``)."""
-    args = [_as_input(x, "select") for x in (pred, on_true, on_false)]
-    _check_select(*[get_aval(x) for x in args])
-    return bind(select_p, *args)
-
-
 _impl_from_numpy(select_p, np.where)
 
 
 @select_p.def_rule("abstract_eval")
 def _select_abstract_eval(pred, on_true, on_false):
-    _check_select(pred, on_true, on_false)
+    check_select_operands(pred, on_true, on_false)
     return [ShapedArray(on_true.shape, on_true.dtype)]
 
 
@@ -503,8 +520,7 @@ def _select_lower(ctx, avals_in, avals_out, pred, on_true, on_false):
 @select_p.def_rule("transpose")
 def _select_transpose(cts, pred, on_true, on_false):
     (ct,) = cts
-    if _is_undef(pred):
-        raise TypeError("select: the predicate cannot be a linear input")
+    check_predicate_not_linear("select", pred)
     zeros = zeros_like(ct)
     return [
         None,
@@ -514,46 +530,35 @@ def _select_transpose(cts, pred, on_true, on_false):
 
 
 # %% [markdown]
-# With `select` in hand, the batching rule for `cond`:
+# With `select` in hand, the batching rule for `cond`. In the second case,
+# `_run_batched` computes a branch for every example, and `_select_per_example`
+# broadcasts each example's predicate over that example's elements before it
+# selects; both are in the folded cell after it.
 
 
 # %% tags=["export"]
 @cond_p.def_rule("vmap")
-def _cond_vmap(axis_size, vals, dims, *, true_jaxpr, false_jaxpr):
+def _cond_vmap(axis_size, vals, dims, **branches):
     (pred, *operands), (pred_dim, *operand_dims) = vals, dims
+    batched = tuple(d is not None for d in operand_dims)
     operands = [
         x if d is None else move_batch_axis(axis_size, d, 0, x)
         for x, d in zip(operands, operand_dims)
     ]
-    batched = tuple(d is not None for d in operand_dims)
     if pred_dim is None:  # one branch for the whole batch
-        true_b, true_consts = vmap_jaxpr.__wrapped__(true_jaxpr, axis_size, batched)
-        false_b, false_consts = vmap_jaxpr.__wrapped__(false_jaxpr, axis_size, batched)
-        true_b, false_b = join_consts(true_b, true_consts, false_b, false_consts)
-        outs = bind(
-            cond_p,
-            pred,
-            *true_consts,
-            *false_consts,
-            *operands,
-            true_jaxpr=true_b,
-            false_jaxpr=false_b,
-        )
+        consts, vmapped = transform_branches(vmap_jaxpr, branches, axis_size, batched)
+        outs = bind(cond_p, pred, *consts, *operands, **vmapped)
         return outs, [0] * len(outs)
     # A predicate per example: run both branches, then choose per example.
     pred = move_batch_axis(axis_size, pred_dim, 0, pred)
-    true_outs = _run_batched(true_jaxpr, axis_size, operands, batched)
-    false_outs = _run_batched(false_jaxpr, axis_size, operands, batched)
-    outs = []
-    for on_true, on_false in zip(true_outs, false_outs):
-        shape = get_aval(on_true).shape
-        pred_b = pred  # one predicate per example, for all of its elements
-        if len(shape) > 1:
-            pred_b = broadcast(pred, shape, tuple(range(1, len(shape))))
-        outs.append(select(pred_b, on_true, on_false))
+    true_outs = _run_batched(branches["true_jaxpr"], axis_size, operands, batched)
+    false_outs = _run_batched(branches["false_jaxpr"], axis_size, operands, batched)
+    outs = [_select_per_example(pred, t, f) for t, f in zip(true_outs, false_outs)]
     return outs, [0] * len(outs)
 
 
+# %% tags=["export", "hide-input"]
+# @title Both branches for every example, then a select per example
 def _run_batched(
     jaxpr: Jaxpr, axis_size: int, operands: list, batched: tuple[bool, ...]
 ) -> list:
@@ -565,28 +570,23 @@ def _run_batched(
     return [move_batch_axis(axis_size, None, 0, x) for x in outs]
 
 
+def _select_per_example(pred: Any, on_true: Any, on_false: Any) -> Any:
+    """Choose ``on_true[i]`` or ``on_false[i]`` by ``pred[i]``, for each example i."""
+    shape = get_aval(on_true).shape
+    if len(shape) > 1:  # one predicate per example, for all of its elements
+        pred = broadcast(pred, shape, tuple(range(1, len(shape))))
+    return select(pred, on_true, on_false)
+
+
 # %% [markdown]
 # Both cases at work, on the function that defeated `vmap` at the start of the
 # chapter (a batched predicate) and on a batch under one shared predicate:
 
 # %%
 xs = np.array([1.2, -0.5, 0.3])
-print(vmap(kinked)(xs))
-print(np.where(xs > 0, np.sin(xs) * xs, np.cos(xs) * 3.0))
+print(vmap(kinked)(xs), np.where(xs > 0, np.sin(xs) * xs, np.cos(xs) * 3.0))
 print(make_jaxpr(vmap(kinked), vector)[0])
 print(vmap(scale_or_shift, (None, 0))(True, np.ones((2, 3))))
-
-
-def double_or_negate(p, v):  # two outputs of different ranks
-    return cond(
-        p,
-        lambda v: (v * 2.0, reduce_sum(v)),
-        lambda v: (neg(v), reduce_sum(v) * 3.0),
-        v,
-    )
-
-
-print(*vmap(double_or_negate)(np.array([True, False]), np.ones((2, 3))), sep="\n")
 
 
 # %% [markdown]
@@ -625,15 +625,50 @@ print(*vmap(double_or_negate)(np.array([True, False]), np.ones((2, 3))), sep="\n
 #   {term}`residuals <residual>` to its
 #   unknown half. We join them like constants: both known halves return the true
 #   branch's residuals followed by the false branch's, each filling the other
-#   branch's slots with zeros, and both unknown halves take the whole list and
-#   ignore the other branch's part.
+#   branch's slots with zeros (`_with_zero_outputs`), and both unknown halves
+#   take the whole list and ignore the other branch's part.
 # - **The predicate** is needed by both `cond`s, so it becomes a residual too.
 #
-# The zeros are made inside the known jaxpr by new equations: a scalar literal
-# zero, broadcast to the residual's shape.
+# `split_branches` does the first two and returns the parameters of both `cond`s,
+# the unknown outputs, and the types of the residuals.
 
 
 # %% tags=["export"]
+def split_branches(branches: dict, in_unknowns: list[bool]) -> tuple:
+    """Partially evaluate both branches the same way, with joined residuals."""
+    jaxprs = branches["true_jaxpr"], branches["false_jaxpr"]
+    first = [partial_eval_jaxpr(j, in_unknowns)[2] for j in jaxprs]
+    out_unknowns = [t or f for t, f in zip(*first)]
+    (true_k, true_u, _, n_true), (false_k, false_u, _, n_false) = [
+        partial_eval_jaxpr(j, in_unknowns, out_unknowns) for j in jaxprs
+    ]
+    true_res = [v.aval for v in true_u.in_binders[:n_true]]
+    false_res = [v.aval for v in false_u.in_binders[:n_false]]
+    known = dict(
+        true_jaxpr=_with_zero_outputs(true_k, len(true_k.outs), false_res),
+        false_jaxpr=_with_zero_outputs(false_k, out_unknowns.count(False), true_res),
+    )
+    unknown = dict(
+        true_jaxpr=_with_unused_inputs(true_u, n_true, false_res),
+        false_jaxpr=_with_unused_inputs(false_u, 0, true_res),
+    )
+    return known, unknown, out_unknowns, true_res + false_res
+
+
+# %% [markdown]
+# The zeros are made inside the known jaxpr by new equations: a scalar literal
+# zero, broadcast to the residual's shape. The folded cell holds that, and
+# `_split_by`, which splits a list into the items flagged `False` and those
+# flagged `True`.
+
+
+# %% tags=["export", "hide-input"]
+# @title Helpers: outputs of zeros for the other branch's slots; _split_by
+def _split_by(flags: list[bool], xs: Sequence) -> tuple[list, list]:
+    """The items of ``xs`` whose flag is false, and those whose flag is true."""
+    return [x for x, f in zip(xs, flags) if not f], [x for x, f in zip(xs, flags) if f]
+
+
 def _with_zero_outputs(jaxpr: Jaxpr, at: int, avals: list[ShapedArray]) -> Jaxpr:
     """``jaxpr`` with outputs of zeros of types ``avals`` inserted at ``at``."""
     eqns, zeros = list(jaxpr.eqns), []
@@ -649,40 +684,6 @@ def _with_zero_outputs(jaxpr: Jaxpr, at: int, avals: list[ShapedArray]) -> Jaxpr
     return Jaxpr(jaxpr.in_binders, eqns, jaxpr.outs[:at] + zeros + jaxpr.outs[at:])
 
 
-class BranchSplit(NamedTuple):
-    """Both branches of a cond, each split into known and unknown halves."""
-
-    true_known: Jaxpr  # known inputs -> known outputs, residuals (true, false)
-    false_known: Jaxpr
-    true_unknown: Jaxpr  # residuals (true, false), unknown inputs -> unknown outputs
-    false_unknown: Jaxpr
-    out_unknowns: list[bool]
-    num_residuals: int
-
-
-def split_branches(
-    true_jaxpr: Jaxpr, false_jaxpr: Jaxpr, in_unknowns: list[bool]
-) -> BranchSplit:
-    """Partially evaluate both branches the same way, with joined residuals."""
-    first = [partial_eval_jaxpr(j, in_unknowns) for j in (true_jaxpr, false_jaxpr)]
-    out_unknowns = [t or f for t, f in zip(first[0][2], first[1][2])]
-    (true_k, true_u, _, n_true), (false_k, false_u, _, n_false) = [
-        partial_eval_jaxpr(j, in_unknowns, out_unknowns)
-        for j in (true_jaxpr, false_jaxpr)
-    ]
-    true_res = [v.aval for v in true_u.in_binders[:n_true]]
-    false_res = [v.aval for v in false_u.in_binders[:n_false]]
-    n_known_outs = out_unknowns.count(False)
-    return BranchSplit(
-        _with_zero_outputs(true_k, len(true_k.outs), false_res),
-        _with_zero_outputs(false_k, n_known_outs, true_res),
-        _with_unused_inputs(true_u, n_true, false_res),
-        _with_unused_inputs(false_u, 0, true_res),
-        out_unknowns,
-        n_true + n_false,
-    )
-
-
 # %% [markdown]
 # The two rules then follow the pattern of `xla_call`'s. At trace time, the known
 # `cond` is bound right away, so its work happens now (compiled, if we are under
@@ -693,71 +694,42 @@ def split_branches(
 
 # %% tags=["export"]
 @cond_p.def_rule("partial_eval")
-def _cond_partial_eval(trace, tracers, *, true_jaxpr, false_jaxpr):
+def _cond_partial_eval(trace, tracers, **branches):
     pred, *operands = tracers
     if not pred.pval.is_known:
-        params = dict(true_jaxpr=true_jaxpr, false_jaxpr=false_jaxpr)
-        return trace.stage(cond_p, tracers, params)
+        return trace.stage(cond_p, tracers, branches)
     in_unknowns = [not t.pval.is_known for t in operands]
-    split = split_branches(true_jaxpr, false_jaxpr, in_unknowns)
-    known_vals = [t.pval.const for t in operands if t.pval.is_known]
-    known_outs_and_res = bind(
-        cond_p,
-        pred.pval.const,
-        *known_vals,
-        true_jaxpr=split.true_known,
-        false_jaxpr=split.false_known,
-    )
-    n_known = len(known_outs_and_res) - split.num_residuals
-    known_outs, residuals = known_outs_and_res[:n_known], known_outs_and_res[n_known:]
-    staged_inputs = [
-        trace.instantiate_const(pred),
-        *[trace.instantiate_const(trace.pure(r)) for r in residuals],
-        *[t for t in operands if not t.pval.is_known],
-    ]
-    unknown_outs = trace.stage(
-        cond_p,
-        staged_inputs,
-        dict(true_jaxpr=split.true_unknown, false_jaxpr=split.false_unknown),
-    )
-    known_iter, unknown_iter = iter(known_outs), iter(unknown_outs)
+    known, unknown, out_unknowns, res_avals = split_branches(branches, in_unknowns)
+    known_ops, unknown_ops = _split_by(in_unknowns, operands)
+    outs = bind(cond_p, pred.pval.const, *[t.pval.const for t in known_ops], **known)
+    n = len(outs) - len(res_avals)
+    known_outs, residuals = iter(outs[:n]), outs[n:]
+    residuals = [trace.instantiate_const(trace.pure(r)) for r in residuals]
+    staged_inputs = [trace.instantiate_const(pred), *residuals, *unknown_ops]
+    unknown_outs = iter(trace.stage(cond_p, staged_inputs, unknown))
     return [
-        next(unknown_iter) if unknown else trace.pure(next(known_iter))
-        for unknown in split.out_unknowns
+        next(unknown_outs) if u else trace.pure(next(known_outs)) for u in out_unknowns
     ]
 
 
 @cond_p.def_rule("partial_eval_jaxpr")
 def _cond_partial_eval_jaxpr(unks_in, eqn):
-    pred_unknown, *in_unknowns = unks_in
-    pred, *operands = eqn.inputs
+    (pred_unknown, *in_unknowns), (pred, *operands) = unks_in, eqn.inputs
     if pred_unknown:  # everything waits for the predicate
         known_vars = [
             x for x, u in zip(eqn.inputs, unks_in) if isinstance(x, Var) and not u
         ]
         return None, eqn, [True] * len(eqn.out_binders), known_vars
-    split = split_branches(
-        eqn.params["true_jaxpr"], eqn.params["false_jaxpr"], in_unknowns
-    )
-    known_outs = [v for v, u in zip(eqn.out_binders, split.out_unknowns) if not u]
-    unknown_outs = [v for v, u in zip(eqn.out_binders, split.out_unknowns) if u]
-    residuals = [Var(x.aval) for x in split.true_known.outs[len(known_outs) :]]
-    known_ins = [x for x, u in zip(operands, in_unknowns) if not u]
-    unknown_ins = [x for x, u in zip(operands, in_unknowns) if u]
-    eqn_known = JaxprEqn(
-        cond_p,
-        [pred, *known_ins],
-        dict(true_jaxpr=split.true_known, false_jaxpr=split.false_known),
-        known_outs + residuals,
-    )
+    known, unknown, out_unknowns, res_avals = split_branches(eqn.params, in_unknowns)
+    residuals = [Var(aval) for aval in res_avals]
+    outs_known, outs_unknown = _split_by(out_unknowns, eqn.out_binders)
+    ins_known, ins_unknown = _split_by(in_unknowns, operands)
+    eqn_known = JaxprEqn(cond_p, [pred, *ins_known], known, outs_known + residuals)
     eqn_unknown = JaxprEqn(
-        cond_p,
-        [pred, *residuals, *unknown_ins],
-        dict(true_jaxpr=split.true_unknown, false_jaxpr=split.false_unknown),
-        unknown_outs,
+        cond_p, [pred, *residuals, *ins_unknown], unknown, outs_unknown
     )
     pred_residual = [pred] if isinstance(pred, Var) else []
-    return eqn_known, eqn_unknown, split.out_unknowns, pred_residual + residuals
+    return eqn_known, eqn_unknown, out_unknowns, pred_residual + residuals
 
 
 # %% [markdown]
@@ -785,37 +757,24 @@ print(pp_jaxpr(unknown_half, names=names))
 # In a linear jaxpr from `linearize`, a `cond` takes the predicate and residuals,
 # which are known, and tangents, which are the linear inputs. Whichever branch
 # runs is linear in those tangents, so `cond` is linear in them, and its transpose
-# is a `cond` of the transposed branches: {ref}`Part 4 <part4-transposition>`'s `transpose_jaxpr` (uncached
-# again) turns each branch into a jaxpr from its known inputs and output
-# cotangents to the cotangents of its linear inputs, the constants are joined,
-# and the same predicate picks the branch. The predicate itself is never a linear
-# input: it only chooses.
+# is a `cond` of the transposed branches: {ref}`Part 4 <part4-transposition>`'s
+# `transpose_jaxpr` turns each branch into a jaxpr from its known inputs and
+# output cotangents to the cotangents of its linear inputs, the constants are
+# joined, and the same predicate picks the branch. The predicate itself is never
+# a linear input: it only chooses. A missing output cotangent (`None`) becomes
+# zeros, since the transposed branches take every cotangent.
 
 
 # %% tags=["export"]
 @cond_p.def_rule("transpose")
-def _cond_transpose(cts, pred, *args, true_jaxpr, false_jaxpr):
-    if _is_undef(pred):
-        raise TypeError("cond: the predicate cannot be a linear input")
+def _cond_transpose(cts, pred, *args, **branches):
+    check_predicate_not_linear("cond", pred)
     undefined = tuple(_is_undef(x) for x in args)
-    true_t, true_consts = transpose_jaxpr.__wrapped__(true_jaxpr, undefined)
-    false_t, false_consts = transpose_jaxpr.__wrapped__(false_jaxpr, undefined)
-    true_t, false_t = join_consts(true_t, true_consts, false_t, false_consts)
-    out_types = [x.aval for x in true_jaxpr.outs]
+    consts, transposed = transform_branches(transpose_jaxpr, branches, undefined)
+    out_types = [x.aval for x in branches["true_jaxpr"].outs]
     cts = [zeros_like_aval(t) if ct is None else ct for ct, t in zip(cts, out_types)]
     defined = [x for x in args if not _is_undef(x)]
-    cts_in = iter(
-        bind(
-            cond_p,
-            pred,
-            *true_consts,
-            *false_consts,
-            *defined,
-            *cts,
-            true_jaxpr=true_t,
-            false_jaxpr=false_t,
-        )
-    )
+    cts_in = iter(bind(cond_p, pred, *consts, *defined, *cts, **transposed))
     return [None] + [next(cts_in) if u else None for u in undefined]
 
 
@@ -823,12 +782,7 @@ def _cond_transpose(cts, pred, *args, true_jaxpr, false_jaxpr):
 # That was the last rule. `grad` of `kinked`, eagerly, compiled, and batched over
 # points on both sides of the kink:
 
-
 # %%
-def kinked_slope(x):
-    return np.cos(x) * x + np.sin(x) if x > 0 else -3.0 * np.sin(x)
-
-
 for x in [1.2, -0.5]:
     print(x, grad(kinked)(x), jit(grad(kinked))(x), kinked_slope(x))
 print(vmap(grad(kinked))(xs), np.array([kinked_slope(x) for x in xs]))
@@ -852,29 +806,17 @@ def nested(x, w):
     return cond(x > 0.0, positive, lambda x: x * w, x)
 
 
-def nested_slope(x, w):
-    if x > 1.0:
-        return 2.0 * np.cos(2.0 * x) * w
-    return -np.sin(x) if x > 0.0 else w
-
-
 points, w = np.array([1.7, 0.4, -0.8]), 1.5
-expected = np.array([nested_slope(x, w) for x in points])
+expected = [2.0 * np.cos(2.0 * 1.7) * w, -np.sin(0.4), w]  # by hand, as above
 d_nested = grad(nested)
 results = {
-    "vmap(grad)": vmap(d_nested, (0, None))(points, w),
     "vmap(jit(grad))": vmap(jit(d_nested), (0, None))(points, w),
     "jit(vmap(grad))": jit(vmap(d_nested, (0, None)))(points, w),
     "vmap(grad(jit))": vmap(grad(jit(nested)), (0, None))(points, w),
-    "jvp per point": np.array(
-        [jvp(lambda x: nested(x, w), (x,), (1.0,))[1] for x in points]
-    ),
-    "linearize per point": np.array(
-        [linearize(lambda x: nested(x, w), x)[1](1.0) for x in points]
-    ),
+    "linearize": [linearize(lambda x: nested(x, w), x)[1](1.0) for x in points],
 }
 for name, value in results.items():
-    print(f"{name:20} {np.asarray(value)}  {np.allclose(value, expected)}")
+    print(f"{name:16} {np.asarray(value)}  {np.allclose(value, expected)}")
 
 
 # %% [markdown]
@@ -921,11 +863,16 @@ show_error(jit(lambda x: cond(x, sin, cos, x)), one)  # float predicate, under j
 #   flow through the discarded side and the `0 × ∞` problem above cannot reach
 #   the gradient. See the
 #   [FAQ entry on NaN gradients with `where`](https://docs.jax.dev/en/latest/faq.html#gradients-contain-nan-where-using-where).
-# - JAX's partial evaluation of `cond` also fills the other branch's residual
-#   slots with zeros, but lets the branches share slots of the same type, so a
-#   `cond` stores about as many residuals as its hungrier branch rather than the
-#   sum. It also forwards known inputs instead of returning them as residuals,
-#   removes inputs and outputs that no branch uses, and caches traced branches.
+# - JAX's partial evaluation of `cond` also gives each branch the other's
+#   residual slots, but fills them with uninitialized buffers (an `empty2`
+#   equation in the printed jaxpr) rather than zeros, and lets the branches share
+#   slots of the same type, so a `cond` stores about as many residuals as its
+#   hungrier branch rather than the sum. It also removes inputs and outputs that no branch uses, takes an output
+#   that both branches return unchanged from an input straight from that input
+#   instead of from the `cond`, and caches traced branches.
+# - JAX's reverse mode does not run a JVP and then partially evaluate it: `cond`
+#   has a linearize rule that does both in one step, splitting each branch into
+#   its primal half (which also returns residuals) and its linear half directly.
 # - Branching on Python values is still fine in JAX, as here: use `cond` only
 #   when the predicate is a traced value.
 #
