@@ -26,8 +26,7 @@ import numpy as np
 RULE_KINDS = ("impl", "jvp", "vmap")
 """The kinds of rules a primitive can carry; later parts add more."""
 
-PRIMITIVES: dict[str, Primitive] = {}
-"""Every primitive ever created, by name."""
+PRIMITIVES: dict[str, Primitive] = {}  # every primitive ever created, by name
 
 
 class Primitive:
@@ -39,10 +38,10 @@ class Primitive:
         self.rules: dict[str, Callable] = {}
         PRIMITIVES[name] = self
 
-    def def_rule(self, kind: str) -> Callable[[Callable], Callable]:
+    def def_rule(self, kind: str) -> Callable:
         """Decorator: register a function as this primitive's ``kind`` rule."""
 
-        def register(rule: Callable) -> Callable:
+        def register(rule):
             self.rules[kind] = rule
             return rule
 
@@ -73,12 +72,10 @@ broadcast_p = Primitive("broadcast")
 
 
 def add(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """Elementwise ``x + y``."""
     return _bind_binary(add_p, x, y)
 
 
 def mul(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """Elementwise ``x * y``."""
     return _bind_binary(mul_p, x, y)
 
 
@@ -93,19 +90,16 @@ def less(x: ArrayLike, y: ArrayLike) -> ArrayLike:
 
 
 def neg(x: ArrayLike) -> ArrayLike:
-    """Elementwise ``-x``."""
     _check_kind("neg", x, "iuf", "a numeric (not boolean)")
     return bind(neg_p, x)
 
 
 def sin(x: ArrayLike) -> ArrayLike:
-    """Elementwise sine."""
     _check_kind("sin", x, "f", "a float")
     return bind(sin_p, x)
 
 
 def cos(x: ArrayLike) -> ArrayLike:
-    """Elementwise cosine."""
     _check_kind("cos", x, "f", "a float")
     return bind(cos_p, x)
 
@@ -113,12 +107,9 @@ def cos(x: ArrayLike) -> ArrayLike:
 def reduce_sum(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:
     """Sum over ``axis`` (an int, a sequence of ints, or None for all axes)."""
     ndim = get_aval(x).ndim
-    axes = (
-        tuple(range(ndim))
-        if axis is None
-        else _normalize_axes("reduce_sum", axis, ndim)
-    )
-    return bind(reduce_sum_p, x, axes=axes)
+    if axis is None:
+        axis = tuple(range(ndim))
+    return bind(reduce_sum_p, x, axes=_normalize_axes("reduce_sum", axis, ndim))
 
 
 def transpose(x: ArrayLike, perm: Sequence[int]) -> ArrayLike:
@@ -232,6 +223,11 @@ def _bind_binary(prim: Primitive, x: ArrayLike, y: ArrayLike) -> ArrayLike:
     return bind(prim, x, y)
 
 
+# @title A Python number as an array; checks: it must fit, operands must match
+def _is_python_scalar(x: Any) -> bool:
+    return type(x) in (bool, int, float)
+
+
 def _scalar_like(name: str, c: bool | int | float, other: ArrayLike) -> ArrayLike:
     """Turn the Python number ``c`` into an array shaped like ``other``."""
     aval = get_aval(other)
@@ -240,11 +236,6 @@ def _scalar_like(name: str, c: bool | int | float, other: ArrayLike) -> ArrayLik
     if aval.ndim == 0:
         return const
     return broadcast(const, aval.shape, tuple(range(aval.ndim)))
-
-
-# @title Checks: a Python number must fit the array's dtype; operands must match
-def _is_python_scalar(x: Any) -> bool:
-    return type(x) in (bool, int, float)
 
 
 def _check_scalar_fits(name: str, c: bool | int | float, dtype: np.dtype) -> None:
@@ -289,14 +280,6 @@ class ShapedArray:
     def ndim(self) -> int:
         return len(self.shape)
 
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
-
-    def str_short(self) -> str:
-        """Compact form such as ``float64[3,4]``."""
-        return f"{self.dtype.name}[{','.join(str(d) for d in self.shape)}]"
-
     def __eq__(self, other: object) -> bool:
         return type(other) is ShapedArray and (self.shape, self.dtype) == (
             other.shape,
@@ -305,9 +288,6 @@ class ShapedArray:
 
     def __hash__(self) -> int:
         return hash((self.shape, self.dtype))
-
-    def __repr__(self) -> str:
-        return f"ShapedArray(shape={self.shape}, dtype={self.dtype.name})"
 
 
 def get_aval(x: Any) -> ShapedArray:
@@ -318,7 +298,24 @@ def get_aval(x: Any) -> ShapedArray:
     return ShapedArray(x.shape, x.dtype)
 
 
-# @title Checks: what counts as an array
+# @title Printing avals; checks: what counts as an array
+def _aval_size(self: ShapedArray) -> int:
+    return int(np.prod(self.shape, dtype=np.int64))
+
+
+def _aval_str_short(self: ShapedArray) -> str:
+    """Compact form such as ``float64[3,4]``."""
+    return f"{self.dtype.name}[{','.join(str(d) for d in self.shape)}]"
+
+
+def _aval_repr(self: ShapedArray) -> str:
+    return f"ShapedArray(shape={self.shape}, dtype={self.dtype.name})"
+
+
+ShapedArray.size = property(_aval_size)
+ShapedArray.str_short = _aval_str_short
+ShapedArray.__repr__ = _aval_repr
+
 _ARRAY_KINDS = "biuf"  # bool, signed int, unsigned int, float
 
 DEVICE_ARRAY_TYPES: tuple[type, ...] = ()
@@ -358,14 +355,13 @@ def raise_to_shaped(aval: ShapedArray) -> ShapedArray:
 
 
 class Level:
-    """One entry on the interpreter stack."""
+    """One entry on the interpreter stack; ``payload`` is the transformation's
+    own data, such as a batch size."""
 
     __slots__ = ("number", "trace_type", "payload")
 
     def __init__(self, number: int, trace_type: type[Trace], payload: Any) -> None:
-        self.number = number  # 0 at the bottom, one more for each level above
-        self.trace_type = trace_type
-        self.payload = payload  # transformation-specific data, e.g. a batch size
+        self.number, self.trace_type, self.payload = number, trace_type, payload
 
     def __repr__(self) -> str:
         return f"Level({self.number}, {self.trace_type.__name__})"
@@ -377,13 +373,13 @@ class Trace:
     def __init__(self, level: Level) -> None:
         self.level = level
 
-    def pure(self, val: Any) -> Tracer:
+    def pure(self, val):
         raise NotImplementedError
 
-    def lift(self, tracer: Tracer) -> Tracer:
+    def lift(self, tracer):
         raise NotImplementedError
 
-    def process_primitive(self, prim: Primitive, tracers: list, params: dict) -> list:
+    def process_primitive(self, prim, tracers, params):
         raise NotImplementedError
 
     def full_raise(self, val: Any) -> Any:
@@ -437,7 +433,6 @@ class Tracer(ArrayOperators):
     """A stand-in for an array while a transformation runs a function."""
 
     _trace: Trace
-    __array_ufunc__ = None  # NumPy defers to our operators: np.ones(3) * tracer
 
     @property
     def aval(self) -> ShapedArray:
@@ -450,21 +445,30 @@ class Tracer(ArrayOperators):
     def full_lower(self) -> Any:
         return self
 
-    def __bool__(self) -> bool:
-        raise _concretization_error(self)
-
-    def __array__(self, dtype=None, copy=None):
-        raise _numpy_conversion_error(self)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}<{self.aval.str_short()}>"
-
 
 def full_lower(x: Any) -> Any:
     return x.full_lower() if isinstance(x, Tracer) else x
 
 
 # @title Checks: tracers that Python or NumPy cannot use, and leaked tracers
+def _tracer_bool(self: Tracer) -> bool:
+    raise _concretization_error(self)
+
+
+def _tracer_array(self: Tracer, dtype=None, copy=None):
+    raise _numpy_conversion_error(self)
+
+
+def _tracer_repr(self: Tracer) -> str:
+    return f"{type(self).__name__}<{self.aval.str_short()}>"
+
+
+Tracer.__array_ufunc__ = None  # let our reflected operators win over NumPy's
+Tracer.__bool__ = _tracer_bool
+Tracer.__array__ = _tracer_array
+Tracer.__repr__ = _tracer_repr
+
+
 class ConcretizationError(TypeError):
     """Python needed an actual value (e.g. for ``if``) from an abstract tracer."""
 
@@ -512,26 +516,20 @@ class EvalTrace(Trace):
         return prim.rule("impl")(*tracers, **params)
 
 
-def _impl_from_numpy(prim: Primitive, np_fn: Callable) -> None:
+def _impl_from_numpy(prim, np_fn):
     prim.def_rule("impl")(lambda *args: [np_fn(*args)])
 
 
-for _prim, _np_fn in [
-    (add_p, np.add),
-    (mul_p, np.multiply),
-    (neg_p, np.negative),
-    (sin_p, np.sin),
-    (cos_p, np.cos),
-    (greater_p, np.greater),
-    (less_p, np.less),
-]:
+for _prim, _np_fn in [(add_p, np.add), (mul_p, np.multiply), (neg_p, np.negative)]:
     _impl_from_numpy(_prim, _np_fn)
+for _prim, _np_fn in [(sin_p, np.sin), (cos_p, np.cos), (greater_p, np.greater)]:
+    _impl_from_numpy(_prim, _np_fn)
+_impl_from_numpy(less_p, np.less)
 
 
 @reduce_sum_p.def_rule("impl")
 def _reduce_sum_impl(x, *, axes):
-    # Keep the dtype: NumPy would sum booleans into integers.
-    return [np.sum(x, axis=axes, dtype=x.dtype)]
+    return [np.sum(x, axis=axes, dtype=x.dtype)]  # booleans stay booleans
 
 
 @transpose_p.def_rule("impl")
@@ -544,9 +542,7 @@ def _broadcast_impl(x, *, shape, axes):
     return [np.broadcast_to(np.expand_dims(x, axes), shape)]
 
 
-class _InterpreterState(threading.local):
-    """The interpreter stack (each thread has its own)."""
-
+class _InterpreterState(threading.local):  # each thread has its own stack
     def __init__(self) -> None:
         self.stack: list[Level] = [Level(0, EvalTrace, None)]
 
@@ -566,8 +562,7 @@ def new_level(trace_type: type[Trace], payload: Any = None) -> Iterator[Level]:
         stack.pop()
 
 
-def _bottom_level() -> Level:
-    """Where the search for the top trace starts: the evaluation level."""
+def _bottom_level() -> Level:  # where the search for the top trace starts
     return _state.stack[0]
 
 
@@ -619,9 +614,7 @@ class JVPTracer(Tracer):
     """A value being differentiated: its primal and its tangent."""
 
     def __init__(self, trace: JVPTrace, primal: Any, tangent: Any) -> None:
-        self._trace = trace
-        self.primal = primal
-        self.tangent = tangent
+        self._trace, self.primal, self.tangent = trace, primal, tangent
 
     @property
     def aval(self) -> ShapedArray:
@@ -630,9 +623,6 @@ class JVPTracer(Tracer):
     def __bool__(self) -> bool:
         self.check_live()
         return bool(self.primal)  # a branch needs only the primal, which we have
-
-    def __repr__(self) -> str:
-        return f"JVPTracer(primal={self.primal!r}, tangent={self.tangent!r})"
 
 
 class JVPTrace(Trace):
@@ -689,21 +679,26 @@ for _prim in [greater_p, less_p]:
     _comparison_jvp(_prim)
 
 
-def jvp_flat(
-    f: Callable, primals: Sequence[Any], tangents: Sequence[Any]
-) -> tuple[list[Any], list[Any]]:
+def jvp_flat(f, primals, tangents):
     """JVP of ``f``, a function from a list of arrays to a list of arrays."""
     with new_level(JVPTrace) as level:
         trace = JVPTrace(level)
         tracers_in = [JVPTracer(trace, p, t) for p, t in zip(primals, tangents)]
-        outs = [_as_input(out, "jvp: output of the function") for out in f(*tracers_in)]
+        outs = _check_outputs("jvp", f(*tracers_in))
         tracers_out = [trace.full_raise(out) for out in outs]
         primals_out = [full_lower(t.primal) for t in tracers_out]
         tangents_out = [full_lower(t.tangent) for t in tracers_out]
     return primals_out, tangents_out
 
 
-# @title Checks: values entering or leaving a transformation
+# @title Checks: values entering or leaving a transformation; JVPTracer's repr
+def _jvp_tracer_repr(self: JVPTracer) -> str:
+    return f"JVPTracer(primal={self.primal!r}, tangent={self.tangent!r})"
+
+
+JVPTracer.__repr__ = _jvp_tracer_repr
+
+
 def _as_input(x: Any, context: str) -> Any:
     """A live tracer, or ``x`` as a NumPy array; anything else is an error."""
     if isinstance(x, Tracer):
@@ -712,11 +707,16 @@ def _as_input(x: Any, context: str) -> Any:
     return as_array(x, context)
 
 
+def _check_outputs(name: str, outs: list) -> list:
+    """Each output of a transformed function must be an array or a live tracer."""
+    return [_as_input(out, f"{name}: output of the function") for out in outs]
+
+
 class NodeHandler(NamedTuple):
     """How to take a container apart and put it back together."""
 
-    to_children: Callable[[Any], tuple[Sequence[Any], Hashable]]
-    from_children: Callable[[Hashable, list[Any]], Any]
+    to_children: Callable  # container -> (children, aux), aux hashable
+    from_children: Callable  # (aux, children) -> container
 
 
 PYTREE_NODES: dict[type, NodeHandler] = {}
@@ -725,22 +725,11 @@ PYTREE_NODES: dict[type, NodeHandler] = {}
 def register_pytree_node(
     node_type: type, to_children: Callable, from_children: Callable
 ) -> None:
-    """Teach the pytree functions a new container type.
-
-    ``to_children(x)`` returns ``(children, aux)`` with ``aux`` hashable;
-    ``from_children(aux, children)`` rebuilds the container.
-    """
+    """Teach the pytree functions a new container type."""
     PYTREE_NODES[node_type] = NodeHandler(to_children, from_children)
 
 
 register_pytree_node(tuple, lambda t: (t, None), lambda _, kids: tuple(kids))
-register_pytree_node(list, lambda xs: (xs, None), lambda _, kids: list(kids))
-register_pytree_node(
-    dict,
-    lambda d: ([d[k] for k in sorted(d)], tuple(sorted(d))),
-    lambda keys, kids: dict(zip(keys, kids)),
-)
-register_pytree_node(type(None), lambda _: ((), None), lambda _, kids: None)
 
 
 @dataclass(frozen=True)
@@ -750,12 +739,6 @@ class PyTreeDef:
     node_type: type | None  # None marks a leaf
     aux: Hashable = None
     children: tuple[PyTreeDef, ...] = ()
-
-    @property
-    def num_leaves(self) -> int:
-        if self.node_type is None:
-            return 1
-        return sum(child.num_leaves for child in self.children)
 
 
 LEAF = PyTreeDef(None)
@@ -790,7 +773,23 @@ def tree_unflatten(treedef: PyTreeDef, leaves: Sequence[Any]) -> Any:
     return build(treedef)
 
 
-# @title Printing a PyTreeDef; checking the number of leaves
+# @title Lists, dicts and None as pytrees; printing a PyTreeDef; checks
+def _num_leaves(self: PyTreeDef) -> int:
+    if self.node_type is None:
+        return 1
+    return sum(child.num_leaves for child in self.children)
+
+
+PyTreeDef.num_leaves = property(_num_leaves)
+register_pytree_node(list, lambda xs: (xs, None), lambda _, kids: list(kids))
+register_pytree_node(
+    dict,
+    lambda d: ([d[k] for k in sorted(d)], tuple(sorted(d))),
+    lambda keys, kids: dict(zip(keys, kids)),
+)
+register_pytree_node(type(None), lambda _: ((), None), lambda _, kids: None)
+
+
 def _treedef_str(self: PyTreeDef) -> str:
     if self.node_type is None:
         return "*"
@@ -821,14 +820,10 @@ def _check_leaf_count(treedef: PyTreeDef, leaves: Sequence[Any]) -> list[Any]:
 
 
 class flatten_fun:
-    """``f(*args)`` as a function of the flat list of leaves of ``args``.
-
-    After a call, ``out_tree`` holds the structure of what ``f`` returned.
-    """
+    """``f(*args)`` as a function of the leaves of ``args``; sets ``out_tree``."""
 
     def __init__(self, f: Callable, in_tree: PyTreeDef) -> None:
-        self.f = f
-        self.in_tree = in_tree
+        self.f, self.in_tree = f, in_tree
         self.out_tree: PyTreeDef | None = None
 
     def __call__(self, *leaves: Any) -> list[Any]:
@@ -838,11 +833,7 @@ class flatten_fun:
 
 
 def jvp(f: Callable, primals: tuple, tangents: tuple) -> tuple[Any, Any]:
-    """Evaluate ``f(*primals)`` and its derivative in the direction ``tangents``.
-
-    ``primals`` and ``tangents`` are tuples of pytrees with the same structure;
-    the results have the structure of ``f``'s output.
-    """
+    """Evaluate ``f(*primals)`` and its derivative in the direction ``tangents``."""
     primals_flat, tangents_flat, in_tree = _flatten_jvp_args(primals, tangents)
     flat_f = flatten_fun(f, in_tree)
     primals_out, tangents_out = jvp_flat(flat_f, primals_flat, tangents_flat)
@@ -896,30 +887,17 @@ class BatchTracer(Tracer):
     """A batch of values stacked along ``batch_axis`` (None: not batched)."""
 
     def __init__(self, trace: BatchTrace, val: Any, batch_axis: BatchAxis) -> None:
-        self._trace = trace
-        self.val = val
-        self.batch_axis = batch_axis
+        self._trace, self.val, self.batch_axis = trace, val, batch_axis
 
     @property
     def aval(self) -> ShapedArray:
-        aval = get_aval(self.val)
-        if self.batch_axis is None:
+        aval, ax = get_aval(self.val), self.batch_axis
+        if ax is None:
             return aval
-        shape = list(aval.shape)
-        del shape[self.batch_axis]
-        return ShapedArray(shape, aval.dtype)
+        return ShapedArray(aval.shape[:ax] + aval.shape[ax + 1 :], aval.dtype)
 
     def full_lower(self) -> Any:
         return full_lower(self.val) if self.batch_axis is None else self
-
-    def __bool__(self) -> bool:
-        self.check_live()
-        if self.batch_axis is None:
-            return bool(self.val)
-        raise _batched_bool_error()  # each example may need another branch
-
-    def __repr__(self) -> str:
-        return f"BatchTracer(val={self.val!r}, batch_axis={self.batch_axis})"
 
 
 class BatchTrace(Trace):
@@ -941,7 +919,22 @@ class BatchTrace(Trace):
         return [BatchTracer(self, x, d) for x, d in zip(outs, out_dims)]
 
 
-# @title Checks: Python `if` on a batched value
+# @title Checks: Python `if` on a batched value; how a BatchTracer prints
+def _batch_tracer_bool(self: BatchTracer) -> bool:
+    self.check_live()
+    if self.batch_axis is None:
+        return bool(self.val)
+    raise _batched_bool_error()
+
+
+def _batch_tracer_repr(self: BatchTracer) -> str:
+    return f"BatchTracer(val={self.val!r}, batch_axis={self.batch_axis})"
+
+
+BatchTracer.__bool__ = _batch_tracer_bool
+BatchTracer.__repr__ = _batch_tracer_repr
+
+
 def _batched_bool_error() -> ConcretizationError:
     return ConcretizationError(
         "vmap: Python `if`, `while` or bool() on a batched value: each "
@@ -954,8 +947,7 @@ def _batched_bool_error() -> ConcretizationError:
 def move_batch_axis(axis_size: int, src: BatchAxis, dst: int, x: Any) -> Any:
     """Put the batch axis of ``x`` at position ``dst``."""
     if src is None:
-        aval = get_aval(x)
-        shape = list(aval.shape)
+        shape = list(get_aval(x).shape)
         shape.insert(dst, axis_size)
         return broadcast(x, shape, (dst,))
     if src == dst:
@@ -997,6 +989,7 @@ def _reduce_sum_vmap(axis_size, vals, dims, *, axes):
     return [bind(reduce_sum_p, x, axes=full_axes)], [out_bdim]
 
 
+# @title The batching rules of transpose and broadcast
 @transpose_p.def_rule("vmap")
 def _transpose_vmap(axis_size, vals, dims, *, perm):
     (x,), (bdim,) = vals, dims
@@ -1014,9 +1007,7 @@ def _broadcast_vmap(axis_size, vals, dims, *, shape, axes):
     return [bind(broadcast_p, front, shape=full_shape, axes=full_axes)], [0]
 
 
-def vmap_flat(
-    f: Callable, in_axes: Sequence[BatchAxis], args: Sequence[Any], out_axis: int = 0
-) -> list[Any]:
+def vmap_flat(f, in_axes, args, out_axis=0):
     """Batch ``f`` (flat lists in and out); ``in_axes`` are already checked."""
     sizes = {get_aval(x).shape[ax] for x, ax in zip(args, in_axes) if ax is not None}
     (axis_size,) = sizes
@@ -1026,9 +1017,7 @@ def vmap_flat(
             x if ax is None else BatchTracer(trace, x, ax)
             for x, ax in zip(args, in_axes)
         ]
-        outs = [
-            _as_input(out, "vmap: output of the function") for out in f(*tracers_in)
-        ]
+        outs = _check_outputs("vmap", f(*tracers_in))
         tracers_out = [trace.full_raise(out) for out in outs]
     return [
         move_batch_axis(axis_size, t.batch_axis, _out_axis(out_axis, t), t.val)
@@ -1149,18 +1138,17 @@ def _check_batch_axes(args: list, axes: list[BatchAxis]) -> list[BatchAxis]:
 def jacfwd(f: Callable, x: Any) -> Any:
     """The Jacobian of ``f`` at ``x``, of shape ``f(x).shape + x.shape``."""
     x = _check_jacfwd_input(x)
-    in_aval = get_aval(x)
+    aval = get_aval(x)
 
     def column(tangent):
         return _single_output(jvp(f, (x,), (tangent,))[1])
 
-    for _ in range(in_aval.ndim):
+    for _ in range(aval.ndim):
         column = vmap(column, 0)
-    basis = np.eye(in_aval.size, dtype=in_aval.dtype).reshape(in_aval.shape * 2)
+    basis = np.eye(aval.size, dtype=aval.dtype).reshape(aval.shape * 2)
     jac = column(basis)  # input axes first, then output axes
-    n_in = in_aval.ndim
-    n_out = get_aval(jac).ndim - n_in
-    perm = tuple(range(n_in, n_in + n_out)) + tuple(range(n_in))
+    n_in, n_out = aval.ndim, get_aval(jac).ndim - aval.ndim
+    perm = (*range(n_in, n_in + n_out), *range(n_in))
     return transpose(jac, perm) if perm else jac
 
 

@@ -81,8 +81,7 @@ np.set_printoptions(precision=6, suppress=True)
 RULE_KINDS = ("impl", "jvp", "vmap")
 """The kinds of rules a primitive can carry; later parts add more."""
 
-PRIMITIVES: dict[str, Primitive] = {}
-"""Every primitive ever created, by name."""
+PRIMITIVES: dict[str, Primitive] = {}  # every primitive ever created, by name
 
 
 class Primitive:
@@ -94,10 +93,10 @@ class Primitive:
         self.rules: dict[str, Callable] = {}
         PRIMITIVES[name] = self
 
-    def def_rule(self, kind: str) -> Callable[[Callable], Callable]:
+    def def_rule(self, kind: str) -> Callable:
         """Decorator: register a function as this primitive's ``kind`` rule."""
 
-        def register(rule: Callable) -> Callable:
+        def register(rule):
             self.rules[kind] = rule
             return rule
 
@@ -147,12 +146,10 @@ broadcast_p = Primitive("broadcast")
 
 # %% tags=["export"]
 def add(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """Elementwise ``x + y``."""
     return _bind_binary(add_p, x, y)
 
 
 def mul(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """Elementwise ``x * y``."""
     return _bind_binary(mul_p, x, y)
 
 
@@ -167,19 +164,16 @@ def less(x: ArrayLike, y: ArrayLike) -> ArrayLike:
 
 
 def neg(x: ArrayLike) -> ArrayLike:
-    """Elementwise ``-x``."""
     _check_kind("neg", x, "iuf", "a numeric (not boolean)")
     return bind(neg_p, x)
 
 
 def sin(x: ArrayLike) -> ArrayLike:
-    """Elementwise sine."""
     _check_kind("sin", x, "f", "a float")
     return bind(sin_p, x)
 
 
 def cos(x: ArrayLike) -> ArrayLike:
-    """Elementwise cosine."""
     _check_kind("cos", x, "f", "a float")
     return bind(cos_p, x)
 
@@ -187,12 +181,9 @@ def cos(x: ArrayLike) -> ArrayLike:
 def reduce_sum(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:
     """Sum over ``axis`` (an int, a sequence of ints, or None for all axes)."""
     ndim = get_aval(x).ndim
-    axes = (
-        tuple(range(ndim))
-        if axis is None
-        else _normalize_axes("reduce_sum", axis, ndim)
-    )
-    return bind(reduce_sum_p, x, axes=axes)
+    if axis is None:
+        axis = tuple(range(ndim))
+    return bind(reduce_sum_p, x, axes=_normalize_axes("reduce_sum", axis, ndim))
 
 
 def transpose(x: ArrayLike, perm: Sequence[int]) -> ArrayLike:
@@ -328,6 +319,21 @@ def _bind_binary(prim: Primitive, x: ArrayLike, y: ArrayLike) -> ArrayLike:
     return bind(prim, x, y)
 
 
+# %% [markdown]
+# `_scalar_like(name, c, other)` makes the number `c` an array of `other`'s dtype
+# and, with a `broadcast`, of its shape. Two checks guard this: the number must
+# keep its value in that dtype (no `2.5` into an integer array), and the two
+# operands must then have the same shape and dtype. Both work on *abstract values*, the next topic: they need
+# only shapes and dtypes, so they work the same whether `x` is a concrete array or
+# a placeholder that some transformation is pushing through the function.
+
+
+# %% tags=["export", "hide-input"]
+# @title A Python number as an array; checks: it must fit, operands must match
+def _is_python_scalar(x: Any) -> bool:
+    return type(x) in (bool, int, float)
+
+
 def _scalar_like(name: str, c: bool | int | float, other: ArrayLike) -> ArrayLike:
     """Turn the Python number ``c`` into an array shaped like ``other``."""
     aval = get_aval(other)
@@ -336,20 +342,6 @@ def _scalar_like(name: str, c: bool | int | float, other: ArrayLike) -> ArrayLik
     if aval.ndim == 0:
         return const
     return broadcast(const, aval.shape, tuple(range(aval.ndim)))
-
-
-# %% [markdown]
-# Two checks guard this: the number must keep its value in the other operand's
-# dtype (no `2.5` into an integer array), and the two operands must then have the
-# same shape and dtype. Both work on *abstract values*, the next topic: they need
-# only shapes and dtypes, so they work the same whether `x` is a concrete array or
-# a placeholder that some transformation is pushing through the function.
-
-
-# %% tags=["export", "hide-input"]
-# @title Checks: a Python number must fit the array's dtype; operands must match
-def _is_python_scalar(x: Any) -> bool:
-    return type(x) in (bool, int, float)
 
 
 def _check_scalar_fits(name: str, c: bool | int | float, dtype: np.dtype) -> None:
@@ -406,14 +398,6 @@ class ShapedArray:
     def ndim(self) -> int:
         return len(self.shape)
 
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
-
-    def str_short(self) -> str:
-        """Compact form such as ``float64[3,4]``."""
-        return f"{self.dtype.name}[{','.join(str(d) for d in self.shape)}]"
-
     def __eq__(self, other: object) -> bool:
         return type(other) is ShapedArray and (self.shape, self.dtype) == (
             other.shape,
@@ -422,9 +406,6 @@ class ShapedArray:
 
     def __hash__(self) -> int:
         return hash((self.shape, self.dtype))
-
-    def __repr__(self) -> str:
-        return f"ShapedArray(shape={self.shape}, dtype={self.dtype.name})"
 
 
 # %% [markdown]
@@ -444,8 +425,31 @@ def get_aval(x: Any) -> ShapedArray:
     return ShapedArray(x.shape, x.dtype)
 
 
+# %% [markdown]
+# An aval also knows its `size` and prints itself in two forms, a full one and
+# the compact `float64[3,4]` of error messages (`str_short`); that code, and
+# `as_array`, are in the folded cell.
+
+
 # %% tags=["export", "hide-input"]
-# @title Checks: what counts as an array
+# @title Printing avals; checks: what counts as an array
+def _aval_size(self: ShapedArray) -> int:
+    return int(np.prod(self.shape, dtype=np.int64))
+
+
+def _aval_str_short(self: ShapedArray) -> str:
+    """Compact form such as ``float64[3,4]``."""
+    return f"{self.dtype.name}[{','.join(str(d) for d in self.shape)}]"
+
+
+def _aval_repr(self: ShapedArray) -> str:
+    return f"ShapedArray(shape={self.shape}, dtype={self.dtype.name})"
+
+
+ShapedArray.size = property(_aval_size)
+ShapedArray.str_short = _aval_str_short
+ShapedArray.__repr__ = _aval_repr
+
 _ARRAY_KINDS = "biuf"  # bool, signed int, unsigned int, float
 
 DEVICE_ARRAY_TYPES: tuple[type, ...] = ()
@@ -506,14 +510,13 @@ def raise_to_shaped(aval: ShapedArray) -> ShapedArray:
 
 # %% tags=["export"]
 class Level:
-    """One entry on the interpreter stack."""
+    """One entry on the interpreter stack; ``payload`` is the transformation's
+    own data, such as a batch size."""
 
     __slots__ = ("number", "trace_type", "payload")
 
     def __init__(self, number: int, trace_type: type[Trace], payload: Any) -> None:
-        self.number = number  # 0 at the bottom, one more for each level above
-        self.trace_type = trace_type
-        self.payload = payload  # transformation-specific data, e.g. a batch size
+        self.number, self.trace_type, self.payload = number, trace_type, payload
 
     def __repr__(self) -> str:
         return f"Level({self.number}, {self.trace_type.__name__})"
@@ -543,13 +546,13 @@ class Trace:
     def __init__(self, level: Level) -> None:
         self.level = level
 
-    def pure(self, val: Any) -> Tracer:
+    def pure(self, val):
         raise NotImplementedError
 
-    def lift(self, tracer: Tracer) -> Tracer:
+    def lift(self, tracer):
         raise NotImplementedError
 
-    def process_primitive(self, prim: Primitive, tracers: list, params: dict) -> list:
+    def process_primitive(self, prim, tracers, params):
         raise NotImplementedError
 
     def full_raise(self, val: Any) -> Any:
@@ -621,7 +624,6 @@ class Tracer(ArrayOperators):
     """A stand-in for an array while a transformation runs a function."""
 
     _trace: Trace
-    __array_ufunc__ = None  # NumPy defers to our operators: np.ones(3) * tracer
 
     @property
     def aval(self) -> ShapedArray:
@@ -634,15 +636,6 @@ class Tracer(ArrayOperators):
     def full_lower(self) -> Any:
         return self
 
-    def __bool__(self) -> bool:
-        raise _concretization_error(self)
-
-    def __array__(self, dtype=None, copy=None):
-        raise _numpy_conversion_error(self)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}<{self.aval.str_short()}>"
-
 
 def full_lower(x: Any) -> Any:
     return x.full_lower() if isinstance(x, Tracer) else x
@@ -651,12 +644,32 @@ def full_lower(x: Any) -> Any:
 # %% [markdown]
 # A tracer refuses to become a Python boolean (`if x > 0:` needs a value it does
 # not have) or a NumPy array, with an error that says why, instead of producing
-# something silently wrong. `check_live` refuses a tracer whose transformation has
-# already finished; the next section explains how it knows.
+# something silently wrong; NumPy is told (`__array_ufunc__ = None`) to leave
+# `np.ones(3) * tracer` to our operators. `check_live` refuses a tracer whose
+# transformation has already finished; the next section explains how it knows.
+# The folded cell holds these methods and how a tracer prints.
 
 
 # %% tags=["export", "hide-input"]
 # @title Checks: tracers that Python or NumPy cannot use, and leaked tracers
+def _tracer_bool(self: Tracer) -> bool:
+    raise _concretization_error(self)
+
+
+def _tracer_array(self: Tracer, dtype=None, copy=None):
+    raise _numpy_conversion_error(self)
+
+
+def _tracer_repr(self: Tracer) -> str:
+    return f"{type(self).__name__}<{self.aval.str_short()}>"
+
+
+Tracer.__array_ufunc__ = None  # let our reflected operators win over NumPy's
+Tracer.__bool__ = _tracer_bool
+Tracer.__array__ = _tracer_array
+Tracer.__repr__ = _tracer_repr
+
+
 class ConcretizationError(TypeError):
     """Python needed an actual value (e.g. for ``if``) from an abstract tracer."""
 
@@ -727,26 +740,20 @@ class EvalTrace(Trace):
 
 
 # %% tags=["export"]
-def _impl_from_numpy(prim: Primitive, np_fn: Callable) -> None:
+def _impl_from_numpy(prim, np_fn):
     prim.def_rule("impl")(lambda *args: [np_fn(*args)])
 
 
-for _prim, _np_fn in [
-    (add_p, np.add),
-    (mul_p, np.multiply),
-    (neg_p, np.negative),
-    (sin_p, np.sin),
-    (cos_p, np.cos),
-    (greater_p, np.greater),
-    (less_p, np.less),
-]:
+for _prim, _np_fn in [(add_p, np.add), (mul_p, np.multiply), (neg_p, np.negative)]:
     _impl_from_numpy(_prim, _np_fn)
+for _prim, _np_fn in [(sin_p, np.sin), (cos_p, np.cos), (greater_p, np.greater)]:
+    _impl_from_numpy(_prim, _np_fn)
+_impl_from_numpy(less_p, np.less)
 
 
 @reduce_sum_p.def_rule("impl")
 def _reduce_sum_impl(x, *, axes):
-    # Keep the dtype: NumPy would sum booleans into integers.
-    return [np.sum(x, axis=axes, dtype=x.dtype)]
+    return [np.sum(x, axis=axes, dtype=x.dtype)]  # booleans stay booleans
 
 
 @transpose_p.def_rule("impl")
@@ -782,9 +789,7 @@ def _broadcast_impl(x, *, shape, axes):
 
 
 # %% tags=["export"]
-class _InterpreterState(threading.local):
-    """The interpreter stack (each thread has its own)."""
-
+class _InterpreterState(threading.local):  # each thread has its own stack
     def __init__(self) -> None:
         self.stack: list[Level] = [Level(0, EvalTrace, None)]
 
@@ -804,8 +809,7 @@ def new_level(trace_type: type[Trace], payload: Any = None) -> Iterator[Level]:
         stack.pop()
 
 
-def _bottom_level() -> Level:
-    """Where the search for the top trace starts: the evaluation level."""
+def _bottom_level() -> Level:  # where the search for the top trace starts
     return _state.stack[0]
 
 
@@ -897,9 +901,7 @@ class JVPTracer(Tracer):
     """A value being differentiated: its primal and its tangent."""
 
     def __init__(self, trace: JVPTrace, primal: Any, tangent: Any) -> None:
-        self._trace = trace
-        self.primal = primal
-        self.tangent = tangent
+        self._trace, self.primal, self.tangent = trace, primal, tangent
 
     @property
     def aval(self) -> ShapedArray:
@@ -908,9 +910,6 @@ class JVPTracer(Tracer):
     def __bool__(self) -> bool:
         self.check_live()
         return bool(self.primal)  # a branch needs only the primal, which we have
-
-    def __repr__(self) -> str:
-        return f"JVPTracer(primal={self.primal!r}, tangent={self.tangent!r})"
 
 
 class JVPTrace(Trace):
@@ -985,19 +984,17 @@ for _prim in [greater_p, less_p]:
 # tracers of that level, call the function, and unpack what comes out. Outputs go
 # through `full_raise` first, because a function may return something that never
 # touched its inputs (a constant, or an input returned unchanged from an outer
-# transformation); such an output simply has a zero tangent. `_as_input` checks
-# that each output is an array or a live tracer (not, say, a string).
+# transformation); such an output simply has a zero tangent. `_check_outputs`
+# checks that each output is an array or a live tracer (not, say, a string).
 
 
 # %% tags=["export"]
-def jvp_flat(
-    f: Callable, primals: Sequence[Any], tangents: Sequence[Any]
-) -> tuple[list[Any], list[Any]]:
+def jvp_flat(f, primals, tangents):
     """JVP of ``f``, a function from a list of arrays to a list of arrays."""
     with new_level(JVPTrace) as level:
         trace = JVPTrace(level)
         tracers_in = [JVPTracer(trace, p, t) for p, t in zip(primals, tangents)]
-        outs = [_as_input(out, "jvp: output of the function") for out in f(*tracers_in)]
+        outs = _check_outputs("jvp", f(*tracers_in))
         tracers_out = [trace.full_raise(out) for out in outs]
         primals_out = [full_lower(t.primal) for t in tracers_out]
         tangents_out = [full_lower(t.tangent) for t in tracers_out]
@@ -1005,13 +1002,25 @@ def jvp_flat(
 
 
 # %% tags=["export", "hide-input"]
-# @title Checks: values entering or leaving a transformation
+# @title Checks: values entering or leaving a transformation; JVPTracer's repr
+def _jvp_tracer_repr(self: JVPTracer) -> str:
+    return f"JVPTracer(primal={self.primal!r}, tangent={self.tangent!r})"
+
+
+JVPTracer.__repr__ = _jvp_tracer_repr
+
+
 def _as_input(x: Any, context: str) -> Any:
     """A live tracer, or ``x`` as a NumPy array; anything else is an error."""
     if isinstance(x, Tracer):
         x.check_live()
         return x
     return as_array(x, context)
+
+
+def _check_outputs(name: str, outs: list) -> list:
+    """Each output of a transformed function must be an array or a live tracer."""
+    return [_as_input(out, f"{name}: output of the function") for out in outs]
 
 
 # %% [markdown]
@@ -1075,7 +1084,6 @@ print(d4(3.0), np.sin(3.0))
 
 # %%
 def soft_abs(x):
-    # -x for negative inputs, x * x / 2 + 1/2 for x in [0, 1), x beyond that
     if x < 0.0:
         return neg(x)
     if x < 1.0:
@@ -1089,7 +1097,8 @@ for x0 in [-2.0, 0.5, 3.0]:
 
 
 # %% [markdown]
-# The derivative is that of the branch taken: $-1$, $x$ and $1$. Loops are no
+# `soft_abs` is $-x$ below 0, $(x^2 + 1)/2$ on $[0, 1)$ and $x$ from 1 on, and
+# the derivative is that of the branch taken: $-1$, $x$ and $1$. Loops are no
 # different. This function sums the Taylor series of $e^x$ until the terms become
 # negligible, so how many terms it adds depends on `x`. The JVP interpreter
 # differentiates whatever was added, and since the derivative of $e^x$ is $e^x$,
@@ -1131,8 +1140,8 @@ print(value, slope, np.exp(1.5))
 class NodeHandler(NamedTuple):
     """How to take a container apart and put it back together."""
 
-    to_children: Callable[[Any], tuple[Sequence[Any], Hashable]]
-    from_children: Callable[[Hashable, list[Any]], Any]
+    to_children: Callable  # container -> (children, aux), aux hashable
+    from_children: Callable  # (aux, children) -> container
 
 
 PYTREE_NODES: dict[type, NodeHandler] = {}
@@ -1141,22 +1150,11 @@ PYTREE_NODES: dict[type, NodeHandler] = {}
 def register_pytree_node(
     node_type: type, to_children: Callable, from_children: Callable
 ) -> None:
-    """Teach the pytree functions a new container type.
-
-    ``to_children(x)`` returns ``(children, aux)`` with ``aux`` hashable;
-    ``from_children(aux, children)`` rebuilds the container.
-    """
+    """Teach the pytree functions a new container type."""
     PYTREE_NODES[node_type] = NodeHandler(to_children, from_children)
 
 
 register_pytree_node(tuple, lambda t: (t, None), lambda _, kids: tuple(kids))
-register_pytree_node(list, lambda xs: (xs, None), lambda _, kids: list(kids))
-register_pytree_node(
-    dict,
-    lambda d: ([d[k] for k in sorted(d)], tuple(sorted(d))),
-    lambda keys, kids: dict(zip(keys, kids)),
-)
-register_pytree_node(type(None), lambda _: ((), None), lambda _, kids: None)
 
 
 @dataclass(frozen=True)
@@ -1166,12 +1164,6 @@ class PyTreeDef:
     node_type: type | None  # None marks a leaf
     aux: Hashable = None
     children: tuple[PyTreeDef, ...] = ()
-
-    @property
-    def num_leaves(self) -> int:
-        if self.node_type is None:
-            return 1
-        return sum(child.num_leaves for child in self.children)
 
 
 LEAF = PyTreeDef(None)
@@ -1207,13 +1199,31 @@ def tree_unflatten(treedef: PyTreeDef, leaves: Sequence[Any]) -> Any:
 
 
 # %% [markdown]
-# A structure prints in Python's own notation, with `*` for each leaf; the
-# printing code, and the check that `tree_unflatten` gets as many leaves as the
-# structure has, are in the folded cell.
+# Lists, dicts and `None` are registered like tuples in the folded cell below: a
+# dict's children are its values in sorted key order, and its keys are the
+# auxiliary data. A structure prints in Python's own notation, with `*` for each
+# leaf; the printing code, and the check that `tree_unflatten` gets as many leaves
+# as the structure has (`num_leaves`), are in the same cell.
 
 
 # %% tags=["export", "hide-input"]
-# @title Printing a PyTreeDef; checking the number of leaves
+# @title Lists, dicts and None as pytrees; printing a PyTreeDef; checks
+def _num_leaves(self: PyTreeDef) -> int:
+    if self.node_type is None:
+        return 1
+    return sum(child.num_leaves for child in self.children)
+
+
+PyTreeDef.num_leaves = property(_num_leaves)
+register_pytree_node(list, lambda xs: (xs, None), lambda _, kids: list(kids))
+register_pytree_node(
+    dict,
+    lambda d: ([d[k] for k in sorted(d)], tuple(sorted(d))),
+    lambda keys, kids: dict(zip(keys, kids)),
+)
+register_pytree_node(type(None), lambda _: ((), None), lambda _, kids: None)
+
+
 def _treedef_str(self: PyTreeDef) -> str:
     if self.node_type is None:
         return "*"
@@ -1264,14 +1274,10 @@ print(tree_unflatten(treedef, [10.0, 20.0, 30.0, 40.0]))
 
 # %% tags=["export"]
 class flatten_fun:
-    """``f(*args)`` as a function of the flat list of leaves of ``args``.
-
-    After a call, ``out_tree`` holds the structure of what ``f`` returned.
-    """
+    """``f(*args)`` as a function of the leaves of ``args``; sets ``out_tree``."""
 
     def __init__(self, f: Callable, in_tree: PyTreeDef) -> None:
-        self.f = f
-        self.in_tree = in_tree
+        self.f, self.in_tree = f, in_tree
         self.out_tree: PyTreeDef | None = None
 
     def __call__(self, *leaves: Any) -> list[Any]:
@@ -1289,11 +1295,7 @@ class flatten_fun:
 
 # %% tags=["export"]
 def jvp(f: Callable, primals: tuple, tangents: tuple) -> tuple[Any, Any]:
-    """Evaluate ``f(*primals)`` and its derivative in the direction ``tangents``.
-
-    ``primals`` and ``tangents`` are tuples of pytrees with the same structure;
-    the results have the structure of ``f``'s output.
-    """
+    """Evaluate ``f(*primals)`` and its derivative in the direction ``tangents``."""
     primals_flat, tangents_flat, in_tree = _flatten_jvp_args(primals, tangents)
     flat_f = flatten_fun(f, in_tree)
     primals_out, tangents_out = jvp_flat(flat_f, primals_flat, tangents_flat)
@@ -1354,34 +1356,21 @@ class Line:
     offset: Any
 
 
-register_pytree_node(
-    Line,
-    lambda line: ((line.slope, line.offset), None),
-    lambda _, kids: Line(*kids),
-)
-
-xs = np.array([0.0, 1.0, 2.0])
-ys = np.array([1.0, 3.0, 5.0])
+register_pytree_node(Line, lambda l: ((l.slope, l.offset), None), lambda _, k: Line(*k))
+xs, ys = np.array([0.0, 1.0, 2.0]), np.array([1.0, 3.0, 5.0])
 
 
 def squared_error(line, xs, ys):
-    # Our primitives only broadcast Python numbers, so spread the scalar
-    # parameters over the data explicitly.
-    slope = broadcast(line.slope, xs.shape, (0,))
-    offset = broadcast(line.offset, xs.shape, (0,))
+    # only Python numbers broadcast by themselves: spread the scalars explicitly
+    slope, offset = (broadcast(p, xs.shape, (0,)) for p in (line.slope, line.offset))
     residual = slope * xs + offset - ys
     return {"loss": reduce_sum(residual * residual), "first": residual}
 
 
-params = Line(1.5, 0.5)
-out, out_dot = jvp(
-    squared_error,
-    (params, xs, ys),
-    (Line(1.0, 0.0), np.zeros(3), np.zeros(3)),
-)
+tangents = (Line(1.0, 0.0), np.zeros(3), np.zeros(3))
+out, out_dot = jvp(squared_error, (Line(1.5, 0.5), xs, ys), tangents)
 print("loss", out["loss"], "residuals", out["first"])
-print("d loss / d slope", out_dot["loss"], "residual tangents", out_dot["first"])
-print("by hand:", np.sum(2 * out["first"] * xs))
+print("d loss / d slope", out_dot["loss"], "by hand:", np.sum(2 * out["first"] * xs))
 
 # %% [markdown]
 # The output is a dict with the same keys as the function's result. The tangent
@@ -1411,30 +1400,17 @@ class BatchTracer(Tracer):
     """A batch of values stacked along ``batch_axis`` (None: not batched)."""
 
     def __init__(self, trace: BatchTrace, val: Any, batch_axis: BatchAxis) -> None:
-        self._trace = trace
-        self.val = val
-        self.batch_axis = batch_axis
+        self._trace, self.val, self.batch_axis = trace, val, batch_axis
 
     @property
     def aval(self) -> ShapedArray:
-        aval = get_aval(self.val)
-        if self.batch_axis is None:
+        aval, ax = get_aval(self.val), self.batch_axis
+        if ax is None:
             return aval
-        shape = list(aval.shape)
-        del shape[self.batch_axis]
-        return ShapedArray(shape, aval.dtype)
+        return ShapedArray(aval.shape[:ax] + aval.shape[ax + 1 :], aval.dtype)
 
     def full_lower(self) -> Any:
         return full_lower(self.val) if self.batch_axis is None else self
-
-    def __bool__(self) -> bool:
-        self.check_live()
-        if self.batch_axis is None:
-            return bool(self.val)
-        raise _batched_bool_error()  # each example may need another branch
-
-    def __repr__(self) -> str:
-        return f"BatchTracer(val={self.val!r}, batch_axis={self.batch_axis})"
 
 
 class BatchTrace(Trace):
@@ -1456,8 +1432,29 @@ class BatchTrace(Trace):
         return [BatchTracer(self, x, d) for x, d in zip(outs, out_dims)]
 
 
+# %% [markdown]
+# An unbatched tracer can answer a Python `if` with its value. A batched one
+# cannot, since each example may need a different branch, and its `__bool__` (in
+# the folded cell) raises an error that says so.
+
+
 # %% tags=["export", "hide-input"]
-# @title Checks: Python `if` on a batched value
+# @title Checks: Python `if` on a batched value; how a BatchTracer prints
+def _batch_tracer_bool(self: BatchTracer) -> bool:
+    self.check_live()
+    if self.batch_axis is None:
+        return bool(self.val)
+    raise _batched_bool_error()
+
+
+def _batch_tracer_repr(self: BatchTracer) -> str:
+    return f"BatchTracer(val={self.val!r}, batch_axis={self.batch_axis})"
+
+
+BatchTracer.__bool__ = _batch_tracer_bool
+BatchTracer.__repr__ = _batch_tracer_repr
+
+
 def _batched_bool_error() -> ConcretizationError:
     return ConcretizationError(
         "vmap: Python `if`, `while` or bool() on a batched value: each "
@@ -1481,8 +1478,7 @@ def _batched_bool_error() -> ConcretizationError:
 def move_batch_axis(axis_size: int, src: BatchAxis, dst: int, x: Any) -> Any:
     """Put the batch axis of ``x`` at position ``dst``."""
     if src is None:
-        aval = get_aval(x)
-        shape = list(aval.shape)
+        shape = list(get_aval(x).shape)
         shape.insert(dst, axis_size)
         return broadcast(x, shape, (dst,))
     if src == dst:
@@ -1534,6 +1530,9 @@ for _prim in [add_p, mul_p, greater_p, less_p]:
 #   left by the number of summed axes before it.
 # - `transpose` keeps the batch axis in front and shifts the permutation by one.
 # - `broadcast` does the same: batch axis in front, new axes shifted by one.
+#
+# The first rule is below; the other two do what their bullets say and are in
+# the folded cell after it.
 
 
 # %% tags=["export"]
@@ -1545,6 +1544,8 @@ def _reduce_sum_vmap(axis_size, vals, dims, *, axes):
     return [bind(reduce_sum_p, x, axes=full_axes)], [out_bdim]
 
 
+# %% tags=["export", "hide-input"]
+# @title The batching rules of transpose and broadcast
 @transpose_p.def_rule("vmap")
 def _transpose_vmap(axis_size, vals, dims, *, perm):
     (x,), (bdim,) = vals, dims
@@ -1576,9 +1577,7 @@ def _broadcast_vmap(axis_size, vals, dims, *, shape, axes):
 
 
 # %% tags=["export"]
-def vmap_flat(
-    f: Callable, in_axes: Sequence[BatchAxis], args: Sequence[Any], out_axis: int = 0
-) -> list[Any]:
+def vmap_flat(f, in_axes, args, out_axis=0):
     """Batch ``f`` (flat lists in and out); ``in_axes`` are already checked."""
     sizes = {get_aval(x).shape[ax] for x, ax in zip(args, in_axes) if ax is not None}
     (axis_size,) = sizes
@@ -1588,9 +1587,7 @@ def vmap_flat(
             x if ax is None else BatchTracer(trace, x, ax)
             for x, ax in zip(args, in_axes)
         ]
-        outs = [
-            _as_input(out, "vmap: output of the function") for out in f(*tracers_in)
-        ]
+        outs = _check_outputs("vmap", f(*tracers_in))
         tracers_out = [trace.full_raise(out) for out in outs]
     return [
         move_batch_axis(axis_size, t.batch_axis, _out_axis(out_axis, t), t.val)
@@ -1760,18 +1757,17 @@ print(out.shape, np.array_equal(out, np.transpose(mats, (2, 0, 1))))
 def jacfwd(f: Callable, x: Any) -> Any:
     """The Jacobian of ``f`` at ``x``, of shape ``f(x).shape + x.shape``."""
     x = _check_jacfwd_input(x)
-    in_aval = get_aval(x)
+    aval = get_aval(x)
 
     def column(tangent):
         return _single_output(jvp(f, (x,), (tangent,))[1])
 
-    for _ in range(in_aval.ndim):
+    for _ in range(aval.ndim):
         column = vmap(column, 0)
-    basis = np.eye(in_aval.size, dtype=in_aval.dtype).reshape(in_aval.shape * 2)
+    basis = np.eye(aval.size, dtype=aval.dtype).reshape(aval.shape * 2)
     jac = column(basis)  # input axes first, then output axes
-    n_in = in_aval.ndim
-    n_out = get_aval(jac).ndim - n_in
-    perm = tuple(range(n_in, n_in + n_out)) + tuple(range(n_in))
+    n_in, n_out = aval.ndim, get_aval(jac).ndim - aval.ndim
+    perm = (*range(n_in, n_in + n_out), *range(n_in))
     return transpose(jac, perm) if perm else jac
 
 
@@ -1875,9 +1871,12 @@ print(np.array_equal(vmap(scale, (1,))(batch.T), batch * 2.0 + 1.0))
 # ## When things go wrong
 #
 # A learner will hand these functions all sorts of things. Each mistake should
-# produce an error that says what was wrong in the user's terms. A few examples:
+# produce an error that says what was wrong in the user's terms. A few examples,
+# each printed by `show_error`, which calls a function and prints the error it
+# raises:
 
-# %%
+# %% tags=["hide-input"]
+# @title show_error(thunk): call thunk() and print the error it raises
 import textwrap
 
 
@@ -1888,12 +1887,13 @@ def show_error(thunk):
         print(textwrap.fill(f"{type(e).__name__}: {e}", 80, subsequent_indent="  "))
 
 
+# %%
 show_error(lambda: sin("three"))
 show_error(lambda: add(np.ones(3), np.ones(4)))
 show_error(lambda: jvp(sin, (1.0,), (np.ones(2),)))
 show_error(lambda: vmap(add, (0, 0))(np.ones(3), np.ones(4)))
 show_error(lambda: vmap(lambda x: x if x > 0 else -x, (0,))(np.ones(3)))
-show_error(lambda: reduce_sum(np.ones((2, 3)), axis=2))
+show_error(lambda: transpose(np.ones((2, 3)), (0, 0)))
 
 # %% [markdown]
 # And a tracer that escapes its transformation is caught when it is used again,
