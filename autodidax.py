@@ -281,10 +281,8 @@ class ShapedArray:
         return len(self.shape)
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is ShapedArray and (self.shape, self.dtype) == (
-            other.shape,
-            other.dtype,
-        )
+        same_type = type(other) is ShapedArray
+        return same_type and self.shape == other.shape and self.dtype == other.dtype
 
     def __hash__(self) -> int:
         return hash((self.shape, self.dtype))

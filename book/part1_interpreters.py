@@ -323,9 +323,10 @@ def _bind_binary(prim: Primitive, x: ArrayLike, y: ArrayLike) -> ArrayLike:
 # `_scalar_like(name, c, other)` makes the number `c` an array of `other`'s dtype
 # and, with a `broadcast`, of its shape. Two checks guard this: the number must
 # keep its value in that dtype (no `2.5` into an integer array), and the two
-# operands must then have the same shape and dtype. Both work on *abstract values*, the next topic: they need
-# only shapes and dtypes, so they work the same whether `x` is a concrete array or
-# a placeholder that some transformation is pushing through the function.
+# operands must then have the same shape and dtype. Both work on *abstract
+# values*, the next topic: they need only shapes and dtypes, so they work the same
+# whether `x` is a concrete array or a placeholder that some transformation is
+# pushing through the function.
 
 
 # %% tags=["export", "hide-input"]
@@ -399,10 +400,8 @@ class ShapedArray:
         return len(self.shape)
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is ShapedArray and (self.shape, self.dtype) == (
-            other.shape,
-            other.dtype,
-        )
+        same_type = type(other) is ShapedArray
+        return same_type and self.shape == other.shape and self.dtype == other.dtype
 
     def __hash__(self) -> int:
         return hash((self.shape, self.dtype))
@@ -1068,10 +1067,11 @@ print(d4(3.0), np.sin(3.0))
 # %% [markdown]
 # How does this work when we differentiate `derivative(sin)`? The outer `jvp`
 # pushes level 1 and calls the inner function with a level-1 tracer `x`. The inner
-# `jvp` pushes level 2 and wraps `x` as the primal of a level-2 tracer. When `sin`
-# is applied to that tracer, `bind` picks level 2, whose rule calls `sin` and `cos`
-# on the primal `x` — a level-1 tracer — so level 1 differentiates those in turn,
-# and its rule finally calls `sin` and `cos` on plain numbers at level 0.
+# `jvp` pushes level 2 on top and wraps `x` as the primal of a level-2 tracer.
+# When `sin` is applied to that tracer, `bind` picks level 2, the highest, whose
+# rule calls `sin` and `cos` on the primal `x` — a level-1 tracer — so level 1
+# differentiates those in turn, and its rule finally calls `sin` and `cos` on
+# plain numbers at level 0, the bottom.
 #
 # ### Python control flow is free
 #
