@@ -436,10 +436,6 @@ class Tracer(ArrayOperators):
     def aval(self) -> ShapedArray:
         raise NotImplementedError
 
-    shape = property(lambda self: self.aval.shape)
-    dtype = property(lambda self: self.aval.dtype)
-    ndim = property(lambda self: self.aval.ndim)
-
     def full_lower(self) -> Any:
         return self
 
@@ -448,7 +444,7 @@ def full_lower(x: Any) -> Any:
     return x.full_lower() if isinstance(x, Tracer) else x
 
 
-# @title Checks: tracers that Python or NumPy cannot use, and leaked tracers
+# @title A tracer's shape and printing; checks: Python, NumPy and leaked tracers
 def _tracer_bool(self: Tracer) -> bool:
     raise _concretization_error(self)
 
@@ -461,6 +457,9 @@ def _tracer_repr(self: Tracer) -> str:
     return f"{type(self).__name__}<{self.aval.str_short()}>"
 
 
+Tracer.shape = property(lambda self: self.aval.shape)
+Tracer.dtype = property(lambda self: self.aval.dtype)
+Tracer.ndim = property(lambda self: self.aval.ndim)
 Tracer.__array_ufunc__ = None  # let our reflected operators win over NumPy's
 Tracer.__bool__ = _tracer_bool
 Tracer.__array__ = _tracer_array
@@ -603,7 +602,6 @@ def _leaked_tracer_error(tracer: Tracer) -> UnexpectedTracerError:
 
 
 def zeros_like(x: Any) -> np.ndarray:
-    """A zero array with the shape and dtype of ``x`` (array or tracer)."""
     aval = get_aval(x)
     return np.zeros(aval.shape, aval.dtype)
 

@@ -628,10 +628,6 @@ class Tracer(ArrayOperators):
     def aval(self) -> ShapedArray:
         raise NotImplementedError
 
-    shape = property(lambda self: self.aval.shape)
-    dtype = property(lambda self: self.aval.dtype)
-    ndim = property(lambda self: self.aval.ndim)
-
     def full_lower(self) -> Any:
         return self
 
@@ -646,11 +642,12 @@ def full_lower(x: Any) -> Any:
 # something silently wrong; NumPy is told (`__array_ufunc__ = None`) to leave
 # `np.ones(3) * tracer` to our operators. `check_live` refuses a tracer whose
 # transformation has already finished; the next section explains how it knows.
-# The folded cell holds these methods and how a tracer prints.
+# The folded cell holds these methods, how a tracer prints, and the `shape`,
+# `dtype` and `ndim` it reports, which are those of its aval.
 
 
 # %% tags=["export", "hide-input"]
-# @title Checks: tracers that Python or NumPy cannot use, and leaked tracers
+# @title A tracer's shape and printing; checks: Python, NumPy and leaked tracers
 def _tracer_bool(self: Tracer) -> bool:
     raise _concretization_error(self)
 
@@ -663,6 +660,9 @@ def _tracer_repr(self: Tracer) -> str:
     return f"{type(self).__name__}<{self.aval.str_short()}>"
 
 
+Tracer.shape = property(lambda self: self.aval.shape)
+Tracer.dtype = property(lambda self: self.aval.dtype)
+Tracer.ndim = property(lambda self: self.aval.ndim)
 Tracer.__array_ufunc__ = None  # let our reflected operators win over NumPy's
 Tracer.__bool__ = _tracer_bool
 Tracer.__array__ = _tracer_array
@@ -891,7 +891,6 @@ print(f(np.array([0.0, 1.0, 2.0])))
 
 # %% tags=["export"]
 def zeros_like(x: Any) -> np.ndarray:
-    """A zero array with the shape and dtype of ``x`` (array or tracer)."""
     aval = get_aval(x)
     return np.zeros(aval.shape, aval.dtype)
 
