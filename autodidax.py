@@ -26,40 +26,31 @@ import numpy as np
 RULE_KINDS = ("impl", "jvp", "vmap")
 """The kinds of rules a primitive can carry; later parts add more."""
 
-PRIMITIVES: dict[str, Primitive] = {}
-"""Every primitive ever created, by name."""
+PRIMITIVES: dict[str, Primitive] = {}  # every primitive ever created, by name
 
 
 class Primitive:
-    """A named operation with one rule per interpreter.
-
-    Rules take lists and return lists, so a primitive may have several outputs
-    (set ``multiple_results``); most have exactly one.
-    """
+    """A named operation with one rule per interpreter."""
 
     def __init__(self, name: str, multiple_results: bool = False) -> None:
         self.name = name
-        self.multiple_results = multiple_results
-        self.rules: dict[str, Callable[..., Any]] = {}
+        self.multiple_results = multiple_results  # do rules return several outputs?
+        self.rules: dict[str, Callable] = {}
         PRIMITIVES[name] = self
 
-    def def_rule(self, kind: str) -> Callable[[Callable], Callable]:
-        """Decorator: register ``rule`` as this primitive's ``kind`` rule."""
+    def def_rule(self, kind: str) -> Callable:
+        """Decorator: register a function as this primitive's ``kind`` rule."""
 
-        def register(rule: Callable) -> Callable:
+        def register(rule):
             self.rules[kind] = rule
             return rule
 
         return register
 
-    def rule(self, kind: str) -> Callable[..., Any]:
-        """Look up a rule, with a readable error when it is missing."""
-        try:
-            return self.rules[kind]
-        except KeyError:
-            raise NotImplementedError(
-                f"primitive '{self.name}' has no {kind} rule"
-            ) from None
+    def rule(self, kind: str) -> Callable:
+        if kind not in self.rules:
+            raise NotImplementedError(f"primitive '{self.name}' has no {kind} rule")
+        return self.rules[kind]
 
     def bind(self, *args: Any, **params: Any) -> Any:
         return bind(self, *args, **params)
@@ -81,12 +72,10 @@ broadcast_p = Primitive("broadcast")
 
 
 def add(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """Elementwise ``x + y``."""
     return _bind_binary(add_p, x, y)
 
 
 def mul(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """Elementwise ``x * y``."""
     return _bind_binary(mul_p, x, y)
 
 
@@ -101,19 +90,16 @@ def less(x: ArrayLike, y: ArrayLike) -> ArrayLike:
 
 
 def neg(x: ArrayLike) -> ArrayLike:
-    """Elementwise ``-x`` of a numeric (not boolean) array."""
     _check_kind("neg", x, "iuf", "a numeric (not boolean)")
     return bind(neg_p, x)
 
 
 def sin(x: ArrayLike) -> ArrayLike:
-    """Elementwise sine of a float array."""
     _check_kind("sin", x, "f", "a float")
     return bind(sin_p, x)
 
 
 def cos(x: ArrayLike) -> ArrayLike:
-    """Elementwise cosine of a float array."""
     _check_kind("cos", x, "f", "a float")
     return bind(cos_p, x)
 
@@ -122,43 +108,22 @@ def reduce_sum(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLi
     """Sum over ``axis`` (an int, a sequence of ints, or None for all axes)."""
     ndim = get_aval(x).ndim
     if axis is None:
-        axes = tuple(range(ndim))
-    else:
-        axes = _normalize_axes("reduce_sum", axis, ndim)
-    return bind(reduce_sum_p, x, axes=axes)
+        axis = tuple(range(ndim))
+    return bind(reduce_sum_p, x, axes=_normalize_axes("reduce_sum", axis, ndim))
 
 
 def transpose(x: ArrayLike, perm: Sequence[int]) -> ArrayLike:
     """Permute the axes of ``x``: output axis ``i`` is input axis ``perm[i]``."""
-    ndim = get_aval(x).ndim
-    perm = _normalize_axes("transpose", perm, ndim)
-    if sorted(perm) != list(range(ndim)):
-        raise ValueError(
-            f"transpose: perm must be a permutation of the {ndim} axes "
-            f"0..{ndim - 1} of the input, got {perm}"
-        )
-    return bind(transpose_p, x, perm=perm)
+    return bind(transpose_p, x, perm=_check_perm(x, perm))
 
 
 def broadcast(x: ArrayLike, shape: Sequence[int], axes: Sequence[int]) -> ArrayLike:
-    """Broadcast ``x`` to ``shape`` by inserting new axes at positions ``axes``.
-
-    The axes of the result that are not in ``axes`` are the axes of ``x``, in
-    order, and must have the same sizes as in ``x``.
-    """
-    in_shape = get_aval(x).shape
-    shape = _check_shape("broadcast", shape)
-    axes = _normalize_axes("broadcast", axes, len(shape))
-    kept = [size for i, size in enumerate(shape) if i not in axes]
-    if tuple(kept) != in_shape:
-        raise ValueError(
-            f"broadcast: cannot broadcast an array of shape {in_shape} to shape "
-            f"{shape} by inserting axes {axes}: the remaining axes have sizes "
-            f"{tuple(kept)}, which must equal the input shape"
-        )
-    return bind(broadcast_p, x, shape=shape, axes=tuple(sorted(axes)))
+    """Broadcast ``x`` to ``shape`` by inserting new axes at positions ``axes``."""
+    shape, axes = _check_broadcast(x, shape, axes)
+    return bind(broadcast_p, x, shape=shape, axes=axes)
 
 
+# @title Checks: axes, dtypes, shapes and permutations given to the wrappers
 ArrayLike = Any
 """Anything that can stand for an array: NumPy arrays and scalars, Python
 numbers, and tracers."""
@@ -196,6 +161,24 @@ def _check_kind(name: str, x: ArrayLike, kinds: str, expected: str) -> None:
         raise TypeError(f"{name}: expected {expected} array, got dtype {dtype.name}")
 
 
+def _check_perm(x: ArrayLike, perm: Sequence[int]) -> tuple:
+    """``perm`` as a tuple of non-negative axes, if it permutes the axes of ``x``."""
+    aval = get_aval(x)
+    try:
+        axes = _normalize_axes("transpose", perm, aval.ndim)
+    except ValueError as e:
+        if "repeated" not in str(e):
+            raise
+        axes = ()
+    if sorted(axes) != list(range(aval.ndim)):
+        given = tuple(int(a) for a in ((perm,) if np.ndim(perm) == 0 else perm))
+        raise ValueError(
+            f"transpose: perm {given} is not a permutation of the axes of "
+            f"{aval.str_short()}"
+        )
+    return axes
+
+
 def _check_shape(name: str, shape: Sequence[int]) -> tuple:
     """Check that ``shape`` is a sequence of non-negative integers."""
     try:
@@ -212,29 +195,20 @@ def _check_shape(name: str, shape: Sequence[int]) -> tuple:
     return tuple(int(d) for d in dims)
 
 
-def _is_python_scalar(x: Any) -> bool:
-    return type(x) in (bool, int, float)
-
-
-def _scalar_like(name: str, c: bool | int | float, other: ArrayLike) -> ArrayLike:
-    """Turn the Python number ``c`` into an array shaped like ``other``."""
-    aval = get_aval(other)
-    kind = aval.dtype.kind
-    # Refuse every conversion that would change the number's value.
-    if (kind == "b" and type(c) is not bool) or (kind in "iu" and type(c) is float):
-        raise TypeError(
-            f"{name}: cannot combine the {type(c).__name__} {c!r} with an array "
-            f"of dtype {aval.dtype.name}; use a constant of the array's kind"
+def _check_broadcast(x: ArrayLike, shape: Sequence[int], axes: Sequence[int]):
+    """Canonical ``(shape, axes)`` of a broadcast, if the axes of the result
+    that are not in ``axes`` have the input's sizes, in order."""
+    in_shape = get_aval(x).shape
+    shape = _check_shape("broadcast", shape)
+    axes = _normalize_axes("broadcast", axes, len(shape))
+    kept = [size for i, size in enumerate(shape) if i not in axes]
+    if tuple(kept) != in_shape:
+        raise ValueError(
+            f"broadcast: cannot broadcast an array of shape {in_shape} to shape "
+            f"{shape} by inserting axes {axes}: the remaining axes have sizes "
+            f"{tuple(kept)}, which must equal the input shape"
         )
-    if kind in "iu" and not np.iinfo(aval.dtype).min <= c <= np.iinfo(aval.dtype).max:
-        raise TypeError(
-            f"{name}: the integer {c} does not fit in the dtype "
-            f"{aval.dtype.name} of the other operand"
-        )
-    const = np.asarray(c, dtype=aval.dtype)
-    if aval.ndim == 0:
-        return const
-    return broadcast(const, aval.shape, tuple(range(aval.ndim)))
+    return shape, tuple(sorted(axes))
 
 
 def _bind_binary(prim: Primitive, x: ArrayLike, y: ArrayLike) -> ArrayLike:
@@ -247,6 +221,36 @@ def _bind_binary(prim: Primitive, x: ArrayLike, y: ArrayLike) -> ArrayLike:
         y = _scalar_like(prim.name, y, x)
     check_binary_operands(prim.name, get_aval(x), get_aval(y))
     return bind(prim, x, y)
+
+
+# @title A Python number as an array; checks: it must fit, operands must match
+def _is_python_scalar(x: Any) -> bool:
+    return type(x) in (bool, int, float)
+
+
+def _scalar_like(name: str, c: bool | int | float, other: ArrayLike) -> ArrayLike:
+    """Turn the Python number ``c`` into an array shaped like ``other``."""
+    aval = get_aval(other)
+    _check_scalar_fits(name, c, aval.dtype)
+    const = np.asarray(c, dtype=aval.dtype)
+    if aval.ndim == 0:
+        return const
+    return broadcast(const, aval.shape, tuple(range(aval.ndim)))
+
+
+def _check_scalar_fits(name: str, c: bool | int | float, dtype: np.dtype) -> None:
+    """Refuse every conversion that would change the number's value."""
+    kind = dtype.kind
+    if (kind == "b" and type(c) is not bool) or (kind in "iu" and type(c) is float):
+        raise TypeError(
+            f"{name}: cannot combine the {type(c).__name__} {c!r} with an array "
+            f"of dtype {dtype.name}; use a constant of the array's kind"
+        )
+    if kind in "iu" and not np.iinfo(dtype).min <= c <= np.iinfo(dtype).max:
+        raise TypeError(
+            f"{name}: the integer {c} does not fit in the dtype "
+            f"{dtype.name} of the other operand"
+        )
 
 
 def check_binary_operands(name: str, x: ShapedArray, y: ShapedArray) -> None:
@@ -276,50 +280,39 @@ class ShapedArray:
     def ndim(self) -> int:
         return len(self.shape)
 
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
-
-    def str_short(self) -> str:
-        """Compact form such as ``float64[3,4]``."""
-        return f"{self.dtype.name}[{','.join(str(d) for d in self.shape)}]"
-
     def __eq__(self, other: object) -> bool:
-        return (
-            type(other) is ShapedArray
-            and self.shape == other.shape
-            and self.dtype == other.dtype
-        )
+        same_type = type(other) is ShapedArray
+        return same_type and self.shape == other.shape and self.dtype == other.dtype
 
     def __hash__(self) -> int:
         return hash((self.shape, self.dtype))
 
-    def __repr__(self) -> str:
-        return f"ShapedArray(shape={self.shape}, dtype={self.dtype.name})"
+
+def get_aval(x: Any) -> ShapedArray:
+    """The abstract value of a tracer, array or number."""
+    if isinstance(x, Tracer):
+        return x.aval
+    x = as_array(x)
+    return ShapedArray(x.shape, x.dtype)
 
 
-class ConcreteArray(ShapedArray):
-    """A ShapedArray that also knows the array's value."""
-
-    __slots__ = ("val",)
-
-    def __init__(self, val: np.ndarray) -> None:
-        super().__init__(val.shape, val.dtype)
-        self.val = val
-
-    # Two concrete avals are the same only if they are the same object:
-    # comparing the arrays inside would be slow and rarely what we mean.
-    __eq__ = object.__eq__
-    __hash__ = object.__hash__
-
-    def __repr__(self) -> str:
-        return f"ConcreteArray({self.val!r})"
+# @title Printing avals; checks: what counts as an array
+def _aval_size(self: ShapedArray) -> int:
+    return int(np.prod(self.shape, dtype=np.int64))
 
 
-def raise_to_shaped(aval: ShapedArray) -> ShapedArray:
-    """Forget the value, keep the type."""
-    return ShapedArray(aval.shape, aval.dtype)
+def _aval_str_short(self: ShapedArray) -> str:
+    """Compact form such as ``float64[3,4]``."""
+    return f"{self.dtype.name}[{','.join(str(d) for d in self.shape)}]"
 
+
+def _aval_repr(self: ShapedArray) -> str:
+    return f"ShapedArray(shape={self.shape}, dtype={self.dtype.name})"
+
+
+ShapedArray.size = property(_aval_size)
+ShapedArray.str_short = _aval_str_short
+ShapedArray.__repr__ = _aval_repr
 
 _ARRAY_KINDS = "biuf"  # bool, signed int, unsigned int, float
 
@@ -349,30 +342,27 @@ def as_array(x: Any, context: str = "autodidax") -> np.ndarray:
     return arr
 
 
-def get_aval(x: Any) -> ShapedArray:
-    """The abstract value of a tracer, array or number."""
-    if isinstance(x, Tracer):
-        return x.aval
-    return ConcreteArray(as_array(x))
-
-
 def _short_repr(x: Any, limit: int = 40) -> str:
     text = repr(x)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def raise_to_shaped(aval: ShapedArray) -> ShapedArray:
+    """Kept only while later chapters still call it: every aval is shaped."""
+    return aval
+
+
 class Level:
-    """One entry on the interpreter stack."""
+    """One entry on the interpreter stack; ``payload`` is the transformation's
+    own data, such as a batch size."""
 
-    __slots__ = ("depth", "trace_type", "payload")
+    __slots__ = ("number", "trace_type", "payload")
 
-    def __init__(self, depth: int, trace_type: type[Trace], payload: Any) -> None:
-        self.depth = depth
-        self.trace_type = trace_type
-        self.payload = payload  # transformation-specific data, e.g. a batch size
+    def __init__(self, number: int, trace_type: type[Trace], payload: Any) -> None:
+        self.number, self.trace_type, self.payload = number, trace_type, payload
 
     def __repr__(self) -> str:
-        return f"Level({self.depth}, {self.trace_type.__name__})"
+        return f"Level({self.number}, {self.trace_type.__name__})"
 
 
 class Trace:
@@ -381,15 +371,13 @@ class Trace:
     def __init__(self, level: Level) -> None:
         self.level = level
 
-    def pure(self, val: Any) -> Tracer:
+    def pure(self, val):
         raise NotImplementedError
 
-    def lift(self, tracer: Tracer) -> Tracer:
+    def lift(self, tracer):
         raise NotImplementedError
 
-    def process_primitive(
-        self, prim: Primitive, tracers: list[Any], params: dict[str, Any]
-    ) -> list[Any]:
+    def process_primitive(self, prim, tracers, params):
         raise NotImplementedError
 
     def full_raise(self, val: Any) -> Any:
@@ -399,21 +387,12 @@ class Trace:
         level = val._trace.level
         if level is self.level:
             return val
-        if level.depth < self.level.depth:
+        if level.number < self.level.number:
             return self.lift(val)
-        # Same depth but another level object: the tracer's transformation has
-        # already finished. find_top_trace reports that case to the user.
-        raise _leaked_tracer_error(val)
+        raise _leaked_tracer_error(val)  # a finished transformation's tracer
 
 
-class ConcretizationError(TypeError):
-    """Python needed an actual value (e.g. for ``if``) from an abstract tracer."""
-
-
-class UnexpectedTracerError(TypeError):
-    """A tracer was used after the transformation that made it had finished."""
-
-
+# @title The operators of tracers (and of Part 3's device arrays)
 class ArrayOperators:
     """Python's operators, spelled with our wrappers (shared by tracers and,
     in Part 3, by arrays that live on a device)."""
@@ -452,58 +431,78 @@ class Tracer(ArrayOperators):
     """A stand-in for an array while a transformation runs a function."""
 
     _trace: Trace
-    __array_ufunc__ = None  # let our reflected operators win over NumPy's
 
     @property
     def aval(self) -> ShapedArray:
         raise NotImplementedError
 
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.aval.shape
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self.aval.dtype
-
-    @property
-    def ndim(self) -> int:
-        return self.aval.ndim
-
     def full_lower(self) -> Any:
         return self
-
-    def check_live(self) -> None:
-        """Refuse to be used after the transformation that made this tracer
-        has finished (``_is_live`` is defined below, with the stack)."""
-        if not _is_live(self):
-            raise _leaked_tracer_error(self)
-
-    def __bool__(self) -> bool:
-        self.check_live()
-        raise ConcretizationError(
-            f"the truth value of a traced {self.aval.str_short()} value is not "
-            "known while tracing, so Python `if`/`while`/`bool()` cannot use it"
-        )
-
-    def __array__(self, dtype=None, copy=None):
-        self.check_live()
-        raise TypeError(
-            f"a {type(self).__name__} cannot be turned into a NumPy array: it "
-            "stands for a value being transformed. Use autodidax's operations "
-            "(add, mul, sin, ...) instead of NumPy functions on traced values."
-        )
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}<{self.aval.str_short()}>"
 
 
 def full_lower(x: Any) -> Any:
     return x.full_lower() if isinstance(x, Tracer) else x
 
 
+# @title A tracer's shape and printing; checks: Python, NumPy and leaked tracers
+def _tracer_bool(self: Tracer) -> bool:
+    raise _concretization_error(self)
+
+
+def _tracer_array(self: Tracer, dtype=None, copy=None):
+    raise _numpy_conversion_error(self)
+
+
+def _tracer_repr(self: Tracer) -> str:
+    return f"{type(self).__name__}<{self.aval.str_short()}>"
+
+
+Tracer.shape = property(lambda self: self.aval.shape)
+Tracer.dtype = property(lambda self: self.aval.dtype)
+Tracer.ndim = property(lambda self: self.aval.ndim)
+Tracer.__array_ufunc__ = None  # let our reflected operators win over NumPy's
+Tracer.__bool__ = _tracer_bool
+Tracer.__array__ = _tracer_array
+Tracer.__repr__ = _tracer_repr
+
+
+class ConcretizationError(TypeError):
+    """Python needed an actual value (e.g. for ``if``) from an abstract tracer."""
+
+
+class UnexpectedTracerError(TypeError):
+    """A tracer was used after the transformation that made it had finished."""
+
+
+def _check_live(self: Tracer) -> None:
+    """Refuse to be used after the transformation that made this tracer
+    has finished (``_is_live`` is defined below, with the stack)."""
+    if not _is_live(self):
+        raise _leaked_tracer_error(self)
+
+
+Tracer.check_live = _check_live
+
+
+def _concretization_error(tracer: Tracer) -> ConcretizationError:
+    tracer.check_live()
+    return ConcretizationError(
+        f"the truth value of a traced {tracer.aval.str_short()} value is not "
+        "known while tracing, so Python `if`/`while`/`bool()` cannot use it"
+    )
+
+
+def _numpy_conversion_error(tracer: Tracer) -> TypeError:
+    tracer.check_live()
+    return TypeError(
+        f"a {type(tracer).__name__} cannot be turned into a NumPy array: it "
+        "stands for a value being transformed. Use autodidax's operations "
+        "(add, mul, sin, ...) instead of NumPy functions on traced values."
+    )
+
+
 class EvalTrace(Trace):
-    """The interpreter at depth 0: apply each primitive to concrete arrays."""
+    """The interpreter at level 0: apply each primitive to concrete arrays."""
 
     def pure(self, val: Any) -> Any:
         return val
@@ -514,26 +513,20 @@ class EvalTrace(Trace):
         return prim.rule("impl")(*tracers, **params)
 
 
-def _impl_from_numpy(prim: Primitive, np_fn: Callable) -> None:
+def _impl_from_numpy(prim, np_fn):
     prim.def_rule("impl")(lambda *args: [np_fn(*args)])
 
 
-for _prim, _np_fn in [
-    (add_p, np.add),
-    (mul_p, np.multiply),
-    (neg_p, np.negative),
-    (sin_p, np.sin),
-    (cos_p, np.cos),
-    (greater_p, np.greater),
-    (less_p, np.less),
-]:
+for _prim, _np_fn in [(add_p, np.add), (mul_p, np.multiply), (neg_p, np.negative)]:
     _impl_from_numpy(_prim, _np_fn)
+for _prim, _np_fn in [(sin_p, np.sin), (cos_p, np.cos), (greater_p, np.greater)]:
+    _impl_from_numpy(_prim, _np_fn)
+_impl_from_numpy(less_p, np.less)
 
 
 @reduce_sum_p.def_rule("impl")
 def _reduce_sum_impl(x, *, axes):
-    # Keep the dtype: NumPy would sum booleans into integers.
-    return [np.sum(x, axis=axes, dtype=x.dtype)]
+    return [np.sum(x, axis=axes, dtype=x.dtype)]  # booleans stay booleans
 
 
 @transpose_p.def_rule("impl")
@@ -546,9 +539,7 @@ def _broadcast_impl(x, *, shape, axes):
     return [np.broadcast_to(np.expand_dims(x, axes), shape)]
 
 
-class _InterpreterState(threading.local):
-    """The interpreter stack. Each thread gets its own."""
-
+class _InterpreterState(threading.local):  # each thread has its own stack
     def __init__(self) -> None:
         self.stack: list[Level] = [Level(0, EvalTrace, None)]
 
@@ -558,7 +549,7 @@ _state = _InterpreterState()
 
 @contextmanager
 def new_level(trace_type: type[Trace], payload: Any = None) -> Iterator[Level]:
-    """Push a level for one run of a transformation; pop it when done."""
+    """Push a level on top of the stack for one run of a transformation."""
     stack = _state.stack
     level = Level(len(stack), trace_type, payload)
     stack.append(level)
@@ -568,35 +559,17 @@ def new_level(trace_type: type[Trace], payload: Any = None) -> Iterator[Level]:
         stack.pop()
 
 
-def _is_live(tracer: Tracer) -> bool:
-    """Is the tracer's level still on the stack (its transformation running)?"""
-    level, stack = tracer._trace.level, _state.stack
-    return level.depth < len(stack) and stack[level.depth] is level
-
-
-def _leaked_tracer_error(tracer: Tracer) -> UnexpectedTracerError:
-    kind = tracer._trace.level.trace_type.__name__
-    return UnexpectedTracerError(
-        f"found a {type(tracer).__name__} ({kind}) whose transformation has "
-        "already finished: a traced value escaped its transformation, for "
-        "example by being stored in a global or a list inside the transformed "
-        "function. Return values from the function instead."
-    )
-
-
-def _bottom_level() -> Level:
-    """Where the search for the top trace starts: the evaluation level."""
+def _bottom_level() -> Level:  # where the search for the top trace starts
     return _state.stack[0]
 
 
 def find_top_trace(args: Sequence[Any]) -> Trace:
-    """The trace of the deepest live level among the tracers in ``args``."""
+    """The trace of the highest level among the tracers in ``args``."""
     top = _bottom_level()
     for x in args:
         if isinstance(x, Tracer):
-            if not _is_live(x):
-                raise _leaked_tracer_error(x)
-            if x._trace.level.depth > top.depth:
+            x.check_live()
+            if x._trace.level.number > top.number:
                 top = x._trace.level
     return top.trace_type(top)
 
@@ -611,8 +584,24 @@ def bind(prim: Primitive, *args: Any, **params: Any) -> Any:
     return outs if prim.multiple_results else outs[0]
 
 
+# @title Checks: is a tracer's transformation still running?
+def _is_live(tracer: Tracer) -> bool:
+    """Is the tracer's level still on the stack (its transformation running)?"""
+    level, stack = tracer._trace.level, _state.stack
+    return level.number < len(stack) and stack[level.number] is level
+
+
+def _leaked_tracer_error(tracer: Tracer) -> UnexpectedTracerError:
+    kind = tracer._trace.level.trace_type.__name__
+    return UnexpectedTracerError(
+        f"found a {type(tracer).__name__} ({kind}) whose transformation has "
+        "already finished: a traced value escaped its transformation, for "
+        "example by being stored in a global or a list inside the transformed "
+        "function. Return values from the function instead."
+    )
+
+
 def zeros_like(x: Any) -> np.ndarray:
-    """A zero array with the shape and dtype of ``x`` (array or tracer)."""
     aval = get_aval(x)
     return np.zeros(aval.shape, aval.dtype)
 
@@ -621,9 +610,7 @@ class JVPTracer(Tracer):
     """A value being differentiated: its primal and its tangent."""
 
     def __init__(self, trace: JVPTrace, primal: Any, tangent: Any) -> None:
-        self._trace = trace
-        self.primal = primal
-        self.tangent = tangent
+        self._trace, self.primal, self.tangent = trace, primal, tangent
 
     @property
     def aval(self) -> ShapedArray:
@@ -631,19 +618,14 @@ class JVPTracer(Tracer):
 
     def __bool__(self) -> bool:
         self.check_live()
-        # Branching depends only on the primal, which a JVP knows exactly.
-        return bool(self.primal)
-
-    def __repr__(self) -> str:
-        return f"JVPTracer(primal={self.primal!r}, tangent={self.tangent!r})"
+        return bool(self.primal)  # a branch needs only the primal, which we have
 
 
 class JVPTrace(Trace):
     """The forward-mode differentiation interpreter."""
 
     def pure(self, val: Any) -> JVPTracer:
-        # A value that does not depend on the inputs has a zero tangent.
-        return JVPTracer(self, val, zeros_like(val))
+        return JVPTracer(self, val, zeros_like(val))  # a constant: zero tangent
 
     lift = pure
 
@@ -693,70 +675,57 @@ for _prim in [greater_p, less_p]:
     _comparison_jvp(_prim)
 
 
-def _as_input(x: Any, context: str) -> Any:
-    """Validate a value entering or leaving a transformation."""
-    if isinstance(x, Tracer):
-        if not _is_live(x):
-            raise _leaked_tracer_error(x)
-        return x
-    return as_array(x, context)
-
-
-def jvp_flat(
-    f: Callable, primals: Sequence[Any], tangents: Sequence[Any]
-) -> tuple[list[Any], list[Any]]:
+def jvp_flat(f, primals, tangents):
     """JVP of ``f``, a function from a list of arrays to a list of arrays."""
     with new_level(JVPTrace) as level:
         trace = JVPTrace(level)
         tracers_in = [JVPTracer(trace, p, t) for p, t in zip(primals, tangents)]
-        outs = f(*tracers_in)
-        outs = [_as_input(out, "jvp: output of the function") for out in outs]
+        outs = _check_outputs("jvp", f(*tracers_in))
         tracers_out = [trace.full_raise(out) for out in outs]
         primals_out = [full_lower(t.primal) for t in tracers_out]
         tangents_out = [full_lower(t.tangent) for t in tracers_out]
     return primals_out, tangents_out
 
 
-def jvp(f: Callable, primals: tuple, tangents: tuple) -> tuple[Any, Any]:
-    """Evaluate ``f(*primals)`` and its derivative in the direction ``tangents``.
+# @title Checks: values entering or leaving a transformation; JVPTracer's repr
+def _jvp_tracer_repr(self: JVPTracer) -> str:
+    return f"JVPTracer(primal={self.primal!r}, tangent={self.tangent!r})"
 
-    This first version handles a function of arrays returning one array.
-    """
-    primals_out, tangents_out = jvp_flat(lambda *xs: [f(*xs)], primals, tangents)
-    return primals_out[0], tangents_out[0]
+
+JVPTracer.__repr__ = _jvp_tracer_repr
+
+
+def _as_input(x: Any, context: str) -> Any:
+    """A live tracer, or ``x`` as a NumPy array; anything else is an error."""
+    if isinstance(x, Tracer):
+        x.check_live()
+        return x
+    return as_array(x, context)
+
+
+def _check_outputs(name: str, outs: list) -> list:
+    """Each output of a transformed function must be an array or a live tracer."""
+    return [_as_input(out, f"{name}: output of the function") for out in outs]
 
 
 class NodeHandler(NamedTuple):
     """How to take a container apart and put it back together."""
 
-    to_children: Callable[[Any], tuple[Sequence[Any], Hashable]]
-    from_children: Callable[[Hashable, list[Any]], Any]
+    to_children: Callable  # container -> (children, aux), aux hashable
+    from_children: Callable  # (aux, children) -> container
 
 
 PYTREE_NODES: dict[type, NodeHandler] = {}
 
 
 def register_pytree_node(
-    node_type: type,
-    to_children: Callable[[Any], tuple[Sequence[Any], Hashable]],
-    from_children: Callable[[Hashable, list[Any]], Any],
+    node_type: type, to_children: Callable, from_children: Callable
 ) -> None:
-    """Teach the pytree functions a new container type.
-
-    ``to_children(x)`` returns ``(children, aux)``; ``from_children(aux,
-    children)`` rebuilds the container. ``aux`` must be hashable.
-    """
+    """Teach the pytree functions a new container type."""
     PYTREE_NODES[node_type] = NodeHandler(to_children, from_children)
 
 
 register_pytree_node(tuple, lambda t: (t, None), lambda _, kids: tuple(kids))
-register_pytree_node(list, lambda xs: (xs, None), lambda _, kids: list(kids))
-register_pytree_node(
-    dict,
-    lambda d: ([d[k] for k in sorted(d)], tuple(sorted(d))),
-    lambda keys, kids: dict(zip(keys, kids)),
-)
-register_pytree_node(type(None), lambda _: ((), None), lambda _, kids: None)
 
 
 @dataclass(frozen=True)
@@ -766,27 +735,6 @@ class PyTreeDef:
     node_type: type | None  # None marks a leaf
     aux: Hashable = None
     children: tuple[PyTreeDef, ...] = ()
-
-    @property
-    def num_leaves(self) -> int:
-        if self.node_type is None:
-            return 1
-        return sum(child.num_leaves for child in self.children)
-
-    def __str__(self) -> str:
-        if self.node_type is None:
-            return "*"
-        kids = [str(child) for child in self.children]
-        if self.node_type is tuple:
-            return "(" + ", ".join(kids) + ("," if len(kids) == 1 else "") + ")"
-        if self.node_type is list:
-            return "[" + ", ".join(kids) + "]"
-        if self.node_type is dict:
-            items = (f"{key!r}: {kid}" for key, kid in zip(self.aux, kids))
-            return "{" + ", ".join(items) + "}"
-        if self.node_type is type(None):
-            return "None"
-        return f"{self.node_type.__name__}({', '.join(kids)})"
 
 
 LEAF = PyTreeDef(None)
@@ -809,12 +757,7 @@ def tree_flatten(tree: Any) -> tuple[list[Any], PyTreeDef]:
 
 def tree_unflatten(treedef: PyTreeDef, leaves: Sequence[Any]) -> Any:
     """Rebuild a pytree of structure ``treedef`` from its leaves."""
-    leaves = list(leaves)
-    if len(leaves) != treedef.num_leaves:
-        raise ValueError(
-            f"tree_unflatten: structure {treedef} has {treedef.num_leaves} "
-            f"leaves, got {len(leaves)}"
-        )
+    leaves = _check_leaf_count(treedef, leaves)
     remaining = iter(leaves)
 
     def build(node: PyTreeDef) -> Any:
@@ -826,15 +769,57 @@ def tree_unflatten(treedef: PyTreeDef, leaves: Sequence[Any]) -> Any:
     return build(treedef)
 
 
-class flatten_fun:
-    """``f(*args)`` as a function of the flat list of leaves of ``args``.
+# @title Lists, dicts and None as pytrees; printing a PyTreeDef; checks
+def _num_leaves(self: PyTreeDef) -> int:
+    if self.node_type is None:
+        return 1
+    return sum(child.num_leaves for child in self.children)
 
-    After a call, ``out_tree`` holds the structure of what ``f`` returned.
-    """
+
+PyTreeDef.num_leaves = property(_num_leaves)
+register_pytree_node(list, lambda xs: (xs, None), lambda _, kids: list(kids))
+register_pytree_node(
+    dict,
+    lambda d: ([d[k] for k in sorted(d)], tuple(sorted(d))),
+    lambda keys, kids: dict(zip(keys, kids)),
+)
+register_pytree_node(type(None), lambda _: ((), None), lambda _, kids: None)
+
+
+def _treedef_str(self: PyTreeDef) -> str:
+    if self.node_type is None:
+        return "*"
+    kids = [str(child) for child in self.children]
+    if self.node_type is tuple:
+        return "(" + ", ".join(kids) + ("," if len(kids) == 1 else "") + ")"
+    if self.node_type is list:
+        return "[" + ", ".join(kids) + "]"
+    if self.node_type is dict:
+        items = (f"{key!r}: {kid}" for key, kid in zip(self.aux, kids))
+        return "{" + ", ".join(items) + "}"
+    if self.node_type is type(None):
+        return "None"
+    return f"{self.node_type.__name__}({', '.join(kids)})"
+
+
+PyTreeDef.__str__ = _treedef_str
+
+
+def _check_leaf_count(treedef: PyTreeDef, leaves: Sequence[Any]) -> list[Any]:
+    leaves = list(leaves)
+    if len(leaves) != treedef.num_leaves:
+        raise ValueError(
+            f"tree_unflatten: structure {treedef} has {treedef.num_leaves} "
+            f"leaves, got {len(leaves)}"
+        )
+    return leaves
+
+
+class flatten_fun:
+    """``f(*args)`` as a function of the leaves of ``args``; sets ``out_tree``."""
 
     def __init__(self, f: Callable, in_tree: PyTreeDef) -> None:
-        self.f = f
-        self.in_tree = in_tree
+        self.f, self.in_tree = f, in_tree
         self.out_tree: PyTreeDef | None = None
 
     def __call__(self, *leaves: Any) -> list[Any]:
@@ -843,27 +828,18 @@ class flatten_fun:
         return out_leaves
 
 
-def _check_tangents(name: str, primals: list, tangents: list) -> None:
-    for i, (p, t) in enumerate(zip(primals, tangents)):
-        p_aval, t_aval = get_aval(p), get_aval(t)
-        if p_aval.shape != t_aval.shape:
-            raise ValueError(
-                f"{name}: tangent {i} has shape {t_aval.shape} but its primal has "
-                f"shape {p_aval.shape}; each tangent must match its primal"
-            )
-        if p_aval.dtype != t_aval.dtype:
-            raise TypeError(
-                f"{name}: tangent {i} has dtype {t_aval.dtype.name} but its primal "
-                f"has dtype {p_aval.dtype.name}; each tangent must match its primal"
-            )
-
-
 def jvp(f: Callable, primals: tuple, tangents: tuple) -> tuple[Any, Any]:
-    """Evaluate ``f(*primals)`` and its derivative in the direction ``tangents``.
+    """Evaluate ``f(*primals)`` and its derivative in the direction ``tangents``."""
+    primals_flat, tangents_flat, in_tree = _flatten_jvp_args(primals, tangents)
+    flat_f = flatten_fun(f, in_tree)
+    primals_out, tangents_out = jvp_flat(flat_f, primals_flat, tangents_flat)
+    out_tree = flat_f.out_tree
+    return tree_unflatten(out_tree, primals_out), tree_unflatten(out_tree, tangents_out)
 
-    ``primals`` and ``tangents`` are tuples of pytrees with the same structure;
-    the results have the structure of ``f``'s output.
-    """
+
+# @title Checks: primals and tangents must match
+def _flatten_jvp_args(primals: Any, tangents: Any) -> tuple[list, list, PyTreeDef]:
+    """Flatten ``jvp``'s primals and tangents, checking that they match."""
     if not isinstance(primals, (tuple, list)) or not isinstance(
         tangents, (tuple, list)
     ):
@@ -882,10 +858,22 @@ def jvp(f: Callable, primals: tuple, tangents: tuple) -> tuple[Any, Any]:
     primals_flat = [_as_input(x, "jvp primal") for x in primals_flat]
     tangents_flat = [_as_input(x, "jvp tangent") for x in tangents_flat]
     _check_tangents("jvp", primals_flat, tangents_flat)
-    flat_f = flatten_fun(f, in_tree)
-    primals_out, tangents_out = jvp_flat(flat_f, primals_flat, tangents_flat)
-    out_tree = flat_f.out_tree
-    return tree_unflatten(out_tree, primals_out), tree_unflatten(out_tree, tangents_out)
+    return primals_flat, tangents_flat, in_tree
+
+
+def _check_tangents(name: str, primals: list, tangents: list) -> None:
+    for i, (p, t) in enumerate(zip(primals, tangents)):
+        p_aval, t_aval = get_aval(p), get_aval(t)
+        if p_aval.shape != t_aval.shape:
+            raise ValueError(
+                f"{name}: tangent {i} has shape {t_aval.shape} but its primal has "
+                f"shape {p_aval.shape}; each tangent must match its primal"
+            )
+        if p_aval.dtype != t_aval.dtype:
+            raise TypeError(
+                f"{name}: tangent {i} has dtype {t_aval.dtype.name} but its primal "
+                f"has dtype {p_aval.dtype.name}; each tangent must match its primal"
+            )
 
 
 BatchAxis = int | None
@@ -895,37 +883,17 @@ class BatchTracer(Tracer):
     """A batch of values stacked along ``batch_axis`` (None: not batched)."""
 
     def __init__(self, trace: BatchTrace, val: Any, batch_axis: BatchAxis) -> None:
-        self._trace = trace
-        self.val = val
-        self.batch_axis = batch_axis
+        self._trace, self.val, self.batch_axis = trace, val, batch_axis
 
     @property
     def aval(self) -> ShapedArray:
-        aval = get_aval(self.val)
-        if self.batch_axis is None:
+        aval, ax = get_aval(self.val), self.batch_axis
+        if ax is None:
             return aval
-        shape = list(aval.shape)
-        del shape[self.batch_axis]
-        return ShapedArray(shape, aval.dtype)
+        return ShapedArray(aval.shape[:ax] + aval.shape[ax + 1 :], aval.dtype)
 
     def full_lower(self) -> Any:
-        if self.batch_axis is None:
-            return full_lower(self.val)
-        return self
-
-    def __bool__(self) -> bool:
-        self.check_live()
-        if self.batch_axis is None:
-            return bool(self.val)
-        raise ConcretizationError(
-            "vmap: Python `if`, `while` or bool() on a batched value: each "
-            "example of the batch may need a different branch, but Python can "
-            "take only one. Compute both branches and choose elementwise "
-            "instead (a select primitive, or cond in Part 5)."
-        )
-
-    def __repr__(self) -> str:
-        return f"BatchTracer(val={self.val!r}, batch_axis={self.batch_axis})"
+        return full_lower(self.val) if self.batch_axis is None else self
 
 
 class BatchTrace(Trace):
@@ -947,11 +915,35 @@ class BatchTrace(Trace):
         return [BatchTracer(self, x, d) for x, d in zip(outs, out_dims)]
 
 
+# @title Checks: Python `if` on a batched value; how a BatchTracer prints
+def _batch_tracer_bool(self: BatchTracer) -> bool:
+    self.check_live()
+    if self.batch_axis is None:
+        return bool(self.val)
+    raise _batched_bool_error()
+
+
+def _batch_tracer_repr(self: BatchTracer) -> str:
+    return f"BatchTracer(val={self.val!r}, batch_axis={self.batch_axis})"
+
+
+BatchTracer.__bool__ = _batch_tracer_bool
+BatchTracer.__repr__ = _batch_tracer_repr
+
+
+def _batched_bool_error() -> ConcretizationError:
+    return ConcretizationError(
+        "vmap: Python `if`, `while` or bool() on a batched value: each "
+        "example of the batch may need a different branch, but Python can "
+        "take only one. Compute both branches and choose elementwise "
+        "instead (a select primitive, or cond in Part 5)."
+    )
+
+
 def move_batch_axis(axis_size: int, src: BatchAxis, dst: int, x: Any) -> Any:
     """Put the batch axis of ``x`` at position ``dst``."""
     if src is None:
-        aval = get_aval(x)
-        shape = list(aval.shape)
+        shape = list(get_aval(x).shape)
         shape.insert(dst, axis_size)
         return broadcast(x, shape, (dst,))
     if src == dst:
@@ -993,6 +985,7 @@ def _reduce_sum_vmap(axis_size, vals, dims, *, axes):
     return [bind(reduce_sum_p, x, axes=full_axes)], [out_bdim]
 
 
+# @title The batching rules of transpose and broadcast
 @transpose_p.def_rule("vmap")
 def _transpose_vmap(axis_size, vals, dims, *, perm):
     (x,), (bdim,) = vals, dims
@@ -1010,9 +1003,7 @@ def _broadcast_vmap(axis_size, vals, dims, *, shape, axes):
     return [bind(broadcast_p, front, shape=full_shape, axes=full_axes)], [0]
 
 
-def vmap_flat(
-    f: Callable, in_axes: Sequence[BatchAxis], args: Sequence[Any], out_axis: int = 0
-) -> list[Any]:
+def vmap_flat(f, in_axes, args, out_axis=0):
     """Batch ``f`` (flat lists in and out); ``in_axes`` are already checked."""
     sizes = {get_aval(x).shape[ax] for x, ax in zip(args, in_axes) if ax is not None}
     (axis_size,) = sizes
@@ -1022,52 +1013,57 @@ def vmap_flat(
             x if ax is None else BatchTracer(trace, x, ax)
             for x, ax in zip(args, in_axes)
         ]
-        outs = f(*tracers_in)
-        outs = [_as_input(out, "vmap: output of the function") for out in outs]
+        outs = _check_outputs("vmap", f(*tracers_in))
         tracers_out = [trace.full_raise(out) for out in outs]
-        vals_out = [t.val for t in tracers_out]
-        dims_out = [t.batch_axis for t in tracers_out]
-    results = []
-    for val, dim in zip(vals_out, dims_out):
-        ndim = get_aval(val).ndim + (dim is None)  # rank with the batch axis
-        if not -ndim <= out_axis < ndim:
-            raise ValueError(
-                f"vmap: out_axes {out_axis} is out of range for an output of "
-                f"rank {ndim} (including the batch axis)"
-            )
-        results.append(move_batch_axis(axis_size, dim, out_axis % ndim, val))
-    return results
+    return [
+        move_batch_axis(axis_size, t.batch_axis, _out_axis(out_axis, t), t.val)
+        for t in tracers_out
+    ]
 
 
 def vmap(f: Callable, in_axes: Any = 0, out_axes: int = 0) -> Callable:
-    """Vectorize ``f`` over a batch axis of its arguments.
-
-    ``in_axes``: an int or None for all arguments, or a tuple with one entry per
-    argument (an int, None, or a pytree of those). ``out_axes``: where the batch
-    axis goes in every output (default 0).
-    """
-    if not _is_axis(out_axes):
-        raise TypeError(f"vmap: out_axes must be an int, got {out_axes!r}")
+    """Vectorize ``f`` over the batch axes ``in_axes`` of its arguments; the
+    batch axis of every output goes to position ``out_axes``."""
+    _check_out_axes(out_axes)
 
     def batched_f(*args: Any) -> Any:
-        if isinstance(in_axes, list):
-            axes_spec: Any = tuple(in_axes)
-        else:
-            axes_spec = in_axes
-        if isinstance(axes_spec, tuple) and len(axes_spec) != len(args):
-            raise ValueError(
-                f"vmap: in_axes has {len(axes_spec)} entries but the function "
-                f"was called with {len(args)} positional arguments"
-            )
-        axes_flat = _broadcast_prefix(axes_spec, args, "")
-        args_flat, in_tree = tree_flatten(args)
-        args_flat = [_as_input(x, "vmap argument") for x in args_flat]
-        axes_flat = _check_batch_axes(args_flat, axes_flat)
+        args_flat, axes_flat, in_tree = _flatten_vmap_args(in_axes, args)
         flat_f = flatten_fun(f, in_tree)
         outs = vmap_flat(flat_f, axes_flat, args_flat, out_axes)
         return tree_unflatten(flat_f.out_tree, outs)
 
     return batched_f
+
+
+# @title Checks: in_axes, out_axes and batch sizes
+def _flatten_vmap_args(in_axes: Any, args: tuple) -> tuple[list, list, PyTreeDef]:
+    """Flatten ``args`` and ``in_axes`` to one checked batch axis per leaf."""
+    axes_spec = tuple(in_axes) if isinstance(in_axes, list) else in_axes
+    if isinstance(axes_spec, tuple) and len(axes_spec) != len(args):
+        raise ValueError(
+            f"vmap: in_axes has {len(axes_spec)} entries but the function "
+            f"was called with {len(args)} positional arguments"
+        )
+    axes_flat = _broadcast_prefix(axes_spec, args, "")
+    args_flat, in_tree = tree_flatten(args)
+    args_flat = [_as_input(x, "vmap argument") for x in args_flat]
+    return args_flat, _check_batch_axes(args_flat, axes_flat), in_tree
+
+
+def _check_out_axes(out_axes: Any) -> None:
+    if not _is_axis(out_axes):
+        raise TypeError(f"vmap: out_axes must be an int, got {out_axes!r}")
+
+
+def _out_axis(out_axis: int, tracer: BatchTracer) -> int:
+    """``out_axis`` as a non-negative axis of the batched output."""
+    ndim = get_aval(tracer.val).ndim + (tracer.batch_axis is None)
+    if not -ndim <= out_axis < ndim:
+        raise ValueError(
+            f"vmap: out_axes {out_axis} is out of range for an output of "
+            f"rank {ndim} (including the batch axis)"
+        )
+    return out_axis % ndim
 
 
 def _broadcast_prefix(prefix: Any, tree: Any, where: str) -> list[BatchAxis]:
@@ -1137,28 +1133,35 @@ def _check_batch_axes(args: list, axes: list[BatchAxis]) -> list[BatchAxis]:
 
 def jacfwd(f: Callable, x: Any) -> Any:
     """The Jacobian of ``f`` at ``x``, of shape ``f(x).shape + x.shape``."""
-    x = _as_input(x, "jacfwd")
-    in_aval = get_aval(x)
-    if in_aval.dtype.kind != "f":
-        raise TypeError(
-            f"jacfwd: the input must be a float array, got {in_aval.str_short()}"
-        )
+    x = _check_jacfwd_input(x)
+    aval = get_aval(x)
 
-    def pushforward(tangent):
-        out_tangent = jvp(f, (x,), (tangent,))[1]
-        if isinstance(out_tangent, (tuple, list, dict)):
-            raise TypeError("jacfwd: f must return a single array")
-        return out_tangent
+    def column(tangent):
+        return _single_output(jvp(f, (x,), (tangent,))[1])
 
-    column = pushforward
-    for _ in range(in_aval.ndim):
+    for _ in range(aval.ndim):
         column = vmap(column, 0)
-    basis = np.eye(in_aval.size, dtype=in_aval.dtype).reshape(in_aval.shape * 2)
+    basis = np.eye(aval.size, dtype=aval.dtype).reshape(aval.shape * 2)
     jac = column(basis)  # input axes first, then output axes
-    n_in = in_aval.ndim
-    n_out = get_aval(jac).ndim - n_in
-    perm = tuple(range(n_in, n_in + n_out)) + tuple(range(n_in))
+    n_in, n_out = aval.ndim, get_aval(jac).ndim - aval.ndim
+    perm = (*range(n_in, n_in + n_out), *range(n_in))
     return transpose(jac, perm) if perm else jac
+
+
+# @title Checks: jacfwd takes a float array and f returns one array
+def _check_jacfwd_input(x: Any) -> Any:
+    x = _as_input(x, "jacfwd")
+    if get_aval(x).dtype.kind != "f":
+        raise TypeError(
+            f"jacfwd: the input must be a float array, got {get_aval(x).str_short()}"
+        )
+    return x
+
+
+def _single_output(out: Any) -> Any:
+    if isinstance(out, (tuple, list, dict)):
+        raise TypeError("jacfwd: f must return a single array")
+    return out
 
 
 # ==== chapter: part2_jaxprs ====

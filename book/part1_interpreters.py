@@ -81,40 +81,31 @@ np.set_printoptions(precision=6, suppress=True)
 RULE_KINDS = ("impl", "jvp", "vmap")
 """The kinds of rules a primitive can carry; later parts add more."""
 
-PRIMITIVES: dict[str, Primitive] = {}
-"""Every primitive ever created, by name."""
+PRIMITIVES: dict[str, Primitive] = {}  # every primitive ever created, by name
 
 
 class Primitive:
-    """A named operation with one rule per interpreter.
-
-    Rules take lists and return lists, so a primitive may have several outputs
-    (set ``multiple_results``); most have exactly one.
-    """
+    """A named operation with one rule per interpreter."""
 
     def __init__(self, name: str, multiple_results: bool = False) -> None:
         self.name = name
-        self.multiple_results = multiple_results
-        self.rules: dict[str, Callable[..., Any]] = {}
+        self.multiple_results = multiple_results  # do rules return several outputs?
+        self.rules: dict[str, Callable] = {}
         PRIMITIVES[name] = self
 
-    def def_rule(self, kind: str) -> Callable[[Callable], Callable]:
-        """Decorator: register ``rule`` as this primitive's ``kind`` rule."""
+    def def_rule(self, kind: str) -> Callable:
+        """Decorator: register a function as this primitive's ``kind`` rule."""
 
-        def register(rule: Callable) -> Callable:
+        def register(rule):
             self.rules[kind] = rule
             return rule
 
         return register
 
-    def rule(self, kind: str) -> Callable[..., Any]:
-        """Look up a rule, with a readable error when it is missing."""
-        try:
-            return self.rules[kind]
-        except KeyError:
-            raise NotImplementedError(
-                f"primitive '{self.name}' has no {kind} rule"
-            ) from None
+    def rule(self, kind: str) -> Callable:
+        if kind not in self.rules:
+            raise NotImplementedError(f"primitive '{self.name}' has no {kind} rule")
+        return self.rules[kind]
 
     def bind(self, *args: Any, **params: Any) -> Any:
         return bind(self, *args, **params)
@@ -145,21 +136,20 @@ broadcast_p = Primitive("broadcast")
 # Users never touch these objects. They call small wrapper functions, and every
 # wrapper ends in the same place: `bind(primitive, *inputs, **params)`. Inputs are
 # the arrays the operation consumes; {term}`params` are static, hashable settings such as
-# which axes to sum over. The wrappers also tidy up what the user passed: negative
-# axes become positive, `axis=None` becomes "all axes", and a Python number next
-# to an array is turned into an array of the same shape and dtype (more on that
-# below). Every primitive therefore receives one canonical form of its
-# parameters, which keeps each rule short.
+# which axes to sum over. The wrappers also put what the user passed into one
+# canonical form: negative axes become positive, `axis=None` becomes "all axes",
+# and a Python number next to an array becomes an array of the same shape and
+# dtype (more on that below). Each rule then has only one form of its parameters
+# to handle. `broadcast(x, shape, axes)` inserts new axes at the positions `axes`
+# of the result; the other axes of the result are those of `x`, in order.
 
 
 # %% tags=["export"]
 def add(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """Elementwise ``x + y``."""
     return _bind_binary(add_p, x, y)
 
 
 def mul(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """Elementwise ``x * y``."""
     return _bind_binary(mul_p, x, y)
 
 
@@ -174,19 +164,16 @@ def less(x: ArrayLike, y: ArrayLike) -> ArrayLike:
 
 
 def neg(x: ArrayLike) -> ArrayLike:
-    """Elementwise ``-x`` of a numeric (not boolean) array."""
     _check_kind("neg", x, "iuf", "a numeric (not boolean)")
     return bind(neg_p, x)
 
 
 def sin(x: ArrayLike) -> ArrayLike:
-    """Elementwise sine of a float array."""
     _check_kind("sin", x, "f", "a float")
     return bind(sin_p, x)
 
 
 def cos(x: ArrayLike) -> ArrayLike:
-    """Elementwise cosine of a float array."""
     _check_kind("cos", x, "f", "a float")
     return bind(cos_p, x)
 
@@ -195,48 +182,29 @@ def reduce_sum(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLi
     """Sum over ``axis`` (an int, a sequence of ints, or None for all axes)."""
     ndim = get_aval(x).ndim
     if axis is None:
-        axes = tuple(range(ndim))
-    else:
-        axes = _normalize_axes("reduce_sum", axis, ndim)
-    return bind(reduce_sum_p, x, axes=axes)
+        axis = tuple(range(ndim))
+    return bind(reduce_sum_p, x, axes=_normalize_axes("reduce_sum", axis, ndim))
 
 
 def transpose(x: ArrayLike, perm: Sequence[int]) -> ArrayLike:
     """Permute the axes of ``x``: output axis ``i`` is input axis ``perm[i]``."""
-    ndim = get_aval(x).ndim
-    perm = _normalize_axes("transpose", perm, ndim)
-    if sorted(perm) != list(range(ndim)):
-        raise ValueError(
-            f"transpose: perm must be a permutation of the {ndim} axes "
-            f"0..{ndim - 1} of the input, got {perm}"
-        )
-    return bind(transpose_p, x, perm=perm)
+    return bind(transpose_p, x, perm=_check_perm(x, perm))
 
 
 def broadcast(x: ArrayLike, shape: Sequence[int], axes: Sequence[int]) -> ArrayLike:
-    """Broadcast ``x`` to ``shape`` by inserting new axes at positions ``axes``.
-
-    The axes of the result that are not in ``axes`` are the axes of ``x``, in
-    order, and must have the same sizes as in ``x``.
-    """
-    in_shape = get_aval(x).shape
-    shape = _check_shape("broadcast", shape)
-    axes = _normalize_axes("broadcast", axes, len(shape))
-    kept = [size for i, size in enumerate(shape) if i not in axes]
-    if tuple(kept) != in_shape:
-        raise ValueError(
-            f"broadcast: cannot broadcast an array of shape {in_shape} to shape "
-            f"{shape} by inserting axes {axes}: the remaining axes have sizes "
-            f"{tuple(kept)}, which must equal the input shape"
-        )
-    return bind(broadcast_p, x, shape=shape, axes=tuple(sorted(axes)))
+    """Broadcast ``x`` to ``shape`` by inserting new axes at positions ``axes``."""
+    shape, axes = _check_broadcast(x, shape, axes)
+    return bind(broadcast_p, x, shape=shape, axes=axes)
 
 
 # %% [markdown]
-# The wrappers lean on a few helpers that validate parameters. They are not the
-# point of this chapter, so the page hides them; click to expand.
+# The wrappers call helpers whose names say what they check: that `sin` gets a
+# float array, that an axis is in range, that `perm` is a permutation of the
+# axes, that `broadcast` keeps the input's axes. Each raises an error that names
+# the argument and its type. The cell below holds them; expand it to read them.
 
 # %% tags=["export", "hide-input"]
+# @title Checks: axes, dtypes, shapes and permutations given to the wrappers
 ArrayLike = Any
 """Anything that can stand for an array: NumPy arrays and scalars, Python
 numbers, and tracers."""
@@ -274,6 +242,24 @@ def _check_kind(name: str, x: ArrayLike, kinds: str, expected: str) -> None:
         raise TypeError(f"{name}: expected {expected} array, got dtype {dtype.name}")
 
 
+def _check_perm(x: ArrayLike, perm: Sequence[int]) -> tuple:
+    """``perm`` as a tuple of non-negative axes, if it permutes the axes of ``x``."""
+    aval = get_aval(x)
+    try:
+        axes = _normalize_axes("transpose", perm, aval.ndim)
+    except ValueError as e:
+        if "repeated" not in str(e):
+            raise
+        axes = ()
+    if sorted(axes) != list(range(aval.ndim)):
+        given = tuple(int(a) for a in ((perm,) if np.ndim(perm) == 0 else perm))
+        raise ValueError(
+            f"transpose: perm {given} is not a permutation of the axes of "
+            f"{aval.str_short()}"
+        )
+    return axes
+
+
 def _check_shape(name: str, shape: Sequence[int]) -> tuple:
     """Check that ``shape`` is a sequence of non-negative integers."""
     try:
@@ -288,6 +274,22 @@ def _check_shape(name: str, shape: Sequence[int]) -> tuple:
                 f"{name}: shape must contain non-negative integers, got {shape!r}"
             )
     return tuple(int(d) for d in dims)
+
+
+def _check_broadcast(x: ArrayLike, shape: Sequence[int], axes: Sequence[int]):
+    """Canonical ``(shape, axes)`` of a broadcast, if the axes of the result
+    that are not in ``axes`` have the input's sizes, in order."""
+    in_shape = get_aval(x).shape
+    shape = _check_shape("broadcast", shape)
+    axes = _normalize_axes("broadcast", axes, len(shape))
+    kept = [size for i, size in enumerate(shape) if i not in axes]
+    if tuple(kept) != in_shape:
+        raise ValueError(
+            f"broadcast: cannot broadcast an array of shape {in_shape} to shape "
+            f"{shape} by inserting axes {axes}: the remaining axes have sizes "
+            f"{tuple(kept)}, which must equal the input shape"
+        )
+    return shape, tuple(sorted(axes))
 
 
 # %% [markdown]
@@ -305,31 +307,6 @@ def _check_shape(name: str, shape: Sequence[int]) -> tuple:
 
 
 # %% tags=["export"]
-def _is_python_scalar(x: Any) -> bool:
-    return type(x) in (bool, int, float)
-
-
-def _scalar_like(name: str, c: bool | int | float, other: ArrayLike) -> ArrayLike:
-    """Turn the Python number ``c`` into an array shaped like ``other``."""
-    aval = get_aval(other)
-    kind = aval.dtype.kind
-    # Refuse every conversion that would change the number's value.
-    if (kind == "b" and type(c) is not bool) or (kind in "iu" and type(c) is float):
-        raise TypeError(
-            f"{name}: cannot combine the {type(c).__name__} {c!r} with an array "
-            f"of dtype {aval.dtype.name}; use a constant of the array's kind"
-        )
-    if kind in "iu" and not np.iinfo(aval.dtype).min <= c <= np.iinfo(aval.dtype).max:
-        raise TypeError(
-            f"{name}: the integer {c} does not fit in the dtype "
-            f"{aval.dtype.name} of the other operand"
-        )
-    const = np.asarray(c, dtype=aval.dtype)
-    if aval.ndim == 0:
-        return const
-    return broadcast(const, aval.shape, tuple(range(aval.ndim)))
-
-
 def _bind_binary(prim: Primitive, x: ArrayLike, y: ArrayLike) -> ArrayLike:
     if _is_python_scalar(x) and _is_python_scalar(y):
         dtype = np.result_type(type(x), type(y))  # e.g. 2.0 and 3 give float64
@@ -340,6 +317,47 @@ def _bind_binary(prim: Primitive, x: ArrayLike, y: ArrayLike) -> ArrayLike:
         y = _scalar_like(prim.name, y, x)
     check_binary_operands(prim.name, get_aval(x), get_aval(y))
     return bind(prim, x, y)
+
+
+# %% [markdown]
+# `_scalar_like(name, c, other)` makes the number `c` an array of `other`'s dtype
+# and, with a `broadcast`, of its shape. Two checks guard this: the number must
+# keep its value in that dtype (no `2.5` into an integer array), and the two
+# operands must then have the same shape and dtype. Both work on *abstract
+# values*, the next topic: they need only shapes and dtypes, so they work the same
+# whether `x` is a concrete array or a placeholder that some transformation is
+# pushing through the function.
+
+
+# %% tags=["export", "hide-input"]
+# @title A Python number as an array; checks: it must fit, operands must match
+def _is_python_scalar(x: Any) -> bool:
+    return type(x) in (bool, int, float)
+
+
+def _scalar_like(name: str, c: bool | int | float, other: ArrayLike) -> ArrayLike:
+    """Turn the Python number ``c`` into an array shaped like ``other``."""
+    aval = get_aval(other)
+    _check_scalar_fits(name, c, aval.dtype)
+    const = np.asarray(c, dtype=aval.dtype)
+    if aval.ndim == 0:
+        return const
+    return broadcast(const, aval.shape, tuple(range(aval.ndim)))
+
+
+def _check_scalar_fits(name: str, c: bool | int | float, dtype: np.dtype) -> None:
+    """Refuse every conversion that would change the number's value."""
+    kind = dtype.kind
+    if (kind == "b" and type(c) is not bool) or (kind in "iu" and type(c) is float):
+        raise TypeError(
+            f"{name}: cannot combine the {type(c).__name__} {c!r} with an array "
+            f"of dtype {dtype.name}; use a constant of the array's kind"
+        )
+    if kind in "iu" and not np.iinfo(dtype).min <= c <= np.iinfo(dtype).max:
+        raise TypeError(
+            f"{name}: the integer {c} does not fit in the dtype "
+            f"{dtype.name} of the other operand"
+        )
 
 
 def check_binary_operands(name: str, x: ShapedArray, y: ShapedArray) -> None:
@@ -357,20 +375,14 @@ def check_binary_operands(name: str, x: ShapedArray, y: ShapedArray) -> None:
 
 
 # %% [markdown]
-# The check runs on *abstract values*, which are the next topic: it needs only
-# shapes and dtypes, so it works the same whether `x` is a concrete array or a
-# placeholder that some transformation is pushing through the function.
-#
 # (part1-avals)=
 # ## Abstract values
 #
 # An interpreter often cannot know the numbers an array holds — when compiling, for
 # instance, the numbers arrive only later — but it always knows *what kind* of
 # array it is. We call that description an **abstract value** (or *aval*).
-# `ShapedArray` records a shape and a dtype. Its subclass `ConcreteArray` also
-# carries the value itself, for interpreters that happen to have it; it matters
-# later, when Python code asks a question such as `if x > 0:` that needs the
-# actual number.
+# `ShapedArray` records a shape and a dtype, and it is the only abstract value
+# this book needs: an interpreter that has the numbers simply holds the array.
 
 
 # %% tags=["export"]
@@ -387,59 +399,56 @@ class ShapedArray:
     def ndim(self) -> int:
         return len(self.shape)
 
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
-
-    def str_short(self) -> str:
-        """Compact form such as ``float64[3,4]``."""
-        return f"{self.dtype.name}[{','.join(str(d) for d in self.shape)}]"
-
     def __eq__(self, other: object) -> bool:
-        return (
-            type(other) is ShapedArray
-            and self.shape == other.shape
-            and self.dtype == other.dtype
-        )
+        same_type = type(other) is ShapedArray
+        return same_type and self.shape == other.shape and self.dtype == other.dtype
 
     def __hash__(self) -> int:
         return hash((self.shape, self.dtype))
-
-    def __repr__(self) -> str:
-        return f"ShapedArray(shape={self.shape}, dtype={self.dtype.name})"
-
-
-class ConcreteArray(ShapedArray):
-    """A ShapedArray that also knows the array's value."""
-
-    __slots__ = ("val",)
-
-    def __init__(self, val: np.ndarray) -> None:
-        super().__init__(val.shape, val.dtype)
-        self.val = val
-
-    # Two concrete avals are the same only if they are the same object:
-    # comparing the arrays inside would be slow and rarely what we mean.
-    __eq__ = object.__eq__
-    __hash__ = object.__hash__
-
-    def __repr__(self) -> str:
-        return f"ConcreteArray({self.val!r})"
-
-
-def raise_to_shaped(aval: ShapedArray) -> ShapedArray:
-    """Forget the value, keep the type."""
-    return ShapedArray(aval.shape, aval.dtype)
 
 
 # %% [markdown]
 # `get_aval` finds the abstract value of anything a user may pass. A tracer (the
 # next section) knows its own aval; anything else must be convertible to a NumPy
-# array of booleans, integers or floats. This is the single place where a string,
-# a list or some other object gets rejected, with a message that names what was
-# passed.
+# array of booleans, integers or floats. `as_array` is the single place where a
+# string, a list or some other object gets rejected, with a message that names
+# what was passed.
+
 
 # %% tags=["export"]
+def get_aval(x: Any) -> ShapedArray:
+    """The abstract value of a tracer, array or number."""
+    if isinstance(x, Tracer):
+        return x.aval
+    x = as_array(x)
+    return ShapedArray(x.shape, x.dtype)
+
+
+# %% [markdown]
+# An aval also knows its `size` and prints itself in two forms, a full one and
+# the compact `float64[3,4]` of error messages (`str_short`); that code, and
+# `as_array`, are in the folded cell.
+
+
+# %% tags=["export", "hide-input"]
+# @title Printing avals; checks: what counts as an array
+def _aval_size(self: ShapedArray) -> int:
+    return int(np.prod(self.shape, dtype=np.int64))
+
+
+def _aval_str_short(self: ShapedArray) -> str:
+    """Compact form such as ``float64[3,4]``."""
+    return f"{self.dtype.name}[{','.join(str(d) for d in self.shape)}]"
+
+
+def _aval_repr(self: ShapedArray) -> str:
+    return f"ShapedArray(shape={self.shape}, dtype={self.dtype.name})"
+
+
+ShapedArray.size = property(_aval_size)
+ShapedArray.str_short = _aval_str_short
+ShapedArray.__repr__ = _aval_repr
+
 _ARRAY_KINDS = "biuf"  # bool, signed int, unsigned int, float
 
 DEVICE_ARRAY_TYPES: tuple[type, ...] = ()
@@ -468,16 +477,14 @@ def as_array(x: Any, context: str = "autodidax") -> np.ndarray:
     return arr
 
 
-def get_aval(x: Any) -> ShapedArray:
-    """The abstract value of a tracer, array or number."""
-    if isinstance(x, Tracer):
-        return x.aval
-    return ConcreteArray(as_array(x))
-
-
 def _short_repr(x: Any, limit: int = 40) -> str:
     text = repr(x)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def raise_to_shaped(aval: ShapedArray) -> ShapedArray:
+    """Kept only while later chapters still call it: every aval is shaped."""
+    return aval
 
 
 # %% [markdown]
@@ -493,24 +500,25 @@ def _short_repr(x: Any, limit: int = 40) -> str:
 #
 # Transformations nest: `jvp(vmap(f))` differentiates a batched function, and
 # `vmap(jvp(f))` batches a derivative. So at any moment there is a **stack** of
-# active interpreters. Each entry of the stack is a `Level`; the evaluation
-# interpreter sits at depth 0, permanently, and every transformation pushes a new
-# level while it runs the user's function and pops it afterwards.
+# active interpreters, and it grows upward. Each entry is a `Level` with a
+# number: the evaluation interpreter sits at the bottom, level 0, permanently;
+# every transformation that starts pushes a new level on top, with the next
+# number, while it runs the user's function, and pops it afterwards. The top of
+# the stack is always the innermost transformation, the one entered last.
 
 
 # %% tags=["export"]
 class Level:
-    """One entry on the interpreter stack."""
+    """One entry on the interpreter stack; ``payload`` is the transformation's
+    own data, such as a batch size."""
 
-    __slots__ = ("depth", "trace_type", "payload")
+    __slots__ = ("number", "trace_type", "payload")
 
-    def __init__(self, depth: int, trace_type: type[Trace], payload: Any) -> None:
-        self.depth = depth
-        self.trace_type = trace_type
-        self.payload = payload  # transformation-specific data, e.g. a batch size
+    def __init__(self, number: int, trace_type: type[Trace], payload: Any) -> None:
+        self.number, self.trace_type, self.payload = number, trace_type, payload
 
     def __repr__(self) -> str:
-        return f"Level({self.depth}, {self.trace_type.__name__})"
+        return f"Level({self.number}, {self.trace_type.__name__})"
 
 
 # %% [markdown]
@@ -537,15 +545,13 @@ class Trace:
     def __init__(self, level: Level) -> None:
         self.level = level
 
-    def pure(self, val: Any) -> Tracer:
+    def pure(self, val):
         raise NotImplementedError
 
-    def lift(self, tracer: Tracer) -> Tracer:
+    def lift(self, tracer):
         raise NotImplementedError
 
-    def process_primitive(
-        self, prim: Primitive, tracers: list[Any], params: dict[str, Any]
-    ) -> list[Any]:
+    def process_primitive(self, prim, tracers, params):
         raise NotImplementedError
 
     def full_raise(self, val: Any) -> Any:
@@ -555,38 +561,29 @@ class Trace:
         level = val._trace.level
         if level is self.level:
             return val
-        if level.depth < self.level.depth:
+        if level.number < self.level.number:
             return self.lift(val)
-        # Same depth but another level object: the tracer's transformation has
-        # already finished. find_top_trace reports that case to the user.
-        raise _leaked_tracer_error(val)
+        raise _leaked_tracer_error(val)  # a finished transformation's tracer
 
 
 # %% [markdown]
 # A `Tracer` is the object the user's function actually sees. It knows which trace
-# it belongs to and its abstract value, and its operators (from a small mixin,
-# `ArrayOperators`) call our wrappers, so `x * y + x` works on tracers as it does
-# on arrays. `full_lower` is the opposite
-# of `full_raise`: a tracer that carries no information for its transformation can
+# it belongs to and its abstract value. `full_lower` is the opposite of
+# `full_raise`: a tracer that carries no information for its transformation can
 # unwrap itself (the batching tracer uses this when a value turns out not to be
 # batched).
 #
-# Two more details make tracers safe to hand to NumPy-minded code. Setting
-# `__array_ufunc__ = None` tells NumPy not to handle operations that involve a
-# tracer itself, so `np.ones(3) * tracer` calls our `__rmul__`. And converting a
-# tracer to a NumPy array, or asking for its truth value, raises a clear error
-# instead of producing something silently wrong.
+# Tracers have Python's operators, `+ - * > <` and unary `-`, from a small mixin,
+# `ArrayOperators`, whose methods call our wrappers (`x * y` is `mul(x, y)`), so
+# the same rules hold: in this chapter both operands must have the same shape and
+# dtype, and a Python number is the one exception. The appendix's NumPy front end
+# later replaces these operators with ones that broadcast like NumPy (and `x - y`
+# then records a single `sub`); that is how the finished module, `import
+# autodidax`, behaves.
 
 
-# %% tags=["export"]
-class ConcretizationError(TypeError):
-    """Python needed an actual value (e.g. for ``if``) from an abstract tracer."""
-
-
-class UnexpectedTracerError(TypeError):
-    """A tracer was used after the transformation that made it had finished."""
-
-
+# %% tags=["export", "hide-input"]
+# @title The operators of tracers (and of Part 3's device arrays)
 class ArrayOperators:
     """Python's operators, spelled with our wrappers (shared by tracers and,
     in Part 3, by arrays that live on a device)."""
@@ -621,54 +618,18 @@ class ArrayOperators:
         return less(self, other)
 
 
+# %% tags=["export"]
 class Tracer(ArrayOperators):
     """A stand-in for an array while a transformation runs a function."""
 
     _trace: Trace
-    __array_ufunc__ = None  # let our reflected operators win over NumPy's
 
     @property
     def aval(self) -> ShapedArray:
         raise NotImplementedError
 
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.aval.shape
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self.aval.dtype
-
-    @property
-    def ndim(self) -> int:
-        return self.aval.ndim
-
     def full_lower(self) -> Any:
         return self
-
-    def check_live(self) -> None:
-        """Refuse to be used after the transformation that made this tracer
-        has finished (``_is_live`` is defined below, with the stack)."""
-        if not _is_live(self):
-            raise _leaked_tracer_error(self)
-
-    def __bool__(self) -> bool:
-        self.check_live()
-        raise ConcretizationError(
-            f"the truth value of a traced {self.aval.str_short()} value is not "
-            "known while tracing, so Python `if`/`while`/`bool()` cannot use it"
-        )
-
-    def __array__(self, dtype=None, copy=None):
-        self.check_live()
-        raise TypeError(
-            f"a {type(self).__name__} cannot be turned into a NumPy array: it "
-            "stands for a value being transformed. Use autodidax's operations "
-            "(add, mul, sin, ...) instead of NumPy functions on traced values."
-        )
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}<{self.aval.str_short()}>"
 
 
 def full_lower(x: Any) -> Any:
@@ -676,12 +637,79 @@ def full_lower(x: Any) -> Any:
 
 
 # %% [markdown]
-# Now `get_aval` works on anything. For a plain number it gives a concrete aval;
-# forgetting the value leaves the type, printed here in the compact form used in
-# error messages:
+# A tracer refuses to become a Python boolean (`if x > 0:` needs a value it does
+# not have) or a NumPy array, with an error that says why, instead of producing
+# something silently wrong; NumPy is told (`__array_ufunc__ = None`) to leave
+# `np.ones(3) * tracer` to our operators. `check_live` refuses a tracer whose
+# transformation has already finished; the next section explains how it knows.
+# The folded cell holds these methods, how a tracer prints, and the `shape`,
+# `dtype` and `ndim` it reports, which are those of its aval.
+
+
+# %% tags=["export", "hide-input"]
+# @title A tracer's shape and printing; checks: Python, NumPy and leaked tracers
+def _tracer_bool(self: Tracer) -> bool:
+    raise _concretization_error(self)
+
+
+def _tracer_array(self: Tracer, dtype=None, copy=None):
+    raise _numpy_conversion_error(self)
+
+
+def _tracer_repr(self: Tracer) -> str:
+    return f"{type(self).__name__}<{self.aval.str_short()}>"
+
+
+Tracer.shape = property(lambda self: self.aval.shape)
+Tracer.dtype = property(lambda self: self.aval.dtype)
+Tracer.ndim = property(lambda self: self.aval.ndim)
+Tracer.__array_ufunc__ = None  # let our reflected operators win over NumPy's
+Tracer.__bool__ = _tracer_bool
+Tracer.__array__ = _tracer_array
+Tracer.__repr__ = _tracer_repr
+
+
+class ConcretizationError(TypeError):
+    """Python needed an actual value (e.g. for ``if``) from an abstract tracer."""
+
+
+class UnexpectedTracerError(TypeError):
+    """A tracer was used after the transformation that made it had finished."""
+
+
+def _check_live(self: Tracer) -> None:
+    """Refuse to be used after the transformation that made this tracer
+    has finished (``_is_live`` is defined below, with the stack)."""
+    if not _is_live(self):
+        raise _leaked_tracer_error(self)
+
+
+Tracer.check_live = _check_live
+
+
+def _concretization_error(tracer: Tracer) -> ConcretizationError:
+    tracer.check_live()
+    return ConcretizationError(
+        f"the truth value of a traced {tracer.aval.str_short()} value is not "
+        "known while tracing, so Python `if`/`while`/`bool()` cannot use it"
+    )
+
+
+def _numpy_conversion_error(tracer: Tracer) -> TypeError:
+    tracer.check_live()
+    return TypeError(
+        f"a {type(tracer).__name__} cannot be turned into a NumPy array: it "
+        "stands for a value being transformed. Use autodidax's operations "
+        "(add, mul, sin, ...) instead of NumPy functions on traced values."
+    )
+
+
+# %% [markdown]
+# Now `get_aval` works on anything. For a number or an array it gives the shape
+# and dtype, printed here also in the compact form used in error messages:
 
 # %%
-print(get_aval(3.0), raise_to_shaped(get_aval(np.ones((2, 3)))).str_short())
+print(get_aval(3.0), get_aval(np.ones((2, 3))).str_short())
 
 
 # %% [markdown]
@@ -694,7 +722,7 @@ print(get_aval(3.0), raise_to_shaped(get_aval(np.ones((2, 3)))).str_short())
 
 # %% tags=["export"]
 class EvalTrace(Trace):
-    """The interpreter at depth 0: apply each primitive to concrete arrays."""
+    """The interpreter at level 0: apply each primitive to concrete arrays."""
 
     def pure(self, val: Any) -> Any:
         return val
@@ -711,26 +739,20 @@ class EvalTrace(Trace):
 
 
 # %% tags=["export"]
-def _impl_from_numpy(prim: Primitive, np_fn: Callable) -> None:
+def _impl_from_numpy(prim, np_fn):
     prim.def_rule("impl")(lambda *args: [np_fn(*args)])
 
 
-for _prim, _np_fn in [
-    (add_p, np.add),
-    (mul_p, np.multiply),
-    (neg_p, np.negative),
-    (sin_p, np.sin),
-    (cos_p, np.cos),
-    (greater_p, np.greater),
-    (less_p, np.less),
-]:
+for _prim, _np_fn in [(add_p, np.add), (mul_p, np.multiply), (neg_p, np.negative)]:
     _impl_from_numpy(_prim, _np_fn)
+for _prim, _np_fn in [(sin_p, np.sin), (cos_p, np.cos), (greater_p, np.greater)]:
+    _impl_from_numpy(_prim, _np_fn)
+_impl_from_numpy(less_p, np.less)
 
 
 @reduce_sum_p.def_rule("impl")
 def _reduce_sum_impl(x, *, axes):
-    # Keep the dtype: NumPy would sum booleans into integers.
-    return [np.sum(x, axis=axes, dtype=x.dtype)]
+    return [np.sum(x, axis=axes, dtype=x.dtype)]  # booleans stay booleans
 
 
 @transpose_p.def_rule("impl")
@@ -749,9 +771,10 @@ def _broadcast_impl(x, *, shape, axes):
 #
 # Here is the piece that ties everything together. When a primitive is applied,
 # which interpreter should handle it? The answer: **the highest level among the
-# inputs' tracers**. An input that is a plain array belongs to no transformation,
-# so it does not count; if no input is a tracer, the evaluation interpreter at
-# depth 0 runs the operation right away.
+# inputs' tracers**, that is, the innermost transformation that any input belongs
+# to. An input that is a plain array belongs to no transformation, so it does not
+# count; if no input is a tracer, the evaluation interpreter at the bottom,
+# level 0, runs the operation right away.
 #
 # Choosing by the inputs (by *data dependence*) means a transformation only sees
 # operations that actually involve the values it is transforming. With one `jvp`
@@ -761,15 +784,11 @@ def _broadcast_impl(x, *, shape, axes):
 # unpacked values, which may be outer tracers.
 #
 # Once the top trace is known, `bind` raises every input to it, lets it process the
-# primitive, and lowers the outputs again. The same loop also catches a classic
-# mistake: a tracer that escaped from a transformation that has already finished
-# (say, stashed in a global variable) would otherwise be mistaken for a live one.
+# primitive, and lowers the outputs again.
 
 
 # %% tags=["export"]
-class _InterpreterState(threading.local):
-    """The interpreter stack. Each thread gets its own."""
-
+class _InterpreterState(threading.local):  # each thread has its own stack
     def __init__(self) -> None:
         self.stack: list[Level] = [Level(0, EvalTrace, None)]
 
@@ -779,7 +798,7 @@ _state = _InterpreterState()
 
 @contextmanager
 def new_level(trace_type: type[Trace], payload: Any = None) -> Iterator[Level]:
-    """Push a level for one run of a transformation; pop it when done."""
+    """Push a level on top of the stack for one run of a transformation."""
     stack = _state.stack
     level = Level(len(stack), trace_type, payload)
     stack.append(level)
@@ -789,35 +808,17 @@ def new_level(trace_type: type[Trace], payload: Any = None) -> Iterator[Level]:
         stack.pop()
 
 
-def _is_live(tracer: Tracer) -> bool:
-    """Is the tracer's level still on the stack (its transformation running)?"""
-    level, stack = tracer._trace.level, _state.stack
-    return level.depth < len(stack) and stack[level.depth] is level
-
-
-def _leaked_tracer_error(tracer: Tracer) -> UnexpectedTracerError:
-    kind = tracer._trace.level.trace_type.__name__
-    return UnexpectedTracerError(
-        f"found a {type(tracer).__name__} ({kind}) whose transformation has "
-        "already finished: a traced value escaped its transformation, for "
-        "example by being stored in a global or a list inside the transformed "
-        "function. Return values from the function instead."
-    )
-
-
-def _bottom_level() -> Level:
-    """Where the search for the top trace starts: the evaluation level."""
+def _bottom_level() -> Level:  # where the search for the top trace starts
     return _state.stack[0]
 
 
 def find_top_trace(args: Sequence[Any]) -> Trace:
-    """The trace of the deepest live level among the tracers in ``args``."""
+    """The trace of the highest level among the tracers in ``args``."""
     top = _bottom_level()
     for x in args:
         if isinstance(x, Tracer):
-            if not _is_live(x):
-                raise _leaked_tracer_error(x)
-            if x._trace.level.depth > top.depth:
+            x.check_live()
+            if x._trace.level.number > top.number:
                 top = x._trace.level
     return top.trace_type(top)
 
@@ -830,6 +831,32 @@ def bind(prim: Primitive, *args: Any, **params: Any) -> Any:
     outs = trace.process_primitive(prim, tracers, params)
     outs = [full_lower(out) for out in outs]
     return outs if prim.multiple_results else outs[0]
+
+
+# %% [markdown]
+# The search also catches a classic mistake. A tracer that escaped from a
+# transformation that has finished (say, stashed in a global variable) still
+# carries a level whose number may now belong to another, live transformation.
+# `check_live` compares the tracer's level with the entry of the stack at that
+# number: if they are not the same object, the tracer has leaked.
+
+
+# %% tags=["export", "hide-input"]
+# @title Checks: is a tracer's transformation still running?
+def _is_live(tracer: Tracer) -> bool:
+    """Is the tracer's level still on the stack (its transformation running)?"""
+    level, stack = tracer._trace.level, _state.stack
+    return level.number < len(stack) and stack[level.number] is level
+
+
+def _leaked_tracer_error(tracer: Tracer) -> UnexpectedTracerError:
+    kind = tracer._trace.level.trace_type.__name__
+    return UnexpectedTracerError(
+        f"found a {type(tracer).__name__} ({kind}) whose transformation has "
+        "already finished: a traced value escaped its transformation, for "
+        "example by being stored in a global or a list inside the transformed "
+        "function. Return values from the function instead."
+    )
 
 
 # %% [markdown]
@@ -864,7 +891,6 @@ print(f(np.array([0.0, 1.0, 2.0])))
 
 # %% tags=["export"]
 def zeros_like(x: Any) -> np.ndarray:
-    """A zero array with the shape and dtype of ``x`` (array or tracer)."""
     aval = get_aval(x)
     return np.zeros(aval.shape, aval.dtype)
 
@@ -873,9 +899,7 @@ class JVPTracer(Tracer):
     """A value being differentiated: its primal and its tangent."""
 
     def __init__(self, trace: JVPTrace, primal: Any, tangent: Any) -> None:
-        self._trace = trace
-        self.primal = primal
-        self.tangent = tangent
+        self._trace, self.primal, self.tangent = trace, primal, tangent
 
     @property
     def aval(self) -> ShapedArray:
@@ -883,19 +907,14 @@ class JVPTracer(Tracer):
 
     def __bool__(self) -> bool:
         self.check_live()
-        # Branching depends only on the primal, which a JVP knows exactly.
-        return bool(self.primal)
-
-    def __repr__(self) -> str:
-        return f"JVPTracer(primal={self.primal!r}, tangent={self.tangent!r})"
+        return bool(self.primal)  # a branch needs only the primal, which we have
 
 
 class JVPTrace(Trace):
     """The forward-mode differentiation interpreter."""
 
     def pure(self, val: Any) -> JVPTracer:
-        # A value that does not depend on the inputs has a zero tangent.
-        return JVPTracer(self, val, zeros_like(val))
+        return JVPTracer(self, val, zeros_like(val))  # a constant: zero tangent
 
     lift = pure
 
@@ -963,39 +982,52 @@ for _prim in [greater_p, less_p]:
 # tracers of that level, call the function, and unpack what comes out. Outputs go
 # through `full_raise` first, because a function may return something that never
 # touched its inputs (a constant, or an input returned unchanged from an outer
-# transformation); such an output simply has a zero tangent.
+# transformation); such an output simply has a zero tangent. `_check_outputs`
+# checks that each output is an array or a live tracer (not, say, a string).
 
 
 # %% tags=["export"]
-def _as_input(x: Any, context: str) -> Any:
-    """Validate a value entering or leaving a transformation."""
-    if isinstance(x, Tracer):
-        if not _is_live(x):
-            raise _leaked_tracer_error(x)
-        return x
-    return as_array(x, context)
-
-
-def jvp_flat(
-    f: Callable, primals: Sequence[Any], tangents: Sequence[Any]
-) -> tuple[list[Any], list[Any]]:
+def jvp_flat(f, primals, tangents):
     """JVP of ``f``, a function from a list of arrays to a list of arrays."""
     with new_level(JVPTrace) as level:
         trace = JVPTrace(level)
         tracers_in = [JVPTracer(trace, p, t) for p, t in zip(primals, tangents)]
-        outs = f(*tracers_in)
-        outs = [_as_input(out, "jvp: output of the function") for out in outs]
+        outs = _check_outputs("jvp", f(*tracers_in))
         tracers_out = [trace.full_raise(out) for out in outs]
         primals_out = [full_lower(t.primal) for t in tracers_out]
         tangents_out = [full_lower(t.tangent) for t in tracers_out]
     return primals_out, tangents_out
 
 
-def jvp(f: Callable, primals: tuple, tangents: tuple) -> tuple[Any, Any]:
-    """Evaluate ``f(*primals)`` and its derivative in the direction ``tangents``.
+# %% tags=["export", "hide-input"]
+# @title Checks: values entering or leaving a transformation; JVPTracer's repr
+def _jvp_tracer_repr(self: JVPTracer) -> str:
+    return f"JVPTracer(primal={self.primal!r}, tangent={self.tangent!r})"
 
-    This first version handles a function of arrays returning one array.
-    """
+
+JVPTracer.__repr__ = _jvp_tracer_repr
+
+
+def _as_input(x: Any, context: str) -> Any:
+    """A live tracer, or ``x`` as a NumPy array; anything else is an error."""
+    if isinstance(x, Tracer):
+        x.check_live()
+        return x
+    return as_array(x, context)
+
+
+def _check_outputs(name: str, outs: list) -> list:
+    """Each output of a transformed function must be an array or a live tracer."""
+    return [_as_input(out, f"{name}: output of the function") for out in outs]
+
+
+# %% [markdown]
+# A first `jvp` handles a function of arrays that returns one array; the pytree
+# section below replaces it with one that takes and returns containers.
+
+
+# %%
+def jvp(f, primals, tangents):
     primals_out, tangents_out = jvp_flat(lambda *xs: [f(*xs)], primals, tangents)
     return primals_out[0], tangents_out[0]
 
@@ -1034,10 +1066,11 @@ print(d4(3.0), np.sin(3.0))
 # %% [markdown]
 # How does this work when we differentiate `derivative(sin)`? The outer `jvp`
 # pushes level 1 and calls the inner function with a level-1 tracer `x`. The inner
-# `jvp` pushes level 2 and wraps `x` as the primal of a level-2 tracer. When `sin`
-# is applied to that tracer, `bind` picks level 2, whose rule calls `sin` and `cos`
-# on the primal `x` — a level-1 tracer — so level 1 differentiates those in turn,
-# and its rule finally calls `sin` and `cos` on plain numbers at level 0.
+# `jvp` pushes level 2 on top and wraps `x` as the primal of a level-2 tracer.
+# When `sin` is applied to that tracer, `bind` picks level 2, the highest, whose
+# rule calls `sin` and `cos` on the primal `x` — a level-1 tracer — so level 1
+# differentiates those in turn, and its rule finally calls `sin` and `cos` on
+# plain numbers at level 0, the bottom.
 #
 # ### Python control flow is free
 #
@@ -1050,7 +1083,6 @@ print(d4(3.0), np.sin(3.0))
 
 # %%
 def soft_abs(x):
-    # -x for negative inputs, x * x / 2 + 1/2 for x in [0, 1), x beyond that
     if x < 0.0:
         return neg(x)
     if x < 1.0:
@@ -1064,7 +1096,8 @@ for x0 in [-2.0, 0.5, 3.0]:
 
 
 # %% [markdown]
-# The derivative is that of the branch taken: $-1$, $x$ and $1$. Loops are no
+# `soft_abs` is $-x$ below 0, $(x^2 + 1)/2$ on $[0, 1)$ and $x$ from 1 on, and
+# the derivative is that of the branch taken: $-1$, $x$ and $1$. Loops are no
 # different. This function sums the Taylor series of $e^x$ until the terms become
 # negligible, so how many terms it adds depends on `x`. The JVP interpreter
 # differentiates whatever was added, and since the derivative of $e^x$ is $e^x$,
@@ -1106,34 +1139,21 @@ print(value, slope, np.exp(1.5))
 class NodeHandler(NamedTuple):
     """How to take a container apart and put it back together."""
 
-    to_children: Callable[[Any], tuple[Sequence[Any], Hashable]]
-    from_children: Callable[[Hashable, list[Any]], Any]
+    to_children: Callable  # container -> (children, aux), aux hashable
+    from_children: Callable  # (aux, children) -> container
 
 
 PYTREE_NODES: dict[type, NodeHandler] = {}
 
 
 def register_pytree_node(
-    node_type: type,
-    to_children: Callable[[Any], tuple[Sequence[Any], Hashable]],
-    from_children: Callable[[Hashable, list[Any]], Any],
+    node_type: type, to_children: Callable, from_children: Callable
 ) -> None:
-    """Teach the pytree functions a new container type.
-
-    ``to_children(x)`` returns ``(children, aux)``; ``from_children(aux,
-    children)`` rebuilds the container. ``aux`` must be hashable.
-    """
+    """Teach the pytree functions a new container type."""
     PYTREE_NODES[node_type] = NodeHandler(to_children, from_children)
 
 
 register_pytree_node(tuple, lambda t: (t, None), lambda _, kids: tuple(kids))
-register_pytree_node(list, lambda xs: (xs, None), lambda _, kids: list(kids))
-register_pytree_node(
-    dict,
-    lambda d: ([d[k] for k in sorted(d)], tuple(sorted(d))),
-    lambda keys, kids: dict(zip(keys, kids)),
-)
-register_pytree_node(type(None), lambda _: ((), None), lambda _, kids: None)
 
 
 @dataclass(frozen=True)
@@ -1143,27 +1163,6 @@ class PyTreeDef:
     node_type: type | None  # None marks a leaf
     aux: Hashable = None
     children: tuple[PyTreeDef, ...] = ()
-
-    @property
-    def num_leaves(self) -> int:
-        if self.node_type is None:
-            return 1
-        return sum(child.num_leaves for child in self.children)
-
-    def __str__(self) -> str:
-        if self.node_type is None:
-            return "*"
-        kids = [str(child) for child in self.children]
-        if self.node_type is tuple:
-            return "(" + ", ".join(kids) + ("," if len(kids) == 1 else "") + ")"
-        if self.node_type is list:
-            return "[" + ", ".join(kids) + "]"
-        if self.node_type is dict:
-            items = (f"{key!r}: {kid}" for key, kid in zip(self.aux, kids))
-            return "{" + ", ".join(items) + "}"
-        if self.node_type is type(None):
-            return "None"
-        return f"{self.node_type.__name__}({', '.join(kids)})"
 
 
 LEAF = PyTreeDef(None)
@@ -1186,12 +1185,7 @@ def tree_flatten(tree: Any) -> tuple[list[Any], PyTreeDef]:
 
 def tree_unflatten(treedef: PyTreeDef, leaves: Sequence[Any]) -> Any:
     """Rebuild a pytree of structure ``treedef`` from its leaves."""
-    leaves = list(leaves)
-    if len(leaves) != treedef.num_leaves:
-        raise ValueError(
-            f"tree_unflatten: structure {treedef} has {treedef.num_leaves} "
-            f"leaves, got {len(leaves)}"
-        )
+    leaves = _check_leaf_count(treedef, leaves)
     remaining = iter(leaves)
 
     def build(node: PyTreeDef) -> Any:
@@ -1201,6 +1195,61 @@ def tree_unflatten(treedef: PyTreeDef, leaves: Sequence[Any]) -> Any:
         return PYTREE_NODES[node.node_type].from_children(node.aux, kids)
 
     return build(treedef)
+
+
+# %% [markdown]
+# Lists, dicts and `None` are registered like tuples in the folded cell below: a
+# dict's children are its values in sorted key order, and its keys are the
+# auxiliary data. A structure prints in Python's own notation, with `*` for each
+# leaf; the printing code, and the check that `tree_unflatten` gets as many leaves
+# as the structure has (`num_leaves`), are in the same cell.
+
+
+# %% tags=["export", "hide-input"]
+# @title Lists, dicts and None as pytrees; printing a PyTreeDef; checks
+def _num_leaves(self: PyTreeDef) -> int:
+    if self.node_type is None:
+        return 1
+    return sum(child.num_leaves for child in self.children)
+
+
+PyTreeDef.num_leaves = property(_num_leaves)
+register_pytree_node(list, lambda xs: (xs, None), lambda _, kids: list(kids))
+register_pytree_node(
+    dict,
+    lambda d: ([d[k] for k in sorted(d)], tuple(sorted(d))),
+    lambda keys, kids: dict(zip(keys, kids)),
+)
+register_pytree_node(type(None), lambda _: ((), None), lambda _, kids: None)
+
+
+def _treedef_str(self: PyTreeDef) -> str:
+    if self.node_type is None:
+        return "*"
+    kids = [str(child) for child in self.children]
+    if self.node_type is tuple:
+        return "(" + ", ".join(kids) + ("," if len(kids) == 1 else "") + ")"
+    if self.node_type is list:
+        return "[" + ", ".join(kids) + "]"
+    if self.node_type is dict:
+        items = (f"{key!r}: {kid}" for key, kid in zip(self.aux, kids))
+        return "{" + ", ".join(items) + "}"
+    if self.node_type is type(None):
+        return "None"
+    return f"{self.node_type.__name__}({', '.join(kids)})"
+
+
+PyTreeDef.__str__ = _treedef_str
+
+
+def _check_leaf_count(treedef: PyTreeDef, leaves: Sequence[Any]) -> list[Any]:
+    leaves = list(leaves)
+    if len(leaves) != treedef.num_leaves:
+        raise ValueError(
+            f"tree_unflatten: structure {treedef} has {treedef.num_leaves} "
+            f"leaves, got {len(leaves)}"
+        )
+    return leaves
 
 
 # %%
@@ -1224,14 +1273,10 @@ print(tree_unflatten(treedef, [10.0, 20.0, 30.0, 40.0]))
 
 # %% tags=["export"]
 class flatten_fun:
-    """``f(*args)`` as a function of the flat list of leaves of ``args``.
-
-    After a call, ``out_tree`` holds the structure of what ``f`` returned.
-    """
+    """``f(*args)`` as a function of the leaves of ``args``; sets ``out_tree``."""
 
     def __init__(self, f: Callable, in_tree: PyTreeDef) -> None:
-        self.f = f
-        self.in_tree = in_tree
+        self.f, self.in_tree = f, in_tree
         self.out_tree: PyTreeDef | None = None
 
     def __call__(self, *leaves: Any) -> list[Any]:
@@ -1241,33 +1286,26 @@ class flatten_fun:
 
 
 # %% [markdown]
-# With these pieces, the final `jvp` accepts any pytrees. It also checks what the
-# user passed before tracing anything: primals and tangents must have the same
-# structure, and each tangent the same shape and dtype as its primal.
+# With these pieces, the final `jvp` accepts any pytrees. Before tracing anything,
+# `_flatten_jvp_args` flattens primals and tangents and checks what the user
+# passed: two tuples of the same structure, each tangent of the same shape and
+# dtype as its primal, every leaf an array or a number.
 
 
 # %% tags=["export"]
-def _check_tangents(name: str, primals: list, tangents: list) -> None:
-    for i, (p, t) in enumerate(zip(primals, tangents)):
-        p_aval, t_aval = get_aval(p), get_aval(t)
-        if p_aval.shape != t_aval.shape:
-            raise ValueError(
-                f"{name}: tangent {i} has shape {t_aval.shape} but its primal has "
-                f"shape {p_aval.shape}; each tangent must match its primal"
-            )
-        if p_aval.dtype != t_aval.dtype:
-            raise TypeError(
-                f"{name}: tangent {i} has dtype {t_aval.dtype.name} but its primal "
-                f"has dtype {p_aval.dtype.name}; each tangent must match its primal"
-            )
-
-
 def jvp(f: Callable, primals: tuple, tangents: tuple) -> tuple[Any, Any]:
-    """Evaluate ``f(*primals)`` and its derivative in the direction ``tangents``.
+    """Evaluate ``f(*primals)`` and its derivative in the direction ``tangents``."""
+    primals_flat, tangents_flat, in_tree = _flatten_jvp_args(primals, tangents)
+    flat_f = flatten_fun(f, in_tree)
+    primals_out, tangents_out = jvp_flat(flat_f, primals_flat, tangents_flat)
+    out_tree = flat_f.out_tree
+    return tree_unflatten(out_tree, primals_out), tree_unflatten(out_tree, tangents_out)
 
-    ``primals`` and ``tangents`` are tuples of pytrees with the same structure;
-    the results have the structure of ``f``'s output.
-    """
+
+# %% tags=["export", "hide-input"]
+# @title Checks: primals and tangents must match
+def _flatten_jvp_args(primals: Any, tangents: Any) -> tuple[list, list, PyTreeDef]:
+    """Flatten ``jvp``'s primals and tangents, checking that they match."""
     if not isinstance(primals, (tuple, list)) or not isinstance(
         tangents, (tuple, list)
     ):
@@ -1286,10 +1324,22 @@ def jvp(f: Callable, primals: tuple, tangents: tuple) -> tuple[Any, Any]:
     primals_flat = [_as_input(x, "jvp primal") for x in primals_flat]
     tangents_flat = [_as_input(x, "jvp tangent") for x in tangents_flat]
     _check_tangents("jvp", primals_flat, tangents_flat)
-    flat_f = flatten_fun(f, in_tree)
-    primals_out, tangents_out = jvp_flat(flat_f, primals_flat, tangents_flat)
-    out_tree = flat_f.out_tree
-    return tree_unflatten(out_tree, primals_out), tree_unflatten(out_tree, tangents_out)
+    return primals_flat, tangents_flat, in_tree
+
+
+def _check_tangents(name: str, primals: list, tangents: list) -> None:
+    for i, (p, t) in enumerate(zip(primals, tangents)):
+        p_aval, t_aval = get_aval(p), get_aval(t)
+        if p_aval.shape != t_aval.shape:
+            raise ValueError(
+                f"{name}: tangent {i} has shape {t_aval.shape} but its primal has "
+                f"shape {p_aval.shape}; each tangent must match its primal"
+            )
+        if p_aval.dtype != t_aval.dtype:
+            raise TypeError(
+                f"{name}: tangent {i} has dtype {t_aval.dtype.name} but its primal "
+                f"has dtype {p_aval.dtype.name}; each tangent must match its primal"
+            )
 
 
 # %% [markdown]
@@ -1305,34 +1355,21 @@ class Line:
     offset: Any
 
 
-register_pytree_node(
-    Line,
-    lambda line: ((line.slope, line.offset), None),
-    lambda _, kids: Line(*kids),
-)
-
-xs = np.array([0.0, 1.0, 2.0])
-ys = np.array([1.0, 3.0, 5.0])
+register_pytree_node(Line, lambda l: ((l.slope, l.offset), None), lambda _, k: Line(*k))
+xs, ys = np.array([0.0, 1.0, 2.0]), np.array([1.0, 3.0, 5.0])
 
 
 def squared_error(line, xs, ys):
-    # Our primitives only broadcast Python numbers, so spread the scalar
-    # parameters over the data explicitly.
-    slope = broadcast(line.slope, xs.shape, (0,))
-    offset = broadcast(line.offset, xs.shape, (0,))
+    # only Python numbers broadcast by themselves: spread the scalars explicitly
+    slope, offset = (broadcast(p, xs.shape, (0,)) for p in (line.slope, line.offset))
     residual = slope * xs + offset - ys
     return {"loss": reduce_sum(residual * residual), "first": residual}
 
 
-params = Line(1.5, 0.5)
-out, out_dot = jvp(
-    squared_error,
-    (params, xs, ys),
-    (Line(1.0, 0.0), np.zeros(3), np.zeros(3)),
-)
+tangents = (Line(1.0, 0.0), np.zeros(3), np.zeros(3))
+out, out_dot = jvp(squared_error, (Line(1.5, 0.5), xs, ys), tangents)
 print("loss", out["loss"], "residuals", out["first"])
-print("d loss / d slope", out_dot["loss"], "residual tangents", out_dot["first"])
-print("by hand:", np.sum(2 * out["first"] * xs))
+print("d loss / d slope", out_dot["loss"], "by hand:", np.sum(2 * out["first"] * xs))
 
 # %% [markdown]
 # The output is a dict with the same keys as the function's result. The tangent
@@ -1362,37 +1399,17 @@ class BatchTracer(Tracer):
     """A batch of values stacked along ``batch_axis`` (None: not batched)."""
 
     def __init__(self, trace: BatchTrace, val: Any, batch_axis: BatchAxis) -> None:
-        self._trace = trace
-        self.val = val
-        self.batch_axis = batch_axis
+        self._trace, self.val, self.batch_axis = trace, val, batch_axis
 
     @property
     def aval(self) -> ShapedArray:
-        aval = get_aval(self.val)
-        if self.batch_axis is None:
+        aval, ax = get_aval(self.val), self.batch_axis
+        if ax is None:
             return aval
-        shape = list(aval.shape)
-        del shape[self.batch_axis]
-        return ShapedArray(shape, aval.dtype)
+        return ShapedArray(aval.shape[:ax] + aval.shape[ax + 1 :], aval.dtype)
 
     def full_lower(self) -> Any:
-        if self.batch_axis is None:
-            return full_lower(self.val)
-        return self
-
-    def __bool__(self) -> bool:
-        self.check_live()
-        if self.batch_axis is None:
-            return bool(self.val)
-        raise ConcretizationError(
-            "vmap: Python `if`, `while` or bool() on a batched value: each "
-            "example of the batch may need a different branch, but Python can "
-            "take only one. Compute both branches and choose elementwise "
-            "instead (a select primitive, or cond in Part 5)."
-        )
-
-    def __repr__(self) -> str:
-        return f"BatchTracer(val={self.val!r}, batch_axis={self.batch_axis})"
+        return full_lower(self.val) if self.batch_axis is None else self
 
 
 class BatchTrace(Trace):
@@ -1415,6 +1432,38 @@ class BatchTrace(Trace):
 
 
 # %% [markdown]
+# An unbatched tracer can answer a Python `if` with its value. A batched one
+# cannot, since each example may need a different branch, and its `__bool__` (in
+# the folded cell) raises an error that says so.
+
+
+# %% tags=["export", "hide-input"]
+# @title Checks: Python `if` on a batched value; how a BatchTracer prints
+def _batch_tracer_bool(self: BatchTracer) -> bool:
+    self.check_live()
+    if self.batch_axis is None:
+        return bool(self.val)
+    raise _batched_bool_error()
+
+
+def _batch_tracer_repr(self: BatchTracer) -> str:
+    return f"BatchTracer(val={self.val!r}, batch_axis={self.batch_axis})"
+
+
+BatchTracer.__bool__ = _batch_tracer_bool
+BatchTracer.__repr__ = _batch_tracer_repr
+
+
+def _batched_bool_error() -> ConcretizationError:
+    return ConcretizationError(
+        "vmap: Python `if`, `while` or bool() on a batched value: each "
+        "example of the batch may need a different branch, but Python can "
+        "take only one. Compute both branches and choose elementwise "
+        "instead (a select primitive, or cond in Part 5)."
+    )
+
+
+# %% [markdown]
 # A {term}`batching rule` receives the batch size, the unpacked values, their batch axes
 # (called `dims` in the code, since several primitives already use `axes` as a
 # param name) and the params, and returns the outputs with *their* batch axes. Many rules need
@@ -1428,8 +1477,7 @@ class BatchTrace(Trace):
 def move_batch_axis(axis_size: int, src: BatchAxis, dst: int, x: Any) -> Any:
     """Put the batch axis of ``x`` at position ``dst``."""
     if src is None:
-        aval = get_aval(x)
-        shape = list(aval.shape)
+        shape = list(get_aval(x).shape)
         shape.insert(dst, axis_size)
         return broadcast(x, shape, (dst,))
     if src == dst:
@@ -1481,6 +1529,9 @@ for _prim in [add_p, mul_p, greater_p, less_p]:
 #   left by the number of summed axes before it.
 # - `transpose` keeps the batch axis in front and shifts the permutation by one.
 # - `broadcast` does the same: batch axis in front, new axes shifted by one.
+#
+# The first rule is below; the other two do what their bullets say and are in
+# the folded cell after it.
 
 
 # %% tags=["export"]
@@ -1492,6 +1543,8 @@ def _reduce_sum_vmap(axis_size, vals, dims, *, axes):
     return [bind(reduce_sum_p, x, axes=full_axes)], [out_bdim]
 
 
+# %% tags=["export", "hide-input"]
+# @title The batching rules of transpose and broadcast
 @transpose_p.def_rule("vmap")
 def _transpose_vmap(axis_size, vals, dims, *, perm):
     (x,), (bdim,) = vals, dims
@@ -1515,17 +1568,15 @@ def _broadcast_vmap(axis_size, vals, dims, *, shape, axes):
 # every output's batch axis to where the caller wants it. Outputs that turn out not
 # to depend on the batch are broadcast, so every output has the batch axis.
 #
-# The user-facing `vmap` adds the pytree handling and the checks a learner needs:
-# `in_axes` may be one int or `None` for all arguments, or a tuple with one entry
-# per argument, where each entry is an int, `None`, or a pytree of those matching
-# that argument's structure. Negative axes count from the end. All batched inputs
-# must agree on the batch size.
+# The user-facing `vmap` adds the pytrees. `in_axes` may be one int or `None` for
+# all arguments, or a tuple with one entry per argument, where each entry is an
+# int, `None`, or a pytree of those matching that argument's structure. Negative
+# axes count from the end. `_flatten_vmap_args` flattens the arguments and
+# `in_axes` into one batch axis per leaf.
 
 
 # %% tags=["export"]
-def vmap_flat(
-    f: Callable, in_axes: Sequence[BatchAxis], args: Sequence[Any], out_axis: int = 0
-) -> list[Any]:
+def vmap_flat(f, in_axes, args, out_axis=0):
     """Batch ``f`` (flat lists in and out); ``in_axes`` are already checked."""
     sizes = {get_aval(x).shape[ax] for x, ax in zip(args, in_axes) if ax is not None}
     (axis_size,) = sizes
@@ -1535,47 +1586,21 @@ def vmap_flat(
             x if ax is None else BatchTracer(trace, x, ax)
             for x, ax in zip(args, in_axes)
         ]
-        outs = f(*tracers_in)
-        outs = [_as_input(out, "vmap: output of the function") for out in outs]
+        outs = _check_outputs("vmap", f(*tracers_in))
         tracers_out = [trace.full_raise(out) for out in outs]
-        vals_out = [t.val for t in tracers_out]
-        dims_out = [t.batch_axis for t in tracers_out]
-    results = []
-    for val, dim in zip(vals_out, dims_out):
-        ndim = get_aval(val).ndim + (dim is None)  # rank with the batch axis
-        if not -ndim <= out_axis < ndim:
-            raise ValueError(
-                f"vmap: out_axes {out_axis} is out of range for an output of "
-                f"rank {ndim} (including the batch axis)"
-            )
-        results.append(move_batch_axis(axis_size, dim, out_axis % ndim, val))
-    return results
+    return [
+        move_batch_axis(axis_size, t.batch_axis, _out_axis(out_axis, t), t.val)
+        for t in tracers_out
+    ]
 
 
 def vmap(f: Callable, in_axes: Any = 0, out_axes: int = 0) -> Callable:
-    """Vectorize ``f`` over a batch axis of its arguments.
-
-    ``in_axes``: an int or None for all arguments, or a tuple with one entry per
-    argument (an int, None, or a pytree of those). ``out_axes``: where the batch
-    axis goes in every output (default 0).
-    """
-    if not _is_axis(out_axes):
-        raise TypeError(f"vmap: out_axes must be an int, got {out_axes!r}")
+    """Vectorize ``f`` over the batch axes ``in_axes`` of its arguments; the
+    batch axis of every output goes to position ``out_axes``."""
+    _check_out_axes(out_axes)
 
     def batched_f(*args: Any) -> Any:
-        if isinstance(in_axes, list):
-            axes_spec: Any = tuple(in_axes)
-        else:
-            axes_spec = in_axes
-        if isinstance(axes_spec, tuple) and len(axes_spec) != len(args):
-            raise ValueError(
-                f"vmap: in_axes has {len(axes_spec)} entries but the function "
-                f"was called with {len(args)} positional arguments"
-            )
-        axes_flat = _broadcast_prefix(axes_spec, args, "")
-        args_flat, in_tree = tree_flatten(args)
-        args_flat = [_as_input(x, "vmap argument") for x in args_flat]
-        axes_flat = _check_batch_axes(args_flat, axes_flat)
+        args_flat, axes_flat, in_tree = _flatten_vmap_args(in_axes, args)
         flat_f = flatten_fun(f, in_tree)
         outs = vmap_flat(flat_f, axes_flat, args_flat, out_axes)
         return tree_unflatten(flat_f.out_tree, outs)
@@ -1584,12 +1609,43 @@ def vmap(f: Callable, in_axes: Any = 0, out_axes: int = 0) -> Callable:
 
 
 # %% [markdown]
-# The checks that `vmap` runs live in two helpers: one matches `in_axes`
-# against the arguments' structure, the other normalizes axes and compares batch
-# sizes. They are hidden here; expand the cell to read them.
+# The checks of `vmap` are in the folded cell: `in_axes` must match the
+# arguments' structure, every axis must be in range, and all batched inputs must
+# agree on the batch size; `out_axes` must be in range for every output.
 
 
 # %% tags=["export", "hide-input"]
+# @title Checks: in_axes, out_axes and batch sizes
+def _flatten_vmap_args(in_axes: Any, args: tuple) -> tuple[list, list, PyTreeDef]:
+    """Flatten ``args`` and ``in_axes`` to one checked batch axis per leaf."""
+    axes_spec = tuple(in_axes) if isinstance(in_axes, list) else in_axes
+    if isinstance(axes_spec, tuple) and len(axes_spec) != len(args):
+        raise ValueError(
+            f"vmap: in_axes has {len(axes_spec)} entries but the function "
+            f"was called with {len(args)} positional arguments"
+        )
+    axes_flat = _broadcast_prefix(axes_spec, args, "")
+    args_flat, in_tree = tree_flatten(args)
+    args_flat = [_as_input(x, "vmap argument") for x in args_flat]
+    return args_flat, _check_batch_axes(args_flat, axes_flat), in_tree
+
+
+def _check_out_axes(out_axes: Any) -> None:
+    if not _is_axis(out_axes):
+        raise TypeError(f"vmap: out_axes must be an int, got {out_axes!r}")
+
+
+def _out_axis(out_axis: int, tracer: BatchTracer) -> int:
+    """``out_axis`` as a non-negative axis of the batched output."""
+    ndim = get_aval(tracer.val).ndim + (tracer.batch_axis is None)
+    if not -ndim <= out_axis < ndim:
+        raise ValueError(
+            f"vmap: out_axes {out_axis} is out of range for an output of "
+            f"rank {ndim} (including the batch axis)"
+        )
+    return out_axis % ndim
+
+
 def _broadcast_prefix(prefix: Any, tree: Any, where: str) -> list[BatchAxis]:
     """One entry of ``prefix`` per leaf of ``tree``; an int or None covers a
     whole subtree, a container must match the tree's structure."""
@@ -1699,28 +1755,36 @@ print(out.shape, np.array_equal(out, np.transpose(mats, (2, 0, 1))))
 # %% tags=["export"]
 def jacfwd(f: Callable, x: Any) -> Any:
     """The Jacobian of ``f`` at ``x``, of shape ``f(x).shape + x.shape``."""
-    x = _as_input(x, "jacfwd")
-    in_aval = get_aval(x)
-    if in_aval.dtype.kind != "f":
-        raise TypeError(
-            f"jacfwd: the input must be a float array, got {in_aval.str_short()}"
-        )
+    x = _check_jacfwd_input(x)
+    aval = get_aval(x)
 
-    def pushforward(tangent):
-        out_tangent = jvp(f, (x,), (tangent,))[1]
-        if isinstance(out_tangent, (tuple, list, dict)):
-            raise TypeError("jacfwd: f must return a single array")
-        return out_tangent
+    def column(tangent):
+        return _single_output(jvp(f, (x,), (tangent,))[1])
 
-    column = pushforward
-    for _ in range(in_aval.ndim):
+    for _ in range(aval.ndim):
         column = vmap(column, 0)
-    basis = np.eye(in_aval.size, dtype=in_aval.dtype).reshape(in_aval.shape * 2)
+    basis = np.eye(aval.size, dtype=aval.dtype).reshape(aval.shape * 2)
     jac = column(basis)  # input axes first, then output axes
-    n_in = in_aval.ndim
-    n_out = get_aval(jac).ndim - n_in
-    perm = tuple(range(n_in, n_in + n_out)) + tuple(range(n_in))
+    n_in, n_out = aval.ndim, get_aval(jac).ndim - aval.ndim
+    perm = (*range(n_in, n_in + n_out), *range(n_in))
     return transpose(jac, perm) if perm else jac
+
+
+# %% tags=["export", "hide-input"]
+# @title Checks: jacfwd takes a float array and f returns one array
+def _check_jacfwd_input(x: Any) -> Any:
+    x = _as_input(x, "jacfwd")
+    if get_aval(x).dtype.kind != "f":
+        raise TypeError(
+            f"jacfwd: the input must be a float array, got {get_aval(x).str_short()}"
+        )
+    return x
+
+
+def _single_output(out: Any) -> Any:
+    if isinstance(out, (tuple, list, dict)):
+        raise TypeError("jacfwd: f must return a single array")
+    return out
 
 
 # %%
@@ -1756,100 +1820,34 @@ def spy(x):
 jvp(vmap(spy, (0,)), (np.array([1.0, 2.0]),), (np.array([1.0, 0.0]),))
 print(snapshot["stack"])
 x = snapshot["x"]
-print(type(x).__name__, "at depth", x._trace.level.depth, "holds")
-print(" ", type(x.val).__name__, "at depth", x.val._trace.level.depth, "holds")
+print(type(x).__name__, "at level", x._trace.level.number, "holds")
+print(" ", type(x.val).__name__, "at level", x.val._trace.level.number, "holds")
 print("   primal", x.val.primal, "and tangent", x.val.tangent)
 
 # %% [markdown]
-# The outer transformation, `jvp`, pushed level 1; the inner `vmap` pushed
-# level 2. The function received a batching tracer whose value is a JVP tracer,
-# whose primal and tangent are plain arrays. When `spy` calls `sin`, `bind` picks
-# level 2; the batching rule applies `sin` to the JVP tracer inside, which `bind`
-# sends to level 1; the JVP rule applies `sin`, `cos` and `mul` to plain arrays,
-# which level 0 evaluates. Drawn from the snapshot above:
+# The outer transformation, `jvp`, started first and pushed level 1, just above
+# evaluation; the inner `vmap` pushed level 2, on top. The function received a
+# batching tracer whose value is a JVP tracer, whose primal and tangent are plain
+# arrays. When `spy` calls `sin`, `bind` picks level 2, the highest; the batching
+# rule applies `sin` to the JVP tracer inside, which `bind` sends down to level 1;
+# the JVP rule applies `sin`, `cos` and `mul` to plain arrays, which level 0, at
+# the bottom, evaluates. Drawn from the snapshot above:
 
-# %% mystnb={"image": {"alt": "The interpreter stack during jvp(vmap(spy)): level 2 (BatchTrace) on top of level 1 (JVPTrace) on top of level 0 (EvalTrace). Next to it, the argument spy receives: a BatchTracer at level 2 holding a JVPTracer at level 1 holding a primal array and a tangent array. A call to sin enters at level 2 and is passed down one level at a time to level 0."}} tags=["hide-input"]
-from IPython.display import SVG
+# %% mystnb={"image": {"alt": "The interpreter stack during jvp(vmap(spy)), drawn with the bottom at the bottom: level 0 (EvalTrace), above it level 1 (JVPTrace), and on top level 2 (BatchTrace). Next to it, the argument spy receives: a BatchTracer at level 2 holding a JVPTracer at level 1 holding a primal array and a tangent array. A call to sin enters at the top, level 2, and is passed down one level at a time to level 0."}} tags=["hide-input"]
+# @title Drawing the stack (the code is in figures.py)
+from figures import draw_interpreter_stack
 
-
-def stack_figure(stack, x):
-    """Draw the stack and the nesting of ``x`` as an SVG, from live objects."""
-    colors = {"EvalTrace": "#dbe9f6", "JVPTrace": "#fde2c8", "BatchTrace": "#d9f2d9"}
-    # what each rule binds, one level down, when spy applies sin
-    passes_down = {"BatchTrace": "sin", "JVPTrace": "sin, cos and mul"}
-    box_h, gap, top = 50, 28, 44
-    bottom = top + len(stack) * box_h + (len(stack) - 1) * gap
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="660" height="{bottom + 50}"'
-        ' font-family="sans-serif" font-size="13">',
-        "<title>Interpreter stack during jvp(vmap(spy))</title>",
-        '<defs><marker id="arrow" markerWidth="8" markerHeight="8" refX="4" '
-        'refY="4" orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#333"/>'
-        "</marker></defs>",
-        '<text x="20" y="24" font-weight="bold">interpreter stack</text>',
-        '<text x="350" y="24" font-weight="bold">the argument spy receives</text>',
-    ]
-    for level in stack:
-        y = top + (len(stack) - 1 - level.depth) * (box_h + gap)
-        name = level.trace_type.__name__
-        payload = "" if level.payload is None else f" (batch size {level.payload})"
-        parts.append(
-            f'<rect x="20" y="{y}" width="280" height="{box_h}" rx="6" '
-            f'fill="{colors[name]}" stroke="#555"/>'
-            f'<text x="34" y="{y + 30}">level {level.depth}: {name}{payload}</text>'
-        )
-        if level.depth > 0:  # the arrow of a bind passed one level down
-            y0, y1 = y + box_h + 2, y + box_h + gap - 4
-            parts.append(
-                f'<line x1="160" y1="{y0}" x2="160" y2="{y1}" stroke="#333" '
-                'marker-end="url(#arrow)"/>'
-                f'<text x="172" y="{y0 + 16}" fill="#333">rule binds '
-                f"{passes_down[name]}</text>"
-            )
-    # The argument: one box per tracer, outermost first, arrays innermost.
-    node, tangent, depth = x, None, 0
-    while isinstance(node, Tracer):
-        level = node._trace.level
-        inset = 14 * depth
-        color = colors[level.trace_type.__name__]
-        parts.append(
-            f'<rect x="{350 + inset}" y="{top + 32 * depth}" '
-            f'width="{290 - 2 * inset}" height="{bottom - top - 44 * depth}" '
-            f'rx="6" fill="{color}" stroke="#555"/>'
-            f'<text x="{362 + inset}" y="{top + 32 * depth + 20}">'
-            f"{type(node).__name__} (level {level.depth})</text>"
-        )
-        if isinstance(node, BatchTracer):
-            node = node.val
-        else:
-            node, tangent = node.primal, node.tangent
-        depth += 1
-    inset, y = 14 * depth, top + 32 * depth
-    for label, value in [("primal", node), ("tangent", tangent)]:
-        parts.append(
-            f'<rect x="{350 + inset}" y="{y}" width="{290 - 2 * inset}" '
-            f'height="34" rx="4" fill="{colors["EvalTrace"]}" stroke="#555"/>'
-            f'<text x="{362 + inset}" y="{y + 22}">{label}: '
-            f"{get_aval(value).str_short()} NumPy array</text>"
-        )
-        y += 42
-    parts.append(
-        f'<text x="20" y="{bottom + 32}" fill="#333">sin enters at the top; each '
-        "rule binds again on what its tracers hold, until level 0 computes."
-        "</text></svg>"
-    )
-    return SVG("".join(parts))
-
-
-stack_figure(snapshot["stack"], snapshot["x"])
+draw_interpreter_stack(snapshot["stack"], snapshot["x"])
 
 # %% [markdown]
 # Two things in this picture are worth remembering. First, the order of the
-# levels follows the order of the *calls* — the outermost transformation is the
-# lowest level — while the nesting of the tracers follows the same order from the
-# inside out. Second, nothing in the machinery knows which transformations exist:
-# `bind` compares depths, and each trace only knows its own rules. That is why any
-# new transformation composes with all the others.
+# levels follows the order of the *calls*: the outermost transformation, entered
+# first, is the first level above evaluation, and the innermost one is on top.
+# The nesting of the tracers follows the same order from the inside out: the
+# argument's outermost wrapper belongs to the top level. Second, nothing in the
+# machinery knows which transformations exist: `bind` compares level numbers, and
+# each trace only knows its own rules. That is why any new transformation
+# composes with all the others.
 #
 # ## Python numbers in every interpreter
 #
@@ -1872,9 +1870,12 @@ print(np.array_equal(vmap(scale, (1,))(batch.T), batch * 2.0 + 1.0))
 # ## When things go wrong
 #
 # A learner will hand these functions all sorts of things. Each mistake should
-# produce an error that says what was wrong in the user's terms. A few examples:
+# produce an error that says what was wrong in the user's terms. A few examples,
+# each printed by `show_error`, which calls a function and prints the error it
+# raises:
 
-# %%
+# %% tags=["hide-input"]
+# @title show_error(thunk): call thunk() and print the error it raises
 import textwrap
 
 
@@ -1885,12 +1886,13 @@ def show_error(thunk):
         print(textwrap.fill(f"{type(e).__name__}: {e}", 80, subsequent_indent="  "))
 
 
+# %%
 show_error(lambda: sin("three"))
 show_error(lambda: add(np.ones(3), np.ones(4)))
 show_error(lambda: jvp(sin, (1.0,), (np.ones(2),)))
 show_error(lambda: vmap(add, (0, 0))(np.ones(3), np.ones(4)))
 show_error(lambda: vmap(lambda x: x if x > 0 else -x, (0,))(np.ones(3)))
-show_error(lambda: reduce_sum(np.ones((2, 3)), axis=2))
+show_error(lambda: transpose(np.ones((2, 3)), (0, 0)))
 
 # %% [markdown]
 # And a tracer that escapes its transformation is caught when it is used again,
@@ -1919,10 +1921,12 @@ show_error(lambda: 1 if leaked[0] else 0)
 # - JAX's `jax.vmap` supports `in_axes` given as a pytree prefix, as ours does,
 #   as well as `out_axes` trees, named axes and `spmd_axis_name`; see the
 #   [`vmap` docs](https://docs.jax.dev/en/latest/_autosummary/jax.vmap.html).
-# - Since late 2024, JAX no longer keeps a stack of numbered levels ("stackless"
-#   JAX): the running transformation's trace is held as the current context, and
-#   a tracer is compared with it directly rather than by depth. The idea of one
-#   interpreter per transformation is the same. See
+# - JAX no longer keeps a stack of numbered levels (the JAX installed here,
+#   0.10.2, is "stackless"): the trace of the running transformation is held in a
+#   context (`trace_ctx` in `jax._src.core`) and handles every operation, treating
+#   values it does not own as constants, and it runs the operations of its rules
+#   under its parent, the trace it was started under. The idea of one interpreter
+#   per transformation is the same. See
 #   [Autodidax and JAX internals](https://docs.jax.dev/en/latest/autodidax.html)
 #   for the official version of this story.
 #
@@ -1930,11 +1934,11 @@ show_error(lambda: 1 if leaked[0] else 0)
 #
 # - Every operation goes through `bind(primitive, *inputs, **params)`; the
 #   wrappers users call only tidy up their arguments.
-# - Abstract values (`ShapedArray`, `ConcreteArray`) describe arrays by shape and
+# - Abstract values (`ShapedArray`) describe arrays by shape and
 #   dtype, so rules can reason about values they do not have.
 # - Each transformation is an interpreter: a `Trace` subclass with `pure`, `lift`
 #   and `process_primitive`, and a `Tracer` subclass. Transformations in progress
-#   form a stack of levels, and `bind` hands each operation to the deepest live
+#   form a stack of levels, and `bind` hands each operation to the highest live
 #   level among its inputs.
 # - `jvp` carries (primal, tangent) pairs and applies the chain rule one
 #   primitive at a time; because rules call `bind`, derivatives nest to any order and Python

@@ -119,7 +119,7 @@ def build(names: tuple[str, ...], lib: int, control: dict) -> Callable:
 def assert_clean_and_usable() -> None:
     """Only the evaluation level is left; fresh transformations work."""
     assert len(ad._state.stack) == 1
-    assert ad._state.stack[0].depth == 0
+    assert ad._state.stack[0].number == 0
     assert ad._state.dynamic is ad._state.stack[0]
     np.testing.assert_allclose(ad.jit(lambda x: ad.cos(x) * x)(X), np.cos(X) * X)
     np.testing.assert_allclose(

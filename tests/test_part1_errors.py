@@ -8,6 +8,8 @@ stack and a following jvp/vmap gives the right answer.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from helpers import raises_clearly
@@ -512,6 +514,19 @@ def test_transpose_bad_perm(perm, exc, match):
         ad.jvp(lambda x: ad.transpose(x, perm), (MAT,), (MAT,))
     with clear_error(exc, match):
         ad.vmap(lambda x: ad.transpose(x, perm), 1)(np.ones((2, 5, 3)))
+
+
+@pytest.mark.parametrize("perm", [(0, 0), (1, -1), (1,), [0, 0]])
+def test_transpose_bad_perm_names_perm_and_type(perm):
+    """The message names the argument ``perm``, its value and the operand's type."""
+    shown = re.escape(str(tuple(perm)))
+    match = (
+        rf"transpose: perm {shown} is not a permutation of the axes of float64\[2,3\]"
+    )
+    with clear_error(ValueError, match):
+        ad.transpose(MAT, perm)
+    with clear_error(ValueError, match):
+        ad.jvp(lambda x: ad.transpose(x, perm), (MAT,), (MAT,))
 
 
 @pytest.mark.parametrize(
