@@ -123,7 +123,7 @@ def compound(x, steps):
 
 
 for steps in [5, 10, 100]:
-    jaxpr = make_jaxpr(lambda x: compound(x, steps), scalar)[0]
+    jaxpr = make_jaxpr(lambda x, steps=steps: compound(x, steps), scalar)[0]
     print(f"{steps:4} steps: {len(jaxpr.eqns)} equations")
 
 
@@ -923,7 +923,7 @@ show_error(jit(grad(lambda x: fori_loop(0, 3, lambda i, y: y * x, 1.0))), 2.0)
 #
 # ## Where real JAX differs
 #
-# The folded cell prints what JAX makes of a `while_loop`, of a `fori_loop`
+# The folded cell prints what JAX makes of `newton_sqrt`, of a `fori_loop`
 # with Python-int bounds, and of one whose bound is traced:
 
 # %% tags=["hide-input"]
@@ -940,10 +940,11 @@ def jax_newton(a):
 
 
 def show_jax(f, *args):
-    print(jax.make_jaxpr(f)(*args).pretty_print(use_color=False))
+    with jax.enable_x64(True):  # float64, as ours, in this cell only
+        print(jax.make_jaxpr(f)(*args).pretty_print(use_color=False))
 
 
-show_jax(jax_newton, np.float32(2.0))
+show_jax(jax_newton, 2.0)
 show_jax(lambda x: jax.lax.fori_loop(0, 5, lambda i, y: y * x, x), 1.0)
 show_jax(lambda x, n: jax.lax.fori_loop(0, n, lambda i, y: y * x, x), 1.0, 5)
 
