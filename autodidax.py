@@ -4255,13 +4255,6 @@ def check_loop_jaxprs(
             )
 
 
-def _call_jaxpr(ctx: LoweringContext, jaxpr: Jaxpr, args: list) -> list:
-    """Emit a call of ``jaxpr``, lowered once to a private function."""
-    callee = ir.FlatSymbolRefAttr.get(ctx.function_for(jaxpr))
-    out_types = [ir_type(x.aval) for x in jaxpr.outs]
-    return list(mlir_func.CallOp(out_types, callee, args).results)
-
-
 @while_p.def_rule("lower")
 def _while_lower(
     ctx,
@@ -4288,6 +4281,14 @@ def _while_lower(
     return list(loop.results)[len(avals_in) - len(avals_out) :]
 
 
+# @title Helper: a call of a jaxpr lowered once to a private function
+def _call_jaxpr(ctx: LoweringContext, jaxpr: Jaxpr, args: list) -> list:
+    """Emit a call of ``jaxpr``, lowered once to a private function."""
+    callee = ir.FlatSymbolRefAttr.get(ctx.function_for(jaxpr))
+    out_types = [ir_type(x.aval) for x in jaxpr.outs]
+    return list(mlir_func.CallOp(out_types, callee, args).results)
+
+
 def reached_from(jaxpr: Jaxpr, marked: list[bool]) -> list[bool]:
     """Which outputs of ``jaxpr`` depend on the marked inputs."""
     reached = {v for v, m in zip(jaxpr.in_binders, marked) if m}
@@ -4311,24 +4312,16 @@ def carry_fixed_point(
 
 
 @while_p.def_rule("jvp")
-def _while_jvp(
-    primals, tangents, *, cond_jaxpr, cond_nconsts, body_jaxpr, body_nconsts
-):
-    counts = (cond_nconsts, body_nconsts)
+def _while_jvp(primals, tangents, **params):
+    cond_jaxpr, body_jaxpr = params["cond_jaxpr"], params["body_jaxpr"]
+    counts = (params["cond_nconsts"], params["body_nconsts"])
     cond_consts, body_consts, init = _split(primals, *counts)
     _, const_dots, init_dots = _split(tangents, *counts)
     _, const_nz, init_nz = _split([_maybe_nonzero(t) for t in tangents], *counts)
     is_float = [_type_of(x).dtype.kind == "f" for x in init]
     nonzero = carry_fixed_point(body_jaxpr, const_nz, init_nz, is_float)
     if not any(nonzero):  # no tangent gets into the carry: the loop as it was
-        outs = bind(
-            while_p,
-            *primals,
-            cond_jaxpr=cond_jaxpr,
-            cond_nconsts=cond_nconsts,
-            body_jaxpr=body_jaxpr,
-            body_nconsts=body_nconsts,
-        )
+        outs = bind(while_p, *primals, **params)
         return outs, [zeros_like(x) for x in outs]
 
     def cond_fun(carry):
@@ -4366,10 +4359,9 @@ def _fill_zeros(tangents: list, marked: list[bool], like: list) -> list:
 
 
 @while_p.def_rule("vmap")
-def _while_vmap(
-    axis_size, vals, dims, *, cond_jaxpr, cond_nconsts, body_jaxpr, body_nconsts
-):
-    counts = (cond_nconsts, body_nconsts)
+def _while_vmap(axis_size, vals, dims, **params):
+    cond_jaxpr, body_jaxpr = params["cond_jaxpr"], params["body_jaxpr"]
+    counts = (params["cond_nconsts"], params["body_nconsts"])
     vals = [
         x if d is None else move_batch_axis(axis_size, d, 0, x)
         for x, d in zip(vals, dims)
