@@ -26,9 +26,9 @@
 # repetition whose length depends on a traced value.
 # :::
 #
-# A Python loop is invisible to our tracers. When `jit` or `make_jaxpr` trace a
-# `for` loop, they see only the operations it performs, one copy per trip, so
-# the jaxpr grows with the number of iterations. A `while` loop whose test
+# Our tracers never see a Python loop, only what it does. When `jit` or
+# `make_jaxpr` trace a `for` loop, they record the operations of every trip, one
+# copy per trip, so the jaxpr grows with the number of iterations. A `while` loop whose test
 # reads a traced value is worse off: the test needs a boolean, and a traced
 # value has only a type.
 #
@@ -169,8 +169,8 @@ show_error(jit(halvings), 1000.0)
 #
 # The body's output becomes its own next input, so it must have exactly the
 # type of its input: the same pytree structure, shapes and dtypes. And the
-# condition must return one boolean scalar. The wrapper checks both (two
-# one-line calls), so a mistake is reported in terms of the user's functions.
+# condition must return one boolean scalar. The wrapper checks both, so that a
+# mistake is reported in terms of the user's functions.
 
 # %% tags=["export"]
 while_p = Primitive("while", multiple_results=True)
@@ -432,7 +432,9 @@ print(jit(relax)(3.0), r**n * 3.0 + c * (1 - r**n) / (1 - r))
 # `JVPTrace.pure` gives a value that does not depend on the inputs), or when
 # its dtype is not a float; a tracer could hold anything. Then it follows the
 # dependences of the body jaxpr: an output depends on an input if some chain of
-# equations leads from one to the other.
+# equations leads from one to the other. The walk errs on the safe side: every
+# output of an equation that reads a marked value is marked, and only carries
+# whose dtype is a float (the `allowed` ones) can carry a tangent.
 #
 # One pass is not enough. Take a carry `(x, y, z)` and a body returning
 # `(x * 2.0, x, y)`, with a tangent on `x` only. After one trip `y` has one, and
@@ -480,8 +482,8 @@ print(
 # old body jaxpr, giving zero tangents to the unmarked carries and returning
 # only the marked carries' tangents. The tangents of the body's constants are
 # closed over, so they become constants of the new body. Calling `while_loop`
-# from inside a rule binds the new `while` one level down the stack, at the
-# interpreter below `jvp` — as every rule's `bind` does.
+# from inside a rule binds the new `while` below the `jvp` interpreter, at the
+# highest level among its operands, as every rule's `bind` does.
 
 
 # %% tags=["export"]
@@ -895,11 +897,11 @@ for name, (value, slope) in results.items():
 # Each of these is reported while tracing, in terms of the call the user wrote:
 
 # %%
-show_error(while_loop, lambda x: x, lambda x: x * 2.0, 1.0)  # a float condition
+show_error(while_loop, lambda x: x, lambda x: x * 2.0, 1.0)
 show_error(while_loop, lambda x: x < np.ones(3), lambda x: x * 2.0, np.zeros(3))
-show_error(while_loop, lambda x: x < 5.0, lambda x: (x, x), 1.0)  # a pair
+show_error(while_loop, lambda x: x < 5.0, lambda x: (x, x), 1.0)
 show_error(while_loop, lambda v: reduce_sum(v) < 9.0, reduce_sum, np.ones(3))
-show_error(fori_loop, 0.0, 3, lambda i, x: x, 1.0)  # a float bound
+show_error(fori_loop, 0.0, 3, lambda i, x: x, 1.0)
 show_error(jit(grad(lambda x: fori_loop(0, 3, lambda i, y: y * x, 1.0))), 2.0)
 
 # %% [markdown]
