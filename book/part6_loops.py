@@ -993,6 +993,7 @@ show_jax(lambda x, n: jax.lax.fori_loop(0, n, lambda i, y: y * x, x), 1.0, 5)
 
 
 # %% tags=["hide-input"]
+# @title A solution
 def bisect_sqrt(a, tol):
     def wide(carry):
         lo, hi, steps = carry
@@ -1024,6 +1025,7 @@ print(np.ceil(np.log2(3.0 / tols)).astype(int), np.abs(roots - np.sqrt(2.0)) < t
 
 
 # %% tags=["hide-input"]
+# @title A solution
 def forward_grad(f):
     """The gradient of f(*scalars) by one jvp per argument."""
 
@@ -1046,6 +1048,7 @@ print(forward_grad(power_tower)(x, w), np.array(numeric))
 # of the `vmap` rule does it take, and which carries end up batched?
 
 # %% tags=["hide-input"]
+# @title A solution
 ns = np.array([2, 11, 101], dtype=np.int64)
 print(vmap(basel)(ns), [sum(1 / k**2 for k in range(1, n)) for n in ns])
 # The bound is a constant of the condition and it is batched, so the predicate
