@@ -4134,6 +4134,371 @@ def _install_operators() -> None:
 
 _install_operators()
 
+# ==== chapter: part6_loops ====
+
+while_p = Primitive("while", multiple_results=True)
+
+
+def while_loop(cond_fun: Callable, body_fun: Callable, init_val: Any) -> Any:
+    """Run ``val = body_fun(val)`` while ``cond_fun(val)``; return ``val``."""
+    init_flat, carry_tree = tree_flatten(init_val)
+    init_flat = [_as_input(x, "while_loop: init_val") for x in init_flat]
+    carry_types = [_type_of(x) for x in init_flat]
+    carry_type = tree_unflatten(carry_tree, carry_types)
+    cond_jaxpr, cond_consts, cond_tree = _trace_to_jaxpr(
+        cond_fun, (carry_type,), dynamic=True, who="while_loop: cond_fun"
+    )
+    check_loop_condition(cond_tree, cond_jaxpr)
+    body_jaxpr, body_consts, body_tree = _trace_to_jaxpr(
+        body_fun, (carry_type,), dynamic=True, who="while_loop: body_fun"
+    )
+    check_carry_type_kept(carry_tree, carry_types, body_tree, body_jaxpr)
+    outs = bind(
+        while_p,
+        *cond_consts,
+        *body_consts,
+        *init_flat,
+        cond_jaxpr=cond_jaxpr,
+        cond_nconsts=len(cond_consts),
+        body_jaxpr=body_jaxpr,
+        body_nconsts=len(body_consts),
+    )
+    return tree_unflatten(carry_tree, outs)
+
+
+# @title Checks: a boolean scalar condition, a body that keeps the carry's type
+def _type_of(x: Any) -> ShapedArray:
+    """The shape and dtype of an array or tracer, as a ShapedArray."""
+    aval = get_aval(x)
+    return ShapedArray(aval.shape, aval.dtype)
+
+
+def _types_str(tree: PyTreeDef, avals: list[ShapedArray]) -> str:
+    """A pytree of types, printed like ``(float64[], int64[])``."""
+    text = str(tree_unflatten(tree, [a.str_short() for a in avals]))
+    return text.replace("'", "")
+
+
+def check_loop_condition(cond_tree: PyTreeDef, cond_jaxpr: Jaxpr) -> None:
+    """Raise a TypeError unless cond_fun returned one boolean scalar."""
+    returned = [x.aval for x in cond_jaxpr.outs]
+    if cond_tree != LEAF or returned[0] != ShapedArray((), np.bool_):
+        raise TypeError(
+            "while_loop: cond_fun must return a boolean scalar (bool[]), but it "
+            f"returned {_types_str(cond_tree, returned)}; compare to get one, "
+            "e.g. less(i, 10)"
+        )
+
+
+def check_carry_type_kept(
+    carry_tree: PyTreeDef,
+    carry_types: list[ShapedArray],
+    body_tree: PyTreeDef,
+    body_jaxpr: Jaxpr,
+) -> None:
+    """Raise a TypeError unless body_fun returns the carry type it was given."""
+    returned = [x.aval for x in body_jaxpr.outs]
+    if body_tree != carry_tree or returned != carry_types:
+        raise TypeError(
+            "while_loop: body_fun must return a carry of the type it is given, "
+            f"{_types_str(carry_tree, carry_types)}, but it returned "
+            f"{_types_str(body_tree, returned)}"
+        )
+
+
+@while_p.def_rule("impl")
+def _while_impl(*args, cond_jaxpr, cond_nconsts, body_jaxpr, body_nconsts):
+    cond_consts, body_consts, carry = _split(args, cond_nconsts, body_nconsts)
+    while eval_jaxpr(cond_jaxpr, [*cond_consts, *carry])[0]:
+        carry = eval_jaxpr(body_jaxpr, [*body_consts, *carry])
+    return carry
+
+
+@while_p.def_rule("abstract_eval")
+def _while_abstract_eval(*avals, cond_jaxpr, cond_nconsts, body_jaxpr, body_nconsts):
+    cond_consts, body_consts, carry = _split(avals, cond_nconsts, body_nconsts)
+    check_loop_jaxprs(cond_jaxpr, cond_consts, body_jaxpr, body_consts, carry)
+    return [_type_of_aval(a) for a in carry]
+
+
+# @title Helpers: cutting the operands into groups; checking the loop's jaxprs
+def _split(items: Sequence, *counts: int) -> list[list]:
+    """``items`` cut into pieces of the given lengths, then the rest."""
+    pieces, start = [], 0
+    for n in counts:
+        pieces.append(list(items[start : start + n]))
+        start += n
+    return [*pieces, list(items[start:])]
+
+
+def _type_of_aval(aval: ShapedArray) -> ShapedArray:
+    return ShapedArray(aval.shape, aval.dtype)
+
+
+def check_loop_jaxprs(
+    cond_jaxpr: Jaxpr,
+    cond_consts: list,
+    body_jaxpr: Jaxpr,
+    body_consts: list,
+    carry: list,
+) -> None:
+    """Raise a TypeError unless the condition takes (its constants, the carry)
+    to bool[] and the body takes (its constants, the carry) to the carry."""
+    cond_consts, body_consts, carry = [
+        [_type_of_aval(a) for a in group] for group in (cond_consts, body_consts, carry)
+    ]
+    expected = {
+        "cond_jaxpr": (cond_jaxpr, cond_consts + carry, [ShapedArray((), np.bool_)]),
+        "body_jaxpr": (body_jaxpr, body_consts + carry, carry),
+    }
+    for name, (jaxpr, in_types, out_types) in expected.items():
+        found = typecheck_jaxpr(jaxpr)
+        if found.in_types != in_types or found.out_types != out_types:
+            raise TypeError(
+                f"while: {name} has type {found}, but the loop's operands need "
+                f"{JaxprType(in_types, out_types)}"
+            )
+
+
+@while_p.def_rule("lower")
+def _while_lower(
+    ctx,
+    avals_in,
+    avals_out,
+    *operands,
+    cond_jaxpr,
+    cond_nconsts,
+    body_jaxpr,
+    body_nconsts,
+):
+    types = [ir_type(a) for a in avals_in]
+    loop = hlo.WhileOp(types, operands)  # the state: every operand
+    with ir.InsertionPoint(loop.cond.blocks.append(*types)) as where:
+        cond_consts, _, carry = _split(
+            where.block.arguments, cond_nconsts, body_nconsts
+        )
+        hlo.ReturnOp(_call_jaxpr(ctx, cond_jaxpr, [*cond_consts, *carry]))
+    with ir.InsertionPoint(loop.body.blocks.append(*types)) as where:
+        state = list(where.block.arguments)
+        _, body_consts, carry = _split(state, cond_nconsts, body_nconsts)
+        new_carry = _call_jaxpr(ctx, body_jaxpr, [*body_consts, *carry])
+        hlo.ReturnOp(state[: len(state) - len(carry)] + new_carry)
+    return list(loop.results)[len(avals_in) - len(avals_out) :]
+
+
+# @title Helper: a call of a jaxpr lowered once to a private function
+def _call_jaxpr(ctx: LoweringContext, jaxpr: Jaxpr, args: list) -> list:
+    """Emit a call of ``jaxpr``, lowered once to a private function."""
+    callee = ir.FlatSymbolRefAttr.get(ctx.function_for(jaxpr))
+    out_types = [ir_type(x.aval) for x in jaxpr.outs]
+    return list(mlir_func.CallOp(out_types, callee, args).results)
+
+
+def reached_from(jaxpr: Jaxpr, marked: list[bool]) -> list[bool]:
+    """Which outputs of ``jaxpr`` depend on the marked inputs."""
+    reached = {v for v, m in zip(jaxpr.in_binders, marked) if m}
+    for eqn in jaxpr.eqns:
+        if any(isinstance(x, Var) and x in reached for x in eqn.inputs):
+            reached.update(eqn.out_binders)
+    return [isinstance(x, Var) and x in reached for x in jaxpr.outs]
+
+
+def carry_fixed_point(
+    body_jaxpr: Jaxpr, consts: list[bool], carry: list[bool], allowed: list[bool]
+) -> list[bool]:
+    """The carries that some number of trips through the body reaches from
+    the marked constants and carries (only those ``allowed``)."""
+    while True:
+        reached = reached_from(body_jaxpr, consts + carry)
+        new = [c or (r and a) for c, r, a in zip(carry, reached, allowed)]
+        if new == carry:
+            return carry
+        carry = new
+
+
+@while_p.def_rule("jvp")
+def _while_jvp(primals, tangents, **params):
+    cond_jaxpr, body_jaxpr = params["cond_jaxpr"], params["body_jaxpr"]
+    counts = (params["cond_nconsts"], params["body_nconsts"])
+    cond_consts, body_consts, init = _split(primals, *counts)
+    _, const_dots, init_dots = _split(tangents, *counts)
+    _, const_nz, init_nz = _split([_maybe_nonzero(t) for t in tangents], *counts)
+    is_float = [_type_of(x).dtype.kind == "f" for x in init]
+    nonzero = carry_fixed_point(body_jaxpr, const_nz, init_nz, is_float)
+    if not any(nonzero):  # no tangent gets into the carry: the loop as it was
+        outs = bind(while_p, *primals, **params)
+        return outs, [zeros_like(x) for x in outs]
+
+    def cond_fun(carry):
+        x, _ = carry
+        return eval_jaxpr(cond_jaxpr, [*cond_consts, *x])[0]
+
+    def body_fun(carry):
+        x, x_dot = carry
+        x_dots = _fill_zeros(x_dot, nonzero, x)
+        c_dots = [d if nz else zeros_like(d) for d, nz in zip(const_dots, const_nz)]
+        out, out_dot = jvp_flat(
+            jaxpr_as_fun(body_jaxpr), [*body_consts, *x], [*c_dots, *x_dots]
+        )
+        return out, [d for d, nz in zip(out_dot, nonzero) if nz]
+
+    init_dot = [d for d, nz in zip(init_dots, nonzero) if nz]
+    out, out_dot = while_loop(cond_fun, body_fun, (init, init_dot))
+    return out, _fill_zeros(out_dot, nonzero, out)
+
+
+# @title Helpers: tangents known to be zero
+def _maybe_nonzero(tangent: Any) -> bool:
+    """False for a tangent known to be zero: a concrete float array of zeros,
+    or any integer or boolean tangent. True for a tracer."""
+    if get_aval(tangent).dtype.kind != "f":
+        return False
+    return isinstance(tangent, Tracer) or bool(np.any(np.asarray(tangent)))
+
+
+def _fill_zeros(tangents: list, marked: list[bool], like: list) -> list:
+    """One tangent per value of ``like``: the next of ``tangents`` where
+    marked, a zero array elsewhere."""
+    given = iter(tangents)
+    return [next(given) if m else zeros_like(x) for m, x in zip(marked, like)]
+
+
+@while_p.def_rule("vmap")
+def _while_vmap(axis_size, vals, dims, **params):
+    cond_jaxpr, body_jaxpr = params["cond_jaxpr"], params["body_jaxpr"]
+    counts = (params["cond_nconsts"], params["body_nconsts"])
+    vals = [
+        x if d is None else move_batch_axis(axis_size, d, 0, x)
+        for x, d in zip(vals, dims)
+    ]
+    cond_consts, body_consts, init = _split(vals, *counts)
+    cond_b, body_b, init_b = _split([d is not None for d in dims], *counts)
+    carry_b = carry_fixed_point(body_jaxpr, body_b, init_b, [True] * len(init))
+    (pred_b,) = reached_from(cond_jaxpr, cond_b + carry_b)
+    if pred_b:  # examples stop after different trips: each needs its own carry
+        carry_b = [True] * len(init)
+    init = [
+        move_batch_axis(axis_size, None, 0, x) if b and not b0 else x
+        for x, b, b0 in zip(init, carry_b, init_b)
+    ]
+
+    def running(carry):  # one predicate, or one per example
+        args, batched = [*cond_consts, *carry], cond_b + carry_b
+        return run_batched(cond_jaxpr, axis_size, args, batched, [pred_b])[0]
+
+    def cond_fun(carry):
+        return any_true(running(carry)) if pred_b else running(carry)
+
+    def body_fun(carry):
+        args, batched = [*body_consts, *carry], body_b + carry_b
+        new = run_batched(body_jaxpr, axis_size, args, batched, carry_b)
+        if not pred_b:
+            return new
+        still = running(carry)  # finished examples keep their old carry
+        return [select(per_example(still, x), n, x) for n, x in zip(new, carry)]
+
+    outs = while_loop(cond_fun, body_fun, init)
+    return outs, [0 if b else None for b in carry_b]
+
+
+# @title Helpers: a jaxpr on a batch; "any" of a boolean vector; a predicate per example
+def run_batched(
+    jaxpr: Jaxpr,
+    axis_size: int,
+    args: list,
+    batched: list[bool],
+    out_batched: list[bool],
+) -> list:
+    """``jaxpr`` on ``args`` (batched along axis 0 where ``batched``); the
+    outputs batched along axis 0 where ``out_batched``, else unbatched."""
+    with new_level(BatchTrace, axis_size) as level:
+        trace = BatchTrace(level)
+        ins = [BatchTracer(trace, x, 0) if b else x for x, b in zip(args, batched)]
+        outs = [trace.full_raise(x) for x in eval_jaxpr(jaxpr, ins)]
+        return [
+            move_batch_axis(axis_size, t.batch_axis, 0, t.val) if b else t.val
+            for t, b in zip(outs, out_batched)
+        ]
+
+
+def any_true(preds: Any) -> Any:
+    """Whether any element of the boolean vector ``preds`` is true."""
+    return reduce_max(convert_element_type(preds, np.int32), 0) > 0
+
+
+def per_example(pred: Any, x: Any) -> Any:
+    """The boolean vector ``pred`` broadcast along the axes of ``x`` after 0."""
+    shape = get_aval(x).shape
+    if len(shape) == 1:
+        return pred
+    return broadcast(pred, shape, tuple(range(1, len(shape))))
+
+
+class WhileLoopReverseModeError(TypeError):
+    """Reverse-mode differentiation through a while loop, which has none."""
+
+
+def no_reverse_mode() -> WhileLoopReverseModeError:
+    return WhileLoopReverseModeError(
+        "reverse-mode differentiation (linearize, vjp, grad) does not work "
+        "through while_loop: its trip count is known only when it ends, so the "
+        "loop cannot save what each trip's derivative needs. Use scan, or "
+        "fori_loop with Python int bounds (Part 7); jvp works here."
+    )
+
+
+@while_p.def_rule("partial_eval")
+def _while_partial_eval(trace, tracers, **params):
+    if any(t.pval.is_known for t in tracers):
+        raise no_reverse_mode()
+    return trace.stage(while_p, tracers, params)
+
+
+@while_p.def_rule("partial_eval_jaxpr")
+def _while_partial_eval_jaxpr(unks_in, eqn):
+    if not all(unks_in):
+        raise no_reverse_mode()
+    return None, eqn, [True] * len(eqn.out_binders), []
+
+
+NOT_LINEAR = NOT_LINEAR | {"while"}  # no transpose rule: see above
+
+
+def fori_loop(lower: Any, upper: Any, body_fun: Callable, init_val: Any) -> Any:
+    """``val = body_fun(i, val)`` for ``i`` from ``lower`` up to ``upper``."""
+    lower, upper = check_loop_bounds(lower, upper)
+
+    def step(carry):
+        i, val = carry
+        return i + 1, body_fun(i, val)
+
+    return while_loop(lambda carry: carry[0] < upper, step, (lower, init_val))[1]
+
+
+# @title Checks: integer scalar bounds
+def check_loop_bounds(lower: Any, upper: Any) -> list[Any]:
+    """The bounds as integer scalars of one dtype (a Python int takes the
+    other bound's); a TypeError otherwise."""
+    dtypes = set()
+    for name, bound in [("lower", lower), ("upper", upper)]:
+        if isinstance(bound, int) and not isinstance(bound, bool):
+            continue
+        aval = _type_of(_as_input(bound, f"fori_loop: {name}"))
+        if aval.dtype.kind not in "iu" or aval.shape != ():
+            raise TypeError(
+                f"fori_loop: {name} must be an integer scalar, got "
+                f"{aval.str_short()} ({_short_repr(bound)})"
+            )
+        dtypes.add(aval.dtype)
+    if len(dtypes) > 1:
+        raise TypeError(
+            "fori_loop: lower and upper must have the same dtype, got "
+            f"{_type_of(lower).str_short()} and {_type_of(upper).str_short()}"
+        )
+    dtype = dtypes.pop() if dtypes else np.dtype(np.int64)
+    return [np.asarray(b, dtype) if isinstance(b, int) else b for b in (lower, upper)]
+
+
 # ==== chapter: performance ====
 
 # ==== book support (generated by build_tools/tangle.py) ====

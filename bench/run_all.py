@@ -10,7 +10,9 @@ Runs, for autodidax and for JAX on the same programs (float64 throughout):
 - ``grad``, from ``bench_grad.py``: eager ``grad`` of a chain of 500 and of
   2000 primitives (cost per primitive, and how it grows);
 - ``overhead``, from ``bench_overhead.py``: eager ``sin`` and ``add`` on a
-  small array, and ``vmap`` of a jitted function.
+  small array, and ``vmap`` of a jitted function;
+- ``loops``, from ``bench_loops.py``: a jitted ``while_loop`` of 100,000
+  steps next to ``jax.lax.while_loop``.
 
 It prints one table of the headline numbers (autodidax's time, JAX's time, and
 their ratio, the number the targets of SPEC section 6 are about) and writes a
@@ -58,6 +60,7 @@ if BENCH_DIR not in sys.path:  # find the scripts also when loaded by path (test
 
 import bench_grad  # noqa: E402
 import bench_jit  # noqa: E402
+import bench_loops  # noqa: E402
 import bench_make_jaxpr  # noqa: E402
 import bench_overhead  # noqa: E402
 import benchlib  # noqa: E402
@@ -154,6 +157,16 @@ def run_overhead(variants: dict[str, ModuleType], quick: bool) -> dict:
         "rounds": args.rounds,
     }
     return {"config": config, **bench_overhead.run(libs, args)}
+
+
+def run_loops(variants: dict[str, ModuleType], quick: bool) -> dict:
+    """bench_loops' jitted while_loop."""
+    steps = bench_loops.QUICK_STEPS if quick else bench_loops.STEPS
+    repeats = bench_loops.QUICK_REPEATS if quick else bench_loops.REPEATS
+    libs = [bench_loops.autodidax_library(m, name) for name, m in variants.items()]
+    libs.append(bench_loops.jax_library())
+    config = {"steps": steps, "repeats": repeats}
+    return {"config": config, "while_loop": bench_loops.measure(libs, steps, repeats)}
 
 
 @contextlib.contextmanager
@@ -336,6 +349,21 @@ def headline(results: dict, names: list[str]) -> tuple[list[dict], list[dict]]:
             per_call(overhead["vmap_of_jit"], "median_us"),
         )
     )
+    loop = results["loops"]["while_loop"]
+    values = per_call(loop, "median_ms")
+    rows.append(
+        _row(
+            "while_loop",
+            "jit while_loop",
+            f"{loop['steps']:_} steps",
+            loop["program"],
+            "ms/call",
+            values,
+            f"≤ {bench_loops.TARGET_RATIO}×",
+            values["autodidax"] / values["jax"] <= bench_loops.TARGET_RATIO,
+            bench_loops.TARGET_RATIO,
+        )
+    )
     return rows, growth
 
 
@@ -354,6 +382,7 @@ def max_abs_errors(results: dict) -> dict[str, float]:
         jit["compute"]["max_abs_error"],
         *(row["max_abs_error"] for row in overhead["eager"].values()),
         overhead["vmap_of_jit"]["max_abs_error"],
+        results["loops"]["while_loop"]["max_abs_error"],
     ]
     worst: dict[str, float] = {}
     for errors in sources:
@@ -427,6 +456,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             ("make_jaxpr", run_make_jaxpr),
             ("grad", run_grad),
             ("overhead", run_overhead),
+            ("loops", run_loops),
         ):
             print(f"running {key} ...", flush=True)
             with frozen_heap():

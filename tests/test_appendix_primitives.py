@@ -1508,6 +1508,10 @@ NONLINEAR_WITNESSES = {
     "max": lambda x, y: ad.maximum(x, y),
     "greater": lambda x, y: ad.convert_element_type(ad.greater(x, y), F64),
     "less": lambda x, y: ad.convert_element_type(ad.less(x, y), F64),
+    # Part 6: square until the sum passes 100 (elements are positive).
+    "while": lambda x, y: ad.while_loop(
+        lambda v: ad.reduce_sum(v, 0) < 100.0, lambda v: v * v + 1.0, x
+    ),
 }
 
 

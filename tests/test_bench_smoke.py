@@ -23,6 +23,7 @@ BENCH = REPO_ROOT / "bench" / "bench_make_jaxpr.py"
 BENCH_JIT = REPO_ROOT / "bench" / "bench_jit.py"
 BENCH_GRAD = REPO_ROOT / "bench" / "bench_grad.py"
 BENCH_OVERHEAD = REPO_ROOT / "bench" / "bench_overhead.py"
+BENCH_LOOPS = REPO_ROOT / "bench" / "bench_loops.py"
 RUN_ALL = REPO_ROOT / "bench" / "run_all.py"
 RESULTS = REPO_ROOT / "bench" / "results.json"
 SCRIPTS = {
@@ -30,6 +31,7 @@ SCRIPTS = {
     "jit": BENCH_JIT,
     "grad": BENCH_GRAD,
     "overhead": BENCH_OVERHEAD,
+    "loops": BENCH_LOOPS,
     "run_all": RUN_ALL,
 }
 
@@ -381,24 +383,83 @@ def test_overhead_without_jax(capsys):
 
 
 # ---------------------------------------------------------------------------
+# bench_loops.py
+# ---------------------------------------------------------------------------
+
+
+def check_loops_report(report: dict, libraries: list[str]) -> None:
+    assert report["benchmark"] == "loops"
+    assert report["libraries"] == libraries
+    config, row = report["config"], report["results"]["while_loop"]
+    assert row["steps"] == config["steps"]
+    for library in libraries:
+        stats = row[library]
+        assert stats["repeats"] == config["repeats"]
+        for key in ("median_ms", "min_ms", "max_ms"):
+            assert math.isfinite(stats[key]) and stats[key] > 0, key
+        assert stats["min_ms"] <= stats["median_ms"] <= stats["max_ms"]
+        assert row["max_abs_error"][library] < 1e-9  # against a NumPy loop
+    # The loop is traced once: one while equation, whatever the trip count.
+    assert row["top_level_eqns"] == {"autodidax": 1}
+    summary = report["summary"]
+    assert summary["target_ratio"] == 1.5
+    if "jax" in libraries:
+        assert math.isclose(
+            row["ratio"], row["autodidax"]["median_ms"] / row["jax"]["median_ms"]
+        )
+        assert summary["met"] == (row["ratio"] <= 1.5)
+    else:
+        assert "ratio" not in row and summary["met"] is None
+    check_machine(report)
+
+
+def test_loops_quick_run_in_process(tmp_path, capsys):
+    module = load("loops")
+    report, printed = run_quick_in_process(module, tmp_path / "loops.json", capsys)
+    check_loops_report(report, ["autodidax", "jax"])
+    assert report["quick"] is True and report["summary"]["meaningful"] is False
+    assert report["config"]["steps"] == module.QUICK_STEPS
+    assert "jitted while_loop" in printed and "quick run" in printed
+
+
+def test_loops_without_jax(capsys):
+    report = load("loops").main(["--no-jax", "--steps", "50", "--repeats", "1"])
+    check_loops_report(report, ["autodidax"])
+    assert report["config"]["steps"] == 50
+    capsys.readouterr()
+
+
+def test_loops_command_line_quick_run(tmp_path):
+    report, printed = run_command_line(BENCH_LOOPS, tmp_path / "cli.json")
+    assert "ours/jax" in printed
+    check_loops_report(report, ["autodidax", "jax"])
+
+
+# ---------------------------------------------------------------------------
 # run_all.py: every benchmark, and the committed results file
 # ---------------------------------------------------------------------------
 
 HEADLINE_IDS = {"jit_dispatch", "jit_compute", "first_call_small", "first_call_chain"}
 HEADLINE_IDS |= {"eager_sin", "eager_add", "vmap_of_jit"}
+BENCHMARKS = {"jit", "make_jaxpr", "grad", "overhead"}
 
 
-def check_all_report(report: dict, libraries: list[str], quick: bool) -> None:
-    """What every report of run_all.py holds, quick or not."""
+def check_all_report(
+    report: dict, libraries: list[str], quick: bool, loops_optional: bool = False
+) -> None:
+    """What every report of run_all.py holds, quick or not. ``loops_optional``:
+    a report written before bench_loops.py joined run_all.py may lack it."""
     assert report["benchmark"] == "all" and report["quick"] is quick
     assert report["libraries"] == libraries
     assert report["command"].startswith("python bench/run_all.py")
     results = report["results"]
-    assert set(results) == {"jit", "make_jaxpr", "grad", "overhead"}
+    with_loops = "loops" in results or not loops_optional
+    assert set(results) == BENCHMARKS | ({"loops"} if with_loops else set())
     sizes = {key: results[key]["sizes"] for key in ("make_jaxpr", "grad")}
     assert sizes["make_jaxpr"][-1] == 4 * sizes["make_jaxpr"][0]
     assert sizes["grad"][-1] == 4 * sizes["grad"][0]
-    ids = HEADLINE_IDS | {f"make_jaxpr_{n}" for n in sizes["make_jaxpr"]}
+    ids = HEADLINE_IDS | ({"while_loop"} if with_loops else set())
+    ids |= {f"make_jaxpr_{n}" for n in sizes["make_jaxpr"]}
     ids |= {f"grad_{n}" for n in sizes["grad"]}
     rows = report["headline"]
     assert {row["id"] for row in rows} == ids and len(rows) == len(ids)
@@ -415,6 +476,11 @@ def check_all_report(report: dict, libraries: list[str], quick: bool) -> None:
     by_id = {row["id"]: row for row in rows}
     assert by_id["jit_dispatch"]["target_ratio"] == 1.5
     assert by_id["jit_compute"]["target_ratio"] == 1.02
+    if with_loops:
+        assert by_id["while_loop"]["target_ratio"] == 1.5
+        loop = results["loops"]["while_loop"]
+        assert loop["top_level_eqns"]["autodidax"] == 1
+        assert by_id["while_loop"]["values"]["jax"] == loop["jax"]["median_ms"]
     dispatch = results["jit"]["dispatch"]
     assert by_id["jit_dispatch"]["values"]["jax"] == dispatch["jax"]["median_us"]
     for growth in report["growth"]:
@@ -443,7 +509,8 @@ def test_run_all_quick_in_process(tmp_path, capsys):
     report, printed = run_quick_in_process(module, tmp_path / "all.json", capsys)
     check_all_report(report, ["autodidax", "jax"], quick=True)
     assert report["modules"]["autodidax"]["file"] == "autodidax.py"
-    for words in ("jit dispatch", "make_jaxpr", "grad", "vmap of jit", "growth"):
+    expected = ("jit dispatch", "make_jaxpr", "grad", "vmap of jit", "while_loop")
+    for words in (*expected, "growth"):
         assert words in printed
     assert "targets not judged" in printed
 
@@ -479,7 +546,7 @@ def test_committed_results_are_a_full_run():
     """bench/results.json, which the book's performance page draws, is the
     report of a full run of run_all.py on this checkout's autodidax."""
     report = json.loads(RESULTS.read_text(encoding="utf-8"))
-    check_all_report(report, ["autodidax", "jax"], quick=False)
+    check_all_report(report, ["autodidax", "jax"], quick=False, loops_optional=True)
     assert report["results"]["make_jaxpr"]["sizes"] == [1000, 4000]
     assert report["results"]["grad"]["sizes"] == [500, 2000]
     assert report["results"]["jit"]["compute"]["size"] == 4_000_000

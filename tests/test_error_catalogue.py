@@ -880,3 +880,84 @@ def test_named_error_classes_are_type_errors():
     for cls in (ad.ConcretizationError, ad.UnexpectedTracerError, ad.JaxprTypeError):
         assert issubclass(cls, TypeError)
         assert not issubclass(cls, INTERNAL)
+
+
+# ---------------------------------------------------------------------------
+# 14. Loops (Part 6): a body returning a carry of another type, a condition
+#     that is not a boolean scalar, reverse mode through while_loop
+# ---------------------------------------------------------------------------
+
+
+def _total(v):
+    return ad.reduce_sum(v, 0)
+
+
+LOOP_BODIES = {
+    "shape": (lambda v: _total(v), r"float64\[3\], but it returned float64\[\]"),
+    "dtype": (
+        lambda v: ad.convert_element_type(v, np.float32),
+        r"float64\[3\], but it returned float32\[3\]",
+    ),
+    "structure": (
+        lambda v: (v, v),
+        r"float64\[3\], but it returned \(float64\[3\], float64\[3\]\)",
+    ),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", LOOP_BODIES, ids=list(LOOP_BODIES))
+def test_14_loop_body_returning_another_carry_type(case, mode):
+    body, names = LOOP_BODIES[case]
+
+    def f(x):
+        return ad.while_loop(lambda v: _total(v) > 100.0, body, x)
+
+    with clear_error(TypeError, rf"while_loop: body_fun must return .*{names}"):
+        with in_mode(mode):
+            under(mode, f)(V3)
+
+
+LOOP_CONDITIONS = {
+    "float": (lambda v: _total(v), r"float64\[\]"),
+    "vector": (lambda v: v > 0.0, r"bool\[3\]"),
+    "pair": (lambda v: (_total(v) > 0.0, _total(v) > 1.0), r"\(bool\[\], bool\[\]\)"),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", LOOP_CONDITIONS, ids=list(LOOP_CONDITIONS))
+def test_14_loop_condition_not_a_boolean_scalar(case, mode):
+    cond_fun, returned = LOOP_CONDITIONS[case]
+
+    def f(x):
+        return ad.while_loop(cond_fun, lambda v: v * 1.5, x)
+
+    match = rf"while_loop: cond_fun must return a boolean scalar .*returned {returned}"
+    with clear_error(TypeError, match):
+        with in_mode(mode):
+            under(mode, f)(V3)
+
+
+def _growing(x):
+    return ad.while_loop(lambda v: _total(v) < 10.0, lambda v: v * 1.5, x)
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        under("grad", _growing),
+        under("jit-of-grad", _growing),
+        under("grad-of-jit", _growing),
+        lambda x: ad.vjp(_growing, x),
+        lambda x: ad.linearize(_growing, x),
+        lambda x: ad.grad(lambda x: ad.fori_loop(0, 3, lambda i, c: c * x, x))(1.5),
+    ],
+    ids=["grad", "jit-of-grad", "grad-of-jit", "vjp", "linearize", "fori_loop"],
+)
+def test_14_reverse_mode_through_while_loop(run):
+    with clear_error(
+        ad.WhileLoopReverseModeError, r"trip count .* Use scan, or\s+fori_loop"
+    ):
+        run(V3)
+    assert issubclass(ad.WhileLoopReverseModeError, TypeError)
