@@ -1646,11 +1646,8 @@ def make_jaxpr(f: Callable, *avals_in: Any) -> tuple[Jaxpr, list, PyTreeDef]:
 # ==== chapter: part3_jit ====
 
 import functools
-import weakref
 
-# Import jax before jaxlib's MLIR bindings: jax's import configures jaxlib
-# (among other things, it keeps the XLA runtime's C++ logging quiet).
-import jax
+import jax  # first: importing jax configures jaxlib
 import jax.extend.backend
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import func as mlir_func
@@ -1689,15 +1686,6 @@ def ir_element_type(dtype: np.dtype) -> ir.Type:
     raise TypeError(f"no StableHLO type for dtype {dtype.name}")
 
 
-def check_xla_dtype(dtype: np.dtype, who: str = "jit") -> None:
-    """Refuse a dtype that XLA has no type for (NumPy's float128, say)."""
-    if dtype.kind not in "biuf" or dtype.itemsize > 8:
-        raise TypeError(
-            f"{who}: XLA has no type for dtype {dtype.name}; use booleans, "
-            "integers of up to 64 bits, or float16/32/64"
-        )
-
-
 def ir_type(aval: ShapedArray) -> ir.RankedTensorType:
     return ir.RankedTensorType.get(aval.shape, ir_element_type(aval.dtype))
 
@@ -1710,6 +1698,16 @@ def ir_constant(value: Any, aval: ShapedArray) -> ir.Value:
     else:
         attr = ir.IntegerAttr.get(element, int(value))
     return hlo.constant(ir.DenseElementsAttr.get_splat(ir_type(aval), attr))
+
+
+# @title Checks: dtypes that XLA has no type for
+def check_xla_dtype(dtype: np.dtype, who: str = "jit") -> None:
+    """Refuse a dtype that XLA has no type for (NumPy's float128, say)."""
+    if dtype.kind not in "biuf" or dtype.itemsize > 8:
+        raise TypeError(
+            f"{who}: XLA has no type for dtype {dtype.name}; use booleans, "
+            "integers of up to 64 bits, or float16/32/64"
+        )
 
 
 def _lower_with(prim: Primitive, make_op: Callable) -> None:
@@ -1861,8 +1859,6 @@ def device_put(x: np.ndarray) -> Array:
 class Array(ArrayOperators):
     """An array in device memory: what jitted functions return."""
 
-    __array_priority__ = 100
-
     def __init__(self, buffer: Any) -> None:
         self._buffer = buffer
 
@@ -1875,36 +1871,11 @@ class Array(ArrayOperators):
         return np.dtype(self._buffer.dtype)
 
     @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
     def aval(self) -> ShapedArray:
         return ShapedArray(self.shape, self.dtype)
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         return np.asarray(self._buffer, dtype=dtype, copy=copy)
-
-    def __bool__(self) -> bool:
-        return bool(np.asarray(self))
-
-    def __float__(self) -> float:
-        return float(np.asarray(self))
-
-    def __int__(self) -> int:
-        return int(np.asarray(self))
-
-    def __len__(self) -> int:
-        if not self.shape:
-            raise TypeError("len() of a 0-d Array")
-        return self.shape[0]
-
-    def __str__(self) -> str:
-        return str(np.asarray(self))
-
-    def __repr__(self) -> str:
-        body = np.array2string(np.asarray(self), separator=", ", prefix="Array(")
-        return f"Array({body}, dtype={self.dtype.name})"
 
 
 DEVICE_ARRAY_TYPES = (Array,)
@@ -1915,6 +1886,28 @@ def _as_buffer(x: Any) -> Any:
     if isinstance(x, Array):
         return x._buffer
     return device_put(x)._buffer
+
+
+# @title Array: ndim, len, Python numbers, printing
+def _array_len(self: Array) -> int:
+    if not self.shape:
+        raise TypeError("len() of a 0-d Array")
+    return self.shape[0]
+
+
+def _array_repr(self: Array) -> str:
+    body = np.array2string(np.asarray(self), separator=", ", prefix="Array(")
+    return f"Array({body}, dtype={self.dtype.name})"
+
+
+Array.__array_priority__ = 100  # NumPy defers to our operators: np_array * Array
+Array.ndim = property(lambda self: len(self.shape))
+Array.__len__ = _array_len
+Array.__bool__ = lambda self: bool(np.asarray(self))
+Array.__float__ = lambda self: float(np.asarray(self))
+Array.__int__ = lambda self: int(np.asarray(self))
+Array.__str__ = lambda self: str(np.asarray(self))
+Array.__repr__ = _array_repr
 
 
 class CompiledJaxpr:
@@ -1961,26 +1954,18 @@ def _xla_call_impl(*args, jaxpr):
 Traces = dict[tuple, tuple[Jaxpr, list[Any], PyTreeDef]]
 
 
-def trace_for_call(
-    f: Callable, traces: Traces, args_flat: list[Any], in_tree: PyTreeDef
-) -> tuple[Jaxpr, list[Any], PyTreeDef]:
-    """``f``'s jaxpr, constants and output structure for arguments with the
-    types of ``args_flat``: from ``traces`` if seen before, else traced now."""
-    avals = tuple(raise_to_shaped(get_aval(x)) for x in args_flat)
+def trace_for_call(f, traces: Traces, args_flat: list, in_tree: PyTreeDef):
+    """``f``'s jaxpr, constants and output tree for arguments of these types."""
+    avals = tuple(ShapedArray(x.shape, x.dtype) for x in args_flat)
     key = (in_tree, avals)
-    cached = traces.get(key)
-    if cached is None:
-        for aval in avals:
-            check_xla_dtype(aval.dtype)
-        abstract_args = tree_unflatten(in_tree, avals)
-        jaxpr, consts, out_tree = _trace_to_jaxpr(
-            f, abstract_args, dynamic=True, who="jit"
-        )
+    if key not in traces:
+        check_xla_dtypes(avals)
+        args = tree_unflatten(in_tree, avals)
+        jaxpr, consts, out_tree = _trace_to_jaxpr(f, args, dynamic=True, who="jit")
         if any(isinstance(c, Tracer) for c in consts):
             return jaxpr, consts, out_tree  # valid for this call only
-        consts = [device_put(c) for c in consts]
-        cached = traces[key] = (jaxpr, consts, out_tree)
-    return cached
+        traces[key] = (jaxpr, [device_put(c) for c in consts], out_tree)
+    return traces[key]
 
 
 def jit(f: Callable) -> Callable:
@@ -1999,8 +1984,7 @@ def jit(f: Callable) -> Callable:
     return f_jitted
 
 
-# Weak keys: a jaxpr that nobody uses any more takes its type with it.
-_jaxpr_types: weakref.WeakKeyDictionary[Jaxpr, JaxprType] = weakref.WeakKeyDictionary()
+_jaxpr_types: dict[Jaxpr, JaxprType] = {}
 
 
 def jaxpr_type(jaxpr: Jaxpr) -> JaxprType:
@@ -2008,6 +1992,18 @@ def jaxpr_type(jaxpr: Jaxpr) -> JaxprType:
     if jaxpr not in _jaxpr_types:
         _jaxpr_types[jaxpr] = typecheck_jaxpr(jaxpr)
     return _jaxpr_types[jaxpr]
+
+
+@xla_call_p.def_rule("abstract_eval")
+def _xla_call_abstract_eval(*avals_in, jaxpr):
+    check_call_types(jaxpr, avals_in)
+    return jaxpr_type(jaxpr).out_types
+
+
+# @title Checks: argument types against the jaxpr; weak keys for the type cache
+import weakref
+
+_jaxpr_types = weakref.WeakKeyDictionary()
 
 
 def check_call_types(jaxpr: Jaxpr, args: Sequence[Any]) -> None:
@@ -2024,10 +2020,16 @@ def check_call_types(jaxpr: Jaxpr, args: Sequence[Any]) -> None:
         )
 
 
-@xla_call_p.def_rule("abstract_eval")
-def _xla_call_abstract_eval(*avals_in, jaxpr):
-    check_call_types(jaxpr, avals_in)
-    return jaxpr_type(jaxpr).out_types
+def check_batched_call_types(jaxpr: Jaxpr, vals: list, batched: tuple) -> None:
+    """check_call_types for one example of a batch (batch axes at 0)."""
+    avals = [get_aval(v) for v in vals]
+    per_example = [ShapedArray(a.shape[b:], a.dtype) for a, b in zip(avals, batched)]
+    check_call_types(jaxpr, per_example)
+
+
+def check_xla_dtypes(avals: Sequence[ShapedArray]) -> None:
+    for aval in avals:
+        check_xla_dtype(aval.dtype)
 
 
 @functools.cache
@@ -2046,7 +2048,7 @@ def jvp_jaxpr(jaxpr: Jaxpr) -> tuple[Jaxpr, list[Any]]:
 
 @xla_call_p.def_rule("jvp")
 def _xla_call_jvp(primals, tangents, *, jaxpr):
-    check_call_types(jaxpr, primals)  # before building a jaxpr for these types
+    check_call_types(jaxpr, primals)
     new_jaxpr, consts = jvp_jaxpr(jaxpr)
     outs = bind(xla_call_p, *consts, *primals, *tangents, jaxpr=new_jaxpr)
     n = len(outs) // 2
@@ -2054,9 +2056,7 @@ def _xla_call_jvp(primals, tangents, *, jaxpr):
 
 
 @functools.cache
-def vmap_jaxpr(
-    jaxpr: Jaxpr, axis_size: int, batched: tuple[bool, ...]
-) -> tuple[Jaxpr, list[Any]]:
+def vmap_jaxpr(jaxpr: Jaxpr, axis_size: int, batched: tuple[bool, ...]):
     """A jaxpr computing ``jaxpr`` on a batch (axis 0) of the batched inputs."""
     in_types = jaxpr_type(jaxpr).in_types
     batched_types = [
@@ -2076,11 +2076,7 @@ def _xla_call_vmap(axis_size, vals, dims, *, jaxpr):
         for v, d in zip(vals, dims)
     ]
     batched = tuple(d is not None for d in dims)
-    avals = [get_aval(v) for v in vals]
-    check_call_types(  # per example, before building a jaxpr for these types
-        jaxpr,
-        [ShapedArray(a.shape[b:], a.dtype) for a, b in zip(avals, batched)],
-    )
+    check_batched_call_types(jaxpr, vals, batched)
     if not any(batched):
         return bind(xla_call_p, *vals, jaxpr=jaxpr), [None] * len(jaxpr.outs)
     new_jaxpr, consts = vmap_jaxpr(jaxpr, axis_size, batched)
@@ -2094,89 +2090,6 @@ def _xla_call_lower(ctx, avals_in, avals_out, *operands, jaxpr):
     out_types = [ir_type(a) for a in avals_out]
     call = mlir_func.CallOp(out_types, ir.FlatSymbolRefAttr.get(callee), operands)
     return list(call.results)
-
-
-def result_handlers(jaxpr: Jaxpr) -> list[Any]:
-    """Per output of ``jaxpr``, a jaxlib handler that turns an executable's
-    output buffer into an ``Array``, building jaxlib's array object in C++."""
-    from jaxlib import _jax
-
-    sharding = runtime().sharding
-    handlers = []
-    for out in jaxpr.outs:
-        aval = _atom_aval(out)
-        handler = _jax.array_result_handler(
-            jax.core.ShapedArray(aval.shape, aval.dtype),
-            sharding,
-            committed=True,
-            _skip_checks=True,
-        )
-        handlers.append(handler.wrap(Array))
-    return handlers
-
-
-class FastCall:
-    """What a call with an already seen signature needs, and nothing more:
-    the executable, the constants' buffers, the result handlers and the
-    structure of the output."""
-
-    def __init__(self, jaxpr: Jaxpr, consts: list[Array], out_tree: PyTreeDef):
-        self.execute = compile_jaxpr(jaxpr).executable.execute_sharded
-        self.const_buffers = [c._buffer for c in consts]
-        self.handlers = result_handlers(jaxpr)
-        self.out_tree = out_tree
-
-    def __call__(self, args: tuple) -> Any:
-        buffers = [x._buffer if type(x) is Array else _as_buffer(x) for x in args]
-        results = self.execute([*self.const_buffers, *buffers])
-        outs = results.consume_with_handlers(self.handlers)
-        if self.out_tree is LEAF:
-            return outs[0]
-        return tree_unflatten(self.out_tree, outs)
-
-
-def array_signature(args: tuple) -> tuple | None:
-    """The (shape, dtype) of every argument, when the call may take the fast
-    path: nothing is being staged out and every argument is an ``Array`` or a
-    NumPy array. None when it may not."""
-    if _state.dynamic is not _state.stack[0]:
-        return None  # make_jaxpr or an outer jit is recording: bind must see it
-    signature = []
-    for x in args:
-        kind = type(x)
-        if kind is Array:
-            x = x._buffer  # jaxlib's array: shape and dtype are read in C++
-        elif kind is not np.ndarray:
-            return None  # a tracer, a number, a container...: the full path
-        signature.append((x.shape, x.dtype))
-    return tuple(signature)
-
-
-def jit(f: Callable) -> Callable:
-    """Compile ``f`` with XLA; trace once per input signature; repeated calls
-    on arrays skip the interpreters (the fast path)."""
-    traces: Traces = {}
-    fast_calls: dict[tuple, FastCall] = {}
-
-    @functools.wraps(f)
-    def f_jitted(*args: Any) -> Any:
-        signature = array_signature(args)
-        if signature is not None:
-            fast_call = fast_calls.get(signature)
-            if fast_call is not None:
-                return fast_call(args)
-        # The full path: check, trace if needed, bind.
-        args_flat, in_tree = tree_flatten(args)
-        args_flat = [_as_input(x, "jit argument") for x in args_flat]
-        jaxpr, consts, out_tree = trace_for_call(f, traces, args_flat, in_tree)
-        outs = bind(xla_call_p, *consts, *args_flat, jaxpr=jaxpr)
-        if signature is not None and not any(isinstance(c, Tracer) for c in consts):
-            fast_calls[signature] = FastCall(jaxpr, consts, out_tree)
-        return tree_unflatten(out_tree, outs)
-
-    f_jitted.traces = traces  # for the curious: what has been traced so far
-    f_jitted.fast_calls = fast_calls  # and which signatures take the fast path
-    return f_jitted
 
 
 # ==== chapter: part4_grad ====
@@ -4130,6 +4043,87 @@ def _install_operators() -> None:
 _install_operators()
 
 # ==== chapter: performance ====
+
+
+# @title Result handlers: jaxlib builds the output arrays
+def result_handlers(jaxpr: Jaxpr) -> list[Any]:
+    """Per output of ``jaxpr``, a jaxlib handler that turns an executable's
+    output buffer into an ``Array``, building jaxlib's array object in C++."""
+    from jaxlib import _jax
+
+    sharding = runtime().sharding
+    handlers = []
+    for out in jaxpr.outs:
+        aval = _atom_aval(out)
+        handler = _jax.array_result_handler(
+            jax.core.ShapedArray(aval.shape, aval.dtype),
+            sharding,
+            committed=True,
+            _skip_checks=True,
+        )
+        handlers.append(handler.wrap(Array))
+    return handlers
+
+
+class FastCall:
+    """What a call with a known signature needs, and nothing more."""
+
+    def __init__(self, jaxpr: Jaxpr, consts: list[Array], out_tree: PyTreeDef):
+        self.execute = compile_jaxpr(jaxpr).executable.execute_sharded
+        self.const_buffers = [c._buffer for c in consts]
+        self.handlers = result_handlers(jaxpr)
+        self.out_tree = out_tree
+
+    def __call__(self, args: tuple) -> Any:
+        buffers = [x._buffer if type(x) is Array else _as_buffer(x) for x in args]
+        results = self.execute([*self.const_buffers, *buffers])
+        outs = results.consume_with_handlers(self.handlers)
+        if self.out_tree is LEAF:
+            return outs[0]
+        return tree_unflatten(self.out_tree, outs)
+
+
+def array_signature(args: tuple) -> tuple | None:
+    """The (shape, dtype) of every argument, or None for the full path."""
+    if _state.dynamic is not _state.stack[0]:
+        return None  # make_jaxpr or an outer jit is recording: bind must see it
+    signature = []
+    for x in args:
+        kind = type(x)
+        if kind is Array:
+            x = x._buffer  # jaxlib's array: shape and dtype are read in C++
+        elif kind is not np.ndarray:
+            return None  # a tracer, a number, a container...: the full path
+        signature.append((x.shape, x.dtype))
+    return tuple(signature)
+
+
+def jit(f: Callable) -> Callable:
+    """Compile ``f`` with XLA; trace once per input signature; repeated calls
+    on arrays skip the interpreters (the fast path)."""
+    traces: Traces = {}
+    fast_calls: dict[tuple, FastCall] = {}
+
+    @functools.wraps(f)
+    def f_jitted(*args: Any) -> Any:
+        signature = array_signature(args)
+        if signature is not None:
+            fast_call = fast_calls.get(signature)
+            if fast_call is not None:
+                return fast_call(args)
+        # The full path: check, trace if needed, bind.
+        args_flat, in_tree = tree_flatten(args)
+        args_flat = [_as_input(x, "jit argument") for x in args_flat]
+        jaxpr, consts, out_tree = trace_for_call(f, traces, args_flat, in_tree)
+        outs = bind(xla_call_p, *consts, *args_flat, jaxpr=jaxpr)
+        if signature is not None and not any(isinstance(c, Tracer) for c in consts):
+            fast_calls[signature] = FastCall(jaxpr, consts, out_tree)
+        return tree_unflatten(out_tree, outs)
+
+    f_jitted.traces = traces  # for the curious: what has been traced so far
+    f_jitted.fast_calls = fast_calls  # and which signatures take the fast path
+    return f_jitted
+
 
 # ==== book support (generated by build_tools/tangle.py) ====
 
