@@ -1656,34 +1656,17 @@ from jaxlib.mlir.dialects import stablehlo as hlo
 RULE_KINDS = (*RULE_KINDS, "lower")
 
 
-@functools.cache
-def mlir_context() -> ir.Context:
-    """One MLIR context with the dialects we use (func and stablehlo)."""
-    from jaxlib.mlir._mlir_libs import _jax_mlir_ext
-
-    registry = ir.DialectRegistry()
-    _jax_mlir_ext.register_dialects(registry)
-    context = ir.Context()
-    context.append_dialect_registry(registry)
-    context.load_all_available_dialects()
-    hlo.register_dialect(context)
-    return context
-
-
 def ir_element_type(dtype: np.dtype) -> ir.Type:
     dtype = np.dtype(dtype)
-    if dtype == np.bool_:
-        return ir.IntegerType.get_signless(1)
-    bits = dtype.itemsize * 8
-    floats = {16: ir.F16Type, 32: ir.F32Type, 64: ir.F64Type}
-    if dtype.kind == "f" and bits in floats:
-        return floats[bits].get()
-    if dtype.kind == "i" and bits <= 64:
-        return ir.IntegerType.get_signless(bits)
-    if dtype.kind == "u" and bits <= 64:
-        return ir.IntegerType.get_unsigned(bits)
     check_xla_dtype(dtype)
-    raise TypeError(f"no StableHLO type for dtype {dtype.name}")
+    bits = dtype.itemsize * 8
+    if dtype.kind == "b":
+        return ir.IntegerType.get_signless(1)
+    if dtype.kind == "f":
+        return {16: ir.F16Type, 32: ir.F32Type, 64: ir.F64Type}[bits].get()
+    if dtype.kind == "i":
+        return ir.IntegerType.get_signless(bits)
+    return ir.IntegerType.get_unsigned(bits)
 
 
 def ir_type(aval: ShapedArray) -> ir.RankedTensorType:
@@ -1700,7 +1683,21 @@ def ir_constant(value: Any, aval: ShapedArray) -> ir.Value:
     return hlo.constant(ir.DenseElementsAttr.get_splat(ir_type(aval), attr))
 
 
-# @title Checks: dtypes that XLA has no type for
+# @title The MLIR context; checks: dtypes that XLA has no type for
+@functools.cache
+def mlir_context() -> ir.Context:
+    """One MLIR context with the dialects we use (func and stablehlo)."""
+    from jaxlib.mlir._mlir_libs import _jax_mlir_ext
+
+    registry = ir.DialectRegistry()
+    _jax_mlir_ext.register_dialects(registry)
+    context = ir.Context()
+    context.append_dialect_registry(registry)
+    context.load_all_available_dialects()
+    hlo.register_dialect(context)
+    return context
+
+
 def check_xla_dtype(dtype: np.dtype, who: str = "jit") -> None:
     """Refuse a dtype that XLA has no type for (NumPy's float128, say)."""
     if dtype.kind not in "biuf" or dtype.itemsize > 8:
@@ -1723,27 +1720,6 @@ _lower_with(sin_p, hlo.sine)
 _lower_with(cos_p, hlo.cosine)
 
 
-def _lower_comparison(prim: Primitive, direction: str) -> None:
-    @prim.def_rule("lower")
-    def rule(ctx, avals_in, avals_out, x, y):
-        kind = avals_in[0].dtype.kind
-        compare_type = {"f": "FLOAT", "u": "UNSIGNED", "b": "UNSIGNED"}.get(
-            kind, "SIGNED"
-        )
-        return [
-            hlo.compare(
-                x,
-                y,
-                hlo.ComparisonDirectionAttr.get(direction),
-                compare_type=hlo.ComparisonTypeAttr.get(compare_type),
-            )
-        ]
-
-
-_lower_comparison(greater_p, "GT")
-_lower_comparison(less_p, "LT")
-
-
 @transpose_p.def_rule("lower")
 def _transpose_lower(ctx, avals_in, avals_out, x, *, perm):
     return [hlo.transpose(x, ir.DenseI64ArrayAttr.get(perm))]
@@ -1755,6 +1731,20 @@ def _broadcast_lower(ctx, avals_in, avals_out, x, *, shape, axes):
     kept = [i for i in range(len(shape)) if i not in axes]
     out_type = ir_type(avals_out[0])
     return [hlo.broadcast_in_dim(out_type, x, ir.DenseI64ArrayAttr.get(kept))]
+
+
+# @title Lowering rules for greater and less
+def _lower_comparison(prim: Primitive, direction: str) -> None:
+    @prim.def_rule("lower")
+    def rule(ctx, avals_in, avals_out, x, y):
+        kind = {"f": "FLOAT", "i": "SIGNED"}.get(avals_in[0].dtype.kind, "UNSIGNED")
+        direction_attr = hlo.ComparisonDirectionAttr.get(direction)
+        kind_attr = hlo.ComparisonTypeAttr.get(kind)
+        return [hlo.compare(x, y, direction_attr, compare_type=kind_attr)]
+
+
+_lower_comparison(greater_p, "GT")
+_lower_comparison(less_p, "LT")
 
 
 @reduce_sum_p.def_rule("lower")
@@ -1772,14 +1762,14 @@ def _reduce_sum_lower(ctx, avals_in, avals_out, x, *, axes):
 
 
 class LoweringContext:
-    """The module being built, and the nested jaxprs already lowered into it."""
+    """The module being built, and the jaxprs already lowered into it."""
 
     def __init__(self) -> None:
         self.module = ir.Module.create()
         self.functions: dict[Jaxpr, str] = {}
 
     def function_for(self, jaxpr: Jaxpr) -> str:
-        """The name of a private function computing ``jaxpr`` (made once)."""
+        """The name of a function computing ``jaxpr`` (made once)."""
         if jaxpr not in self.functions:
             name = f"jaxpr_{len(self.functions)}"
             self.functions[jaxpr] = name
@@ -1787,15 +1777,11 @@ class LoweringContext:
         return self.functions[jaxpr]
 
 
-def _atom_aval(atom: Atom) -> ShapedArray:
-    return atom.aval
-
-
 def lower_to_function(
     ctx: LoweringContext, jaxpr: Jaxpr, name: str, public: bool
 ) -> mlir_func.FuncOp:
     in_types = [ir_type(v.aval) for v in jaxpr.in_binders]
-    out_types = [ir_type(_atom_aval(x)) for x in jaxpr.outs]
+    out_types = [ir_type(x.aval) for x in jaxpr.outs]
     with ir.InsertionPoint(ctx.module.body):
         function = mlir_func.FuncOp(name, ir.FunctionType.get(in_types, out_types))
     if not public:
@@ -1811,7 +1797,7 @@ def lower_to_function(
     with ir.InsertionPoint(block):
         for eqn in jaxpr.eqns:
             rule = eqn.primitive.rule("lower")
-            avals_in = [_atom_aval(x) for x in eqn.inputs]
+            avals_in = [x.aval for x in eqn.inputs]
             avals_out = [v.aval for v in eqn.out_binders]
             operands = [read(x) for x in eqn.inputs]
             outs = rule(ctx, avals_in, avals_out, *operands, **eqn.params)
@@ -1829,18 +1815,19 @@ def lower_jaxpr(jaxpr: Jaxpr) -> ir.Module:
     return ctx.module
 
 
-class _Runtime(NamedTuple):
-    client: Any
-    device: Any
-    sharding: Any
-
-
 @functools.cache
 def runtime() -> _Runtime:
     """XLA's CPU client and its first device (created on first use)."""
     client = jax.extend.backend.get_backend("cpu")
     device = client.local_devices()[0]
     return _Runtime(client, device, jax.sharding.SingleDeviceSharding(device))
+
+
+# @title device_put: copy a NumPy array to the device
+class _Runtime(NamedTuple):
+    client: Any
+    device: Any
+    sharding: Any
 
 
 def device_put(x: np.ndarray) -> Array:
@@ -1936,10 +1923,9 @@ _compiled: dict[Jaxpr, CompiledJaxpr] = {}
 
 def compile_jaxpr(jaxpr: Jaxpr) -> CompiledJaxpr:
     """The executable for ``jaxpr``, compiled on first request."""
-    compiled = _compiled.get(jaxpr)
-    if compiled is None:
-        compiled = _compiled[jaxpr] = CompiledJaxpr(jaxpr)
-    return compiled
+    if jaxpr not in _compiled:
+        _compiled[jaxpr] = CompiledJaxpr(jaxpr)
+    return _compiled[jaxpr]
 
 
 xla_call_p = Primitive("xla_call", multiple_results=True)
@@ -4054,7 +4040,7 @@ def result_handlers(jaxpr: Jaxpr) -> list[Any]:
     sharding = runtime().sharding
     handlers = []
     for out in jaxpr.outs:
-        aval = _atom_aval(out)
+        aval = out.aval
         handler = _jax.array_result_handler(
             jax.core.ShapedArray(aval.shape, aval.dtype),
             sharding,

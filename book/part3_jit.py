@@ -140,34 +140,17 @@ RULE_KINDS = (*RULE_KINDS, "lower")
 
 
 # %% tags=["export"]
-@functools.cache
-def mlir_context() -> ir.Context:
-    """One MLIR context with the dialects we use (func and stablehlo)."""
-    from jaxlib.mlir._mlir_libs import _jax_mlir_ext
-
-    registry = ir.DialectRegistry()
-    _jax_mlir_ext.register_dialects(registry)
-    context = ir.Context()
-    context.append_dialect_registry(registry)
-    context.load_all_available_dialects()
-    hlo.register_dialect(context)
-    return context
-
-
 def ir_element_type(dtype: np.dtype) -> ir.Type:
     dtype = np.dtype(dtype)
-    if dtype == np.bool_:
-        return ir.IntegerType.get_signless(1)
-    bits = dtype.itemsize * 8
-    floats = {16: ir.F16Type, 32: ir.F32Type, 64: ir.F64Type}
-    if dtype.kind == "f" and bits in floats:
-        return floats[bits].get()
-    if dtype.kind == "i" and bits <= 64:
-        return ir.IntegerType.get_signless(bits)
-    if dtype.kind == "u" and bits <= 64:
-        return ir.IntegerType.get_unsigned(bits)
     check_xla_dtype(dtype)
-    raise TypeError(f"no StableHLO type for dtype {dtype.name}")
+    bits = dtype.itemsize * 8
+    if dtype.kind == "b":
+        return ir.IntegerType.get_signless(1)
+    if dtype.kind == "f":
+        return {16: ir.F16Type, 32: ir.F32Type, 64: ir.F64Type}[bits].get()
+    if dtype.kind == "i":
+        return ir.IntegerType.get_signless(bits)
+    return ir.IntegerType.get_unsigned(bits)
 
 
 def ir_type(aval: ShapedArray) -> ir.RankedTensorType:
@@ -185,13 +168,29 @@ def ir_constant(value: Any, aval: ShapedArray) -> ir.Value:
 
 
 # %% [markdown]
-# XLA has no type for some NumPy dtypes, such as `float128` or strings;
-# `check_xla_dtype`, in the folded cell, refuses them with a `TypeError` that names
-# the dtype.
+# MLIR builds everything inside a *context* that knows the dialects in use;
+# `mlir_context()` makes one, with the `func` and `stablehlo` dialects loaded.
+# XLA has no type for some NumPy dtypes, such as `float128`; `check_xla_dtype`
+# refuses them with a `TypeError` that names the dtype. Both are in the folded
+# cell.
 
 
 # %% tags=["export", "hide-input"]
-# @title Checks: dtypes that XLA has no type for
+# @title The MLIR context; checks: dtypes that XLA has no type for
+@functools.cache
+def mlir_context() -> ir.Context:
+    """One MLIR context with the dialects we use (func and stablehlo)."""
+    from jaxlib.mlir._mlir_libs import _jax_mlir_ext
+
+    registry = ir.DialectRegistry()
+    _jax_mlir_ext.register_dialects(registry)
+    context = ir.Context()
+    context.append_dialect_registry(registry)
+    context.load_all_available_dialects()
+    hlo.register_dialect(context)
+    return context
+
+
 def check_xla_dtype(dtype: np.dtype, who: str = "jit") -> None:
     """Refuse a dtype that XLA has no type for (NumPy's float128, say)."""
     if dtype.kind not in "biuf" or dtype.itemsize > 8:
@@ -222,27 +221,6 @@ _lower_with(sin_p, hlo.sine)
 _lower_with(cos_p, hlo.cosine)
 
 
-def _lower_comparison(prim: Primitive, direction: str) -> None:
-    @prim.def_rule("lower")
-    def rule(ctx, avals_in, avals_out, x, y):
-        kind = avals_in[0].dtype.kind
-        compare_type = {"f": "FLOAT", "u": "UNSIGNED", "b": "UNSIGNED"}.get(
-            kind, "SIGNED"
-        )
-        return [
-            hlo.compare(
-                x,
-                y,
-                hlo.ComparisonDirectionAttr.get(direction),
-                compare_type=hlo.ComparisonTypeAttr.get(compare_type),
-            )
-        ]
-
-
-_lower_comparison(greater_p, "GT")
-_lower_comparison(less_p, "LT")
-
-
 @transpose_p.def_rule("lower")
 def _transpose_lower(ctx, avals_in, avals_out, x, *, perm):
     return [hlo.transpose(x, ir.DenseI64ArrayAttr.get(perm))]
@@ -254,6 +232,27 @@ def _broadcast_lower(ctx, avals_in, avals_out, x, *, shape, axes):
     kept = [i for i in range(len(shape)) if i not in axes]
     out_type = ir_type(avals_out[0])
     return [hlo.broadcast_in_dim(out_type, x, ir.DenseI64ArrayAttr.get(kept))]
+
+
+# %% [markdown]
+# The comparisons are one `stablehlo.compare` each, told the direction (`GT`,
+# `LT`) and whether to compare as floats, signed or unsigned integers; their rules
+# are in the folded cell.
+
+
+# %% tags=["export", "hide-input"]
+# @title Lowering rules for greater and less
+def _lower_comparison(prim: Primitive, direction: str) -> None:
+    @prim.def_rule("lower")
+    def rule(ctx, avals_in, avals_out, x, y):
+        kind = {"f": "FLOAT", "i": "SIGNED"}.get(avals_in[0].dtype.kind, "UNSIGNED")
+        direction_attr = hlo.ComparisonDirectionAttr.get(direction)
+        kind_attr = hlo.ComparisonTypeAttr.get(kind)
+        return [hlo.compare(x, y, direction_attr, compare_type=kind_attr)]
+
+
+_lower_comparison(greater_p, "GT")
+_lower_comparison(less_p, "LT")
 
 
 # %% [markdown]
@@ -287,14 +286,14 @@ def _reduce_sum_lower(ctx, avals_in, avals_out, x, *, axes):
 
 # %% tags=["export"]
 class LoweringContext:
-    """The module being built, and the nested jaxprs already lowered into it."""
+    """The module being built, and the jaxprs already lowered into it."""
 
     def __init__(self) -> None:
         self.module = ir.Module.create()
         self.functions: dict[Jaxpr, str] = {}
 
     def function_for(self, jaxpr: Jaxpr) -> str:
-        """The name of a private function computing ``jaxpr`` (made once)."""
+        """The name of a function computing ``jaxpr`` (made once)."""
         if jaxpr not in self.functions:
             name = f"jaxpr_{len(self.functions)}"
             self.functions[jaxpr] = name
@@ -302,15 +301,11 @@ class LoweringContext:
         return self.functions[jaxpr]
 
 
-def _atom_aval(atom: Atom) -> ShapedArray:
-    return atom.aval
-
-
 def lower_to_function(
     ctx: LoweringContext, jaxpr: Jaxpr, name: str, public: bool
 ) -> mlir_func.FuncOp:
     in_types = [ir_type(v.aval) for v in jaxpr.in_binders]
-    out_types = [ir_type(_atom_aval(x)) for x in jaxpr.outs]
+    out_types = [ir_type(x.aval) for x in jaxpr.outs]
     with ir.InsertionPoint(ctx.module.body):
         function = mlir_func.FuncOp(name, ir.FunctionType.get(in_types, out_types))
     if not public:
@@ -326,7 +321,7 @@ def lower_to_function(
     with ir.InsertionPoint(block):
         for eqn in jaxpr.eqns:
             rule = eqn.primitive.rule("lower")
-            avals_in = [_atom_aval(x) for x in eqn.inputs]
+            avals_in = [x.aval for x in eqn.inputs]
             avals_out = [v.aval for v in eqn.out_binders]
             operands = [read(x) for x in eqn.inputs]
             outs = rule(ctx, avals_in, avals_out, *operands, **eqn.params)
@@ -364,25 +359,27 @@ print(str(lower_jaxpr(jaxpr)).rstrip())
 #
 # To run the module we need XLA's client for the CPU, which `jaxlib` provides, and
 # a way to move arrays onto its device and back. Device memory is managed by
-# `jaxlib` buffer objects; `device_put` copies a NumPy array into one. (The
-# `enable_x64` flag asks for float64 to be kept as float64; JAX's own front end
-# would otherwise narrow it to float32 unless its global x64 switch is on, a
-# switch this module never touches.)
+# `jaxlib` buffer objects; `device_put`, in the folded cell below, copies a NumPy
+# array into one, keeping float64 as float64 (JAX's own front end would narrow it
+# to float32 unless its global x64 switch is on, a switch this module never
+# touches).
 
 
 # %% tags=["export"]
-class _Runtime(NamedTuple):
-    client: Any
-    device: Any
-    sharding: Any
-
-
 @functools.cache
 def runtime() -> _Runtime:
     """XLA's CPU client and its first device (created on first use)."""
     client = jax.extend.backend.get_backend("cpu")
     device = client.local_devices()[0]
     return _Runtime(client, device, jax.sharding.SingleDeviceSharding(device))
+
+
+# %% tags=["export", "hide-input"]
+# @title device_put: copy a NumPy array to the device
+class _Runtime(NamedTuple):
+    client: Any
+    device: Any
+    sharding: Any
 
 
 def device_put(x: np.ndarray) -> Array:
@@ -501,10 +498,9 @@ _compiled: dict[Jaxpr, CompiledJaxpr] = {}
 
 def compile_jaxpr(jaxpr: Jaxpr) -> CompiledJaxpr:
     """The executable for ``jaxpr``, compiled on first request."""
-    compiled = _compiled.get(jaxpr)
-    if compiled is None:
-        compiled = _compiled[jaxpr] = CompiledJaxpr(jaxpr)
-    return compiled
+    if jaxpr not in _compiled:
+        _compiled[jaxpr] = CompiledJaxpr(jaxpr)
+    return _compiled[jaxpr]
 
 
 # %%
@@ -753,8 +749,7 @@ print(sin(x) * y + cos(y))
 z = wave(x, y)
 print(type(z).__name__, z.shape, z.dtype)
 print(repr(wave(z, z)))
-host = np.asarray(z, dtype=np.float32)
-print(host.dtype, np.asarray(z, copy=True).flags.writeable)
+print(np.asarray(z, dtype=np.float32))
 
 
 # %% [markdown]
@@ -771,8 +766,7 @@ def f(x):
 
 
 x0 = np.array([0.3, 1.2])
-eager = jvp(f, (x0,), (np.ones(2),))
-print(eager)
+print(jvp(f, (x0,), (np.ones(2),)))
 print(jvp(jit(f), (x0,), (np.ones(2),)))
 print(jit(lambda x, t: jvp(f, (x,), (t,)))(x0, np.ones(2)))
 print(vmap(jit(f), (0,))(np.stack([x0, 2 * x0])))
@@ -800,8 +794,12 @@ print(str(lower_jaxpr(call_eqn.params["jaxpr"])).rstrip())
 # function whose result is not an array cannot be compiled. A shape mistake is
 # found while tracing, before anything runs, and the error's traceback goes
 # through the line of your function that made it.
+#
+# The folded cell defines `show_error`, which calls a function and prints the
+# error it raises.
 
-# %%
+# %% tags=["hide-input"]
+# @title show_error: print an exception instead of stopping
 import textwrap
 
 
@@ -812,6 +810,7 @@ def show_error(fn, *args):
         print(textwrap.fill(f"{type(e).__name__}: {e}", 80, subsequent_indent="  "))
 
 
+# %%
 show_error(jit(lambda x: x if x > 0.0 else -x), 1.0)
 show_error(jit(lambda x: "done"), 1.0)
 show_error(jit(lambda x, y: x * y), np.ones(3), np.ones(2))

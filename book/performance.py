@@ -452,7 +452,7 @@ def result_handlers(jaxpr: Jaxpr) -> list[Any]:
     sharding = runtime().sharding
     handlers = []
     for out in jaxpr.outs:
-        aval = _atom_aval(out)
+        aval = out.aval
         handler = _jax.array_result_handler(
             jax.core.ShapedArray(aval.shape, aval.dtype),
             sharding,
