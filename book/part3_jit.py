@@ -860,6 +860,7 @@ show_error(jit(lambda x, y: x * y), np.ones(3), np.ones(2))
 # has no `call` instruction left.
 
 # %% tags=["hide-input"]
+# @title Solution 1
 ours = str(lower_jaxpr(outer_jaxpr))
 optimized = compile_jaxpr(outer_jaxpr).executable.hlo_modules()[0].to_string()
 print("calls in our module:", ours.count("call @"))
@@ -874,6 +875,7 @@ print("calls after XLA's optimization:", optimized.count(" call("))
 
 
 # %% tags=["hide-input"]
+# @title Solution 2
 def count_traces(f):
     def counted(*args):
         counted.count += 1
@@ -902,6 +904,7 @@ print(body.count)  # float64[] once, float64[3] once, float32[3] once
 # compare with the chain rule evaluated in NumPy.
 
 # %% tags=["hide-input"]
+# @title Solution 3
 nested_sin = jit(lambda x: sin(sin(sin(x))))
 slope = jit(vmap(lambda x: jvp(nested_sin, (x,), (1.0,))[1], (0,)))
 points = np.linspace(-2.0, 2.0, 5)
