@@ -1823,7 +1823,7 @@ def runtime() -> _Runtime:
     return _Runtime(client, device, jax.sharding.SingleDeviceSharding(device))
 
 
-# @title device_put: copy a NumPy array to the device
+# @title device_put: copy a NumPy array to the device (and the runtime record)
 class _Runtime(NamedTuple):
     client: Any
     device: Any

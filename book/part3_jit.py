@@ -375,7 +375,7 @@ def runtime() -> _Runtime:
 
 
 # %% tags=["export", "hide-input"]
-# @title device_put: copy a NumPy array to the device
+# @title device_put: copy a NumPy array to the device (and the runtime record)
 class _Runtime(NamedTuple):
     client: Any
     device: Any
