@@ -1649,11 +1649,8 @@ def make_jaxpr(f: Callable, *avals_in: Any) -> tuple[Jaxpr, list, PyTreeDef]:
 # ==== chapter: part3_jit ====
 
 import functools
-import weakref
 
-# Import jax before jaxlib's MLIR bindings: jax's import configures jaxlib
-# (among other things, it keeps the XLA runtime's C++ logging quiet).
-import jax
+import jax  # first: importing jax configures jaxlib
 import jax.extend.backend
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import func as mlir_func
@@ -1662,43 +1659,17 @@ from jaxlib.mlir.dialects import stablehlo as hlo
 RULE_KINDS = (*RULE_KINDS, "lower")
 
 
-@functools.cache
-def mlir_context() -> ir.Context:
-    """One MLIR context with the dialects we use (func and stablehlo)."""
-    from jaxlib.mlir._mlir_libs import _jax_mlir_ext
-
-    registry = ir.DialectRegistry()
-    _jax_mlir_ext.register_dialects(registry)
-    context = ir.Context()
-    context.append_dialect_registry(registry)
-    context.load_all_available_dialects()
-    hlo.register_dialect(context)
-    return context
-
-
 def ir_element_type(dtype: np.dtype) -> ir.Type:
     dtype = np.dtype(dtype)
-    if dtype == np.bool_:
-        return ir.IntegerType.get_signless(1)
-    bits = dtype.itemsize * 8
-    floats = {16: ir.F16Type, 32: ir.F32Type, 64: ir.F64Type}
-    if dtype.kind == "f" and bits in floats:
-        return floats[bits].get()
-    if dtype.kind == "i" and bits <= 64:
-        return ir.IntegerType.get_signless(bits)
-    if dtype.kind == "u" and bits <= 64:
-        return ir.IntegerType.get_unsigned(bits)
     check_xla_dtype(dtype)
-    raise TypeError(f"no StableHLO type for dtype {dtype.name}")
-
-
-def check_xla_dtype(dtype: np.dtype, who: str = "jit") -> None:
-    """Refuse a dtype that XLA has no type for (NumPy's float128, say)."""
-    if dtype.kind not in "biuf" or dtype.itemsize > 8:
-        raise TypeError(
-            f"{who}: XLA has no type for dtype {dtype.name}; use booleans, "
-            "integers of up to 64 bits, or float16/32/64"
-        )
+    bits = dtype.itemsize * 8
+    if dtype.kind == "b":
+        return ir.IntegerType.get_signless(1)
+    if dtype.kind == "f":
+        return {16: ir.F16Type, 32: ir.F32Type, 64: ir.F64Type}[bits].get()
+    if dtype.kind == "i":
+        return ir.IntegerType.get_signless(bits)
+    return ir.IntegerType.get_unsigned(bits)
 
 
 def ir_type(aval: ShapedArray) -> ir.RankedTensorType:
@@ -1715,6 +1686,30 @@ def ir_constant(value: Any, aval: ShapedArray) -> ir.Value:
     return hlo.constant(ir.DenseElementsAttr.get_splat(ir_type(aval), attr))
 
 
+# @title The MLIR context; checks: dtypes that XLA has no type for
+@functools.cache
+def mlir_context() -> ir.Context:
+    """One MLIR context with the dialects we use (func and stablehlo)."""
+    from jaxlib.mlir._mlir_libs import _jax_mlir_ext
+
+    registry = ir.DialectRegistry()
+    _jax_mlir_ext.register_dialects(registry)
+    context = ir.Context()
+    context.append_dialect_registry(registry)
+    context.load_all_available_dialects()
+    hlo.register_dialect(context)
+    return context
+
+
+def check_xla_dtype(dtype: np.dtype, who: str = "jit") -> None:
+    """Refuse a dtype that XLA has no type for (NumPy's float128, say)."""
+    if dtype.kind not in "biuf" or dtype.itemsize > 8:
+        raise TypeError(
+            f"{who}: XLA has no type for dtype {dtype.name}; use booleans, "
+            "integers of up to 64 bits, or float16/32/64"
+        )
+
+
 def _lower_with(prim: Primitive, make_op: Callable) -> None:
     @prim.def_rule("lower")
     def rule(ctx, avals_in, avals_out, *operands):
@@ -1728,27 +1723,6 @@ _lower_with(sin_p, hlo.sine)
 _lower_with(cos_p, hlo.cosine)
 
 
-def _lower_comparison(prim: Primitive, direction: str) -> None:
-    @prim.def_rule("lower")
-    def rule(ctx, avals_in, avals_out, x, y):
-        kind = avals_in[0].dtype.kind
-        compare_type = {"f": "FLOAT", "u": "UNSIGNED", "b": "UNSIGNED"}.get(
-            kind, "SIGNED"
-        )
-        return [
-            hlo.compare(
-                x,
-                y,
-                hlo.ComparisonDirectionAttr.get(direction),
-                compare_type=hlo.ComparisonTypeAttr.get(compare_type),
-            )
-        ]
-
-
-_lower_comparison(greater_p, "GT")
-_lower_comparison(less_p, "LT")
-
-
 @transpose_p.def_rule("lower")
 def _transpose_lower(ctx, avals_in, avals_out, x, *, perm):
     return [hlo.transpose(x, ir.DenseI64ArrayAttr.get(perm))]
@@ -1760,6 +1734,20 @@ def _broadcast_lower(ctx, avals_in, avals_out, x, *, shape, axes):
     kept = [i for i in range(len(shape)) if i not in axes]
     out_type = ir_type(avals_out[0])
     return [hlo.broadcast_in_dim(out_type, x, ir.DenseI64ArrayAttr.get(kept))]
+
+
+# @title Lowering rules for greater and less
+def _lower_comparison(prim: Primitive, direction: str) -> None:
+    @prim.def_rule("lower")
+    def rule(ctx, avals_in, avals_out, x, y):
+        kind = {"f": "FLOAT", "i": "SIGNED"}.get(avals_in[0].dtype.kind, "UNSIGNED")
+        direction_attr = hlo.ComparisonDirectionAttr.get(direction)
+        kind_attr = hlo.ComparisonTypeAttr.get(kind)
+        return [hlo.compare(x, y, direction_attr, compare_type=kind_attr)]
+
+
+_lower_comparison(greater_p, "GT")
+_lower_comparison(less_p, "LT")
 
 
 @reduce_sum_p.def_rule("lower")
@@ -1777,14 +1765,14 @@ def _reduce_sum_lower(ctx, avals_in, avals_out, x, *, axes):
 
 
 class LoweringContext:
-    """The module being built, and the nested jaxprs already lowered into it."""
+    """The module being built, and the jaxprs already lowered into it."""
 
     def __init__(self) -> None:
         self.module = ir.Module.create()
         self.functions: dict[Jaxpr, str] = {}
 
     def function_for(self, jaxpr: Jaxpr) -> str:
-        """The name of a private function computing ``jaxpr`` (made once)."""
+        """The name of a function computing ``jaxpr`` (made once)."""
         if jaxpr not in self.functions:
             name = f"jaxpr_{len(self.functions)}"
             self.functions[jaxpr] = name
@@ -1792,15 +1780,11 @@ class LoweringContext:
         return self.functions[jaxpr]
 
 
-def _atom_aval(atom: Atom) -> ShapedArray:
-    return atom.aval
-
-
 def lower_to_function(
     ctx: LoweringContext, jaxpr: Jaxpr, name: str, public: bool
 ) -> mlir_func.FuncOp:
     in_types = [ir_type(v.aval) for v in jaxpr.in_binders]
-    out_types = [ir_type(_atom_aval(x)) for x in jaxpr.outs]
+    out_types = [ir_type(x.aval) for x in jaxpr.outs]
     with ir.InsertionPoint(ctx.module.body):
         function = mlir_func.FuncOp(name, ir.FunctionType.get(in_types, out_types))
     if not public:
@@ -1816,7 +1800,7 @@ def lower_to_function(
     with ir.InsertionPoint(block):
         for eqn in jaxpr.eqns:
             rule = eqn.primitive.rule("lower")
-            avals_in = [_atom_aval(x) for x in eqn.inputs]
+            avals_in = [x.aval for x in eqn.inputs]
             avals_out = [v.aval for v in eqn.out_binders]
             operands = [read(x) for x in eqn.inputs]
             outs = rule(ctx, avals_in, avals_out, *operands, **eqn.params)
@@ -1834,18 +1818,19 @@ def lower_jaxpr(jaxpr: Jaxpr) -> ir.Module:
     return ctx.module
 
 
-class _Runtime(NamedTuple):
-    client: Any
-    device: Any
-    sharding: Any
-
-
 @functools.cache
 def runtime() -> _Runtime:
     """XLA's CPU client and its first device (created on first use)."""
     client = jax.extend.backend.get_backend("cpu")
     device = client.local_devices()[0]
     return _Runtime(client, device, jax.sharding.SingleDeviceSharding(device))
+
+
+# @title device_put: copy a NumPy array to the device (and the runtime record)
+class _Runtime(NamedTuple):
+    client: Any
+    device: Any
+    sharding: Any
 
 
 def device_put(x: np.ndarray) -> Array:
@@ -1864,8 +1849,6 @@ def device_put(x: np.ndarray) -> Array:
 class Array(ArrayOperators):
     """An array in device memory: what jitted functions return."""
 
-    __array_priority__ = 100
-
     def __init__(self, buffer: Any) -> None:
         self._buffer = buffer
 
@@ -1878,36 +1861,11 @@ class Array(ArrayOperators):
         return np.dtype(self._buffer.dtype)
 
     @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
     def aval(self) -> ShapedArray:
         return ShapedArray(self.shape, self.dtype)
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         return np.asarray(self._buffer, dtype=dtype, copy=copy)
-
-    def __bool__(self) -> bool:
-        return bool(np.asarray(self))
-
-    def __float__(self) -> float:
-        return float(np.asarray(self))
-
-    def __int__(self) -> int:
-        return int(np.asarray(self))
-
-    def __len__(self) -> int:
-        if not self.shape:
-            raise TypeError("len() of a 0-d Array")
-        return self.shape[0]
-
-    def __str__(self) -> str:
-        return str(np.asarray(self))
-
-    def __repr__(self) -> str:
-        body = np.array2string(np.asarray(self), separator=", ", prefix="Array(")
-        return f"Array({body}, dtype={self.dtype.name})"
 
 
 DEVICE_ARRAY_TYPES = (Array,)
@@ -1918,6 +1876,28 @@ def _as_buffer(x: Any) -> Any:
     if isinstance(x, Array):
         return x._buffer
     return device_put(x)._buffer
+
+
+# @title Array: ndim, len, Python numbers, printing
+def _array_len(self: Array) -> int:
+    if not self.shape:
+        raise TypeError("len() of a 0-d Array")
+    return self.shape[0]
+
+
+def _array_repr(self: Array) -> str:
+    body = np.array2string(np.asarray(self), separator=", ", prefix="Array(")
+    return f"Array({body}, dtype={self.dtype.name})"
+
+
+Array.__array_priority__ = 100  # NumPy defers to our operators: np_array * Array
+Array.ndim = property(lambda self: len(self.shape))
+Array.__len__ = _array_len
+Array.__bool__ = lambda self: bool(np.asarray(self))
+Array.__float__ = lambda self: float(np.asarray(self))
+Array.__int__ = lambda self: int(np.asarray(self))
+Array.__str__ = lambda self: str(np.asarray(self))
+Array.__repr__ = _array_repr
 
 
 class CompiledJaxpr:
@@ -1946,10 +1926,9 @@ _compiled: dict[Jaxpr, CompiledJaxpr] = {}
 
 def compile_jaxpr(jaxpr: Jaxpr) -> CompiledJaxpr:
     """The executable for ``jaxpr``, compiled on first request."""
-    compiled = _compiled.get(jaxpr)
-    if compiled is None:
-        compiled = _compiled[jaxpr] = CompiledJaxpr(jaxpr)
-    return compiled
+    if jaxpr not in _compiled:
+        _compiled[jaxpr] = CompiledJaxpr(jaxpr)
+    return _compiled[jaxpr]
 
 
 xla_call_p = Primitive("xla_call", multiple_results=True)
@@ -1964,26 +1943,18 @@ def _xla_call_impl(*args, jaxpr):
 Traces = dict[tuple, tuple[Jaxpr, list[Any], PyTreeDef]]
 
 
-def trace_for_call(
-    f: Callable, traces: Traces, args_flat: list[Any], in_tree: PyTreeDef
-) -> tuple[Jaxpr, list[Any], PyTreeDef]:
-    """``f``'s jaxpr, constants and output structure for arguments with the
-    types of ``args_flat``: from ``traces`` if seen before, else traced now."""
-    avals = tuple(raise_to_shaped(get_aval(x)) for x in args_flat)
+def trace_for_call(f, traces: Traces, args_flat: list, in_tree: PyTreeDef):
+    """``f``'s jaxpr, constants and output tree for arguments of these types."""
+    avals = tuple(ShapedArray(x.shape, x.dtype) for x in args_flat)
     key = (in_tree, avals)
-    cached = traces.get(key)
-    if cached is None:
-        for aval in avals:
-            check_xla_dtype(aval.dtype)
-        abstract_args = tree_unflatten(in_tree, avals)
-        jaxpr, consts, out_tree = _trace_to_jaxpr(
-            f, abstract_args, dynamic=True, who="jit"
-        )
+    if key not in traces:
+        check_xla_dtypes(avals)
+        args = tree_unflatten(in_tree, avals)
+        jaxpr, consts, out_tree = _trace_to_jaxpr(f, args, dynamic=True, who="jit")
         if any(isinstance(c, Tracer) for c in consts):
             return jaxpr, consts, out_tree  # valid for this call only
-        consts = [device_put(c) for c in consts]
-        cached = traces[key] = (jaxpr, consts, out_tree)
-    return cached
+        traces[key] = (jaxpr, [device_put(c) for c in consts], out_tree)
+    return traces[key]
 
 
 def jit(f: Callable) -> Callable:
@@ -2002,8 +1973,7 @@ def jit(f: Callable) -> Callable:
     return f_jitted
 
 
-# Weak keys: a jaxpr that nobody uses any more takes its type with it.
-_jaxpr_types: weakref.WeakKeyDictionary[Jaxpr, JaxprType] = weakref.WeakKeyDictionary()
+_jaxpr_types: dict[Jaxpr, JaxprType] = {}
 
 
 def jaxpr_type(jaxpr: Jaxpr) -> JaxprType:
@@ -2011,6 +1981,18 @@ def jaxpr_type(jaxpr: Jaxpr) -> JaxprType:
     if jaxpr not in _jaxpr_types:
         _jaxpr_types[jaxpr] = typecheck_jaxpr(jaxpr)
     return _jaxpr_types[jaxpr]
+
+
+@xla_call_p.def_rule("abstract_eval")
+def _xla_call_abstract_eval(*avals_in, jaxpr):
+    check_call_types(jaxpr, avals_in)
+    return jaxpr_type(jaxpr).out_types
+
+
+# @title Checks: argument types against the jaxpr; weak keys for the type cache
+import weakref
+
+_jaxpr_types = weakref.WeakKeyDictionary()
 
 
 def check_call_types(jaxpr: Jaxpr, args: Sequence[Any]) -> None:
@@ -2027,10 +2009,16 @@ def check_call_types(jaxpr: Jaxpr, args: Sequence[Any]) -> None:
         )
 
 
-@xla_call_p.def_rule("abstract_eval")
-def _xla_call_abstract_eval(*avals_in, jaxpr):
-    check_call_types(jaxpr, avals_in)
-    return jaxpr_type(jaxpr).out_types
+def check_batched_call_types(jaxpr: Jaxpr, vals: list, batched: tuple) -> None:
+    """check_call_types for one example of a batch (batch axes at 0)."""
+    avals = [get_aval(v) for v in vals]
+    per_example = [ShapedArray(a.shape[b:], a.dtype) for a, b in zip(avals, batched)]
+    check_call_types(jaxpr, per_example)
+
+
+def check_xla_dtypes(avals: Sequence[ShapedArray]) -> None:
+    for aval in avals:
+        check_xla_dtype(aval.dtype)
 
 
 @functools.cache
@@ -2049,7 +2037,7 @@ def jvp_jaxpr(jaxpr: Jaxpr) -> tuple[Jaxpr, list[Any]]:
 
 @xla_call_p.def_rule("jvp")
 def _xla_call_jvp(primals, tangents, *, jaxpr):
-    check_call_types(jaxpr, primals)  # before building a jaxpr for these types
+    check_call_types(jaxpr, primals)
     new_jaxpr, consts = jvp_jaxpr(jaxpr)
     outs = bind(xla_call_p, *consts, *primals, *tangents, jaxpr=new_jaxpr)
     n = len(outs) // 2
@@ -2057,9 +2045,7 @@ def _xla_call_jvp(primals, tangents, *, jaxpr):
 
 
 @functools.cache
-def vmap_jaxpr(
-    jaxpr: Jaxpr, axis_size: int, batched: tuple[bool, ...]
-) -> tuple[Jaxpr, list[Any]]:
+def vmap_jaxpr(jaxpr: Jaxpr, axis_size: int, batched: tuple[bool, ...]):
     """A jaxpr computing ``jaxpr`` on a batch (axis 0) of the batched inputs."""
     in_types = jaxpr_type(jaxpr).in_types
     batched_types = [
@@ -2079,11 +2065,7 @@ def _xla_call_vmap(axis_size, vals, dims, *, jaxpr):
         for v, d in zip(vals, dims)
     ]
     batched = tuple(d is not None for d in dims)
-    avals = [get_aval(v) for v in vals]
-    check_call_types(  # per example, before building a jaxpr for these types
-        jaxpr,
-        [ShapedArray(a.shape[b:], a.dtype) for a, b in zip(avals, batched)],
-    )
+    check_batched_call_types(jaxpr, vals, batched)
     if not any(batched):
         return bind(xla_call_p, *vals, jaxpr=jaxpr), [None] * len(jaxpr.outs)
     new_jaxpr, consts = vmap_jaxpr(jaxpr, axis_size, batched)
@@ -2097,89 +2079,6 @@ def _xla_call_lower(ctx, avals_in, avals_out, *operands, jaxpr):
     out_types = [ir_type(a) for a in avals_out]
     call = mlir_func.CallOp(out_types, ir.FlatSymbolRefAttr.get(callee), operands)
     return list(call.results)
-
-
-def result_handlers(jaxpr: Jaxpr) -> list[Any]:
-    """Per output of ``jaxpr``, a jaxlib handler that turns an executable's
-    output buffer into an ``Array``, building jaxlib's array object in C++."""
-    from jaxlib import _jax
-
-    sharding = runtime().sharding
-    handlers = []
-    for out in jaxpr.outs:
-        aval = _atom_aval(out)
-        handler = _jax.array_result_handler(
-            jax.core.ShapedArray(aval.shape, aval.dtype),
-            sharding,
-            committed=True,
-            _skip_checks=True,
-        )
-        handlers.append(handler.wrap(Array))
-    return handlers
-
-
-class FastCall:
-    """What a call with an already seen signature needs, and nothing more:
-    the executable, the constants' buffers, the result handlers and the
-    structure of the output."""
-
-    def __init__(self, jaxpr: Jaxpr, consts: list[Array], out_tree: PyTreeDef):
-        self.execute = compile_jaxpr(jaxpr).executable.execute_sharded
-        self.const_buffers = [c._buffer for c in consts]
-        self.handlers = result_handlers(jaxpr)
-        self.out_tree = out_tree
-
-    def __call__(self, args: tuple) -> Any:
-        buffers = [x._buffer if type(x) is Array else _as_buffer(x) for x in args]
-        results = self.execute([*self.const_buffers, *buffers])
-        outs = results.consume_with_handlers(self.handlers)
-        if self.out_tree is LEAF:
-            return outs[0]
-        return tree_unflatten(self.out_tree, outs)
-
-
-def array_signature(args: tuple) -> tuple | None:
-    """The (shape, dtype) of every argument, when the call may take the fast
-    path: nothing is being staged out and every argument is an ``Array`` or a
-    NumPy array. None when it may not."""
-    if _state.dynamic is not _state.stack[0]:
-        return None  # make_jaxpr or an outer jit is recording: bind must see it
-    signature = []
-    for x in args:
-        kind = type(x)
-        if kind is Array:
-            x = x._buffer  # jaxlib's array: shape and dtype are read in C++
-        elif kind is not np.ndarray:
-            return None  # a tracer, a number, a container...: the full path
-        signature.append((x.shape, x.dtype))
-    return tuple(signature)
-
-
-def jit(f: Callable) -> Callable:
-    """Compile ``f`` with XLA; trace once per input signature; repeated calls
-    on arrays skip the interpreters (the fast path)."""
-    traces: Traces = {}
-    fast_calls: dict[tuple, FastCall] = {}
-
-    @functools.wraps(f)
-    def f_jitted(*args: Any) -> Any:
-        signature = array_signature(args)
-        if signature is not None:
-            fast_call = fast_calls.get(signature)
-            if fast_call is not None:
-                return fast_call(args)
-        # The full path: check, trace if needed, bind.
-        args_flat, in_tree = tree_flatten(args)
-        args_flat = [_as_input(x, "jit argument") for x in args_flat]
-        jaxpr, consts, out_tree = trace_for_call(f, traces, args_flat, in_tree)
-        outs = bind(xla_call_p, *consts, *args_flat, jaxpr=jaxpr)
-        if signature is not None and not any(isinstance(c, Tracer) for c in consts):
-            fast_calls[signature] = FastCall(jaxpr, consts, out_tree)
-        return tree_unflatten(out_tree, outs)
-
-    f_jitted.traces = traces  # for the curious: what has been traced so far
-    f_jitted.fast_calls = fast_calls  # and which signatures take the fast path
-    return f_jitted
 
 
 # ==== chapter: part4_grad ====
@@ -4500,6 +4399,87 @@ def check_loop_bounds(lower: Any, upper: Any) -> list[Any]:
 
 
 # ==== chapter: performance ====
+
+
+# @title Result handlers: jaxlib builds the output arrays
+def result_handlers(jaxpr: Jaxpr) -> list[Any]:
+    """Per output of ``jaxpr``, a jaxlib handler that turns an executable's
+    output buffer into an ``Array``, building jaxlib's array object in C++."""
+    from jaxlib import _jax
+
+    sharding = runtime().sharding
+    handlers = []
+    for out in jaxpr.outs:
+        aval = out.aval
+        handler = _jax.array_result_handler(
+            jax.core.ShapedArray(aval.shape, aval.dtype),
+            sharding,
+            committed=True,
+            _skip_checks=True,
+        )
+        handlers.append(handler.wrap(Array))
+    return handlers
+
+
+class FastCall:
+    """What a call with a known signature needs, and nothing more."""
+
+    def __init__(self, jaxpr: Jaxpr, consts: list[Array], out_tree: PyTreeDef):
+        self.execute = compile_jaxpr(jaxpr).executable.execute_sharded
+        self.const_buffers = [c._buffer for c in consts]
+        self.handlers = result_handlers(jaxpr)
+        self.out_tree = out_tree
+
+    def __call__(self, args: tuple) -> Any:
+        buffers = [x._buffer if type(x) is Array else _as_buffer(x) for x in args]
+        results = self.execute([*self.const_buffers, *buffers])
+        outs = results.consume_with_handlers(self.handlers)
+        if self.out_tree is LEAF:
+            return outs[0]
+        return tree_unflatten(self.out_tree, outs)
+
+
+def array_signature(args: tuple) -> tuple | None:
+    """The (shape, dtype) of every argument, or None for the full path."""
+    if _state.dynamic is not _state.stack[0]:
+        return None  # make_jaxpr or an outer jit is recording: bind must see it
+    signature = []
+    for x in args:
+        kind = type(x)
+        if kind is Array:
+            x = x._buffer  # jaxlib's array: shape and dtype are read in C++
+        elif kind is not np.ndarray:
+            return None  # a tracer, a number, a container...: the full path
+        signature.append((x.shape, x.dtype))
+    return tuple(signature)
+
+
+def jit(f: Callable) -> Callable:
+    """Compile ``f`` with XLA; trace once per input signature; repeated calls
+    on arrays skip the interpreters (the fast path)."""
+    traces: Traces = {}
+    fast_calls: dict[tuple, FastCall] = {}
+
+    @functools.wraps(f)
+    def f_jitted(*args: Any) -> Any:
+        signature = array_signature(args)
+        if signature is not None:
+            fast_call = fast_calls.get(signature)
+            if fast_call is not None:
+                return fast_call(args)
+        # The full path: check, trace if needed, bind.
+        args_flat, in_tree = tree_flatten(args)
+        args_flat = [_as_input(x, "jit argument") for x in args_flat]
+        jaxpr, consts, out_tree = trace_for_call(f, traces, args_flat, in_tree)
+        outs = bind(xla_call_p, *consts, *args_flat, jaxpr=jaxpr)
+        if signature is not None and not any(isinstance(c, Tracer) for c in consts):
+            fast_calls[signature] = FastCall(jaxpr, consts, out_tree)
+        return tree_unflatten(out_tree, outs)
+
+    f_jitted.traces = traces  # for the curious: what has been traced so far
+    f_jitted.fast_calls = fast_calls  # and which signatures take the fast path
+    return f_jitted
+
 
 # ==== book support (generated by build_tools/tangle.py) ====
 

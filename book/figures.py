@@ -132,3 +132,177 @@ class RuleTable:
 
 
 # ---------------------------------------------------------------- performance
+
+import math
+from html import escape
+
+from IPython.display import HTML, SVG
+
+_BENCH_GREEN, _BENCH_RED, _BENCH_BLUE, _BENCH_GREY = (
+    "#2e7d32",
+    "#c62828",
+    "#1f5fa8",
+    "#888888",
+)
+
+
+def _bench_dot_color(row):
+    if row["met"] is None:
+        return _BENCH_BLUE
+    return _BENCH_GREEN if row["met"] else _BENCH_RED
+
+
+def benchmark_ratio_chart(rows):
+    """An SVG dot chart of autodidax / JAX per headline row (log axis)."""
+    ratios = [row["ratios"]["autodidax"] for row in rows]
+    marks = [row["target_ratio"] for row in rows if row["target_ratio"]]
+    low = 10 ** math.floor(math.log10(min([*ratios, 1.0])))
+    high = 10 ** math.ceil(math.log10(max([*ratios, *marks, 1.0])))
+    left, right, top, row_height = 300, 650, 64, 26
+    width, height = 740, top + row_height * len(rows) + 46
+
+    def x(ratio):
+        share = math.log(ratio / low) / math.log(high / low)
+        return left + share * (right - left)
+
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
+        f'height="{height}" font-family="sans-serif" font-size="13">',
+        "<title>autodidax time / JAX time, per benchmark</title>",
+        f'<rect x="{left}" y="{top - 8}" width="{x(1.0) - left:.1f}" '
+        f'height="{row_height * len(rows) + 8}" fill="#eef5ee"/>',
+        f'<text x="{x(1.0) - 6:.1f}" y="{top - 16}" text-anchor="end" '
+        f'fill="{_BENCH_GREEN}">autodidax faster</text>',
+        f'<text x="{x(1.0) + 6:.1f}" y="{top - 16}" fill="{_BENCH_GREY}">JAX faster</text>',
+    ]
+    legend = [
+        (_BENCH_GREEN, "target met"),
+        (_BENCH_RED, "target missed"),
+        (_BENCH_BLUE, "no target"),
+    ]
+    for i, (color, text) in enumerate(legend):
+        parts.append(
+            f'<circle cx="{left + 8 + 120 * i}" cy="14" r="5" fill="{color}"/>'
+            f'<text x="{left + 18 + 120 * i}" y="18">{text}</text>'
+        )
+    bottom = top + row_height * len(rows)
+    exponent = round(math.log10(low))
+    while 10**exponent <= high:
+        for step in (1, 2, 5):
+            tick = step * 10.0**exponent
+            if low <= tick <= high:
+                label = f"{tick:g}"
+                parts.append(
+                    f'<line x1="{x(tick):.1f}" y1="{top - 8}" x2="{x(tick):.1f}" '
+                    f'y2="{bottom}" stroke="#dddddd"/>'
+                    f'<text x="{x(tick):.1f}" y="{bottom + 18}" '
+                    f'text-anchor="middle" fill="#555555">{label}</text>'
+                )
+        exponent += 1
+    parts.append(
+        f'<line x1="{x(1.0):.1f}" y1="{top - 8}" x2="{x(1.0):.1f}" y2="{bottom}" '
+        'stroke="#333333" stroke-width="1.5"/>'
+        f'<text x="{(left + right) / 2}" y="{bottom + 38}" text-anchor="middle">'
+        "autodidax time / JAX time (log scale)</text>"
+    )
+    previous = None
+    for i, row in enumerate(rows):
+        y = top + row_height * i + row_height / 2
+        if previous is not None and row["benchmark"] != previous:
+            parts.append(
+                f'<line x1="10" y1="{y - row_height / 2:.1f}" x2="{right}" '
+                f'y2="{y - row_height / 2:.1f}" stroke="#cccccc" '
+                'stroke-dasharray="2,3"/>'
+            )
+        previous = row["benchmark"]
+        label = escape(f"{row['benchmark']}, {row['case']}")
+        ratio = row["ratios"]["autodidax"]
+        parts.append(f'<text x="10" y="{y + 4:.1f}">{label}</text>')
+        if row["target_ratio"]:
+            target_x = x(row["target_ratio"])
+            parts.append(
+                f'<line x1="{target_x:.1f}" y1="{y - 8:.1f}" x2="{target_x:.1f}" '
+                f'y2="{y + 8:.1f}" stroke="{_BENCH_GREY}" stroke-width="3"/>'
+            )
+        parts.append(
+            f'<circle cx="{x(ratio):.1f}" cy="{y:.1f}" r="6" '
+            f'fill="{_bench_dot_color(row)}"/>'
+            f'<text x="{right + 12}" y="{y + 4:.1f}">{ratio:.2f}×</text>'
+        )
+    parts.append("</svg>")
+    return SVG("".join(parts))
+
+
+def _bench_number(value):
+    return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def _bench_verdict(target, met):
+    if target is None:
+        return ""
+    return f"{target}: " + ("met" if met else "<strong>missed</strong>")
+
+
+def _bench_html_table(caption, header, rows, numeric):
+    """An HTML table; the columns in ``numeric`` are right-aligned."""
+
+    def cells(tag, values):
+        return "".join(
+            f'<{tag} style="text-align: {"right" if i in numeric else "left"}">'
+            f"{value}</{tag}>"
+            for i, value in enumerate(values)
+        )
+
+    body = "".join(f"<tr>{cells('td', row)}</tr>" for row in rows)
+    return (
+        f'<table class="table"><caption>{escape(caption)}</caption>'
+        f"<thead><tr>{cells('th', header)}</tr></thead><tbody>{body}</tbody></table>"
+    )
+
+
+def benchmark_tables(report):
+    """HTML tables of a bench report: medians per benchmark, and growth."""
+    main_rows = [
+        [
+            escape(row["benchmark"]),
+            escape(row["case"]),
+            escape(row["unit"]),
+            _bench_number(row["values"]["autodidax"]),
+            _bench_number(row["values"]["jax"]),
+            f"{row['ratios']['autodidax']:.2f}",
+            _bench_verdict(row["target"], row["met"]),
+        ]
+        for row in report["headline"]
+    ]
+    growth_rows = [
+        [
+            escape(growth["benchmark"]),
+            f"{growth['sizes'][0]} → {growth['sizes'][-1]} primitives",
+            f"{growth['time_ratios']['autodidax']:.2f}×",
+            f"{growth['time_ratios']['jax']:.2f}×",
+            _bench_verdict(f"≤ {growth['max_time_ratio']:.1f}×", growth["met"]),
+        ]
+        for growth in report["growth"]
+    ]
+    return HTML(
+        _bench_html_table(
+            "Medians per benchmark",
+            [
+                "benchmark",
+                "case",
+                "unit",
+                "autodidax",
+                "JAX",
+                "autodidax / JAX",
+                "target",
+            ],
+            main_rows,
+            numeric={3, 4, 5},
+        )
+        + _bench_html_table(
+            "Growth: time at the larger size divided by time at the smaller",
+            ["benchmark", "sizes", "autodidax", "JAX", "target"],
+            growth_rows,
+            numeric={2, 3},
+        )
+    )

@@ -115,11 +115,8 @@ np.set_printoptions(precision=6, suppress=True)
 
 # %% tags=["export"]
 import functools
-import weakref
 
-# Import jax before jaxlib's MLIR bindings: jax's import configures jaxlib
-# (among other things, it keeps the XLA runtime's C++ logging quiet).
-import jax
+import jax  # first: importing jax configures jaxlib
 import jax.extend.backend
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import func as mlir_func
@@ -143,43 +140,17 @@ RULE_KINDS = (*RULE_KINDS, "lower")
 
 
 # %% tags=["export"]
-@functools.cache
-def mlir_context() -> ir.Context:
-    """One MLIR context with the dialects we use (func and stablehlo)."""
-    from jaxlib.mlir._mlir_libs import _jax_mlir_ext
-
-    registry = ir.DialectRegistry()
-    _jax_mlir_ext.register_dialects(registry)
-    context = ir.Context()
-    context.append_dialect_registry(registry)
-    context.load_all_available_dialects()
-    hlo.register_dialect(context)
-    return context
-
-
 def ir_element_type(dtype: np.dtype) -> ir.Type:
     dtype = np.dtype(dtype)
-    if dtype == np.bool_:
-        return ir.IntegerType.get_signless(1)
-    bits = dtype.itemsize * 8
-    floats = {16: ir.F16Type, 32: ir.F32Type, 64: ir.F64Type}
-    if dtype.kind == "f" and bits in floats:
-        return floats[bits].get()
-    if dtype.kind == "i" and bits <= 64:
-        return ir.IntegerType.get_signless(bits)
-    if dtype.kind == "u" and bits <= 64:
-        return ir.IntegerType.get_unsigned(bits)
     check_xla_dtype(dtype)
-    raise TypeError(f"no StableHLO type for dtype {dtype.name}")
-
-
-def check_xla_dtype(dtype: np.dtype, who: str = "jit") -> None:
-    """Refuse a dtype that XLA has no type for (NumPy's float128, say)."""
-    if dtype.kind not in "biuf" or dtype.itemsize > 8:
-        raise TypeError(
-            f"{who}: XLA has no type for dtype {dtype.name}; use booleans, "
-            "integers of up to 64 bits, or float16/32/64"
-        )
+    bits = dtype.itemsize * 8
+    if dtype.kind == "b":
+        return ir.IntegerType.get_signless(1)
+    if dtype.kind == "f":
+        return {16: ir.F16Type, 32: ir.F32Type, 64: ir.F64Type}[bits].get()
+    if dtype.kind == "i":
+        return ir.IntegerType.get_signless(bits)
+    return ir.IntegerType.get_unsigned(bits)
 
 
 def ir_type(aval: ShapedArray) -> ir.RankedTensorType:
@@ -194,6 +165,39 @@ def ir_constant(value: Any, aval: ShapedArray) -> ir.Value:
     else:
         attr = ir.IntegerAttr.get(element, int(value))
     return hlo.constant(ir.DenseElementsAttr.get_splat(ir_type(aval), attr))
+
+
+# %% [markdown]
+# MLIR builds everything inside a *context* that knows the dialects in use;
+# `mlir_context()` makes one, with the `func` and `stablehlo` dialects loaded.
+# XLA has no type for some NumPy dtypes, such as `float128`; `check_xla_dtype`
+# refuses them with a `TypeError` that names the dtype. Both are in the folded
+# cell.
+
+
+# %% tags=["export", "hide-input"]
+# @title The MLIR context; checks: dtypes that XLA has no type for
+@functools.cache
+def mlir_context() -> ir.Context:
+    """One MLIR context with the dialects we use (func and stablehlo)."""
+    from jaxlib.mlir._mlir_libs import _jax_mlir_ext
+
+    registry = ir.DialectRegistry()
+    _jax_mlir_ext.register_dialects(registry)
+    context = ir.Context()
+    context.append_dialect_registry(registry)
+    context.load_all_available_dialects()
+    hlo.register_dialect(context)
+    return context
+
+
+def check_xla_dtype(dtype: np.dtype, who: str = "jit") -> None:
+    """Refuse a dtype that XLA has no type for (NumPy's float128, say)."""
+    if dtype.kind not in "biuf" or dtype.itemsize > 8:
+        raise TypeError(
+            f"{who}: XLA has no type for dtype {dtype.name}; use booleans, "
+            "integers of up to 64 bits, or float16/32/64"
+        )
 
 
 # %% [markdown]
@@ -217,27 +221,6 @@ _lower_with(sin_p, hlo.sine)
 _lower_with(cos_p, hlo.cosine)
 
 
-def _lower_comparison(prim: Primitive, direction: str) -> None:
-    @prim.def_rule("lower")
-    def rule(ctx, avals_in, avals_out, x, y):
-        kind = avals_in[0].dtype.kind
-        compare_type = {"f": "FLOAT", "u": "UNSIGNED", "b": "UNSIGNED"}.get(
-            kind, "SIGNED"
-        )
-        return [
-            hlo.compare(
-                x,
-                y,
-                hlo.ComparisonDirectionAttr.get(direction),
-                compare_type=hlo.ComparisonTypeAttr.get(compare_type),
-            )
-        ]
-
-
-_lower_comparison(greater_p, "GT")
-_lower_comparison(less_p, "LT")
-
-
 @transpose_p.def_rule("lower")
 def _transpose_lower(ctx, avals_in, avals_out, x, *, perm):
     return [hlo.transpose(x, ir.DenseI64ArrayAttr.get(perm))]
@@ -249,6 +232,27 @@ def _broadcast_lower(ctx, avals_in, avals_out, x, *, shape, axes):
     kept = [i for i in range(len(shape)) if i not in axes]
     out_type = ir_type(avals_out[0])
     return [hlo.broadcast_in_dim(out_type, x, ir.DenseI64ArrayAttr.get(kept))]
+
+
+# %% [markdown]
+# The comparisons are one `stablehlo.compare` each, told the direction (`GT`,
+# `LT`) and whether to compare as floats, signed or unsigned integers; their rules
+# are in the folded cell.
+
+
+# %% tags=["export", "hide-input"]
+# @title Lowering rules for greater and less
+def _lower_comparison(prim: Primitive, direction: str) -> None:
+    @prim.def_rule("lower")
+    def rule(ctx, avals_in, avals_out, x, y):
+        kind = {"f": "FLOAT", "i": "SIGNED"}.get(avals_in[0].dtype.kind, "UNSIGNED")
+        direction_attr = hlo.ComparisonDirectionAttr.get(direction)
+        kind_attr = hlo.ComparisonTypeAttr.get(kind)
+        return [hlo.compare(x, y, direction_attr, compare_type=kind_attr)]
+
+
+_lower_comparison(greater_p, "GT")
+_lower_comparison(less_p, "LT")
 
 
 # %% [markdown]
@@ -282,14 +286,14 @@ def _reduce_sum_lower(ctx, avals_in, avals_out, x, *, axes):
 
 # %% tags=["export"]
 class LoweringContext:
-    """The module being built, and the nested jaxprs already lowered into it."""
+    """The module being built, and the jaxprs already lowered into it."""
 
     def __init__(self) -> None:
         self.module = ir.Module.create()
         self.functions: dict[Jaxpr, str] = {}
 
     def function_for(self, jaxpr: Jaxpr) -> str:
-        """The name of a private function computing ``jaxpr`` (made once)."""
+        """The name of a function computing ``jaxpr`` (made once)."""
         if jaxpr not in self.functions:
             name = f"jaxpr_{len(self.functions)}"
             self.functions[jaxpr] = name
@@ -297,15 +301,11 @@ class LoweringContext:
         return self.functions[jaxpr]
 
 
-def _atom_aval(atom: Atom) -> ShapedArray:
-    return atom.aval
-
-
 def lower_to_function(
     ctx: LoweringContext, jaxpr: Jaxpr, name: str, public: bool
 ) -> mlir_func.FuncOp:
     in_types = [ir_type(v.aval) for v in jaxpr.in_binders]
-    out_types = [ir_type(_atom_aval(x)) for x in jaxpr.outs]
+    out_types = [ir_type(x.aval) for x in jaxpr.outs]
     with ir.InsertionPoint(ctx.module.body):
         function = mlir_func.FuncOp(name, ir.FunctionType.get(in_types, out_types))
     if not public:
@@ -321,7 +321,7 @@ def lower_to_function(
     with ir.InsertionPoint(block):
         for eqn in jaxpr.eqns:
             rule = eqn.primitive.rule("lower")
-            avals_in = [_atom_aval(x) for x in eqn.inputs]
+            avals_in = [x.aval for x in eqn.inputs]
             avals_out = [v.aval for v in eqn.out_binders]
             operands = [read(x) for x in eqn.inputs]
             outs = rule(ctx, avals_in, avals_out, *operands, **eqn.params)
@@ -359,25 +359,27 @@ print(str(lower_jaxpr(jaxpr)).rstrip())
 #
 # To run the module we need XLA's client for the CPU, which `jaxlib` provides, and
 # a way to move arrays onto its device and back. Device memory is managed by
-# `jaxlib` buffer objects; `device_put` copies a NumPy array into one. (The
-# `enable_x64` flag asks for float64 to be kept as float64; JAX's own front end
-# would otherwise narrow it to float32 unless its global x64 switch is on, a
-# switch this module never touches.)
+# `jaxlib` buffer objects; `device_put`, in the folded cell below, copies a NumPy
+# array into one, keeping float64 as float64 (JAX's own front end would narrow it
+# to float32 unless its global x64 switch is on, a switch this module never
+# touches).
 
 
 # %% tags=["export"]
-class _Runtime(NamedTuple):
-    client: Any
-    device: Any
-    sharding: Any
-
-
 @functools.cache
 def runtime() -> _Runtime:
     """XLA's CPU client and its first device (created on first use)."""
     client = jax.extend.backend.get_backend("cpu")
     device = client.local_devices()[0]
     return _Runtime(client, device, jax.sharding.SingleDeviceSharding(device))
+
+
+# %% tags=["export", "hide-input"]
+# @title device_put: copy a NumPy array to the device (and the runtime record)
+class _Runtime(NamedTuple):
+    client: Any
+    device: Any
+    sharding: Any
 
 
 def device_put(x: np.ndarray) -> Array:
@@ -396,17 +398,13 @@ def device_put(x: np.ndarray) -> Array:
 # %% [markdown]
 # The `Array` class wraps such a buffer. It knows its shape and dtype without
 # touching the data, so passing it back into a compiled function needs no copy
-# to the host. Only printing it or handing it to NumPy copies it back
-# (`__array__`, which NumPy calls, supports NumPy 2's `dtype` and `copy`
-# arguments). It has the same operators as tracers; outside `jit` they compute
-# eagerly, with NumPy.
+# to the host. Only handing it to NumPy (`__array__`) copies it back. It has the
+# same operators as tracers; outside `jit` they compute eagerly, with NumPy.
 
 
 # %% tags=["export"]
 class Array(ArrayOperators):
     """An array in device memory: what jitted functions return."""
-
-    __array_priority__ = 100
 
     def __init__(self, buffer: Any) -> None:
         self._buffer = buffer
@@ -420,36 +418,11 @@ class Array(ArrayOperators):
         return np.dtype(self._buffer.dtype)
 
     @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
     def aval(self) -> ShapedArray:
         return ShapedArray(self.shape, self.dtype)
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         return np.asarray(self._buffer, dtype=dtype, copy=copy)
-
-    def __bool__(self) -> bool:
-        return bool(np.asarray(self))
-
-    def __float__(self) -> float:
-        return float(np.asarray(self))
-
-    def __int__(self) -> int:
-        return int(np.asarray(self))
-
-    def __len__(self) -> int:
-        if not self.shape:
-            raise TypeError("len() of a 0-d Array")
-        return self.shape[0]
-
-    def __str__(self) -> str:
-        return str(np.asarray(self))
-
-    def __repr__(self) -> str:
-        body = np.array2string(np.asarray(self), separator=", ", prefix="Array(")
-        return f"Array({body}, dtype={self.dtype.name})"
 
 
 DEVICE_ARRAY_TYPES = (Array,)
@@ -460,6 +433,35 @@ def _as_buffer(x: Any) -> Any:
     if isinstance(x, Array):
         return x._buffer
     return device_put(x)._buffer
+
+
+# %% [markdown]
+# The module's `Array` also behaves like a NumPy array in the small ways Python
+# code expects: `ndim`, `len()`, `bool()`, `float()`, `int()`, printing, and
+# winning over NumPy in mixed arithmetic; unfold to see them.
+
+
+# %% tags=["export", "hide-input"]
+# @title Array: ndim, len, Python numbers, printing
+def _array_len(self: Array) -> int:
+    if not self.shape:
+        raise TypeError("len() of a 0-d Array")
+    return self.shape[0]
+
+
+def _array_repr(self: Array) -> str:
+    body = np.array2string(np.asarray(self), separator=", ", prefix="Array(")
+    return f"Array({body}, dtype={self.dtype.name})"
+
+
+Array.__array_priority__ = 100  # NumPy defers to our operators: np_array * Array
+Array.ndim = property(lambda self: len(self.shape))
+Array.__len__ = _array_len
+Array.__bool__ = lambda self: bool(np.asarray(self))
+Array.__float__ = lambda self: float(np.asarray(self))
+Array.__int__ = lambda self: int(np.asarray(self))
+Array.__str__ = lambda self: str(np.asarray(self))
+Array.__repr__ = _array_repr
 
 
 # %% [markdown]
@@ -496,10 +498,9 @@ _compiled: dict[Jaxpr, CompiledJaxpr] = {}
 
 def compile_jaxpr(jaxpr: Jaxpr) -> CompiledJaxpr:
     """The executable for ``jaxpr``, compiled on first request."""
-    compiled = _compiled.get(jaxpr)
-    if compiled is None:
-        compiled = _compiled[jaxpr] = CompiledJaxpr(jaxpr)
-    return compiled
+    if jaxpr not in _compiled:
+        _compiled[jaxpr] = CompiledJaxpr(jaxpr)
+    return _compiled[jaxpr]
 
 
 # %%
@@ -532,10 +533,7 @@ def _xla_call_impl(*args, jaxpr):
 # jaxpr for their types, and binds `xla_call`. Tracing happens once per *input
 # signature* (the argument structure plus each leaf's shape and dtype), so a second
 # call with new values of the same types goes straight to the compiled code. The
-# constants the jaxpr needs are moved to the device once, at tracing time. The
-# look-up-or-trace step is a function of its own, `trace_for_call`, because a
-# {ref}`later section <part3-fast-path>` puts a shortcut in front of `jit` and
-# reuses it.
+# constants the jaxpr needs are moved to the device once, at tracing time.
 #
 # One subtlety: if `f` closes over a tracer of an outer transformation (say, `jit`
 # inside a `jvp` of some other function), that tracer becomes one of the jaxpr's
@@ -546,26 +544,18 @@ def _xla_call_impl(*args, jaxpr):
 Traces = dict[tuple, tuple[Jaxpr, list[Any], PyTreeDef]]
 
 
-def trace_for_call(
-    f: Callable, traces: Traces, args_flat: list[Any], in_tree: PyTreeDef
-) -> tuple[Jaxpr, list[Any], PyTreeDef]:
-    """``f``'s jaxpr, constants and output structure for arguments with the
-    types of ``args_flat``: from ``traces`` if seen before, else traced now."""
-    avals = tuple(raise_to_shaped(get_aval(x)) for x in args_flat)
+def trace_for_call(f, traces: Traces, args_flat: list, in_tree: PyTreeDef):
+    """``f``'s jaxpr, constants and output tree for arguments of these types."""
+    avals = tuple(ShapedArray(x.shape, x.dtype) for x in args_flat)
     key = (in_tree, avals)
-    cached = traces.get(key)
-    if cached is None:
-        for aval in avals:
-            check_xla_dtype(aval.dtype)
-        abstract_args = tree_unflatten(in_tree, avals)
-        jaxpr, consts, out_tree = _trace_to_jaxpr(
-            f, abstract_args, dynamic=True, who="jit"
-        )
+    if key not in traces:
+        check_xla_dtypes(avals)
+        args = tree_unflatten(in_tree, avals)
+        jaxpr, consts, out_tree = _trace_to_jaxpr(f, args, dynamic=True, who="jit")
         if any(isinstance(c, Tracer) for c in consts):
             return jaxpr, consts, out_tree  # valid for this call only
-        consts = [device_put(c) for c in consts]
-        cached = traces[key] = (jaxpr, consts, out_tree)
-    return cached
+        traces[key] = (jaxpr, [device_put(c) for c in consts], out_tree)
+    return traces[key]
 
 
 def jit(f: Callable) -> Callable:
@@ -593,8 +583,7 @@ def jit(f: Callable) -> Callable:
 # happily read the bits of an integer array as floats.
 
 # %% tags=["export"]
-# Weak keys: a jaxpr that nobody uses any more takes its type with it.
-_jaxpr_types: weakref.WeakKeyDictionary[Jaxpr, JaxprType] = weakref.WeakKeyDictionary()
+_jaxpr_types: dict[Jaxpr, JaxprType] = {}
 
 
 def jaxpr_type(jaxpr: Jaxpr) -> JaxprType:
@@ -602,6 +591,26 @@ def jaxpr_type(jaxpr: Jaxpr) -> JaxprType:
     if jaxpr not in _jaxpr_types:
         _jaxpr_types[jaxpr] = typecheck_jaxpr(jaxpr)
     return _jaxpr_types[jaxpr]
+
+
+@xla_call_p.def_rule("abstract_eval")
+def _xla_call_abstract_eval(*avals_in, jaxpr):
+    check_call_types(jaxpr, avals_in)
+    return jaxpr_type(jaxpr).out_types
+
+
+# %% [markdown]
+# The folded cell holds the checks: `check_call_types` raises a `TypeError`
+# naming both signatures when the arguments' shapes or dtypes differ from the
+# jaxpr's inputs, and `check_xla_dtypes` refuses dtypes that XLA cannot hold. The
+# module also remembers jaxpr types in a dictionary with weak keys, so that a
+# jaxpr nobody uses any more does not stay in memory for its type's sake.
+
+# %% tags=["export", "hide-input"]
+# @title Checks: argument types against the jaxpr; weak keys for the type cache
+import weakref
+
+_jaxpr_types = weakref.WeakKeyDictionary()
 
 
 def check_call_types(jaxpr: Jaxpr, args: Sequence[Any]) -> None:
@@ -618,10 +627,16 @@ def check_call_types(jaxpr: Jaxpr, args: Sequence[Any]) -> None:
         )
 
 
-@xla_call_p.def_rule("abstract_eval")
-def _xla_call_abstract_eval(*avals_in, jaxpr):
-    check_call_types(jaxpr, avals_in)
-    return jaxpr_type(jaxpr).out_types
+def check_batched_call_types(jaxpr: Jaxpr, vals: list, batched: tuple) -> None:
+    """check_call_types for one example of a batch (batch axes at 0)."""
+    avals = [get_aval(v) for v in vals]
+    per_example = [ShapedArray(a.shape[b:], a.dtype) for a, b in zip(avals, batched)]
+    check_call_types(jaxpr, per_example)
+
+
+def check_xla_dtypes(avals: Sequence[ShapedArray]) -> None:
+    for aval in avals:
+        check_xla_dtype(aval.dtype)
 
 
 # %% [markdown]
@@ -651,7 +666,7 @@ def jvp_jaxpr(jaxpr: Jaxpr) -> tuple[Jaxpr, list[Any]]:
 
 @xla_call_p.def_rule("jvp")
 def _xla_call_jvp(primals, tangents, *, jaxpr):
-    check_call_types(jaxpr, primals)  # before building a jaxpr for these types
+    check_call_types(jaxpr, primals)
     new_jaxpr, consts = jvp_jaxpr(jaxpr)
     outs = bind(xla_call_p, *consts, *primals, *tangents, jaxpr=new_jaxpr)
     n = len(outs) // 2
@@ -659,9 +674,7 @@ def _xla_call_jvp(primals, tangents, *, jaxpr):
 
 
 @functools.cache
-def vmap_jaxpr(
-    jaxpr: Jaxpr, axis_size: int, batched: tuple[bool, ...]
-) -> tuple[Jaxpr, list[Any]]:
+def vmap_jaxpr(jaxpr: Jaxpr, axis_size: int, batched: tuple[bool, ...]):
     """A jaxpr computing ``jaxpr`` on a batch (axis 0) of the batched inputs."""
     in_types = jaxpr_type(jaxpr).in_types
     batched_types = [
@@ -681,11 +694,7 @@ def _xla_call_vmap(axis_size, vals, dims, *, jaxpr):
         for v, d in zip(vals, dims)
     ]
     batched = tuple(d is not None for d in dims)
-    avals = [get_aval(v) for v in vals]
-    check_call_types(  # per example, before building a jaxpr for these types
-        jaxpr,
-        [ShapedArray(a.shape[b:], a.dtype) for a, b in zip(avals, batched)],
-    )
+    check_batched_call_types(jaxpr, vals, batched)
     if not any(batched):
         return bind(xla_call_p, *vals, jaxpr=jaxpr), [None] * len(jaxpr.outs)
     new_jaxpr, consts = vmap_jaxpr(jaxpr, axis_size, batched)
@@ -740,8 +749,7 @@ print(sin(x) * y + cos(y))
 z = wave(x, y)
 print(type(z).__name__, z.shape, z.dtype)
 print(repr(wave(z, z)))
-host = np.asarray(z, dtype=np.float32)
-print(host.dtype, np.asarray(z, copy=True).flags.writeable)
+print(np.asarray(z, dtype=np.float32))
 
 
 # %% [markdown]
@@ -758,8 +766,7 @@ def f(x):
 
 
 x0 = np.array([0.3, 1.2])
-eager = jvp(f, (x0,), (np.ones(2),))
-print(eager)
+print(jvp(f, (x0,), (np.ones(2),)))
 print(jvp(jit(f), (x0,), (np.ones(2),)))
 print(jit(lambda x, t: jvp(f, (x,), (t,)))(x0, np.ones(2)))
 print(vmap(jit(f), (0,))(np.stack([x0, 2 * x0])))
@@ -787,8 +794,12 @@ print(str(lower_jaxpr(call_eqn.params["jaxpr"])).rstrip())
 # function whose result is not an array cannot be compiled. A shape mistake is
 # found while tracing, before anything runs, and the error's traceback goes
 # through the line of your function that made it.
+#
+# The folded cell defines `show_error`, which calls a function and prints the
+# error it raises.
 
-# %%
+# %% tags=["hide-input"]
+# @title show_error: print an exception instead of stopping
 import textwrap
 
 
@@ -799,221 +810,30 @@ def show_error(fn, *args):
         print(textwrap.fill(f"{type(e).__name__}: {e}", 80, subsequent_indent="  "))
 
 
+# %%
 show_error(jit(lambda x: x if x > 0.0 else -x), 1.0)
 show_error(jit(lambda x: "done"), 1.0)
 show_error(jit(lambda x, y: x * y), np.ones(3), np.ones(2))
 
-
 # %% [markdown]
-# (part3-fast-path)=
-# ## A fast path for repeated calls
-#
-# The first call of a jitted function pays for tracing and for XLA's compiler:
-# tens of milliseconds. After that, a call with the same input signature should
-# cost little more than starting the executable. Ours costs a lot more. Timing
-# each step of one call of the small function `sin(x) * 2.0 + x` on a
-# device-resident `float64[8]`, on the machine that produced the
-# {ref}`performance page <performance>`, gives:
-#
-# | step of a repeated call | µs |
-# | --- | ---: |
-# | `tree_flatten` of the arguments | 0.9 |
-# | `_as_input`, `get_aval` and `raise_to_shaped` on every leaf, for the key | 1.8 |
-# | looking the key up in the trace cache (hashing a `PyTreeDef` and avals) | 0.4 |
-# | `bind`: find the top trace, box the arguments, call the `impl` rule | 1.5 |
-# | `check_call_types` in the `impl` rule | 0.7 |
-# | running the executable (`execute_sharded`) | 2.3 |
-# | turning its results into `Array`s | 2.6 |
-# | `tree_unflatten` of the outputs | 0.2 |
-#
-# About 12 µs in all, where `jax.jit` needs about 3 µs for the same call. Only
-# one row is work that differs from call to call: running the executable. Every
-# other row recomputes an answer that the first call already found, and that
-# depends only on the *types* of the arguments: their structure, their avals,
-# which interpreter handles the call, that the types match the jaxpr, which
-# executable to run. So we remember, per signature, what running needs, and skip
-# the rest.
-#
-# **The key.** When every argument is an array on its own (no lists or dicts
-# around it), the input signature is the tuple of each argument's shape and dtype.
-# Both are cheap to read: a NumPy array has them as attributes, and so does the
-# jaxlib buffer inside an `Array`, which keeps them in C++. No flattening is
-# needed: "*n* arrays" is already said by the length of the tuple.
-#
-# **When the shortcut may be taken.** `bind` picks an interpreter by starting at
-# the dynamic level and moving up to the level of the deepest tracer among the
-# arguments (`find_top_trace`). If the dynamic level is the evaluation level at
-# the bottom of the stack (nothing is being staged out by `make_jaxpr` or an
-# outer `jit`) and no argument is a tracer (all are `Array`s or NumPy arrays),
-# `bind` will choose the evaluation interpreter, whose `impl` rule checks the
-# types and runs the compiled code. Running the code is the part the fast path
-# keeps. Under `jvp`, `vmap` or `grad` the arguments of a jitted function are
-# tracers, so those calls keep going through `bind` and `xla_call`'s rules. Python
-# numbers, NumPy scalars and containers of arrays also take the full path; the
-# shortcut is for the case that matters in a loop, and the full path handles the
-# others as before.
-#
-# **Why skipping the checks is safe.** A signature gets an entry only after a
-# full call with that signature succeeded: `_as_input` accepted every argument,
-# tracing worked, and `check_call_types` compared the arguments with the jaxpr's
-# input types. Those checks look at nothing but shapes and dtypes, which is
-# exactly what the key holds, so a call with an equal key would pass them again.
-# A call that differs in any shape or dtype, or has an argument the checks would
-# reject, has another key (or none), takes the full path, and gets the same
-# result or error as it always did. And as in the trace cache, a trace whose
-# constants include a tracer of an outer transformation gets no entry.
-#
-# **Building the outputs in C++.** The last row of the table gets cheaper too.
-# `CompiledJaxpr` asks the execution's results to split into one jaxlib array per
-# output, then wraps each in an `Array`, a general route that costs as much as
-# running the program. jaxlib can instead make the output arrays with a *result
-# handler*, made once per output from its shape and dtype; the handler's `wrap`
-# passes each new jaxlib array to our `Array` class. This is the same runtime
-# layer `device_put` uses: we still borrow none of JAX's tracing or
-# transformations.
-
-
-# %% tags=["export"]
-def result_handlers(jaxpr: Jaxpr) -> list[Any]:
-    """Per output of ``jaxpr``, a jaxlib handler that turns an executable's
-    output buffer into an ``Array``, building jaxlib's array object in C++."""
-    from jaxlib import _jax
-
-    sharding = runtime().sharding
-    handlers = []
-    for out in jaxpr.outs:
-        aval = _atom_aval(out)
-        handler = _jax.array_result_handler(
-            jax.core.ShapedArray(aval.shape, aval.dtype),
-            sharding,
-            committed=True,
-            _skip_checks=True,
-        )
-        handlers.append(handler.wrap(Array))
-    return handlers
-
-
-class FastCall:
-    """What a call with an already seen signature needs, and nothing more:
-    the executable, the constants' buffers, the result handlers and the
-    structure of the output."""
-
-    def __init__(self, jaxpr: Jaxpr, consts: list[Array], out_tree: PyTreeDef):
-        self.execute = compile_jaxpr(jaxpr).executable.execute_sharded
-        self.const_buffers = [c._buffer for c in consts]
-        self.handlers = result_handlers(jaxpr)
-        self.out_tree = out_tree
-
-    def __call__(self, args: tuple) -> Any:
-        buffers = [x._buffer if type(x) is Array else _as_buffer(x) for x in args]
-        results = self.execute([*self.const_buffers, *buffers])
-        outs = results.consume_with_handlers(self.handlers)
-        if self.out_tree is LEAF:
-            return outs[0]
-        return tree_unflatten(self.out_tree, outs)
-
-
-def array_signature(args: tuple) -> tuple | None:
-    """The (shape, dtype) of every argument, when the call may take the fast
-    path: nothing is being staged out and every argument is an ``Array`` or a
-    NumPy array. None when it may not."""
-    if _state.dynamic is not _state.stack[0]:
-        return None  # make_jaxpr or an outer jit is recording: bind must see it
-    signature = []
-    for x in args:
-        kind = type(x)
-        if kind is Array:
-            x = x._buffer  # jaxlib's array: shape and dtype are read in C++
-        elif kind is not np.ndarray:
-            return None  # a tracer, a number, a container...: the full path
-        signature.append((x.shape, x.dtype))
-    return tuple(signature)
-
-
-# %% [markdown]
-# The new `jit` tries the table first. On a miss it does what the first version
-# did, and afterwards, if the call was eligible, it records a `FastCall` for the
-# signature. `fast_calls` is attached to the jitted function next to `traces`.
-
-
-# %% tags=["export"]
-def jit(f: Callable) -> Callable:
-    """Compile ``f`` with XLA; trace once per input signature; repeated calls
-    on arrays skip the interpreters (the fast path)."""
-    traces: Traces = {}
-    fast_calls: dict[tuple, FastCall] = {}
-
-    @functools.wraps(f)
-    def f_jitted(*args: Any) -> Any:
-        signature = array_signature(args)
-        if signature is not None:
-            fast_call = fast_calls.get(signature)
-            if fast_call is not None:
-                return fast_call(args)
-        # The full path: check, trace if needed, bind.
-        args_flat, in_tree = tree_flatten(args)
-        args_flat = [_as_input(x, "jit argument") for x in args_flat]
-        jaxpr, consts, out_tree = trace_for_call(f, traces, args_flat, in_tree)
-        outs = bind(xla_call_p, *consts, *args_flat, jaxpr=jaxpr)
-        if signature is not None and not any(isinstance(c, Tracer) for c in consts):
-            fast_calls[signature] = FastCall(jaxpr, consts, out_tree)
-        return tree_unflatten(out_tree, outs)
-
-    f_jitted.traces = traces  # for the curious: what has been traced so far
-    f_jitted.fast_calls = fast_calls  # and which signatures take the fast path
-    return f_jitted
-
-
-# %% [markdown]
-# The first call below takes the full path (it traces, as the `print` shows) and
-# leaves an entry behind; the second finds it. A device `Array` and a NumPy array
-# of the same type share an entry, as they share a trace. The results agree with
-# NumPy:
-
-
-# %%
-@jit
-def scaled(x, y):
-    print("tracing!")
-    return sin(x) * 2.0 + y
-
-
-a = device_put(np.linspace(0.0, 1.0, 4))
-b = np.ones(4)
-first = scaled(a, b)  # full path: trace, compile, add an entry
-second = scaled(first, b)  # fast path
-print(list(scaled.fast_calls))
-print(second)
-expected_first = np.sin(np.linspace(0.0, 1.0, 4)) * 2.0 + 1.0
-print(np.sin(expected_first) * 2.0 + 1.0)
-
-# %% [markdown]
-# With the fast path, the same call takes about 3.8 µs on that machine, 1.25
-# times as long as with `jax.jit`. Of that, running the executable and making
-# the output array in C++ take about 2.8 µs; the remaining microsecond is
-# Python: entering `f_jitted`, reading the interpreter state, the loop that
-# builds the signature, hashing it, calling the `FastCall`, and calling our
-# `Array` class for the output. `jax.jit` does these same steps, but
-# all of them in C++ (`PjitFunction` in jaxlib's
-# [`pjit.cc`](https://github.com/jax-ml/jax/blob/main/jaxlib/pjit.cc)): a
-# repeated call never runs a line of Python. That, not a different algorithm, is
-# the remaining gap.
-#
 # ## Where real JAX differs
 #
-# - JAX's `jit` has its fast path in C++: a call with a known signature checks
-#   its arguments and launches the executable without running any Python, and
-#   its signature also covers weak types, shardings, static arguments and
-#   configuration such as the x64 switch. Ours, {ref}`above <part3-fast-path>`,
-#   is the same idea in Python; the {ref}`performance page <performance>`
-#   compares the two.
-# - JAX keeps constants out of the compiled program too, but also deduplicates,
-#   shards and donates buffers, and caches compiled code on disk.
-# - In today's JAX the primitive behind `jit` is called `pjit` (it also handles
-#   sharding across devices); older versions used a primitive named `xla_call`,
-#   the name we borrow. See
-#   [the JAX docs on `jit`](https://docs.jax.dev/en/latest/jit-compilation.html)
+# - The primitive behind `jax.jit` is called `jit` (`jit_p` in JAX's source), and
+#   a jaxpr prints it as `jit[name=... jaxpr={ ... }]`. Besides the jaxpr, its
+#   params carry shardings, layouts, donated arguments and compiler options, and
+#   its lowering emits a call of a nested function, as ours does. Older JAX
+#   versions called it `pjit`, and before that `xla_call`, the name we borrow.
+#   See [the JAX docs on `jit`](https://docs.jax.dev/en/latest/jit-compilation.html)
 #   and the [StableHLO specification](https://openxla.org/stablehlo/spec).
+# - A jitted function in JAX is a C++ object (`PjitFunction`): a repeated call
+#   with a known signature checks its arguments and launches the executable
+#   without running any Python. The {ref}`performance page <performance>` builds
+#   the same shortcut in Python and compares the two.
+# - We pass a jaxpr's constants to the executable as extra arguments, uploaded
+#   once; JAX embeds closed-over arrays in the StableHLO module as
+#   `stablehlo.constant`s, so they are compiled into the program.
+# - JAX can also donate argument buffers to the computation and can keep compiled
+#   programs in a [cache on disk](https://docs.jax.dev/en/latest/persistent_compilation_cache.html).
 # - JAX lowers with source locations attached to every operation, so compiler
 #   errors and profiles point at your Python lines.
 #
@@ -1026,9 +846,6 @@ print(np.sin(expected_first) * 2.0 + 1.0)
 #   per primitive; a nested `xla_call` becomes a call of a private function.
 # - XLA compiles the module; executables are cached per jaxpr, traces per input
 #   signature, and results stay on the device as `Array`s.
-# - A repeated call whose arguments are all arrays takes a fast path: a table
-#   keyed by their shapes and dtypes leads straight to the executable, skipping
-#   work whose answer depends only on those types.
 # - `xla_call`'s own rules transform the jaxpr as a whole (`jvp_jaxpr`,
 #   `vmap_jaxpr`), so `jit` composes with `jvp`, `vmap` and `make_jaxpr`.
 #
@@ -1043,6 +860,7 @@ print(np.sin(expected_first) * 2.0 + 1.0)
 # has no `call` instruction left.
 
 # %% tags=["hide-input"]
+# @title Solution 1
 ours = str(lower_jaxpr(outer_jaxpr))
 optimized = compile_jaxpr(outer_jaxpr).executable.hlo_modules()[0].to_string()
 print("calls in our module:", ours.count("call @"))
@@ -1057,6 +875,7 @@ print("calls after XLA's optimization:", optimized.count(" call("))
 
 
 # %% tags=["hide-input"]
+# @title Solution 2
 def count_traces(f):
     def counted(*args):
         counted.count += 1
@@ -1085,6 +904,7 @@ print(body.count)  # float64[] once, float64[3] once, float32[3] once
 # compare with the chain rule evaluated in NumPy.
 
 # %% tags=["hide-input"]
+# @title Solution 3
 nested_sin = jit(lambda x: sin(sin(sin(x))))
 slope = jit(vmap(lambda x: jvp(nested_sin, (x,), (1.0,))[1], (0,)))
 points = np.linspace(-2.0, 2.0, 5)

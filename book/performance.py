@@ -22,8 +22,62 @@
 # on a real compiler, so it is fair to ask how its costs compare with JAX's, and
 # the answers say a lot about where the time in a system like this goes. This
 # page compares the two on the same small programs, measured on one machine in
-# one process by the benchmarks in the repository's `bench/` directory.
+# one process by the benchmarks in the repository's `bench/` directory. It also
+# builds the one piece of the module that exists only for speed: a fast path for
+# calling a jitted function again.
 #
+# The folded cell below loads the library code of the chapters from the module
+# `autodidax`, as in {ref}`Part 2 <part2-setup>`. In Colab it first installs the
+# JAX release the book is tested with and fetches the module.
+
+# %% tags=["hide-input"]
+from __future__ import annotations  # as in the module: postponed annotations
+
+import importlib.metadata
+import sys
+from pathlib import Path
+
+BOOK_JAX = "0.10.2"  # the JAX and jaxlib release this book is tested with
+
+
+def installed_version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+found = {installed_version("jax"), installed_version("jaxlib")}
+if found != {BOOK_JAX} and "google.colab" in sys.modules:
+    # A fresh Colab runtime: install the book's JAX (Colab ships another one).
+    import subprocess
+
+    pins = [f"jax=={BOOK_JAX}", f"jaxlib=={BOOK_JAX}"]
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *pins], check=True)
+elif found != {BOOK_JAX}:
+    print(
+        f"This book is tested with jax and jaxlib {BOOK_JAX}; found {found}. "
+        f"To match: pip install jax=={BOOK_JAX} jaxlib=={BOOK_JAX}"
+    )
+try:
+    import autodidax
+except ImportError:
+    if Path("../autodidax.py").is_file():  # a checkout of the repository
+        sys.path.insert(0, "..")
+    else:  # e.g. in Colab: fetch the module this book builds
+        import urllib.request
+
+        urllib.request.urlretrieve(
+            "https://raw.githubusercontent.com/autodidax-book/autodidax/main/"
+            "autodidax.py",
+            "autodidax.py",
+        )
+    import autodidax
+
+autodidax.load_chapters(globals(), before="performance")
+np.set_printoptions(precision=6, suppress=True)
+
+# %% [markdown]
 # Nothing is measured while this page is built. The numbers come from
 # `bench/results.json`, the report that `python bench/run_all.py` wrote and that
 # is committed with the code; the cells below only read it and draw it. Every
@@ -32,13 +86,10 @@
 # JAX was.
 
 # %% tags=["hide-input"]
+# @title Read the benchmark report
 import json
-import math
 import textwrap
-from html import escape
 from pathlib import Path
-
-from IPython.display import HTML, SVG
 
 RESULTS = Path("../bench/results.json")  # the notebook runs in book/
 if not RESULTS.is_file():  # e.g. in Colab: fetch the committed report
@@ -69,171 +120,27 @@ print(f"autodidax: commit {commit}{changes}")
 #
 # Each row of the chart is one benchmark: a dot at autodidax's time over JAX's,
 # on a logarithmic axis, so that "twice as slow" and "twice as fast" are the same
-# distance from the line at 1. Green and red dots have a target in the
-# {ref}`project's spec <performance-targets>` (met or missed); a short bar marks
+# distance from the line at 1. Green and red dots have a
+# {ref}`target <performance-targets>` (met or missed); a short bar marks
 # the target when it is a ratio to JAX. Blue dots are measured for comparison
 # only.
 
 # %% mystnb={"image": {"alt": "A dot chart with one row per benchmark (jit dispatch, compute-bound jit, first calls, make_jaxpr and grad at two sizes, eager operations, vmap of jit). Each dot is autodidax's median time divided by JAX's, on a logarithmic axis with a vertical line at 1, where both are equally fast; dots left of it are benchmarks where autodidax was faster. Short bars mark the targets 1.5 for jit dispatch and 1.02 for compute-bound jit."}} tags=["hide-input"]
-GREEN, RED, BLUE, GREY = "#2e7d32", "#c62828", "#1f5fa8", "#888888"
+# @title Chart: autodidax time / JAX time per benchmark
+from figures import benchmark_ratio_chart
 
-
-def dot_color(row):
-    if row["met"] is None:
-        return BLUE
-    return GREEN if row["met"] else RED
-
-
-def ratio_chart(rows):
-    """An SVG dot chart of autodidax / JAX per headline row (log axis)."""
-    ratios = [row["ratios"]["autodidax"] for row in rows]
-    marks = [row["target_ratio"] for row in rows if row["target_ratio"]]
-    low = 10 ** math.floor(math.log10(min([*ratios, 1.0])))
-    high = 10 ** math.ceil(math.log10(max([*ratios, *marks, 1.0])))
-    left, right, top, row_height = 300, 650, 64, 26
-    width, height = 740, top + row_height * len(rows) + 46
-
-    def x(ratio):
-        share = math.log(ratio / low) / math.log(high / low)
-        return left + share * (right - left)
-
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
-        f'height="{height}" font-family="sans-serif" font-size="13">',
-        "<title>autodidax time / JAX time, per benchmark</title>",
-        f'<rect x="{left}" y="{top - 8}" width="{x(1.0) - left:.1f}" '
-        f'height="{row_height * len(rows) + 8}" fill="#eef5ee"/>',
-        f'<text x="{x(1.0) - 6:.1f}" y="{top - 16}" text-anchor="end" '
-        f'fill="{GREEN}">autodidax faster</text>',
-        f'<text x="{x(1.0) + 6:.1f}" y="{top - 16}" fill="{GREY}">JAX faster</text>',
-    ]
-    legend = [(GREEN, "target met"), (RED, "target missed"), (BLUE, "no target")]
-    for i, (color, text) in enumerate(legend):
-        parts.append(
-            f'<circle cx="{left + 8 + 120 * i}" cy="14" r="5" fill="{color}"/>'
-            f'<text x="{left + 18 + 120 * i}" y="18">{text}</text>'
-        )
-    bottom = top + row_height * len(rows)
-    exponent = round(math.log10(low))
-    while 10**exponent <= high:
-        for step in (1, 2, 5):
-            tick = step * 10.0**exponent
-            if low <= tick <= high:
-                label = f"{tick:g}"
-                parts.append(
-                    f'<line x1="{x(tick):.1f}" y1="{top - 8}" x2="{x(tick):.1f}" '
-                    f'y2="{bottom}" stroke="#dddddd"/>'
-                    f'<text x="{x(tick):.1f}" y="{bottom + 18}" '
-                    f'text-anchor="middle" fill="#555555">{label}</text>'
-                )
-        exponent += 1
-    parts.append(
-        f'<line x1="{x(1.0):.1f}" y1="{top - 8}" x2="{x(1.0):.1f}" y2="{bottom}" '
-        'stroke="#333333" stroke-width="1.5"/>'
-        f'<text x="{(left + right) / 2}" y="{bottom + 38}" text-anchor="middle">'
-        "autodidax time / JAX time (log scale)</text>"
-    )
-    previous = None
-    for i, row in enumerate(rows):
-        y = top + row_height * i + row_height / 2
-        if previous is not None and row["benchmark"] != previous:
-            parts.append(
-                f'<line x1="10" y1="{y - row_height / 2:.1f}" x2="{right}" '
-                f'y2="{y - row_height / 2:.1f}" stroke="#cccccc" '
-                'stroke-dasharray="2,3"/>'
-            )
-        previous = row["benchmark"]
-        label = escape(f"{row['benchmark']}, {row['case']}")
-        ratio = row["ratios"]["autodidax"]
-        parts.append(f'<text x="10" y="{y + 4:.1f}">{label}</text>')
-        if row["target_ratio"]:
-            target_x = x(row["target_ratio"])
-            parts.append(
-                f'<line x1="{target_x:.1f}" y1="{y - 8:.1f}" x2="{target_x:.1f}" '
-                f'y2="{y + 8:.1f}" stroke="{GREY}" stroke-width="3"/>'
-            )
-        parts.append(
-            f'<circle cx="{x(ratio):.1f}" cy="{y:.1f}" r="6" '
-            f'fill="{dot_color(row)}"/>'
-            f'<text x="{right + 12}" y="{y + 4:.1f}">{ratio:.2f}×</text>'
-        )
-    parts.append("</svg>")
-    return SVG("".join(parts))
-
-
-ratio_chart(report["headline"])
-
+benchmark_ratio_chart(report["headline"])
 
 # %% [markdown]
 # The same numbers as a table, with the times themselves. The last table is
 # about growth: how much longer tracing and `grad` take for a program four times
 # as long. Linear cost means a factor of 4; the target allows 4.4.
 
-
 # %% tags=["hide-input"]
-def number(value):
-    return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
+# @title Tables: medians per benchmark, and growth
+from figures import benchmark_tables
 
-
-def verdict(target, met):
-    if target is None:
-        return ""
-    return f"{target}: " + ("met" if met else "<strong>missed</strong>")
-
-
-def html_table(caption, header, rows, numeric):
-    """An HTML table; the columns in ``numeric`` are right-aligned."""
-
-    def cells(tag, values):
-        return "".join(
-            f'<{tag} style="text-align: {"right" if i in numeric else "left"}">'
-            f"{value}</{tag}>"
-            for i, value in enumerate(values)
-        )
-
-    body = "".join(f"<tr>{cells('td', row)}</tr>" for row in rows)
-    return (
-        f'<table class="table"><caption>{escape(caption)}</caption>'
-        f"<thead><tr>{cells('th', header)}</tr></thead><tbody>{body}</tbody></table>"
-    )
-
-
-main_rows = [
-    [
-        escape(row["benchmark"]),
-        escape(row["case"]),
-        escape(row["unit"]),
-        number(row["values"]["autodidax"]),
-        number(row["values"]["jax"]),
-        f"{row['ratios']['autodidax']:.2f}",
-        verdict(row["target"], row["met"]),
-    ]
-    for row in report["headline"]
-]
-growth_rows = [
-    [
-        escape(growth["benchmark"]),
-        f"{growth['sizes'][0]} → {growth['sizes'][-1]} primitives",
-        f"{growth['time_ratios']['autodidax']:.2f}×",
-        f"{growth['time_ratios']['jax']:.2f}×",
-        verdict(f"≤ {growth['max_time_ratio']:.1f}×", growth["met"]),
-    ]
-    for growth in report["growth"]
-]
-HTML(
-    html_table(
-        "Medians per benchmark",
-        ["benchmark", "case", "unit", "autodidax", "JAX", "autodidax / JAX", "target"],
-        main_rows,
-        numeric={3, 4, 5},
-    )
-    + html_table(
-        "Growth: time at the larger size divided by time at the smaller",
-        ["benchmark", "sizes", "autodidax", "JAX", "target"],
-        growth_rows,
-        numeric={2, 3},
-    )
-)
+benchmark_tables(report)
 
 # %% [markdown]
 # What each row measures, in full. JAX runs the same program written with
@@ -241,15 +148,17 @@ HTML(
 # libraries compute in `float64`.
 
 # %% tags=["hide-input"]
+# @title What each benchmark measures
 for row in report["headline"]:
     what = f"{row['benchmark']}, {row['case']}: {row['detail']}"
     print(textwrap.fill(what, 78, subsequent_indent="    "))
+
 
 # %% [markdown]
 # (performance-targets)=
 # ## The targets
 #
-# The project's spec asks for three things, and the benchmarks check each:
+# The benchmarks check three targets:
 #
 # - **`jit` dispatch within 1.5× of `jax.jit`.** Calling an already compiled
 #   function should not cost much more than it does in JAX, even though JAX does
@@ -266,8 +175,8 @@ for row in report["headline"]:
 #
 # **`jit` dispatch.** A call of a compiled function on eight numbers does almost
 # no arithmetic; what is measured is the way from the Python call to the
-# executable and back. {ref}`Part 3 <part3-fast-path>` times every step of that
-# way and then builds a fast path for it: a table keyed by the arguments' shapes
+# executable and back. The {ref}`next section <performance-fast-path>` times every
+# step of that way and then builds a fast path for it: a table keyed by the arguments' shapes
 # and dtypes that leads straight to the executable, skipping flattening, avals,
 # `bind` and the type checks, all of which the first call with that signature
 # already did. What remains is XLA's own launch and the creation of the output
@@ -315,6 +224,206 @@ for row in report["headline"]:
 # more to check and more to look up. JAX's advice is to put `jit` outermost,
 # `jax.jit(jax.vmap(f))`, which makes the whole call one C++ dispatch (and the
 # same order is the fast one here).
+#
+# (performance-fast-path)=
+# ## A fast path for repeated calls
+#
+# The first call of a jitted function pays for tracing and for XLA's compiler:
+# tens of milliseconds. After that, a call with the same input signature should
+# cost little more than starting the executable. Ours costs a lot more. Timing
+# each step of one call of the small function `sin(x) * 2.0 + x` on a
+# device-resident `float64[8]`, with Part 3's `jit`, on the machine that produced
+# the numbers above, gives:
+#
+# | step of a repeated call | µs |
+# | --- | ---: |
+# | `tree_flatten` of the arguments | 0.9 |
+# | `_as_input` and the aval of every leaf, for the key | 1.8 |
+# | looking the key up in the trace cache (hashing a `PyTreeDef` and avals) | 0.4 |
+# | `bind`: find the top trace, box the arguments, call the `impl` rule | 1.5 |
+# | `check_call_types` in the `impl` rule | 0.7 |
+# | running the executable (`execute_sharded`) | 2.3 |
+# | turning its results into `Array`s | 2.6 |
+# | `tree_unflatten` of the outputs | 0.2 |
+#
+# About 12 µs in all, where `jax.jit` needs about 3 µs for the same call. Only
+# one row is work that differs from call to call: running the executable. Every
+# other row recomputes an answer that the first call already found, and that
+# depends only on the *types* of the arguments: their structure, their avals,
+# which interpreter handles the call, that the types match the jaxpr, which
+# executable to run. So we remember, per signature, what running needs, and skip
+# the rest.
+#
+# **The key.** When every argument is an array on its own (no lists or dicts
+# around it), the input signature is the tuple of each argument's shape and dtype.
+# Both are cheap to read: a NumPy array has them as attributes, and so does the
+# jaxlib buffer inside an `Array`, which keeps them in C++. No flattening is
+# needed: "*n* arrays" is already said by the length of the tuple.
+#
+# **When the shortcut may be taken.** `bind` hands an operation to the highest
+# level among the dynamic level and the levels of the arguments' tracers
+# (`find_top_trace`). If the dynamic level is level 0, the evaluation
+# interpreter at the bottom of the stack (nothing is being staged out by
+# `make_jaxpr` or an outer `jit`), and no argument is a tracer (all are `Array`s
+# or NumPy arrays), `bind` will choose the evaluation interpreter, whose `impl`
+# rule checks the types and runs the compiled code. Running the code is the part the fast path
+# keeps. Under `jvp`, `vmap` or `grad` the arguments of a jitted function are
+# tracers, so those calls keep going through `bind` and `xla_call`'s rules. Python
+# numbers, NumPy scalars and containers of arrays also take the full path; the
+# shortcut is for the case that matters in a loop, and the full path handles the
+# others as before.
+#
+# **Why skipping the checks is safe.** A signature gets an entry only after a
+# full call with that signature succeeded: `_as_input` accepted every argument,
+# tracing worked, and `check_call_types` compared the arguments with the jaxpr's
+# input types. Those checks look at nothing but shapes and dtypes, which is
+# exactly what the key holds, so a call with an equal key would pass them again.
+# A call that differs in any shape or dtype, or has an argument the checks would
+# reject, has another key (or none), takes the full path, and gets the same
+# result or error as it always did. And as in the trace cache, a trace whose
+# constants include a tracer of an outer transformation gets no entry.
+#
+# **Building the outputs in C++.** The last row of the table gets cheaper too.
+# `CompiledJaxpr` asks the execution's results to split into one jaxlib array per
+# output, then wraps each in an `Array`, a general route that costs as much as
+# running the program. jaxlib can instead make the output arrays with a *result
+# handler*, made once per output from its shape and dtype; the handler's `wrap`
+# passes each new jaxlib array to our `Array` class. This is the same runtime
+# layer `device_put` uses: we still borrow none of JAX's tracing or
+# transformations.
+#
+# The folded cell makes those handlers with jaxlib's `array_result_handler`, one
+# per output of the jaxpr.
+
+
+# %% tags=["export", "hide-input"]
+# @title Result handlers: jaxlib builds the output arrays
+def result_handlers(jaxpr: Jaxpr) -> list[Any]:
+    """Per output of ``jaxpr``, a jaxlib handler that turns an executable's
+    output buffer into an ``Array``, building jaxlib's array object in C++."""
+    from jaxlib import _jax
+
+    sharding = runtime().sharding
+    handlers = []
+    for out in jaxpr.outs:
+        aval = out.aval
+        handler = _jax.array_result_handler(
+            jax.core.ShapedArray(aval.shape, aval.dtype),
+            sharding,
+            committed=True,
+            _skip_checks=True,
+        )
+        handlers.append(handler.wrap(Array))
+    return handlers
+
+
+# %% [markdown]
+# A `FastCall` holds what a call with a known signature needs, and
+# `array_signature` computes the key, or `None` when the call must take the full
+# path:
+
+
+# %% tags=["export"]
+class FastCall:
+    """What a call with a known signature needs, and nothing more."""
+
+    def __init__(self, jaxpr: Jaxpr, consts: list[Array], out_tree: PyTreeDef):
+        self.execute = compile_jaxpr(jaxpr).executable.execute_sharded
+        self.const_buffers = [c._buffer for c in consts]
+        self.handlers = result_handlers(jaxpr)
+        self.out_tree = out_tree
+
+    def __call__(self, args: tuple) -> Any:
+        buffers = [x._buffer if type(x) is Array else _as_buffer(x) for x in args]
+        results = self.execute([*self.const_buffers, *buffers])
+        outs = results.consume_with_handlers(self.handlers)
+        if self.out_tree is LEAF:
+            return outs[0]
+        return tree_unflatten(self.out_tree, outs)
+
+
+def array_signature(args: tuple) -> tuple | None:
+    """The (shape, dtype) of every argument, or None for the full path."""
+    if _state.dynamic is not _state.stack[0]:
+        return None  # make_jaxpr or an outer jit is recording: bind must see it
+    signature = []
+    for x in args:
+        kind = type(x)
+        if kind is Array:
+            x = x._buffer  # jaxlib's array: shape and dtype are read in C++
+        elif kind is not np.ndarray:
+            return None  # a tracer, a number, a container...: the full path
+        signature.append((x.shape, x.dtype))
+    return tuple(signature)
+
+
+# %% [markdown]
+# The new `jit` replaces Part 3's. It tries the table first. On a miss it does
+# what Part 3's `jit` does (with its `trace_for_call`), and afterwards, if the
+# call was eligible, it records a `FastCall` for the signature. The table is
+# attached to the jitted function as `fast_calls`, next to `traces`.
+
+
+# %% tags=["export"]
+def jit(f: Callable) -> Callable:
+    """Compile ``f`` with XLA; trace once per input signature; repeated calls
+    on arrays skip the interpreters (the fast path)."""
+    traces: Traces = {}
+    fast_calls: dict[tuple, FastCall] = {}
+
+    @functools.wraps(f)
+    def f_jitted(*args: Any) -> Any:
+        signature = array_signature(args)
+        if signature is not None:
+            fast_call = fast_calls.get(signature)
+            if fast_call is not None:
+                return fast_call(args)
+        # The full path: check, trace if needed, bind.
+        args_flat, in_tree = tree_flatten(args)
+        args_flat = [_as_input(x, "jit argument") for x in args_flat]
+        jaxpr, consts, out_tree = trace_for_call(f, traces, args_flat, in_tree)
+        outs = bind(xla_call_p, *consts, *args_flat, jaxpr=jaxpr)
+        if signature is not None and not any(isinstance(c, Tracer) for c in consts):
+            fast_calls[signature] = FastCall(jaxpr, consts, out_tree)
+        return tree_unflatten(out_tree, outs)
+
+    f_jitted.traces = traces  # for the curious: what has been traced so far
+    f_jitted.fast_calls = fast_calls  # and which signatures take the fast path
+    return f_jitted
+
+
+# %% [markdown]
+# The first call below takes the full path (it traces, as the `print` shows) and
+# leaves an entry behind; the second finds it. A device `Array` and a NumPy array
+# of the same type share an entry, as they share a trace. The results agree with
+# NumPy:
+
+
+# %%
+@jit
+def scaled(x, y):
+    print("tracing!")
+    return sin(x) * 2.0 + y
+
+
+a = device_put(np.linspace(0.0, 1.0, 4))
+b = np.ones(4)
+first = scaled(a, b)  # full path: trace, compile, add an entry
+second = scaled(first, b)  # fast path
+print(list(scaled.fast_calls))
+print(second)
+expected_first = np.sin(np.linspace(0.0, 1.0, 4)) * 2.0 + 1.0
+print(np.sin(expected_first) * 2.0 + 1.0)
+
+# %% [markdown]
+# With the fast path, the same call takes about 3.8 µs on that machine, 1.25
+# times as long as with `jax.jit`. Of that, running the executable and making
+# the output array in C++ take about 2.8 µs; the remaining microsecond is
+# Python: entering `f_jitted`, reading the interpreter state, the loop that
+# builds the signature, hashing it, calling the `FastCall`, and calling our
+# `Array` class for the output. `jax.jit` does these same steps, but all of
+# them in C++ (see below): a repeated call never runs a line of Python. That, not a different algorithm, is
+# the remaining gap.
 #
 # ## What real JAX does differently
 #
