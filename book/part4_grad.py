@@ -223,8 +223,9 @@ class PartialEvalTracer(Tracer):
 # %% [markdown]
 # The trace's rules are few. Constants are known. A primitive applied to known
 # values is simply applied, by calling `bind` on the values themselves — so the
-# work happens one level lower on the stack: at the evaluation interpreter at the
-# bottom, or in a jaxpr being built if a `jit` or `make_jaxpr` was pushed first. A
+# work happens lower on the stack: in the evaluation interpreter at the bottom, or
+# in whatever transformation was pushed before the partial evaluator (a `jit`
+# building its jaxpr, for instance). A
 # primitive with any unknown input is recorded: its known inputs become residuals
 # (`instantiate_const`), its output types come from abstract evaluation, and its
 # outputs are new unknown tracers whose recipe is the equation. A primitive may
