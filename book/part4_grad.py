@@ -336,8 +336,8 @@ def tracers_to_jaxpr(
 
 
 # %% [markdown]
-# The module's versions of these two differ in ways that matter only for big
-# programs: `toposort` keeps its own stack instead of recursing, so that a program
+# The module's `toposort` and `EqnRecipe` differ from the ones above in ways that
+# matter only for big programs: `toposort` keeps its own stack instead of recursing, so that a program
 # of a hundred thousand equations does not exceed Python's recursion limit, and
 # `EqnRecipe` holds its outputs by weak reference, so that tracers and recipes do
 # not form reference cycles. Unfold to see them.
