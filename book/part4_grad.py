@@ -1164,6 +1164,7 @@ for name, value in second.items():
 
 
 # %% tags=["hide-input"]
+# @title Solution: hvp as the gradient of a JVP
 def hvp(fun, x, v):
     return grad(lambda x: jvp(fun, (x,), (v,))[1])(x)
 
@@ -1180,6 +1181,7 @@ print(np.allclose(hvp(h, x0, v0), jacfwd(grad(h), x0) @ v0))
 
 
 # %% tags=["hide-input"]
+# @title Solution: one residual per sin
 def sin_chain(x, n):
     for _ in range(n):
         x = sin(x)
@@ -1198,6 +1200,7 @@ for n in [1, 2, 5]:
 
 
 # %% tags=["hide-input"]
+# @title Solution: transposing a linear map by hand
 def linear_map(v0, v1):
     return v0 * 2.0 + v1, neg(v1)
 
