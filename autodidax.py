@@ -2083,8 +2083,6 @@ def _xla_call_lower(ctx, avals_in, avals_out, *operands, jaxpr):
 
 # ==== chapter: part4_grad ====
 
-import weakref
-
 RULE_KINDS = (*RULE_KINDS, "partial_eval", "partial_eval_jaxpr", "transpose")
 
 
@@ -2096,11 +2094,11 @@ class PartialVal(NamedTuple):
 
     @classmethod
     def known(cls, val: Any) -> PartialVal:
-        return cls(raise_to_shaped(get_aval(val)), val)
+        return cls(get_aval(val), val)
 
     @classmethod
     def unknown(cls, aval: ShapedArray) -> PartialVal:
-        return cls(raise_to_shaped(aval), None)
+        return cls(aval, None)
 
     @property
     def is_known(self) -> bool:
@@ -2118,18 +2116,12 @@ class ConstRecipe(NamedTuple):
 
 
 class EqnRecipe(NamedTuple):
-    """The tracer is an output of an equation on other tracers.
-
-    The outputs are held by weak reference: a tracer points to its recipe, and
-    a strong reference back would make every equation a reference cycle that
-    only Python's garbage collector could free.
-    """
+    """The tracers ``tracers_out`` are the outputs of an equation."""
 
     prim: Primitive
     tracers_in: list[PartialEvalTracer]
     params: dict[str, Any]
-    avals_out: list[ShapedArray]
-    tracer_refs_out: list[weakref.ref]
+    tracers_out: list[PartialEvalTracer]
 
 
 class PartialEvalTracer(Tracer):
@@ -2190,17 +2182,68 @@ class PartialEvalTrace(Trace):
             PartialEvalTracer(self, PartialVal.unknown(aval), None)
             for aval in avals_out
         ]
-        refs_out = [weakref.ref(t) for t in tracers_out]
-        recipe = EqnRecipe(prim, tracers_in, params, avals_out, refs_out)
+        recipe = EqnRecipe(prim, tracers_in, params, tracers_out)
         for t in tracers_out:
             t.recipe = recipe
         return tracers_out
 
 
 def toposort(roots: Sequence[Any], parents: Callable[[Any], Sequence[Any]]) -> list:
+    """Nodes reachable from ``roots``, each after all of its parents."""
+    order, seen = [], set()
+
+    def visit(node):
+        if id(node) not in seen:
+            seen.add(id(node))
+            for parent in parents(node):
+                visit(parent)
+            order.append(node)
+
+    for root in roots:
+        visit(root)
+    return order
+
+
+def tracers_to_jaxpr(
+    tracers_in: list[PartialEvalTracer], tracers_out: list[PartialEvalTracer]
+) -> tuple[Jaxpr, list[Any]]:
+    """The jaxpr from (residuals, ``tracers_in``) to ``tracers_out``, and the
+    residuals' values."""
+    var_of: dict[int, Var] = {}
+
+    def var(t: PartialEvalTracer) -> Var:
+        if id(t) not in var_of:
+            var_of[id(t)] = Var(t.aval)
+        return var_of[id(t)]
+
+    def eqn_parents(recipe: EqnRecipe) -> list[EqnRecipe]:
+        return [t.recipe for t in recipe.tracers_in if isinstance(t.recipe, EqnRecipe)]
+
+    def consts(tracers):  # the residuals among ``tracers``, by id
+        return {id(t): t for t in tracers if isinstance(t.recipe, ConstRecipe)}
+
+    roots = [t.recipe for t in tracers_out if isinstance(t.recipe, EqnRecipe)]
+    residuals, eqns = {}, []
+    for r in toposort(roots, eqn_parents):
+        residuals.update(consts(r.tracers_in))
+        ins, outs = [var(t) for t in r.tracers_in], [var(t) for t in r.tracers_out]
+        eqns.append(JaxprEqn(r.prim, ins, r.params, outs))
+    residuals.update(consts(tracers_out))
+    in_binders = [var(t) for t in [*residuals.values(), *tracers_in]]
+    jaxpr = Jaxpr(in_binders, eqns, [var(t) for t in tracers_out])
+    typecheck_jaxpr(jaxpr)
+    return jaxpr, [t.recipe.val for t in residuals.values()]
+
+
+# @title Robustness: an iterative toposort, and recipes with weak references
+import weakref
+
+
+def toposort(roots: Sequence[Any], parents: Callable[[Any], Sequence[Any]]) -> list:
     """Nodes reachable from ``roots``, each after all of its parents.
 
-    Iterative depth-first search: linear time, no recursion.
+    The same depth-first order as the recursive version, with an explicit stack:
+    linear time, and no recursion however long the program.
     """
     order: list = []
     seen: set[int] = set()
@@ -2218,55 +2261,30 @@ def toposort(roots: Sequence[Any], parents: Callable[[Any], Sequence[Any]]) -> l
     return order
 
 
-def tracers_to_jaxpr(
-    tracers_in: list[PartialEvalTracer], tracers_out: list[PartialEvalTracer]
-) -> tuple[Jaxpr, list[Any]]:
-    """The jaxpr that computes the unknown ``tracers_out`` from ``tracers_in``,
-    with the residuals first among its inputs, and the residual values."""
-    var_of: dict[int, Var] = {}
+class _UnusedOutput(NamedTuple):
+    """Stands in for an output tracer that nothing refers to any more."""
 
-    def var(tracer: PartialEvalTracer) -> Var:
-        if id(tracer) not in var_of:
-            var_of[id(tracer)] = Var(tracer.aval)
-        return var_of[id(tracer)]
+    aval: ShapedArray
 
-    def eqn_parents(recipe: EqnRecipe) -> list[EqnRecipe]:
-        return [t.recipe for t in recipe.tracers_in if isinstance(t.recipe, EqnRecipe)]
 
-    roots = [t.recipe for t in tracers_out if isinstance(t.recipe, EqnRecipe)]
-    recipes = toposort(roots, eqn_parents)
+class EqnRecipe:
+    """The tracers ``tracers_out`` are the outputs of an equation.
 
-    residual_binders, residuals, seen_consts = [], [], set()
+    A tracer points to its recipe; if the recipe pointed back with strong
+    references, every equation would be a reference cycle that only Python's
+    garbage collector could free. So the outputs are held by weak reference,
+    and an output nobody kept comes back as an ``_UnusedOutput`` of its type.
+    """
 
-    def note_const(t: PartialEvalTracer) -> None:
-        if isinstance(t.recipe, ConstRecipe) and id(t) not in seen_consts:
-            seen_consts.add(id(t))
-            residual_binders.append(var(t))
-            residuals.append(t.recipe.val)
+    def __init__(self, prim, tracers_in, params, tracers_out) -> None:
+        self.prim, self.tracers_in, self.params = prim, tracers_in, params
+        self._refs_out = [weakref.ref(t) for t in tracers_out]
+        self._unused_out = [_UnusedOutput(t.aval) for t in tracers_out]
 
-    eqns = []
-    for recipe in recipes:
-        for t in recipe.tracers_in:
-            note_const(t)
-        eqns.append(
-            JaxprEqn(
-                recipe.prim,
-                [var(t) for t in recipe.tracers_in],
-                recipe.params,
-                [
-                    Var(aval) if t is None else var(t)  # an unused output
-                    for t, aval in zip(
-                        [ref() for ref in recipe.tracer_refs_out], recipe.avals_out
-                    )
-                ],
-            )
-        )
-    for t in tracers_out:
-        note_const(t)
-    in_binders = residual_binders + [var(t) for t in tracers_in]
-    jaxpr = Jaxpr(in_binders, eqns, [var(t) for t in tracers_out])
-    typecheck_jaxpr(jaxpr)
-    return jaxpr, residuals
+    @property
+    def tracers_out(self) -> list:
+        outs = [ref() for ref in self._refs_out]
+        return [u if t is None else t for t, u in zip(outs, self._unused_out)]
 
 
 def partial_eval_flat(
@@ -2274,8 +2292,7 @@ def partial_eval_flat(
     pvals_in: list[PartialVal],
     instantiate: Callable[[int], Sequence[bool]],
 ) -> tuple[Jaxpr, list[PartialVal], list[Any]]:
-    """Run ``f`` with some inputs known; return the jaxpr of the unknown part,
-    the outputs (known ones with their values) and the residuals."""
+    """The jaxpr of ``f``'s unknown part, its outputs, and the residuals."""
     with new_level(PartialEvalTrace) as level:
         trace = PartialEvalTrace(level)
         tracers_in = [trace.new_arg(pval) for pval in pvals_in]
@@ -2299,7 +2316,7 @@ def linearize_flat(
     ``primals``."""
     n = len(primals)
     pvals_in = [PartialVal.known(p) for p in primals] + [
-        PartialVal.unknown(raise_to_shaped(get_aval(p))) for p in primals
+        PartialVal.unknown(get_aval(p)) for p in primals
     ]
 
     def f_jvp(*primals_and_tangents):
@@ -2311,8 +2328,7 @@ def linearize_flat(
 
     jaxpr, pvals_out, residuals = partial_eval_flat(f_jvp, pvals_in, tangents_unknown)
     primal_pvals = pvals_out[: len(pvals_out) // 2]
-    if not all(p.is_known for p in primal_pvals):
-        raise TypeError("linearize: a primal output depends on the tangents")
+    _check_primal_outputs_known(primal_pvals)
     return [p.const for p in primal_pvals], jaxpr, residuals
 
 
@@ -2325,35 +2341,43 @@ def linearize(f: Callable, *primals: Any) -> tuple[Any, Callable]:
     out_tree = flat_f.out_tree
 
     def f_lin(*tangents: Any) -> Any:
-        tangents_flat, tangent_tree = tree_flatten(tangents)
-        if tangent_tree != in_tree:
-            raise TypeError(
-                "linearize: the linear map takes tangents with the structure of "
-                f"the primals, {in_tree}, got {tangent_tree}"
-            )
-        tangents_flat = [_as_input(t, "linearize tangent") for t in tangents_flat]
-        _check_tangents("linearize", primals_flat, tangents_flat)
+        tangents_flat = _flatten_and_check_tangents(tangents, in_tree, primals_flat)
         outs = eval_jaxpr(jaxpr, [*residuals, *tangents_flat])
         return tree_unflatten(out_tree, outs)
 
     return tree_unflatten(out_tree, primals_out), f_lin
 
 
+# @title Checks: linearize's primal outputs are known; tangents match the primals
+def _check_primal_outputs_known(primal_pvals: list[PartialVal]) -> None:
+    if not all(p.is_known for p in primal_pvals):
+        raise TypeError("linearize: a primal output depends on the tangents")
+
+
+def _flatten_and_check_tangents(
+    tangents: tuple, in_tree: PyTreeDef, primals_flat: list[Any]
+) -> list[Any]:
+    """The leaves of ``tangents``, which must match the primals in structure,
+    shape and dtype."""
+    tangents_flat, tangent_tree = tree_flatten(tangents)
+    if tangent_tree != in_tree:
+        raise TypeError(
+            "linearize: the linear map takes tangents with the structure of "
+            f"the primals, {in_tree}, got {tangent_tree}"
+        )
+    tangents_flat = [_as_input(t, "linearize tangent") for t in tangents_flat]
+    _check_tangents("linearize", primals_flat, tangents_flat)
+    return tangents_flat
+
+
 def partial_eval_jaxpr(
     jaxpr: Jaxpr, in_unknowns: Sequence[bool], instantiate: Sequence[bool] | None = None
 ) -> tuple[Jaxpr, Jaxpr, list[bool], int]:
-    """Split ``jaxpr`` into ``(known, unknown, out_unknowns, num_residuals)``.
-
-    ``known`` takes the known inputs and returns the known outputs followed by
-    the residuals; ``unknown`` takes the residuals followed by the unknown
-    inputs and returns the unknown outputs. ``instantiate[i]`` forces output
-    ``i`` to be unknown.
-    """
+    """Split ``jaxpr`` into ``(known, unknown, out_unknowns, num_residuals)``."""
     if instantiate is None:
         instantiate = [False] * len(jaxpr.outs)
-    unknown: set[Var] = {v for v, u in zip(jaxpr.in_binders, in_unknowns) if u}
-    known_eqns: list[JaxprEqn] = []
-    unknown_eqns: list[JaxprEqn] = []
+    unknown = {v for v, u in zip(jaxpr.in_binders, in_unknowns) if u}
+    known_eqns, unknown_eqns = [], []
     residuals: dict[Var, None] = {}  # an ordered set
 
     def is_unknown(x: Atom) -> bool:
@@ -2362,50 +2386,39 @@ def partial_eval_jaxpr(
     for eqn in jaxpr.eqns:
         unks = [is_unknown(x) for x in eqn.inputs]
         rule = eqn.primitive.rules.get("partial_eval_jaxpr")
-        if rule is not None and any(unks):
+        if not any(unks):
+            known_eqns.append(eqn)
+        elif rule is not None:
             eqn_known, eqn_unknown, outs_unknown, res = rule(unks, eqn)
             if eqn_known is not None:  # None: nothing of it can run early
                 known_eqns.append(eqn_known)
             unknown_eqns.append(eqn_unknown)
             residuals.update(dict.fromkeys(res))
             unknown.update(v for v, u in zip(eqn.out_binders, outs_unknown) if u)
-        elif any(unks):
-            residuals.update(
-                dict.fromkeys(
-                    x for x, u in zip(eqn.inputs, unks) if isinstance(x, Var) and not u
-                )
-            )
+        else:
+            known_ins = [x for x, u in zip(eqn.inputs, unks) if not u]
+            residuals.update(dict.fromkeys(x for x in known_ins if isinstance(x, Var)))
             unknown_eqns.append(eqn)
             unknown.update(eqn.out_binders)
-        else:
-            known_eqns.append(eqn)
 
     out_unknowns = [is_unknown(x) or inst for x, inst in zip(jaxpr.outs, instantiate)]
     for x, unk in zip(jaxpr.outs, out_unknowns):
         if unk and isinstance(x, Var) and x not in unknown:
             residuals[x] = None  # a known output that must come out unknown
+    residual_vars = list(residuals)
     known_in = [v for v, u in zip(jaxpr.in_binders, in_unknowns) if not u]
     unknown_in = [v for v, u in zip(jaxpr.in_binders, in_unknowns) if u]
-    residual_vars = list(residuals)
     known_outs = [x for x, u in zip(jaxpr.outs, out_unknowns) if not u]
+    unknown_outs = [x for x, u in zip(jaxpr.outs, out_unknowns) if u]
     jaxpr_known = Jaxpr(known_in, known_eqns, known_outs + residual_vars)
-    # The unknown half binds the residuals afresh as its own inputs.
-    jaxpr_unknown = Jaxpr(
-        residual_vars + unknown_in,
-        unknown_eqns,
-        [x for x, u in zip(jaxpr.outs, out_unknowns) if u],
-    )
+    jaxpr_unknown = Jaxpr(residual_vars + unknown_in, unknown_eqns, unknown_outs)
     typecheck_jaxpr(jaxpr_known)
     typecheck_jaxpr(jaxpr_unknown)
     return jaxpr_known, jaxpr_unknown, out_unknowns, len(residual_vars)
 
 
 @functools.cache
-def split_call_jaxpr(
-    jaxpr: Jaxpr, in_unknowns: tuple[bool, ...]
-) -> tuple[Jaxpr, Jaxpr, list[bool], int]:
-    """partial_eval_jaxpr, remembered: the same split gives the same jaxpr
-    objects, so their compiled code (cached per jaxpr) is reused."""
+def split_call_jaxpr(jaxpr: Jaxpr, in_unknowns: tuple[bool, ...]) -> tuple:
     return partial_eval_jaxpr(jaxpr, in_unknowns)
 
 
@@ -2460,10 +2473,7 @@ class UndefPrimal(NamedTuple):
 def backward_pass(
     jaxpr: Jaxpr, args: Sequence[Any], cotangents_out: Sequence[Any]
 ) -> list[Any]:
-    """Transpose ``jaxpr`` with respect to its ``UndefPrimal`` arguments.
-
-    Returns one cotangent per UndefPrimal argument, in order.
-    """
+    """The cotangents of the ``UndefPrimal`` arguments of linear ``jaxpr``."""
     values: dict[Var, Any] = {}
     linear: set[Var] = set()
     for v, arg in zip(jaxpr.in_binders, args):
@@ -2541,8 +2551,7 @@ def _neg_transpose(cts, x):
 @mul_p.def_rule("transpose")
 def _mul_transpose(cts, x, y):
     (ct,) = cts
-    if _is_undef(x) and _is_undef(y):
-        raise TypeError("mul: transposing a product of two linear values")
+    _check_one_operand_linear(x, y)
     if _is_undef(x):
         return [mul(ct, y), None]
     return [None, mul(x, ct)]
@@ -2569,10 +2578,15 @@ def _transpose_transpose(cts, x, *, perm):
     return [transpose(ct, inverse)]
 
 
+# @title Check: a mul to transpose has one linear operand
+def _check_one_operand_linear(x: Any, y: Any) -> None:
+    if _is_undef(x) and _is_undef(y):
+        raise TypeError("mul: transposing a product of two linear values")
+
+
 @functools.cache
 def transpose_jaxpr(jaxpr: Jaxpr, undefined: tuple[bool, ...]) -> tuple[Jaxpr, list]:
-    """A jaxpr from (defined inputs, output cotangents) to the cotangents of
-    the undefined inputs."""
+    """A jaxpr from (defined inputs, output cotangents) to input cotangents."""
     in_types = jaxpr_type(jaxpr).in_types
     out_types = jaxpr_type(jaxpr).out_types
     defined_types = [t for t, u in zip(in_types, undefined) if not u]
@@ -2609,25 +2623,47 @@ def vjp(f: Callable, *primals: Any) -> tuple[Any, Callable]:
     flat_f = flatten_fun(f, in_tree)
     primals_out, jaxpr, residuals = linearize_flat(flat_f, primals_flat)
     out_tree = flat_f.out_tree
-    in_avals = [raise_to_shaped(get_aval(p)) for p in primals_flat]
-    out_avals = [raise_to_shaped(get_aval(p)) for p in primals_out]
+    out_avals = [get_aval(p) for p in primals_out]
 
     def f_vjp(*cotangents: Any) -> tuple:
-        cts_flat, ct_tree = tree_flatten(
-            cotangents[0] if len(cotangents) == 1 else cotangents
-        )
-        if ct_tree != out_tree:
-            raise TypeError(
-                f"vjp: cotangents must have the structure of f's output, {out_tree}, "
-                f"got {ct_tree}"
-            )
-        cts_flat = [_as_input(c, "vjp cotangent") for c in cts_flat]
-        _check_cotangents(out_avals, cts_flat)
-        undefs = [UndefPrimal(aval) for aval in in_avals]
+        cts_flat = _flatten_and_check_cotangents(cotangents, out_tree, out_avals)
+        undefs = [UndefPrimal(get_aval(p)) for p in primals_flat]
         cts_in = backward_pass(jaxpr, [*residuals, *undefs], cts_flat)
         return tree_unflatten(in_tree, cts_in)
 
     return tree_unflatten(out_tree, primals_out), f_vjp
+
+
+def grad(f: Callable) -> Callable:
+    """The gradient of a scalar-output ``f`` with respect to its first argument."""
+
+    def gradient(x: Any, *rest: Any) -> Any:
+        _check_float_inputs(x)
+        y, f_vjp = vjp(lambda x: f(x, *rest), x)
+        _check_scalar_float_output(y)
+        (x_bar,) = f_vjp(np.ones((), get_aval(y).dtype))
+        return x_bar
+
+    return gradient
+
+
+# @title Checks: cotangents match the outputs; grad's input and output types
+def _flatten_and_check_cotangents(
+    cotangents: tuple, out_tree: PyTreeDef, out_avals: list[ShapedArray]
+) -> list[Any]:
+    """The leaves of the cotangents (one argument, or one per output), which
+    must match the outputs in structure, shape and dtype."""
+    cts_flat, ct_tree = tree_flatten(
+        cotangents[0] if len(cotangents) == 1 else cotangents
+    )
+    if ct_tree != out_tree:
+        raise TypeError(
+            f"vjp: cotangents must have the structure of f's output, {out_tree}, "
+            f"got {ct_tree}"
+        )
+    cts_flat = [_as_input(c, "vjp cotangent") for c in cts_flat]
+    _check_cotangents(out_avals, cts_flat)
+    return cts_flat
 
 
 def _check_cotangents(out_avals: list[ShapedArray], cts: list[Any]) -> None:
@@ -2640,30 +2676,25 @@ def _check_cotangents(out_avals: list[ShapedArray], cts: list[Any]) -> None:
             )
 
 
-def grad(f: Callable) -> Callable:
-    """The gradient of a scalar-output ``f`` with respect to its first argument."""
-
-    def gradient(x: Any, *rest: Any) -> Any:
-        for leaf in tree_flatten(x)[0]:
-            dtype = get_aval(_as_input(leaf, "grad")).dtype
-            if dtype.kind != "f":
-                raise TypeError(
-                    f"grad: can only differentiate with respect to float inputs, "
-                    f"got dtype {dtype.name}"
-                )
-        y, f_vjp = vjp(lambda x: f(x, *rest), x)
-        out_tree = tree_flatten(y)[1]
-        y_aval = get_aval(y) if out_tree == LEAF else None
-        if y_aval is None or y_aval.shape != () or y_aval.dtype.kind != "f":
-            what = f"a pytree {out_tree}" if y_aval is None else y_aval.str_short()
+def _check_float_inputs(x: Any) -> None:
+    for leaf in tree_flatten(x)[0]:
+        dtype = get_aval(_as_input(leaf, "grad")).dtype
+        if dtype.kind != "f":
             raise TypeError(
-                f"grad: f must return a float scalar (shape ()), got {what}; "
-                "use vjp or jacfwd for other outputs"
+                f"grad: can only differentiate with respect to float inputs, "
+                f"got dtype {dtype.name}"
             )
-        (x_bar,) = f_vjp(np.ones((), y_aval.dtype))
-        return x_bar
 
-    return gradient
+
+def _check_scalar_float_output(y: Any) -> None:
+    out_tree = tree_flatten(y)[1]
+    y_aval = get_aval(y) if out_tree == LEAF else None
+    if y_aval is None or y_aval.shape != () or y_aval.dtype.kind != "f":
+        what = f"a pytree {out_tree}" if y_aval is None else y_aval.str_short()
+        raise TypeError(
+            f"grad: f must return a float scalar (shape ()), got {what}; "
+            "use vjp or jacfwd for other outputs"
+        )
 
 
 # ==== chapter: part5_cond ====

@@ -108,8 +108,8 @@ np.set_printoptions(precision=6, suppress=True)
 
 # %%
 def f(x):
-    y = sin(x) * 2.0
-    return cos(y) * x
+    y = sin(x) * x
+    return cos(y)
 
 
 def f_jvp(x, x_dot):
@@ -127,6 +127,17 @@ print(make_jaxpr(f_jvp, scalar, scalar)[0])
 # or negate tangents: as a function of the tangent they are linear. That is why
 # the postponed part *is* the linear map $\dot x \mapsto f'(x)\,\dot x$.
 #
+# This jaxpr is only for looking at. The split will not be made on a recorded
+# jaxpr after the fact: it happens *while the function runs*. `linearize` pushes
+# a partial evaluator on the interpreter stack and then runs `jvp` on top of it,
+# so the JVP interpreter's primal values are known values of the partial
+# evaluator, real numbers computed line by line as the Python function executes.
+# The known half is never written down; it is simply Python running. Only the
+# unknown half, the tangent work, is recorded. One consequence: a Python `if` on
+# a primal value works under `linearize` and `grad` just as under `jvp`, and the
+# recorded linear map holds only the branch that was taken. We will see it as
+# soon as `linearize` exists.
+#
 # (part4-partial-eval)=
 # ## Partial evaluation
 #
@@ -135,8 +146,6 @@ print(make_jaxpr(f_jvp, scalar, scalar)[0])
 # `PartialVal`.
 
 # %% tags=["export"]
-import weakref
-
 RULE_KINDS = (*RULE_KINDS, "partial_eval", "partial_eval_jaxpr", "transpose")
 
 
@@ -148,11 +157,11 @@ class PartialVal(NamedTuple):
 
     @classmethod
     def known(cls, val: Any) -> PartialVal:
-        return cls(raise_to_shaped(get_aval(val)), val)
+        return cls(get_aval(val), val)
 
     @classmethod
     def unknown(cls, aval: ShapedArray) -> PartialVal:
-        return cls(raise_to_shaped(aval), None)
+        return cls(aval, None)
 
     @property
     def is_known(self) -> bool:
@@ -165,7 +174,8 @@ class PartialVal(NamedTuple):
 # to its **recipe**, which says how the value will be computed later. There are
 # three kinds of recipe: the value is an input of the postponed computation; it
 # is a known value that the postponed computation needs (a **{term}`residual`**); or it is
-# an output of an equation whose inputs are other tracers.
+# an output of an equation whose inputs are other tracers. A known tracer needs
+# no recipe, and answers Python's `if` with its value.
 
 
 # %% tags=["export"]
@@ -180,18 +190,12 @@ class ConstRecipe(NamedTuple):
 
 
 class EqnRecipe(NamedTuple):
-    """The tracer is an output of an equation on other tracers.
-
-    The outputs are held by weak reference: a tracer points to its recipe, and
-    a strong reference back would make every equation a reference cycle that
-    only Python's garbage collector could free.
-    """
+    """The tracers ``tracers_out`` are the outputs of an equation."""
 
     prim: Primitive
     tracers_in: list[PartialEvalTracer]
     params: dict[str, Any]
-    avals_out: list[ShapedArray]
-    tracer_refs_out: list[weakref.ref]
+    tracers_out: list[PartialEvalTracer]
 
 
 class PartialEvalTracer(Tracer):
@@ -219,7 +223,9 @@ class PartialEvalTracer(Tracer):
 # %% [markdown]
 # The trace's rules are few. Constants are known. A primitive applied to known
 # values is simply applied, by calling `bind` on the values themselves — so the
-# work happens at whatever interpreter sits below, possibly a compiler. A
+# work happens lower on the stack: in the evaluation interpreter at the bottom, or
+# in whatever transformation was pushed before the partial evaluator (a `jit`
+# building its jaxpr, for instance). A
 # primitive with any unknown input is recorded: its known inputs become residuals
 # (`instantiate_const`), its output types come from abstract evaluation, and its
 # outputs are new unknown tracers whose recipe is the equation. A primitive may
@@ -263,8 +269,7 @@ class PartialEvalTrace(Trace):
             PartialEvalTracer(self, PartialVal.unknown(aval), None)
             for aval in avals_out
         ]
-        refs_out = [weakref.ref(t) for t in tracers_out]
-        recipe = EqnRecipe(prim, tracers_in, params, avals_out, refs_out)
+        recipe = EqnRecipe(prim, tracers_in, params, tracers_out)
         for t in tracers_out:
             t.recipe = recipe
         return tracers_out
@@ -276,17 +281,77 @@ class PartialEvalTrace(Trace):
 # When the function has finished, the unknown outputs hang at the end of a graph
 # of recipes. Turning the graph into a jaxpr means listing its equations in an
 # order where every equation comes after the equations that produce its inputs: a
-# **topological sort**. We do it with an explicit stack rather than recursion, so
-# a program of a hundred thousand equations does not exhaust Python's recursion
-# limit, and we visit every recipe once, so the time is linear in the size of the
-# graph. Residuals become the jaxpr's leading inputs, in the order we meet them.
+# **topological sort**. A depth-first search does it: visit a node's parents
+# first, then write the node down; a set of visited nodes makes shared parents
+# appear once. Residuals become the jaxpr's leading inputs, in the order we meet
+# them.
 
 
 # %% tags=["export"]
 def toposort(roots: Sequence[Any], parents: Callable[[Any], Sequence[Any]]) -> list:
+    """Nodes reachable from ``roots``, each after all of its parents."""
+    order, seen = [], set()
+
+    def visit(node):
+        if id(node) not in seen:
+            seen.add(id(node))
+            for parent in parents(node):
+                visit(parent)
+            order.append(node)
+
+    for root in roots:
+        visit(root)
+    return order
+
+
+def tracers_to_jaxpr(
+    tracers_in: list[PartialEvalTracer], tracers_out: list[PartialEvalTracer]
+) -> tuple[Jaxpr, list[Any]]:
+    """The jaxpr from (residuals, ``tracers_in``) to ``tracers_out``, and the
+    residuals' values."""
+    var_of: dict[int, Var] = {}
+
+    def var(t: PartialEvalTracer) -> Var:
+        if id(t) not in var_of:
+            var_of[id(t)] = Var(t.aval)
+        return var_of[id(t)]
+
+    def eqn_parents(recipe: EqnRecipe) -> list[EqnRecipe]:
+        return [t.recipe for t in recipe.tracers_in if isinstance(t.recipe, EqnRecipe)]
+
+    def consts(tracers):  # the residuals among ``tracers``, by id
+        return {id(t): t for t in tracers if isinstance(t.recipe, ConstRecipe)}
+
+    roots = [t.recipe for t in tracers_out if isinstance(t.recipe, EqnRecipe)]
+    residuals, eqns = {}, []
+    for r in toposort(roots, eqn_parents):
+        residuals.update(consts(r.tracers_in))
+        ins, outs = [var(t) for t in r.tracers_in], [var(t) for t in r.tracers_out]
+        eqns.append(JaxprEqn(r.prim, ins, r.params, outs))
+    residuals.update(consts(tracers_out))
+    in_binders = [var(t) for t in [*residuals.values(), *tracers_in]]
+    jaxpr = Jaxpr(in_binders, eqns, [var(t) for t in tracers_out])
+    typecheck_jaxpr(jaxpr)
+    return jaxpr, [t.recipe.val for t in residuals.values()]
+
+
+# %% [markdown]
+# The module's `toposort` and `EqnRecipe` differ from the ones above in ways that
+# matter only for big programs: `toposort` keeps its own stack instead of recursing, so that a program
+# of a hundred thousand equations does not exceed Python's recursion limit, and
+# `EqnRecipe` holds its outputs by weak reference, so that tracers and recipes do
+# not form reference cycles. Unfold to see them.
+
+# %% tags=["export", "hide-input"]
+# @title Robustness: an iterative toposort, and recipes with weak references
+import weakref
+
+
+def toposort(roots: Sequence[Any], parents: Callable[[Any], Sequence[Any]]) -> list:
     """Nodes reachable from ``roots``, each after all of its parents.
 
-    Iterative depth-first search: linear time, no recursion.
+    The same depth-first order as the recursive version, with an explicit stack:
+    linear time, and no recursion however long the program.
     """
     order: list = []
     seen: set[int] = set()
@@ -304,55 +369,30 @@ def toposort(roots: Sequence[Any], parents: Callable[[Any], Sequence[Any]]) -> l
     return order
 
 
-def tracers_to_jaxpr(
-    tracers_in: list[PartialEvalTracer], tracers_out: list[PartialEvalTracer]
-) -> tuple[Jaxpr, list[Any]]:
-    """The jaxpr that computes the unknown ``tracers_out`` from ``tracers_in``,
-    with the residuals first among its inputs, and the residual values."""
-    var_of: dict[int, Var] = {}
+class _UnusedOutput(NamedTuple):
+    """Stands in for an output tracer that nothing refers to any more."""
 
-    def var(tracer: PartialEvalTracer) -> Var:
-        if id(tracer) not in var_of:
-            var_of[id(tracer)] = Var(tracer.aval)
-        return var_of[id(tracer)]
+    aval: ShapedArray
 
-    def eqn_parents(recipe: EqnRecipe) -> list[EqnRecipe]:
-        return [t.recipe for t in recipe.tracers_in if isinstance(t.recipe, EqnRecipe)]
 
-    roots = [t.recipe for t in tracers_out if isinstance(t.recipe, EqnRecipe)]
-    recipes = toposort(roots, eqn_parents)
+class EqnRecipe:
+    """The tracers ``tracers_out`` are the outputs of an equation.
 
-    residual_binders, residuals, seen_consts = [], [], set()
+    A tracer points to its recipe; if the recipe pointed back with strong
+    references, every equation would be a reference cycle that only Python's
+    garbage collector could free. So the outputs are held by weak reference,
+    and an output nobody kept comes back as an ``_UnusedOutput`` of its type.
+    """
 
-    def note_const(t: PartialEvalTracer) -> None:
-        if isinstance(t.recipe, ConstRecipe) and id(t) not in seen_consts:
-            seen_consts.add(id(t))
-            residual_binders.append(var(t))
-            residuals.append(t.recipe.val)
+    def __init__(self, prim, tracers_in, params, tracers_out) -> None:
+        self.prim, self.tracers_in, self.params = prim, tracers_in, params
+        self._refs_out = [weakref.ref(t) for t in tracers_out]
+        self._unused_out = [_UnusedOutput(t.aval) for t in tracers_out]
 
-    eqns = []
-    for recipe in recipes:
-        for t in recipe.tracers_in:
-            note_const(t)
-        eqns.append(
-            JaxprEqn(
-                recipe.prim,
-                [var(t) for t in recipe.tracers_in],
-                recipe.params,
-                [
-                    Var(aval) if t is None else var(t)  # an unused output
-                    for t, aval in zip(
-                        [ref() for ref in recipe.tracer_refs_out], recipe.avals_out
-                    )
-                ],
-            )
-        )
-    for t in tracers_out:
-        note_const(t)
-    in_binders = residual_binders + [var(t) for t in tracers_in]
-    jaxpr = Jaxpr(in_binders, eqns, [var(t) for t in tracers_out])
-    typecheck_jaxpr(jaxpr)
-    return jaxpr, residuals
+    @property
+    def tracers_out(self) -> list:
+        outs = [ref() for ref in self._refs_out]
+        return [u if t is None else t for t, u in zip(outs, self._unused_out)]
 
 
 # %% [markdown]
@@ -369,8 +409,7 @@ def partial_eval_flat(
     pvals_in: list[PartialVal],
     instantiate: Callable[[int], Sequence[bool]],
 ) -> tuple[Jaxpr, list[PartialVal], list[Any]]:
-    """Run ``f`` with some inputs known; return the jaxpr of the unknown part,
-    the outputs (known ones with their values) and the residuals."""
+    """The jaxpr of ``f``'s unknown part, its outputs, and the residuals."""
     with new_level(PartialEvalTrace) as level:
         trace = PartialEvalTrace(level)
         tracers_in = [trace.new_arg(pval) for pval in pvals_in]
@@ -405,7 +444,7 @@ def linearize_flat(
     ``primals``."""
     n = len(primals)
     pvals_in = [PartialVal.known(p) for p in primals] + [
-        PartialVal.unknown(raise_to_shaped(get_aval(p))) for p in primals
+        PartialVal.unknown(get_aval(p)) for p in primals
     ]
 
     def f_jvp(*primals_and_tangents):
@@ -417,15 +456,15 @@ def linearize_flat(
 
     jaxpr, pvals_out, residuals = partial_eval_flat(f_jvp, pvals_in, tangents_unknown)
     primal_pvals = pvals_out[: len(pvals_out) // 2]
-    if not all(p.is_known for p in primal_pvals):
-        raise TypeError("linearize: a primal output depends on the tangents")
+    _check_primal_outputs_known(primal_pvals)
     return [p.const for p in primal_pvals], jaxpr, residuals
 
 
 # %% [markdown]
-# The user-facing `linearize` adds pytrees and checks the tangents the linear map
-# is given, since applying it to a wrongly shaped tangent would otherwise fail
-# deep inside (or, worse, broadcast).
+# The user-facing `linearize` adds pytrees. The linear map it returns checks the
+# tangents it is given (`_flatten_and_check_tangents`, in the folded cell below),
+# since a wrongly shaped tangent would otherwise fail deep inside the jaxpr's
+# evaluation or, worse, broadcast.
 
 
 # %% tags=["export"]
@@ -438,18 +477,34 @@ def linearize(f: Callable, *primals: Any) -> tuple[Any, Callable]:
     out_tree = flat_f.out_tree
 
     def f_lin(*tangents: Any) -> Any:
-        tangents_flat, tangent_tree = tree_flatten(tangents)
-        if tangent_tree != in_tree:
-            raise TypeError(
-                "linearize: the linear map takes tangents with the structure of "
-                f"the primals, {in_tree}, got {tangent_tree}"
-            )
-        tangents_flat = [_as_input(t, "linearize tangent") for t in tangents_flat]
-        _check_tangents("linearize", primals_flat, tangents_flat)
+        tangents_flat = _flatten_and_check_tangents(tangents, in_tree, primals_flat)
         outs = eval_jaxpr(jaxpr, [*residuals, *tangents_flat])
         return tree_unflatten(out_tree, outs)
 
     return tree_unflatten(out_tree, primals_out), f_lin
+
+
+# %% tags=["export", "hide-input"]
+# @title Checks: linearize's primal outputs are known; tangents match the primals
+def _check_primal_outputs_known(primal_pvals: list[PartialVal]) -> None:
+    if not all(p.is_known for p in primal_pvals):
+        raise TypeError("linearize: a primal output depends on the tangents")
+
+
+def _flatten_and_check_tangents(
+    tangents: tuple, in_tree: PyTreeDef, primals_flat: list[Any]
+) -> list[Any]:
+    """The leaves of ``tangents``, which must match the primals in structure,
+    shape and dtype."""
+    tangents_flat, tangent_tree = tree_flatten(tangents)
+    if tangent_tree != in_tree:
+        raise TypeError(
+            "linearize: the linear map takes tangents with the structure of "
+            f"the primals, {in_tree}, got {tangent_tree}"
+        )
+    tangents_flat = [_as_input(t, "linearize tangent") for t in tangents_flat]
+    _check_tangents("linearize", primals_flat, tangents_flat)
+    return tangents_flat
 
 
 # %%
@@ -463,8 +518,32 @@ print("residuals:", *residuals)
 
 # %% [markdown]
 # The linear jaxpr contains only the tangent half: multiplications of the tangent
-# by residuals (numbers such as $\cos(1.5)$ computed while linearizing), and
-# additions and negations. Each call of `f_lin` evaluates just that.
+# by residuals, and additions and negations. The residuals are numbers computed
+# from $x = 1.5$ while linearizing: $\cos 1.5$ (the derivative of `sin`), $x$
+# itself, $\sin 1.5$, and $\sin(\sin(1.5) \cdot 1.5)$ (the derivative of `cos`,
+# before its sign flip). Each call of `f_lin` evaluates just that.
+#
+# And here is partial evaluation at work while the function runs. `bent` takes a
+# Python `if` on its input; linearized at two points, it gives two different
+# linear jaxprs, each with only the branch taken:
+
+
+# %%
+def bent(x):
+    if x > 0.0:
+        return sin(x) * x
+    return neg(x)
+
+
+for x0 in [1.5, -1.5]:
+    _, lin_jaxpr, residuals = linearize_flat(lambda x: [bent(x)], [np.float64(x0)])
+    print(f"at x = {x0}:", lin_jaxpr, "residuals:", *residuals)
+
+
+# %% [markdown]
+# At $x = 1.5$ the comparison, `sin` and `cos` were computed by running Python on
+# known values; they left only their results, as residuals. At $x = -1.5$ nothing
+# is left but `neg`. The comparison itself never reached the jaxpr: it was known.
 #
 # (part4-pe-jaxprs)=
 # ## Partial evaluation of jaxprs
@@ -480,7 +559,11 @@ print("residuals:", *residuals)
 # Splitting a jaxpr is partial evaluation done on the program text instead of on
 # traced values: walk the equations, mark each variable known or unknown, send
 # each equation to the half its inputs allow, and collect as residuals the known
-# variables that unknown equations read. A primitive may have its own
+# variables that unknown equations read. The known jaxpr takes the known inputs
+# and returns the known outputs followed by the residuals; the unknown jaxpr
+# takes the residuals followed by the unknown inputs and returns the unknown
+# outputs. `instantiate[i]` forces output `i` into the unknown half, as
+# `instantiate` did for `partial_eval_flat`. A primitive may have its own
 # `partial_eval_jaxpr` rule for that walk (a nested `xla_call` does, so nested jits
 # split too). Such a rule returns an equation for each half, or `None` in place of
 # the known one when none of the primitive's work can be done early.
@@ -490,18 +573,11 @@ print("residuals:", *residuals)
 def partial_eval_jaxpr(
     jaxpr: Jaxpr, in_unknowns: Sequence[bool], instantiate: Sequence[bool] | None = None
 ) -> tuple[Jaxpr, Jaxpr, list[bool], int]:
-    """Split ``jaxpr`` into ``(known, unknown, out_unknowns, num_residuals)``.
-
-    ``known`` takes the known inputs and returns the known outputs followed by
-    the residuals; ``unknown`` takes the residuals followed by the unknown
-    inputs and returns the unknown outputs. ``instantiate[i]`` forces output
-    ``i`` to be unknown.
-    """
+    """Split ``jaxpr`` into ``(known, unknown, out_unknowns, num_residuals)``."""
     if instantiate is None:
         instantiate = [False] * len(jaxpr.outs)
-    unknown: set[Var] = {v for v, u in zip(jaxpr.in_binders, in_unknowns) if u}
-    known_eqns: list[JaxprEqn] = []
-    unknown_eqns: list[JaxprEqn] = []
+    unknown = {v for v, u in zip(jaxpr.in_binders, in_unknowns) if u}
+    known_eqns, unknown_eqns = [], []
     residuals: dict[Var, None] = {}  # an ordered set
 
     def is_unknown(x: Atom) -> bool:
@@ -510,48 +586,41 @@ def partial_eval_jaxpr(
     for eqn in jaxpr.eqns:
         unks = [is_unknown(x) for x in eqn.inputs]
         rule = eqn.primitive.rules.get("partial_eval_jaxpr")
-        if rule is not None and any(unks):
+        if not any(unks):
+            known_eqns.append(eqn)
+        elif rule is not None:
             eqn_known, eqn_unknown, outs_unknown, res = rule(unks, eqn)
             if eqn_known is not None:  # None: nothing of it can run early
                 known_eqns.append(eqn_known)
             unknown_eqns.append(eqn_unknown)
             residuals.update(dict.fromkeys(res))
             unknown.update(v for v, u in zip(eqn.out_binders, outs_unknown) if u)
-        elif any(unks):
-            residuals.update(
-                dict.fromkeys(
-                    x for x, u in zip(eqn.inputs, unks) if isinstance(x, Var) and not u
-                )
-            )
+        else:
+            known_ins = [x for x, u in zip(eqn.inputs, unks) if not u]
+            residuals.update(dict.fromkeys(x for x in known_ins if isinstance(x, Var)))
             unknown_eqns.append(eqn)
             unknown.update(eqn.out_binders)
-        else:
-            known_eqns.append(eqn)
 
     out_unknowns = [is_unknown(x) or inst for x, inst in zip(jaxpr.outs, instantiate)]
     for x, unk in zip(jaxpr.outs, out_unknowns):
         if unk and isinstance(x, Var) and x not in unknown:
             residuals[x] = None  # a known output that must come out unknown
+    residual_vars = list(residuals)
     known_in = [v for v, u in zip(jaxpr.in_binders, in_unknowns) if not u]
     unknown_in = [v for v, u in zip(jaxpr.in_binders, in_unknowns) if u]
-    residual_vars = list(residuals)
     known_outs = [x for x, u in zip(jaxpr.outs, out_unknowns) if not u]
+    unknown_outs = [x for x, u in zip(jaxpr.outs, out_unknowns) if u]
     jaxpr_known = Jaxpr(known_in, known_eqns, known_outs + residual_vars)
-    # The unknown half binds the residuals afresh as its own inputs.
-    jaxpr_unknown = Jaxpr(
-        residual_vars + unknown_in,
-        unknown_eqns,
-        [x for x, u in zip(jaxpr.outs, out_unknowns) if u],
-    )
+    jaxpr_unknown = Jaxpr(residual_vars + unknown_in, unknown_eqns, unknown_outs)
     typecheck_jaxpr(jaxpr_known)
     typecheck_jaxpr(jaxpr_unknown)
     return jaxpr_known, jaxpr_unknown, out_unknowns, len(residual_vars)
 
 
 # %% [markdown]
-# The two rules for `xla_call` use it, through a cache: splitting the same jaxpr
-# the same way must give the *same* two jaxprs, or every call of `grad(jit(f))`
-# would compile its halves again. At trace time, the known half is *called*
+# The two rules for `xla_call` use it through `split_call_jaxpr`, which remembers
+# its answers: splitting the same jaxpr the same way must give the *same* two
+# jaxprs, or every call of `grad(jit(f))` would compile its halves again. At trace time, the known half is *called*
 # (by `bind`, so it is compiled and run) and the unknown half is recorded as an
 # `xla_call` equation in the partial evaluator's graph. On a jaxpr, both halves
 # become `xla_call` equations, connected by fresh residual variables.
@@ -559,11 +628,7 @@ def partial_eval_jaxpr(
 
 # %% tags=["export"]
 @functools.cache
-def split_call_jaxpr(
-    jaxpr: Jaxpr, in_unknowns: tuple[bool, ...]
-) -> tuple[Jaxpr, Jaxpr, list[bool], int]:
-    """partial_eval_jaxpr, remembered: the same split gives the same jaxpr
-    objects, so their compiled code (cached per jaxpr) is reused."""
+def split_call_jaxpr(jaxpr: Jaxpr, in_unknowns: tuple[bool, ...]) -> tuple:
     return partial_eval_jaxpr(jaxpr, in_unknowns)
 
 
@@ -624,61 +689,17 @@ known, unknown_half, out_unks, num_res = partial_eval_jaxpr(
     jvp_jaxpr_demo, [False, True]
 )
 names = _Names()
-print(pp_jaxpr(jvp_jaxpr_demo, names=names))
+pp_jaxpr(jvp_jaxpr_demo, names=names)  # name variables as in the print above
 print("known half:")
 print(pp_jaxpr(known, names=names))
 print("unknown half:")
 print(pp_jaxpr(unknown_half, names=names))
 
-# %% mystnb={"image": {"alt": "The JVP jaxpr of f, one equation per line. Equations that depend only on the primal input are colored blue and go to the known half; equations that involve the tangent are colored orange and go to the unknown half. The residual variables, computed in the known half and read by the unknown half, are listed between the two."}} tags=["hide-input"]
-from html import escape
+# %% mystnb={"image": {"alt": "The JVP jaxpr of f, one equation per line. Equations that depend only on the primal input are colored blue and go to the known half; equations that involve the tangent are colored orange and go to the unknown half. Each residual variable, computed in the known half and read by the unknown half, is marked with an arrow at the line that defines it."}} tags=["hide-input"]
+# @title Figure: the JVP jaxpr, colored by the half each equation went to
+from figures import draw_unzipped_jaxpr
 
-from IPython.display import SVG
-
-
-def unzip_figure(jaxpr, known, unknown_half, num_res, names):
-    known_eqns = {id(e) for e in known.eqns}
-    residuals = set(unknown_half.in_binders[:num_res])
-    lines = pp_jaxpr(jaxpr, names=names).splitlines()
-    row, top = 22, 50
-    height = top + row * len(lines) + 20
-    blue, orange = "#dbe9f6", "#fde2c8"
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="720" height="{height}" '
-        'font-family="monospace" font-size="13">',
-        "<title>A JVP jaxpr split into its known and unknown halves</title>",
-        f'<rect x="20" y="10" width="14" height="14" fill="{blue}" stroke="#555"/>'
-        '<text x="40" y="22" font-family="sans-serif">known half (runs now)</text>'
-        f'<rect x="230" y="10" width="14" height="14" fill="{orange}" stroke="#555"/>'
-        '<text x="250" y="22" font-family="sans-serif">unknown half (the linear '
-        "map)</text>",
-    ]
-    for i, text in enumerate(lines):
-        y = top + row * i
-        eqn_index = i - 1  # line 0 binds the inputs
-        if 0 <= eqn_index < len(jaxpr.eqns):
-            eqn = jaxpr.eqns[eqn_index]
-            fill = blue if id(eqn) in known_eqns else orange
-            parts.append(
-                f'<rect x="16" y="{y}" width="440" height="{row - 2}" fill="{fill}"/>'
-            )
-            defined = eqn.out_binders
-        else:
-            defined = jaxpr.in_binders if i == 0 else []
-        parts.append(
-            f'<text x="20" y="{y + 15}" xml:space="preserve">{escape(text)}</text>'
-        )
-        marked = [names(v) for v in defined if v in residuals]
-        if marked:
-            parts.append(
-                f'<text x="470" y="{y + 15}" font-family="sans-serif" fill="#a33">'
-                f"&#8594; residual {', '.join(marked)}</text>"
-            )
-    parts.append("</svg>")
-    return SVG("".join(parts))
-
-
-unzip_figure(jvp_jaxpr_demo, known, unknown_half, num_res, names)
+draw_unzipped_jaxpr(jvp_jaxpr_demo, known, unknown_half, num_res, names, ns=globals())
 
 # %% [markdown]
 # The blue equations form the known half: the primal computation, plus the
@@ -722,10 +743,7 @@ class UndefPrimal(NamedTuple):
 def backward_pass(
     jaxpr: Jaxpr, args: Sequence[Any], cotangents_out: Sequence[Any]
 ) -> list[Any]:
-    """Transpose ``jaxpr`` with respect to its ``UndefPrimal`` arguments.
-
-    Returns one cotangent per UndefPrimal argument, in order.
-    """
+    """The cotangents of the ``UndefPrimal`` arguments of linear ``jaxpr``."""
     values: dict[Var, Any] = {}
     linear: set[Var] = set()
     for v, arg in zip(jaxpr.in_binders, args):
@@ -822,8 +840,7 @@ def _neg_transpose(cts, x):
 @mul_p.def_rule("transpose")
 def _mul_transpose(cts, x, y):
     (ct,) = cts
-    if _is_undef(x) and _is_undef(y):
-        raise TypeError("mul: transposing a product of two linear values")
+    _check_one_operand_linear(x, y)
     if _is_undef(x):
         return [mul(ct, y), None]
     return [None, mul(x, ct)]
@@ -851,6 +868,18 @@ def _transpose_transpose(cts, x, *, perm):
 
 
 # %% [markdown]
+# A product is linear in one operand only when the other is known; the folded
+# check says so if both are linear.
+
+
+# %% tags=["export", "hide-input"]
+# @title Check: a mul to transpose has one linear operand
+def _check_one_operand_linear(x: Any, y: Any) -> None:
+    if _is_undef(x) and _is_undef(y):
+        raise TypeError("mul: transposing a product of two linear values")
+
+
+# %% [markdown]
 # `xla_call` is linear in whatever its jaxpr is linear in, so its transpose rule
 # transposes the jaxpr: it traces `backward_pass` over the inner jaxpr into a new
 # jaxpr (cached per jaxpr and per pattern of linear inputs), and calls that with
@@ -860,8 +889,7 @@ def _transpose_transpose(cts, x, *, perm):
 # %% tags=["export"]
 @functools.cache
 def transpose_jaxpr(jaxpr: Jaxpr, undefined: tuple[bool, ...]) -> tuple[Jaxpr, list]:
-    """A jaxpr from (defined inputs, output cotangents) to the cotangents of
-    the undefined inputs."""
+    """A jaxpr from (defined inputs, output cotangents) to input cotangents."""
     in_types = jaxpr_type(jaxpr).in_types
     out_types = jaxpr_type(jaxpr).out_types
     defined_types = [t for t, u in zip(in_types, undefined) if not u]
@@ -899,143 +927,21 @@ def _xla_call_transpose(cts, *args, jaxpr):
 # that run: each call of a transpose rule is recorded as it happens and written
 # next to the equation it transposes.
 
-# %% mystnb={"image": {"alt": "The linear jaxpr of f at x = 1.5, one equation per line, below a row that lists its residual inputs a to f with their values, and its tangent input g. Next to each equation are the cotangents backward_pass sent through it in a real run seeded with the cotangent 1.0 at the output o, to be read from the bottom up. Each mul by a residual multiplies the cotangent by that residual, neg flips its sign, and add passes it on unchanged. The input g, used by two equations, receives two contributions, which add up to the derivative of f at 1.5."}} tags=["hide-input"]
-from html import escape
-
-from IPython.display import SVG
-
-
-def record_backward_pass(jaxpr, args, cotangents_out):
-    """Run backward_pass, recording every transpose rule call in order."""
-    calls = []
-
-    def recording(prim, rule):
-        def rule_and_record(cts, *args, **params):
-            cts_in = rule(cts, *args, **params)
-            calls.append((prim, cts, cts_in))
-            return cts_in
-
-        return rule_and_record
-
-    originals = {e.primitive: e.primitive.rules.get("transpose") for e in jaxpr.eqns}
-    for prim, rule in originals.items():
-        if rule is not None:
-            prim.rules["transpose"] = recording(prim, rule)
-    try:
-        cts_in = backward_pass(jaxpr, args, cotangents_out)
-    finally:
-        for prim, rule in originals.items():
-            if rule is not None:
-                prim.rules["transpose"] = rule
-    return cts_in, calls
-
-
-def transpose_figure(jaxpr, residuals, seed):
-    """Transpose ``jaxpr`` (residuals first, then linear inputs) with the output
-    cotangent ``seed``, and draw each equation with the cotangents it passed."""
-    linear_in = jaxpr.in_binders[len(residuals) :]
-    undefs = [UndefPrimal(v.aval) for v in linear_in]
-    cts_in, calls = record_backward_pass(jaxpr, [*residuals, *undefs], [seed])
-    # backward_pass visits the equations that involve linear values in reverse.
-    linear, linear_eqns = set(linear_in), []
-    for eqn in jaxpr.eqns:
-        if any(isinstance(x, Var) and x in linear for x in eqn.inputs):
-            linear_eqns.append(eqn)
-            linear.update(eqn.out_binders)
-    assert len(calls) == len(linear_eqns)
-    received = {}  # variable -> cotangents it received, in backward order
-    step = {}  # equation -> (cotangent of its output, cotangents it sends)
-    for eqn, (prim, cts_out, cts_sent) in zip(reversed(linear_eqns), calls):
-        assert prim is eqn.primitive
-        sent = [(x, ct) for x, ct in zip(eqn.inputs, cts_sent) if ct is not None]
-        for x, ct in sent:
-            received.setdefault(x, []).append(ct)
-        step[id(eqn)] = (cts_out[0], sent)
-
-    def num(x):
-        x = np.asarray(x)
-        return f"{float(x):.4g}" if x.ndim == 0 else np.array2string(x, precision=3)
-
-    names = _Names()
-    eqn_lines = pp_jaxpr(jaxpr, names=names).splitlines()[1 : 1 + len(jaxpr.eqns)]
-    blue, orange = "#dbe9f6", "#fde2c8"
-    row, top, split, width = 24, 64, 300, 760
-    rows = []  # (left text, right text, fill)
-    known = "  ".join(
-        f"{names(v)} = {num(r)}" for v, r in zip(jaxpr.in_binders, residuals)
-    )
-    rows.append((f"residuals  {known}", "", blue))
-    for v, ct in zip(linear_in, cts_in):
-        # in the order of the equations: the reverse of the order received
-        terms = [num(c) for c in reversed(received.get(v, []))]
-        terms = [t if i == 0 or t[0] != "-" else f"({t})" for i, t in enumerate(terms)]
-        total = " + ".join(terms) + (f" = {num(ct)}" if len(terms) > 1 else "")
-        rows.append((f"linear input  {names(v)}", f"ct {names(v)} = {total}", orange))
-    for eqn, text in zip(jaxpr.eqns, eqn_lines):
-        if id(eqn) not in step:
-            rows.append((text.strip(), "", blue))
-            continue
-        ct_out, sent = step[id(eqn)]
-        sends = ", ".join(
-            f"ct {names(x)} {'+=' if len(received[x]) > 1 else '='} {num(ct)}"
-            for x, ct in sent
-        )
-        rows.append(
-            (
-                text.strip(),
-                f"ct {names(eqn.out_binders[0])} = {num(ct_out)}  \u2192  {sends}",
-                orange,
-            )
-        )
-    outs = " ".join(names(x) for x in jaxpr.outs)
-    rows.append((f"output  {outs}", f"ct {outs} = {num(seed)}  (the seed)", orange))
-
-    height = top + row * len(rows) + 16
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        'font-family="monospace" font-size="13">',
-        "<title>A linear jaxpr transposed by backward_pass</title>",
-        '<defs><marker id="tip" markerWidth="8" markerHeight="8" refX="4" refY="4" '
-        'orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#a33"/></marker></defs>',
-        '<text x="20" y="22" font-family="sans-serif" font-weight="bold">'
-        "linear jaxpr (runs top to bottom)</text>",
-        f'<text x="{split + 20}" y="22" font-family="sans-serif" font-weight="bold" '
-        'fill="#a33">backward_pass: cotangents (runs bottom to top)</text>',
-        f'<text x="{split + 20}" y="42" font-family="sans-serif" fill="#555">'
-        "ct v: the cotangent of v; a variable used twice adds its cotangents"
-        "</text>",
-    ]
-    for i, (left, right, fill) in enumerate(rows):
-        y = top + row * i
-        span = width - 56 if i == 0 else split - 4
-        parts.append(
-            f'<rect x="16" y="{y}" width="{span}" height="{row - 3}" fill="{fill}"/>'
-            f'<text x="22" y="{y + 16}" xml:space="preserve">{escape(left)}</text>'
-        )
-        if right:
-            parts.append(
-                f'<text x="{split + 20}" y="{y + 16}" fill="#a33" '
-                f'xml:space="preserve">{escape(right)}</text>'
-            )
-    y0, y1 = top + row * (len(rows) - 1) + 10, top + row + 10
-    parts.append(
-        f'<line x1="{width - 20}" y1="{y0}" x2="{width - 20}" y2="{y1}" '
-        'stroke="#a33" stroke-width="2" marker-end="url(#tip)"/></svg>'
-    )
-    return SVG("".join(parts)), cts_in
-
+# %% mystnb={"image": {"alt": "The linear jaxpr of f at x = 1.5, one equation per line, below a row that lists its residual inputs a to d with their values, and its tangent input e. Next to each equation are the cotangents backward_pass sent through it in a real run seeded with the cotangent 1.0 at the output k, to be read from the bottom up. Each mul by a residual multiplies the cotangent by that residual, neg flips its sign, and add passes it on unchanged. The input e, used by two equations, receives two contributions, which add up to the derivative of f at 1.5."}} tags=["hide-input"]
+# @title Figure: backward_pass on the linear jaxpr of f, recorded as it runs
+from figures import draw_transposition
 
 primals_out, lin_jaxpr, residuals = linearize_flat(lambda x: [f(x)], [np.float64(1.5)])
-figure, cts_in = transpose_figure(lin_jaxpr, residuals, np.float64(1.0))
+figure, cts_in = draw_transposition(lin_jaxpr, residuals, np.float64(1.0), ns=globals())
 assert np.allclose(cts_in[0], f_lin(1.0))  # one variable: the same number
 figure
 
 
 # %% [markdown]
 # Read the right-hand column from the bottom up. The seed enters at the output
-# `o`. `add` passes a cotangent unchanged to each of its linear operands, `neg`
+# `k`. `add` passes a cotangent unchanged to each of its linear operands, `neg`
 # flips its sign, and each `mul` by a residual multiplies it by that residual. The
-# tangent input `g` is used by two equations, so two cotangents flow back to it,
+# tangent input `e` is used by two equations, so two cotangents flow back to it,
 # and their sum is the derivative $f'(1.5)$: for a function of one variable the
 # transpose of the linear map is the same number, the `f_lin(1.0)` printed above.
 # The residuals get no cotangents: they are constants of the linear map.
@@ -1044,9 +950,9 @@ figure
 # ## `vjp` and `grad`
 #
 # `vjp` linearizes and hands back the transpose of the linear map. `grad` asks for
-# the cotangent 1 of a scalar output. Both check what the user gives them:
-# cotangents must match the outputs' structure, shapes and dtypes; `grad` needs a
-# scalar float output and a float input.
+# the cotangent 1 of a scalar output. Both check what the user gives them, in the
+# folded cell after them: cotangents must match the outputs' structure, shapes and
+# dtypes; `grad` needs a float input and a scalar float output.
 
 
 # %% tags=["export"]
@@ -1057,25 +963,48 @@ def vjp(f: Callable, *primals: Any) -> tuple[Any, Callable]:
     flat_f = flatten_fun(f, in_tree)
     primals_out, jaxpr, residuals = linearize_flat(flat_f, primals_flat)
     out_tree = flat_f.out_tree
-    in_avals = [raise_to_shaped(get_aval(p)) for p in primals_flat]
-    out_avals = [raise_to_shaped(get_aval(p)) for p in primals_out]
+    out_avals = [get_aval(p) for p in primals_out]
 
     def f_vjp(*cotangents: Any) -> tuple:
-        cts_flat, ct_tree = tree_flatten(
-            cotangents[0] if len(cotangents) == 1 else cotangents
-        )
-        if ct_tree != out_tree:
-            raise TypeError(
-                f"vjp: cotangents must have the structure of f's output, {out_tree}, "
-                f"got {ct_tree}"
-            )
-        cts_flat = [_as_input(c, "vjp cotangent") for c in cts_flat]
-        _check_cotangents(out_avals, cts_flat)
-        undefs = [UndefPrimal(aval) for aval in in_avals]
+        cts_flat = _flatten_and_check_cotangents(cotangents, out_tree, out_avals)
+        undefs = [UndefPrimal(get_aval(p)) for p in primals_flat]
         cts_in = backward_pass(jaxpr, [*residuals, *undefs], cts_flat)
         return tree_unflatten(in_tree, cts_in)
 
     return tree_unflatten(out_tree, primals_out), f_vjp
+
+
+def grad(f: Callable) -> Callable:
+    """The gradient of a scalar-output ``f`` with respect to its first argument."""
+
+    def gradient(x: Any, *rest: Any) -> Any:
+        _check_float_inputs(x)
+        y, f_vjp = vjp(lambda x: f(x, *rest), x)
+        _check_scalar_float_output(y)
+        (x_bar,) = f_vjp(np.ones((), get_aval(y).dtype))
+        return x_bar
+
+    return gradient
+
+
+# %% tags=["export", "hide-input"]
+# @title Checks: cotangents match the outputs; grad's input and output types
+def _flatten_and_check_cotangents(
+    cotangents: tuple, out_tree: PyTreeDef, out_avals: list[ShapedArray]
+) -> list[Any]:
+    """The leaves of the cotangents (one argument, or one per output), which
+    must match the outputs in structure, shape and dtype."""
+    cts_flat, ct_tree = tree_flatten(
+        cotangents[0] if len(cotangents) == 1 else cotangents
+    )
+    if ct_tree != out_tree:
+        raise TypeError(
+            f"vjp: cotangents must have the structure of f's output, {out_tree}, "
+            f"got {ct_tree}"
+        )
+    cts_flat = [_as_input(c, "vjp cotangent") for c in cts_flat]
+    _check_cotangents(out_avals, cts_flat)
+    return cts_flat
 
 
 def _check_cotangents(out_avals: list[ShapedArray], cts: list[Any]) -> None:
@@ -1088,30 +1017,25 @@ def _check_cotangents(out_avals: list[ShapedArray], cts: list[Any]) -> None:
             )
 
 
-def grad(f: Callable) -> Callable:
-    """The gradient of a scalar-output ``f`` with respect to its first argument."""
-
-    def gradient(x: Any, *rest: Any) -> Any:
-        for leaf in tree_flatten(x)[0]:
-            dtype = get_aval(_as_input(leaf, "grad")).dtype
-            if dtype.kind != "f":
-                raise TypeError(
-                    f"grad: can only differentiate with respect to float inputs, "
-                    f"got dtype {dtype.name}"
-                )
-        y, f_vjp = vjp(lambda x: f(x, *rest), x)
-        out_tree = tree_flatten(y)[1]
-        y_aval = get_aval(y) if out_tree == LEAF else None
-        if y_aval is None or y_aval.shape != () or y_aval.dtype.kind != "f":
-            what = f"a pytree {out_tree}" if y_aval is None else y_aval.str_short()
+def _check_float_inputs(x: Any) -> None:
+    for leaf in tree_flatten(x)[0]:
+        dtype = get_aval(_as_input(leaf, "grad")).dtype
+        if dtype.kind != "f":
             raise TypeError(
-                f"grad: f must return a float scalar (shape ()), got {what}; "
-                "use vjp or jacfwd for other outputs"
+                f"grad: can only differentiate with respect to float inputs, "
+                f"got dtype {dtype.name}"
             )
-        (x_bar,) = f_vjp(np.ones((), y_aval.dtype))
-        return x_bar
 
-    return gradient
+
+def _check_scalar_float_output(y: Any) -> None:
+    out_tree = tree_flatten(y)[1]
+    y_aval = get_aval(y) if out_tree == LEAF else None
+    if y_aval is None or y_aval.shape != () or y_aval.dtype.kind != "f":
+        what = f"a pytree {out_tree}" if y_aval is None else y_aval.str_short()
+        raise TypeError(
+            f"grad: f must return a float scalar (shape ()), got {what}; "
+            "use vjp or jacfwd for other outputs"
+        )
 
 
 # %% [markdown]
@@ -1193,23 +1117,36 @@ for name, value in second.items():
 #
 # ## Where real JAX differs
 #
-# - JAX's partial evaluator and its JVP use *symbolic zeros*, so unused tangents
-#   and cotangents cost nothing; ours materializes them as zero arrays.
-# - `jax.linearize` and `jax.vjp` are built the same way as here (JVP, then
-#   partial evaluation, then transposition); see
+# - JAX's JVP, partial evaluator and transposition use *symbolic zeros*
+#   (`jax._src.interpreters.ad.Zero`), so tangents and cotangents known to be zero
+#   cost nothing; ours materializes them as zero arrays.
+# - In JAX 0.10.2, `jax.linearize` and `jax.vjp` do not run a JVP under a
+#   separate partial evaluator. They *linearize directly*: one interpreter
+#   (`LinearizeTrace`) computes each primal value with the enclosing interpreter and
+#   records the tangent operation into a jaxpr at once, using a linearization rule
+#   of the primitive where it has one and a per-primitive JVP followed by partial
+#   evaluation where it does not. The result is the split we built here, and
+#   `jax.config.update("jax_use_direct_linearize", False)` brings back JVP followed
+#   by partial evaluation of the whole function. Partial evaluation of jaxprs
+#   (`partial_eval_jaxpr_nounits` and its variants) is still what splits a `jit`
+#   call into known and unknown halves.
+# - JAX removes residuals the linear jaxpr does not need (dead-code elimination);
+#   ours keeps every known value an unknown equation read. JAX marks linear
+#   inputs with `UndefinedPrimal`, as our `UndefPrimal` does.
+# - JAX also has `custom_jvp`/`custom_vjp` rules, checkpointing (`jax.checkpoint`)
+#   to trade residual memory for recomputation, and policies
+#   (`jax.checkpoint_policies`) for which residuals to save. See
 #   [the autodiff cookbook](https://docs.jax.dev/en/latest/notebooks/autodiff_cookbook.html).
-#   JAX also has `custom_jvp`/`custom_vjp` rules, checkpointing (`jax.checkpoint`)
-#   to trade residual memory for recomputation, and policies for which residuals
-#   to save.
-# - JAX's `grad` takes `argnums` and `has_aux`; ours differentiates the first
-#   argument (which may be a pytree).
+# - JAX's `grad` takes `argnums`, `has_aux` and more; ours differentiates the
+#   first argument (which may be a pytree).
 #
 # ## Summary
 #
 # - Partial evaluation runs a function with some inputs known: known work is done
 #   now, unknown work is recorded as a graph of recipes and turned into a jaxpr
-#   by an iterative topological sort. Known values the unknown part needs are
-#   residuals.
+#   by a topological sort. Known values the unknown part needs are residuals.
+#   The split happens while the function runs, so Python control flow on
+#   primal values just works.
 # - `linearize` is partial evaluation of the JVP with the tangents unknown.
 # - `partial_eval_jaxpr` does the same split on program text, which gives
 #   `xla_call` its rules, so `linearize(jit(f))` compiles the primal half.
@@ -1227,6 +1164,7 @@ for name, value in second.items():
 
 
 # %% tags=["hide-input"]
+# @title Solution: hvp as the gradient of a JVP
 def hvp(fun, x, v):
     return grad(lambda x: jvp(fun, (x,), (v,))[1])(x)
 
@@ -1243,6 +1181,7 @@ print(np.allclose(hvp(h, x0, v0), jacfwd(grad(h), x0) @ v0))
 
 
 # %% tags=["hide-input"]
+# @title Solution: one residual per sin
 def sin_chain(x, n):
     for _ in range(n):
         x = sin(x)
@@ -1261,6 +1200,7 @@ for n in [1, 2, 5]:
 
 
 # %% tags=["hide-input"]
+# @title Solution: transposing a linear map by hand
 def linear_map(v0, v1):
     return v0 * 2.0 + v1, neg(v1)
 
