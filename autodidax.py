@@ -1239,16 +1239,6 @@ Atom = Var | Lit
 Jaxpr.__repr__ = lambda self: f"<Jaxpr with {len(self.eqns)} equations>\n{self}"
 
 
-def _letters(n: int) -> str:
-    """0 -> 'a', 25 -> 'z', 26 -> 'aa', 27 -> 'ab', ..."""
-    name = ""
-    n += 1
-    while n:
-        n, rest = divmod(n - 1, 26)
-        name = chr(ord("a") + rest) + name
-    return name
-
-
 class _Names:
     """Hands out printable names for variables, in order of first request."""
 
@@ -1259,7 +1249,7 @@ class _Names:
         if isinstance(atom, Lit):
             return repr(atom.val.item())
         if atom not in self.names:
-            self.names[atom] = _letters(len(self.names))
+            self.names[atom] = _letters(len(self.names))  # a, ..., z, aa, ab, ...
         return self.names[atom]
 
     def binder(self, var: Var) -> str:
@@ -1281,6 +1271,17 @@ def pp_jaxpr(jaxpr: Jaxpr, indent: int = 0, names: _Names | None = None) -> str:
     outs = " ".join(names(x) for x in jaxpr.outs)
     lines.append(f"{pad}  in ( {outs} ) }}")
     return "\n".join(lines)
+
+
+# @title The printer's helpers: names a, ..., z, aa, ...; params; nested jaxprs
+def _letters(n: int) -> str:
+    """0 -> 'a', 25 -> 'z', 26 -> 'aa', 27 -> 'ab', ..."""
+    name = ""
+    n += 1
+    while n:
+        n, rest = divmod(n - 1, 26)
+        name = chr(ord("a") + rest) + name
+    return name
 
 
 def _pp_params(params: dict, indent: int, names: _Names) -> tuple[str, list[str]]:
@@ -1514,8 +1515,7 @@ class JaxprTracer(Tracer):
     """A value being recorded into a jaxpr: only its type is known."""
 
     def __init__(self, trace: JaxprTrace, aval: ShapedArray) -> None:
-        self._trace = trace
-        self._aval = aval
+        self._trace, self._aval = trace, aval
 
     @property
     def aval(self) -> ShapedArray:
@@ -1526,42 +1526,35 @@ class JaxprBuilder:
     """Everything one tracing run records, until it becomes a jaxpr."""
 
     def __init__(self) -> None:
-        self.eqns: list[tuple] = []  # (primitive, in tracers, params, out tracers)
-        self.tracer_to_var: dict[JaxprTracer, Var] = {}
+        self.eqns: list[JaxprEqn] = []
+        self.tracer_to_atom: dict[JaxprTracer, Atom] = {}
         self.consts: dict[int, tuple[JaxprTracer, Any]] = {}  # by id of the value
 
-    def new_tracer(self, trace: JaxprTrace, aval: ShapedArray) -> JaxprTracer:
+    def new_tracer(self, trace, aval, atom=None):
         tracer = JaxprTracer(trace, aval)
-        self.tracer_to_var[tracer] = Var(aval)
+        self.tracer_to_atom[tracer] = atom or Var(aval)
         return tracer
 
-    def const_tracer(self, trace: JaxprTrace, val: Any) -> JaxprTracer:
+    def const_tracer(self, trace, val):
         """The tracer standing for a constant; one per distinct object."""
         if id(val) not in self.consts:
-            self.consts[id(val)] = (self.new_tracer(trace, get_aval(val)), val)
+            literal = Lit(val) if _is_literal(val) else None
+            self.consts[id(val)] = (self.new_tracer(trace, get_aval(val), literal), val)
         return self.consts[id(val)][0]
 
-    def add_eqn(self, prim: Primitive, ins: list, params: dict, outs: list) -> None:
-        self.eqns.append((prim, ins, params, outs))
+    def add_eqn(self, prim, ins, params, outs):
+        atom = self.tracer_to_atom
+        eqn = JaxprEqn(prim, [atom[t] for t in ins], params, [atom[t] for t in outs])
+        self.eqns.append(eqn)
 
-    def build(self, ins: list[JaxprTracer], outs: list[JaxprTracer]):
-        """The jaxpr (constants first among its inputs) and the constants."""
-        var = self.tracer_to_var
-        # Scalar constants become literals; the others become inputs.
-        literals = {t: Lit(val) for t, val in self.consts.values() if _is_literal(val)}
-        consts = [(t, val) for t, val in self.consts.values() if t not in literals]
-
-        def atom(t: JaxprTracer) -> Atom:
-            return literals.get(t) or var[t]
-
-        eqns = [
-            JaxprEqn(
-                prim, [atom(t) for t in eqn_ins], params, [var[t] for t in eqn_outs]
-            )
-            for prim, eqn_ins, params, eqn_outs in self.eqns
+    def build(self, ins, outs):
+        """The jaxpr and its constants, which come first among its inputs."""
+        atom = self.tracer_to_atom
+        consts = [
+            (t, val) for t, val in self.consts.values() if isinstance(atom[t], Var)
         ]
-        in_binders = [var[t] for t, _ in consts] + [var[t] for t in ins]
-        jaxpr = Jaxpr(in_binders, eqns, [atom(t) for t in outs])
+        in_binders = [atom[t] for t, _ in consts] + [atom[t] for t in ins]
+        jaxpr = Jaxpr(in_binders, self.eqns, [atom[t] for t in outs])
         typecheck_jaxpr(jaxpr)
         return jaxpr, [val for _, val in consts]
 
@@ -1578,10 +1571,10 @@ class JaxprTrace(Trace):
     def builder(self) -> JaxprBuilder:
         return self.level.payload
 
-    def new_arg(self, aval: ShapedArray) -> JaxprTracer:
+    def new_arg(self, aval):
         return self.builder.new_tracer(self, aval)
 
-    def pure(self, val: Any) -> JaxprTracer:
+    def pure(self, val):
         return self.builder.const_tracer(self, val)
 
     lift = pure
@@ -1596,9 +1589,7 @@ class JaxprTrace(Trace):
 from contextlib import nullcontext
 
 
-def _trace_to_jaxpr(
-    f: Callable, avals_in: tuple, dynamic: bool, who: str = "make_jaxpr"
-) -> tuple[Jaxpr, list[Any], PyTreeDef]:
+def _trace_to_jaxpr(f, avals_in, dynamic, who="make_jaxpr"):
     """Trace ``f``; ``who`` names the user-facing function in error messages."""
     avals, in_tree = _avals_for_tracing(avals_in, who)
     flat_f = flatten_fun(f, in_tree)
@@ -1609,13 +1600,12 @@ def _trace_to_jaxpr(
         with new_dynamic(level) if dynamic else nullcontext():
             outs = flat_f(*tracers_in)
         outs = [_as_input(out, f"{who}: output of the function") for out in outs]
-        tracers_out = [trace.full_raise(out) for out in outs]
-        jaxpr, consts = builder.build(tracers_in, tracers_out)
+        jaxpr, consts = builder.build(tracers_in, [trace.full_raise(x) for x in outs])
     return jaxpr, consts, flat_f.out_tree
 
 
 def make_jaxpr_v1(f: Callable, *avals_in: Any) -> tuple[Jaxpr, list, PyTreeDef]:
-    """Trace ``f`` into a jaxpr, choosing interpreters by data dependence only."""
+    """Trace ``f``, choosing interpreters by data dependence only."""
     return _trace_to_jaxpr(f, avals_in, dynamic=False)
 
 

@@ -15,39 +15,39 @@ from __future__ import annotations
 # ---------------------------------------------------------------- Part 2
 
 
-def _trace_with_lines(fun, avals, make_jaxpr, builder_class):
+def _trace_with_lines(fun, avals, make_jaxpr, trace_class):
     """make_jaxpr, also noting the line of ``fun`` behind each equation."""
     import sys
 
     lines_seen = []
-    original = builder_class.add_eqn
+    original = trace_class.process_primitive
 
-    def add_eqn_noting_line(self, prim, ins, params, outs):
+    def process_primitive_noting_line(self, prim, tracers, params):
         frame = sys._getframe()
         while frame is not None and frame.f_code is not fun.__code__:
             frame = frame.f_back
         lines_seen.append(None if frame is None else frame.f_lineno)
-        original(self, prim, ins, params, outs)
+        return original(self, prim, tracers, params)
 
-    builder_class.add_eqn = add_eqn_noting_line
+    trace_class.process_primitive = process_primitive_noting_line
     try:
         jaxpr = make_jaxpr(fun, *avals)[0]
     finally:
-        builder_class.add_eqn = original
+        trace_class.process_primitive = original
     return jaxpr, lines_seen
 
 
-def source_and_jaxpr_figure(fun, avals, make_jaxpr, builder_class):
+def source_and_jaxpr_figure(fun, avals, make_jaxpr, trace_class):
     """An SVG of ``fun``'s source next to its jaxpr, each line of the source
     sharing a color with the equations it produced. ``make_jaxpr`` and the
-    builder class are the chapter's (tracing calls ``builder_class.add_eqn``
-    once per equation)."""
+    trace class are the chapter's (tracing records one equation per call of
+    ``trace_class.process_primitive``)."""
     import inspect
     from html import escape
 
     from IPython.display import SVG
 
-    jaxpr, eqn_lines = _trace_with_lines(fun, avals, make_jaxpr, builder_class)
+    jaxpr, eqn_lines = _trace_with_lines(fun, avals, make_jaxpr, trace_class)
     source, first_line = inspect.getsourcelines(fun)
     jaxpr_text = str(jaxpr).splitlines()
     palette = ["#fde2c8", "#d9f2d9", "#dbe9f6", "#f6d9f0", "#f2efc2"]
