@@ -1301,14 +1301,14 @@ def _pp_params(params: dict, indent: int, names: _Names) -> tuple[str, list[str]
 RULE_KINDS = (*RULE_KINDS, "abstract_eval")
 
 
-def _unary_abstract_eval(prim: Primitive, kinds: str, expected: str) -> None:
+def _unary_abstract_eval(prim, kinds, expected):
     @prim.def_rule("abstract_eval")
     def rule(x):
         _check_aval_kind(prim.name, x, kinds, expected)
         return [ShapedArray(x.shape, x.dtype)]
 
 
-def _binary_abstract_eval(prim: Primitive, out_dtype: Any = None) -> None:
+def _binary_abstract_eval(prim, out_dtype=None):
     @prim.def_rule("abstract_eval")
     def rule(x, y):
         check_binary_operands(prim.name, x, y)
@@ -1413,8 +1413,7 @@ def typecheck_jaxpr(jaxpr: Jaxpr) -> JaxprType:
             _check_fresh(jaxpr, v, bound, where)
             bound.add(v)
     _check_bound(jaxpr, jaxpr.outs, bound, "outputs")
-    in_types = [v.aval for v in jaxpr.in_binders]
-    return JaxprType(in_types, [x.aval for x in jaxpr.outs])
+    return JaxprType([v.aval for v in jaxpr.in_binders], [x.aval for x in jaxpr.outs])
 
 
 # @title Checks: the type checker's errors, naming variables as the printer does

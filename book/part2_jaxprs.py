@@ -347,14 +347,14 @@ print(hand_made)
 RULE_KINDS = (*RULE_KINDS, "abstract_eval")
 
 
-def _unary_abstract_eval(prim: Primitive, kinds: str, expected: str) -> None:
+def _unary_abstract_eval(prim, kinds, expected):
     @prim.def_rule("abstract_eval")
     def rule(x):
         _check_aval_kind(prim.name, x, kinds, expected)
         return [ShapedArray(x.shape, x.dtype)]
 
 
-def _binary_abstract_eval(prim: Primitive, out_dtype: Any = None) -> None:
+def _binary_abstract_eval(prim, out_dtype=None):
     @prim.def_rule("abstract_eval")
     def rule(x, y):
         check_binary_operands(prim.name, x, y)
@@ -469,8 +469,7 @@ def typecheck_jaxpr(jaxpr: Jaxpr) -> JaxprType:
             _check_fresh(jaxpr, v, bound, where)
             bound.add(v)
     _check_bound(jaxpr, jaxpr.outs, bound, "outputs")
-    in_types = [v.aval for v in jaxpr.in_binders]
-    return JaxprType(in_types, [x.aval for x in jaxpr.outs])
+    return JaxprType([v.aval for v in jaxpr.in_binders], [x.aval for x in jaxpr.outs])
 
 
 # %% [markdown]
@@ -933,9 +932,10 @@ print(make_jaxpr(derivative_of_sin_times_cos, scalar)[0])
 # figure is drawn from a real tracing run: while the jaxpr was recorded, we noted for each equation which
 # line of the function was executing. One line of Python can produce several
 # equations (the scalar `0.5` needs a `broadcast` to meet a vector; a `-` is a
-# `neg` and an `add`), and a line with no arithmetic produces none. Those two
-# come from Part 1's operators; the appendix's, which `import autodidax` gives
-# you, record `x - y` as one `sub` and broadcast operands the way NumPy does.
+# `neg` and an `add`), and a line with no arithmetic produces none. Both are
+# Part 1's operators at work: the appendix's operators, which a plain
+# `import autodidax` gives you, record `x - y` as one `sub` and broadcast
+# operands the way NumPy does.
 
 
 # %%
