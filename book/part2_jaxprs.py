@@ -600,6 +600,11 @@ def jaxpr_as_fun(jaxpr: Jaxpr) -> Callable[..., list[Any]]:
     return lambda *args: eval_jaxpr(jaxpr, args)
 
 
+# %% [markdown]
+# Before it runs anything, `eval_jaxpr` checks that the arguments match the
+# jaxpr's inputs in number, shape and dtype:
+
+
 # %% tags=["export", "hide-input"]
 # @title Checks: eval_jaxpr's arguments must match the jaxpr's inputs
 def _check_jaxpr_args(jaxpr: Jaxpr, args: Sequence[Any]) -> None:
