@@ -1026,9 +1026,10 @@ show_error(lambda: make_jaxpr(lambda s: s, "float64[3]"))
 # - `jax.make_jaxpr(f)(*example_args)` takes example *values* (or
 #   `jax.ShapeDtypeStruct`s) and returns a `ClosedJaxpr`, a jaxpr packaged with its
 #   constants; ours returns the constants separately and puts them first among
-#   the inputs. JAX's printer separates the two kinds of input with a `;`, as in
-#   `{ lambda a:f32[3]; b:f32[3]. let c:f32[3] = add b a in (c,) }`, and writes
-#   dtypes short (`f32`). See
+#   the inputs. JAX's printer separates the two kinds of input with a `;`: for
+#   `lambda x: x + c`, with `c` a NumPy array of three floats, it prints
+#   `{ lambda a:f32[3]; b:f32[3]. let c:f32[3] = add b a in (c,) }`, with short
+#   dtype names (`f32`). See
 #   [Understanding jaxprs](https://docs.jax.dev/en/latest/jaxpr.html).
 # - JAX's equations carry more: source information (a traceback and a stack of
 #   names, which is how JAX errors point at your line), effects, and a context
