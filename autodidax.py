@@ -1170,8 +1170,6 @@ def _single_output(out: Any) -> Any:
 class Var:
     """A jaxpr variable: a placeholder for an array of type ``aval``."""
 
-    __slots__ = ("aval",)
-
     def __init__(self, aval: ShapedArray) -> None:
         self.aval = aval
 
@@ -1179,11 +1177,9 @@ class Var:
 class Lit:
     """A literal: a scalar constant written into an equation."""
 
-    __slots__ = ("val", "aval")
-
     def __init__(self, val: Any) -> None:
         self.val = as_array(val, "Lit")
-        self.aval = raise_to_shaped(get_aval(self.val))
+        self.aval = get_aval(self.val)
 
 
 Atom = Var | Lit
@@ -1201,18 +1197,13 @@ class JaxprEqn(NamedTuple):
 class Jaxpr:
     """A function in the jaxpr language."""
 
-    def __init__(
-        self, in_binders: list[Var], eqns: list[JaxprEqn], outs: list[Atom]
-    ) -> None:
+    def __init__(self, in_binders: list[Var], eqns: list[JaxprEqn], outs: list[Atom]):
         self.in_binders = in_binders
         self.eqns = eqns
         self.outs = outs
 
     def __str__(self) -> str:
         return pp_jaxpr(self)
-
-    def __repr__(self) -> str:
-        return f"<Jaxpr with {len(self.eqns)} equations>\n{self}"
 
 
 class JaxprType(NamedTuple):
@@ -1227,14 +1218,28 @@ class JaxprType(NamedTuple):
         return f"({ins}) -> ({outs})"
 
 
-def _letters(n: int) -> str:
-    """0 -> 'a', 25 -> 'z', 26 -> 'aa', 27 -> 'ab', ..."""
-    name = ""
-    n += 1
-    while n:
-        n, rest = divmod(n - 1, 26)
-        name = chr(ord("a") + rest) + name
-    return name
+# @title The module's Var and Lit (with __slots__) and Jaxpr's repr
+class Var:
+    """A jaxpr variable: a placeholder for an array of type ``aval``."""
+
+    __slots__ = ("aval",)
+
+    def __init__(self, aval: ShapedArray) -> None:
+        self.aval = aval
+
+
+class Lit:
+    """A literal: a scalar constant written into an equation."""
+
+    __slots__ = ("val", "aval")
+
+    def __init__(self, val: Any) -> None:
+        self.val = as_array(val, "Lit")
+        self.aval = get_aval(self.val)
+
+
+Atom = Var | Lit
+Jaxpr.__repr__ = lambda self: f"<Jaxpr with {len(self.eqns)} equations>\n{self}"
 
 
 class _Names:
@@ -1247,7 +1252,7 @@ class _Names:
         if isinstance(atom, Lit):
             return repr(atom.val.item())
         if atom not in self.names:
-            self.names[atom] = _letters(len(self.names))
+            self.names[atom] = _letters(len(self.names))  # a, ..., z, aa, ab, ...
         return self.names[atom]
 
     def binder(self, var: Var) -> str:
@@ -1271,38 +1276,80 @@ def pp_jaxpr(jaxpr: Jaxpr, indent: int = 0, names: _Names | None = None) -> str:
     return "\n".join(lines)
 
 
+# @title The printer's helpers: names a, ..., z, aa, ...; params; nested jaxprs
+def _letters(n: int) -> str:
+    """0 -> 'a', 25 -> 'z', 26 -> 'aa', 27 -> 'ab', ..."""
+    name = ""
+    n += 1
+    while n:
+        n, rest = divmod(n - 1, 26)
+        name = chr(ord("a") + rest) + name
+    return name
+
+
 def _pp_params(params: dict, indent: int, names: _Names) -> tuple[str, list[str]]:
-    """Inline params as ``[k=v ...]``; nested jaxprs go on lines of their own."""
+    """Params inline as ``[k=v ...]``; nested jaxprs on lines of their own."""
     inline, nested = [], []
-    for key in sorted(params):
-        value = params[key]
+    for key, value in sorted(params.items()):
         if isinstance(value, Jaxpr):
-            inline.append(f"{key}=<jaxpr>")
-            nested.append(" " * indent + f"{key} =")
-            nested.append(pp_jaxpr(value, indent + 2, names))
-        else:
-            inline.append(f"{key}={value}")
+            value = "<jaxpr>"
+            nested += [
+                " " * indent + f"{key} =",
+                pp_jaxpr(params[key], indent + 2, names),
+            ]
+        inline.append(f"{key}={value}")
     return (f"[{' '.join(inline)}]" if inline else ""), nested
 
 
 RULE_KINDS = (*RULE_KINDS, "abstract_eval")
 
 
-def _unary_abstract_eval(prim: Primitive, kinds: str, expected: str) -> None:
+def _unary_abstract_eval(prim, kinds, expected):
     @prim.def_rule("abstract_eval")
-    def rule(x: ShapedArray) -> list[ShapedArray]:
-        if x.dtype.kind not in kinds:
-            raise TypeError(
-                f"{prim.name}: expected {expected} array, got {x.str_short()}"
-            )
+    def rule(x):
+        _check_aval_kind(prim.name, x, kinds, expected)
         return [ShapedArray(x.shape, x.dtype)]
 
 
-def _binary_abstract_eval(prim: Primitive, out_dtype: Any = None) -> None:
+def _binary_abstract_eval(prim, out_dtype=None):
     @prim.def_rule("abstract_eval")
-    def rule(x: ShapedArray, y: ShapedArray) -> list[ShapedArray]:
+    def rule(x, y):
         check_binary_operands(prim.name, x, y)
         return [ShapedArray(x.shape, out_dtype or x.dtype)]
+
+
+_unary_abstract_eval(neg_p, "iuf", "a numeric (not boolean)")
+_unary_abstract_eval(sin_p, "f", "a float")
+_unary_abstract_eval(cos_p, "f", "a float")
+_binary_abstract_eval(add_p)
+_binary_abstract_eval(mul_p)
+_binary_abstract_eval(greater_p, out_dtype=np.bool_)
+_binary_abstract_eval(less_p, out_dtype=np.bool_)
+
+
+@reduce_sum_p.def_rule("abstract_eval")
+def _reduce_sum_abstract_eval(x, *, axes):
+    _check_canonical_axes("reduce_sum", "axes", axes, x.ndim)
+    shape = [d for i, d in enumerate(x.shape) if i not in axes]
+    return [ShapedArray(shape, x.dtype)]
+
+
+@transpose_p.def_rule("abstract_eval")
+def _transpose_abstract_eval(x, *, perm):
+    _check_perm(perm, x.ndim)
+    return [ShapedArray([x.shape[p] for p in perm], x.dtype)]
+
+
+@broadcast_p.def_rule("abstract_eval")
+def _broadcast_abstract_eval(x, *, shape, axes):
+    _check_broadcast_params(x, shape, axes)
+    return [ShapedArray(shape, x.dtype)]
+
+
+# @title Checks: the inputs and params of the abstract evaluation rules
+def _check_aval_kind(name: str, x: ShapedArray, kinds: str, expected: str) -> None:
+    if x.dtype.kind not in kinds:
+        raise TypeError(f"{name}: expected {expected} array, got {x.str_short()}")
 
 
 def _check_canonical_axes(name: str, param: str, axes: Any, ndim: int) -> None:
@@ -1322,37 +1369,16 @@ def _check_canonical_axes(name: str, param: str, axes: Any, ndim: int) -> None:
         raise ValueError(f"{name}: repeated axis in param {param}={axes}")
 
 
-_unary_abstract_eval(neg_p, "iuf", "a numeric (not boolean)")
-_unary_abstract_eval(sin_p, "f", "a float")
-_unary_abstract_eval(cos_p, "f", "a float")
-_binary_abstract_eval(add_p)
-_binary_abstract_eval(mul_p)
-_binary_abstract_eval(greater_p, out_dtype=np.bool_)
-_binary_abstract_eval(less_p, out_dtype=np.bool_)
-
-
-@reduce_sum_p.def_rule("abstract_eval")
-def _reduce_sum_abstract_eval(x: ShapedArray, *, axes: tuple) -> list[ShapedArray]:
-    _check_canonical_axes("reduce_sum", "axes", axes, x.ndim)
-    shape = [d for i, d in enumerate(x.shape) if i not in axes]
-    return [ShapedArray(shape, x.dtype)]
-
-
-@transpose_p.def_rule("abstract_eval")
-def _transpose_abstract_eval(x: ShapedArray, *, perm: tuple) -> list[ShapedArray]:
-    _check_canonical_axes("transpose", "perm", perm, x.ndim)
-    if sorted(perm) != list(range(x.ndim)):
+def _check_perm(perm: Any, ndim: int) -> None:
+    _check_canonical_axes("transpose", "perm", perm, ndim)
+    if sorted(perm) != list(range(ndim)):
         raise ValueError(
-            f"transpose: perm must be a permutation of the {x.ndim} axes of "
+            f"transpose: perm must be a permutation of the {ndim} axes of "
             f"the input, got {perm}"
         )
-    return [ShapedArray([x.shape[p] for p in perm], x.dtype)]
 
 
-@broadcast_p.def_rule("abstract_eval")
-def _broadcast_abstract_eval(
-    x: ShapedArray, *, shape: tuple, axes: tuple
-) -> list[ShapedArray]:
+def _check_broadcast_params(x: ShapedArray, shape: Any, axes: Any) -> None:
     if not isinstance(shape, tuple):
         raise TypeError(
             f"broadcast: shape must be a sequence of integers in a tuple, got {shape!r}"
@@ -1367,7 +1393,6 @@ def _broadcast_abstract_eval(
             f"broadcast: cannot broadcast {x.str_short()} to shape {shape} by "
             f"inserting axes {axes}"
         )
-    return [ShapedArray(shape, x.dtype)]
 
 
 class JaxprTypeError(TypeError):
@@ -1376,84 +1401,88 @@ class JaxprTypeError(TypeError):
 
 def typecheck_jaxpr(jaxpr: Jaxpr) -> JaxprType:
     """Check a jaxpr and return its type; raise JaxprTypeError if it is bad."""
-    names = _Names()
-    for v in jaxpr.in_binders:  # name variables in printing order
-        names(v)
-    for eqn in jaxpr.eqns:
-        for v in eqn.out_binders:
-            names(v)
-
     bound: set[Var] = set()
-
-    def check_binder(v: Any, where: str) -> None:
-        if not isinstance(v, Var):
-            raise JaxprTypeError(f"{where}: a binder must be a Var, got {v!r}")
-
-    def bind_var(v: Var, where: str) -> None:
-        check_binder(v, where)
-        if v in bound:
-            raise JaxprTypeError(f"{where}: variable {names(v)} is bound twice")
-        bound.add(v)
-
-    def type_of(atom: Atom, where: str) -> ShapedArray:
-        if isinstance(atom, Lit):
-            return atom.aval
-        if not isinstance(atom, Var):
-            raise JaxprTypeError(f"{where}: expected a Var or Lit, got {atom!r}")
-        if atom not in bound:
-            raise JaxprTypeError(f"{where}: variable {names(atom)} is not bound")
-        return raise_to_shaped(atom.aval)
-
     for v in jaxpr.in_binders:
-        bind_var(v, "input binders")
+        _check_fresh(jaxpr, v, bound, "input binders")
+        bound.add(v)
     for i, eqn in enumerate(jaxpr.eqns):
         where = f"equation {i} ({eqn.primitive.name})"
-        in_types = [type_of(x, where) for x in eqn.inputs]
-        try:
+        _check_bound(jaxpr, eqn.inputs, bound, where)
+        in_types = [x.aval for x in eqn.inputs]
+        with _as_jaxpr_type_error(where):
             out_types = eqn.primitive.rule("abstract_eval")(*in_types, **eqn.params)
-        except (TypeError, ValueError) as err:
-            raise JaxprTypeError(f"{where}: {err}") from err
-        if len(out_types) != len(eqn.out_binders):
+        _check_declared_types(jaxpr, eqn, out_types, where)
+        for v in eqn.out_binders:
+            _check_fresh(jaxpr, v, bound, where)
+            bound.add(v)
+    _check_bound(jaxpr, jaxpr.outs, bound, "outputs")
+    return JaxprType([v.aval for v in jaxpr.in_binders], [x.aval for x in jaxpr.outs])
+
+
+# @title Checks: the type checker's errors, naming variables as the printer does
+def _name_of(jaxpr: Jaxpr, v: Var) -> str:
+    """The name the printer gives ``v`` in ``jaxpr``."""
+    names = _Names()
+    for binder in jaxpr.in_binders:
+        names(binder)
+    for eqn in jaxpr.eqns:
+        for binder in eqn.out_binders:
+            names(binder)
+    return names(v)
+
+
+def _check_is_binder(v: Any, where: str) -> None:
+    if not isinstance(v, Var):
+        raise JaxprTypeError(f"{where}: a binder must be a Var, got {v!r}")
+
+
+def _check_fresh(jaxpr: Jaxpr, v: Any, bound: set[Var], where: str) -> None:
+    _check_is_binder(v, where)
+    if v in bound:
+        raise JaxprTypeError(f"{where}: variable {_name_of(jaxpr, v)} is bound twice")
+
+
+def _check_bound(jaxpr: Jaxpr, atoms: list, bound: set[Var], where: str) -> None:
+    for x in atoms:
+        if not isinstance(x, (Var, Lit)):
+            raise JaxprTypeError(f"{where}: expected a Var or Lit, got {x!r}")
+        if isinstance(x, Var) and x not in bound:
+            raise JaxprTypeError(f"{where}: variable {_name_of(jaxpr, x)} is not bound")
+
+
+@contextmanager
+def _as_jaxpr_type_error(where: str) -> Iterator[None]:
+    """An abstract evaluation rule's error, reported as a JaxprTypeError."""
+    try:
+        yield
+    except (TypeError, ValueError) as err:
+        raise JaxprTypeError(f"{where}: {err}") from err
+
+
+def _check_declared_types(jaxpr: Jaxpr, eqn: JaxprEqn, out_types: list, where: str):
+    if len(out_types) != len(eqn.out_binders):
+        raise JaxprTypeError(
+            f"{where}: the primitive has {len(out_types)} outputs but the "
+            f"equation binds {len(eqn.out_binders)}"
+        )
+    for v, expected in zip(eqn.out_binders, out_types):
+        _check_is_binder(v, where)
+        if v.aval != expected:
             raise JaxprTypeError(
-                f"{where}: the primitive has {len(out_types)} outputs but the "
-                f"equation binds {len(eqn.out_binders)}"
+                f"{where}: output {_name_of(jaxpr, v)} is declared "
+                f"{v.aval.str_short()} but the primitive produces "
+                f"{expected.str_short()}"
             )
-        for v, expected in zip(eqn.out_binders, out_types):
-            check_binder(v, where)
-            if raise_to_shaped(v.aval) != expected:
-                raise JaxprTypeError(
-                    f"{where}: output {names(v)} is declared "
-                    f"{v.aval.str_short()} but the primitive produces "
-                    f"{expected.str_short()}"
-                )
-            bind_var(v, where)
-    out_types = [type_of(x, "outputs") for x in jaxpr.outs]
-    in_types = [raise_to_shaped(v.aval) for v in jaxpr.in_binders]
-    return JaxprType(in_types, out_types)
 
 
 def eval_jaxpr(jaxpr: Jaxpr, args: Sequence[Any]) -> list[Any]:
     """Run ``jaxpr`` on ``args`` by binding each equation's primitive."""
-    args = list(args)
-    if len(args) != len(jaxpr.in_binders):
-        raise TypeError(
-            f"eval_jaxpr: the jaxpr takes {len(jaxpr.in_binders)} inputs, got "
-            f"{len(args)}"
-        )
-    env: dict[Var, Any] = {}
+    _check_jaxpr_args(jaxpr, args)
+    env: dict[Var, Any] = dict(zip(jaxpr.in_binders, args))
 
     def read(atom: Atom) -> Any:
         return atom.val if isinstance(atom, Lit) else env[atom]
 
-    for i, (v, arg) in enumerate(zip(jaxpr.in_binders, args)):
-        arg_type = get_aval(_as_input(arg, "eval_jaxpr"))
-        if (arg_type.shape, arg_type.dtype) != (v.aval.shape, v.aval.dtype):
-            what = "shape" if arg_type.shape != v.aval.shape else "dtype"
-            raise TypeError(
-                f"eval_jaxpr: input {i} has the wrong {what}: the jaxpr expects "
-                f"{v.aval.str_short()}, got {arg_type.str_short()}"
-            )
-        env[v] = arg
     for eqn in jaxpr.eqns:
         outs = bind(eqn.primitive, *[read(x) for x in eqn.inputs], **eqn.params)
         if not eqn.primitive.multiple_results:
@@ -1467,85 +1496,73 @@ def jaxpr_as_fun(jaxpr: Jaxpr) -> Callable[..., list[Any]]:
     return lambda *args: eval_jaxpr(jaxpr, args)
 
 
+# @title Checks: eval_jaxpr's arguments must match the jaxpr's inputs
+def _check_jaxpr_args(jaxpr: Jaxpr, args: Sequence[Any]) -> None:
+    if len(args) != len(jaxpr.in_binders):
+        raise TypeError(
+            f"eval_jaxpr: the jaxpr takes {len(jaxpr.in_binders)} inputs, got "
+            f"{len(args)}"
+        )
+    for i, (v, arg) in enumerate(zip(jaxpr.in_binders, args)):
+        arg_type = get_aval(_as_input(arg, "eval_jaxpr"))
+        if (arg_type.shape, arg_type.dtype) != (v.aval.shape, v.aval.dtype):
+            what = "shape" if arg_type.shape != v.aval.shape else "dtype"
+            raise TypeError(
+                f"eval_jaxpr: input {i} has the wrong {what}: the jaxpr expects "
+                f"{v.aval.str_short()}, got {arg_type.str_short()}"
+            )
+
+
 class JaxprTracer(Tracer):
     """A value being recorded into a jaxpr: only its type is known."""
 
     def __init__(self, trace: JaxprTrace, aval: ShapedArray) -> None:
-        self._trace = trace
-        self._aval = aval
+        self._trace, self._aval = trace, aval
 
     @property
     def aval(self) -> ShapedArray:
         return self._aval
-
-    def __bool__(self) -> bool:
-        self.check_live()
-        raise ConcretizationError(
-            f"Python `if`, `while` or bool() on a traced {self.aval.str_short()} "
-            "value: while a function is staged out (make_jaxpr, jit) only its "
-            "shape and dtype are known, not its value. Use cond (Part 5) to "
-            "branch on a traced value, or pass the value as a Python constant."
-        )
 
 
 class JaxprBuilder:
     """Everything one tracing run records, until it becomes a jaxpr."""
 
     def __init__(self) -> None:
-        self.tracer_to_var: dict[int, Var] = {}
-        self.tracers: list[JaxprTracer] = []  # keeps the ids above unique
-        self.const_tracers: dict[int, JaxprTracer] = {}  # by id of the value
-        self.const_vals: list[tuple[JaxprTracer, Any]] = []
-        self.recorded: list[tuple[Primitive, list, dict, list]] = []
+        self.eqns: list[JaxprEqn] = []
+        self.tracer_to_atom: dict[JaxprTracer, Atom] = {}
+        self.consts: dict[int, tuple[JaxprTracer, Any]] = {}  # by id of the value
 
-    def new_tracer(self, trace: JaxprTrace, aval: ShapedArray) -> JaxprTracer:
-        tracer = JaxprTracer(trace, raise_to_shaped(aval))
-        self.tracers.append(tracer)
-        self.tracer_to_var[id(tracer)] = Var(tracer.aval)
+    def new_tracer(self, trace, aval, atom=None):
+        tracer = JaxprTracer(trace, aval)
+        self.tracer_to_atom[tracer] = atom or Var(aval)
         return tracer
 
-    def const_tracer(self, trace: JaxprTrace, val: Any) -> JaxprTracer:
+    def const_tracer(self, trace, val):
         """The tracer standing for a constant; one per distinct object."""
-        tracer = self.const_tracers.get(id(val))
-        if tracer is None:
-            tracer = self.new_tracer(trace, get_aval(val))
-            self.const_tracers[id(val)] = tracer
-            self.const_vals.append((tracer, val))
-        return tracer
+        if id(val) not in self.consts:
+            literal = Lit(val) if _is_literal(val) else None
+            self.consts[id(val)] = (self.new_tracer(trace, get_aval(val), literal), val)
+        return self.consts[id(val)][0]
 
-    def add_eqn(self, prim: Primitive, ins: list, params: dict, outs: list) -> None:
-        self.recorded.append((prim, list(ins), params, list(outs)))
+    def add_eqn(self, prim, ins, params, outs):
+        atom = self.tracer_to_atom
+        eqn = JaxprEqn(prim, [atom[t] for t in ins], params, [atom[t] for t in outs])
+        self.eqns.append(eqn)
 
-    def build(
-        self, in_tracers: list[JaxprTracer], out_tracers: list[JaxprTracer]
-    ) -> tuple[Jaxpr, list[Any]]:
-        """The jaxpr (constants first among its inputs) and the constants."""
-        var = self.tracer_to_var
-        # Scalar constants become literals; the others become inputs.
-        literals: dict[int, Lit] = {}
-        const_binders, consts = [], []
-        for tracer, val in self.const_vals:
-            if _is_literal_value(val):
-                literals[id(tracer)] = Lit(val)
-            else:
-                const_binders.append(var[id(tracer)])
-                consts.append(val)
-
-        def atom(tracer: JaxprTracer) -> Atom:
-            return literals.get(id(tracer)) or var[id(tracer)]
-
-        eqns = [
-            JaxprEqn(prim, [atom(t) for t in ins], params, [var[id(t)] for t in outs])
-            for prim, ins, params, outs in self.recorded
+    def build(self, ins, outs):
+        """The jaxpr and its constants, which come first among its inputs."""
+        atom = self.tracer_to_atom
+        consts = [
+            (t, val) for t, val in self.consts.values() if isinstance(atom[t], Var)
         ]
-        in_binders = const_binders + [var[id(t)] for t in in_tracers]
-        jaxpr = Jaxpr(in_binders, eqns, [atom(t) for t in out_tracers])
+        in_binders = [atom[t] for t, _ in consts] + [atom[t] for t in ins]
+        jaxpr = Jaxpr(in_binders, self.eqns, [atom[t] for t in outs])
         typecheck_jaxpr(jaxpr)
-        return jaxpr, consts
+        return jaxpr, [val for _, val in consts]
 
 
-def _is_literal_value(val: Any) -> bool:
-    """Scalars (not tracers of an outer transformation) print as literals."""
+def _is_literal(val: Any) -> bool:
+    """Scalars (not tracers of an outer transformation) become literals."""
     return not isinstance(val, Tracer) and np.shape(val) == ()
 
 
@@ -1556,37 +1573,25 @@ class JaxprTrace(Trace):
     def builder(self) -> JaxprBuilder:
         return self.level.payload
 
-    def new_arg(self, aval: ShapedArray) -> JaxprTracer:
+    def new_arg(self, aval):
         return self.builder.new_tracer(self, aval)
 
-    def pure(self, val: Any) -> JaxprTracer:
+    def pure(self, val):
         return self.builder.const_tracer(self, val)
 
     lift = pure
 
     def process_primitive(self, prim, tracers, params):
-        avals_in = [t.aval for t in tracers]
-        avals_out = prim.rule("abstract_eval")(*avals_in, **params)
+        avals_out = prim.rule("abstract_eval")(*[t.aval for t in tracers], **params)
         outs = [self.builder.new_tracer(self, aval) for aval in avals_out]
         self.builder.add_eqn(prim, tracers, params, outs)
         return outs
 
 
-def _avals_for_tracing(args: Any, who: str) -> tuple[list[ShapedArray], PyTreeDef]:
-    """Flatten make_jaxpr's arguments; arrays stand for their types."""
-    leaves, in_tree = tree_flatten(args)
-    avals = []
-    for leaf in leaves:
-        if isinstance(leaf, ShapedArray):
-            avals.append(raise_to_shaped(leaf))
-        else:
-            avals.append(raise_to_shaped(get_aval(_as_input(leaf, who))))
-    return avals, in_tree
+from contextlib import nullcontext
 
 
-def _trace_to_jaxpr(
-    f: Callable, avals_in: tuple, dynamic: bool, who: str = "make_jaxpr"
-) -> tuple[Jaxpr, list[Any], PyTreeDef]:
+def _trace_to_jaxpr(f, avals_in, dynamic, who="make_jaxpr"):
     """Trace ``f``; ``who`` names the user-facing function in error messages."""
     avals, in_tree = _avals_for_tracing(avals_in, who)
     flat_f = flatten_fun(f, in_tree)
@@ -1594,20 +1599,26 @@ def _trace_to_jaxpr(
     with new_level(JaxprTrace, builder) as level:
         trace = JaxprTrace(level)
         tracers_in = [trace.new_arg(aval) for aval in avals]
-        if dynamic:
-            with new_dynamic(level):
-                outs = flat_f(*tracers_in)
-        else:
+        with new_dynamic(level) if dynamic else nullcontext():
             outs = flat_f(*tracers_in)
         outs = [_as_input(out, f"{who}: output of the function") for out in outs]
-        tracers_out = [trace.full_raise(out) for out in outs]
-        jaxpr, consts = builder.build(tracers_in, tracers_out)
+        jaxpr, consts = builder.build(tracers_in, [trace.full_raise(x) for x in outs])
     return jaxpr, consts, flat_f.out_tree
 
 
 def make_jaxpr_v1(f: Callable, *avals_in: Any) -> tuple[Jaxpr, list, PyTreeDef]:
-    """Trace ``f`` into a jaxpr, choosing interpreters by data dependence only."""
+    """Trace ``f``, choosing interpreters by data dependence only."""
     return _trace_to_jaxpr(f, avals_in, dynamic=False)
+
+
+# @title Checks: make_jaxpr's arguments are types, or arrays standing for them
+def _avals_for_tracing(args: Any, who: str) -> tuple[list[ShapedArray], PyTreeDef]:
+    """Flatten make_jaxpr's arguments; arrays stand for their types."""
+    leaves, in_tree = tree_flatten(args)
+    avals = [
+        x if isinstance(x, ShapedArray) else get_aval(_as_input(x, who)) for x in leaves
+    ]
+    return avals, in_tree
 
 
 class _InterpreterState(threading.local):
@@ -1637,14 +1648,22 @@ def _bottom_level() -> Level:
 
 
 def make_jaxpr(f: Callable, *avals_in: Any) -> tuple[Jaxpr, list, PyTreeDef]:
-    """Trace ``f`` at the given types into ``(jaxpr, consts, out_tree)``.
-
-    ``avals_in`` is a pytree of ShapedArrays like ``f``'s arguments (arrays are
-    accepted too and stand for their types). The jaxpr's first inputs are the
-    constants ``consts``; ``out_tree`` is the structure of ``f``'s output.
-    """
+    """Trace ``f`` at the given types into ``(jaxpr, consts, out_tree)``."""
     return _trace_to_jaxpr(f, avals_in, dynamic=True)
 
+
+# @title JaxprTracer's concretization error, with what to do instead
+def _jaxpr_tracer_bool(self: JaxprTracer) -> bool:
+    self.check_live()
+    raise ConcretizationError(
+        f"Python `if`, `while` or bool() on a traced {self.aval.str_short()} "
+        "value: while a function is staged out (make_jaxpr, jit) only its "
+        "shape and dtype are known, not its value. Use cond (Part 5) to "
+        "branch on a traced value, or pass the value as a Python constant."
+    )
+
+
+JaxprTracer.__bool__ = _jaxpr_tracer_bool
 
 # ==== chapter: part3_jit ====
 

@@ -47,7 +47,8 @@
 # 4. `make_jaxpr`, which produces a jaxpr by {term}`tracing`: running the function on
 #    tracers that write down every primitive they meet;
 # 5. a flaw in choosing interpreters by data dependence, and its fix: a
-#    *{term}`dynamic trace`* that sits at the bottom of the stack while we record.
+#    *{term}`dynamic trace`*, the level where the search for an interpreter
+#    starts, which is the recording level while we record.
 #
 # (part2-setup)=
 # ## Picking up where Part 1 left off
@@ -143,8 +144,6 @@ np.set_printoptions(precision=6, suppress=True)
 class Var:
     """A jaxpr variable: a placeholder for an array of type ``aval``."""
 
-    __slots__ = ("aval",)
-
     def __init__(self, aval: ShapedArray) -> None:
         self.aval = aval
 
@@ -152,11 +151,9 @@ class Var:
 class Lit:
     """A literal: a scalar constant written into an equation."""
 
-    __slots__ = ("val", "aval")
-
     def __init__(self, val: Any) -> None:
         self.val = as_array(val, "Lit")
-        self.aval = raise_to_shaped(get_aval(self.val))
+        self.aval = get_aval(self.val)
 
 
 Atom = Var | Lit
@@ -174,18 +171,13 @@ class JaxprEqn(NamedTuple):
 class Jaxpr:
     """A function in the jaxpr language."""
 
-    def __init__(
-        self, in_binders: list[Var], eqns: list[JaxprEqn], outs: list[Atom]
-    ) -> None:
+    def __init__(self, in_binders: list[Var], eqns: list[JaxprEqn], outs: list[Atom]):
         self.in_binders = in_binders
         self.eqns = eqns
         self.outs = outs
 
     def __str__(self) -> str:
         return pp_jaxpr(self)
-
-    def __repr__(self) -> str:
-        return f"<Jaxpr with {len(self.eqns)} equations>\n{self}"
 
 
 class JaxprType(NamedTuple):
@@ -201,6 +193,37 @@ class JaxprType(NamedTuple):
 
 
 # %% [markdown]
+# The module's `Var` and `Lit` are the same classes with `__slots__`, which keeps
+# the many small objects of a big jaxpr compact, and a `Jaxpr` also shows itself
+# when a notebook cell ends with one; unfold to see them.
+
+
+# %% tags=["export", "hide-input"]
+# @title The module's Var and Lit (with __slots__) and Jaxpr's repr
+class Var:
+    """A jaxpr variable: a placeholder for an array of type ``aval``."""
+
+    __slots__ = ("aval",)
+
+    def __init__(self, aval: ShapedArray) -> None:
+        self.aval = aval
+
+
+class Lit:
+    """A literal: a scalar constant written into an equation."""
+
+    __slots__ = ("val", "aval")
+
+    def __init__(self, val: Any) -> None:
+        self.val = as_array(val, "Lit")
+        self.aval = get_aval(self.val)
+
+
+Atom = Var | Lit
+Jaxpr.__repr__ = lambda self: f"<Jaxpr with {len(self.eqns)} equations>\n{self}"
+
+
+# %% [markdown]
 # (part2-printing)=
 # ### Printing
 #
@@ -212,16 +235,6 @@ class JaxprType(NamedTuple):
 
 
 # %% tags=["export"]
-def _letters(n: int) -> str:
-    """0 -> 'a', 25 -> 'z', 26 -> 'aa', 27 -> 'ab', ..."""
-    name = ""
-    n += 1
-    while n:
-        n, rest = divmod(n - 1, 26)
-        name = chr(ord("a") + rest) + name
-    return name
-
-
 class _Names:
     """Hands out printable names for variables, in order of first request."""
 
@@ -232,7 +245,7 @@ class _Names:
         if isinstance(atom, Lit):
             return repr(atom.val.item())
         if atom not in self.names:
-            self.names[atom] = _letters(len(self.names))
+            self.names[atom] = _letters(len(self.names))  # a, ..., z, aa, ab, ...
         return self.names[atom]
 
     def binder(self, var: Var) -> str:
@@ -256,17 +269,34 @@ def pp_jaxpr(jaxpr: Jaxpr, indent: int = 0, names: _Names | None = None) -> str:
     return "\n".join(lines)
 
 
+# %% [markdown]
+# `_letters` turns a count into a name, and `_pp_params` writes the params and
+# returns the lines of any nested jaxpr; unfold to see them.
+
+
+# %% tags=["export", "hide-input"]
+# @title The printer's helpers: names a, ..., z, aa, ...; params; nested jaxprs
+def _letters(n: int) -> str:
+    """0 -> 'a', 25 -> 'z', 26 -> 'aa', 27 -> 'ab', ..."""
+    name = ""
+    n += 1
+    while n:
+        n, rest = divmod(n - 1, 26)
+        name = chr(ord("a") + rest) + name
+    return name
+
+
 def _pp_params(params: dict, indent: int, names: _Names) -> tuple[str, list[str]]:
-    """Inline params as ``[k=v ...]``; nested jaxprs go on lines of their own."""
+    """Params inline as ``[k=v ...]``; nested jaxprs on lines of their own."""
     inline, nested = [], []
-    for key in sorted(params):
-        value = params[key]
+    for key, value in sorted(params.items()):
         if isinstance(value, Jaxpr):
-            inline.append(f"{key}=<jaxpr>")
-            nested.append(" " * indent + f"{key} =")
-            nested.append(pp_jaxpr(value, indent + 2, names))
-        else:
-            inline.append(f"{key}={value}")
+            value = "<jaxpr>"
+            nested += [
+                " " * indent + f"{key} =",
+                pp_jaxpr(params[key], indent + 2, names),
+            ]
+        inline.append(f"{key}={value}")
     return (f"[{' '.join(inline)}]" if inline else ""), nested
 
 
@@ -306,32 +336,64 @@ print(hand_made)
 # trace a function, they tell us the type of each new variable without computing
 # anything.
 #
-# The rules reuse Part 1's checks, so a mistake gets the same message whether it
-# happens in eager code, while tracing, or in a jaxpr someone built by hand. They
-# are also strict about the *form* of params: the wrappers always pass axes as a
-# tuple of non-negative integers (and `broadcast`'s new axes sorted), and the
-# other rules rely on that, so an equation with, say, `axes=(-1,)` is rejected
-# rather than accepted in a form that only some interpreters understand.
+# Each rule below computes the output's shape and dtype, after one call that
+# checks the inputs and the params. The checks give the same messages as Part 1's
+# wrappers, so a mistake reads the same in eager code, while tracing, or in a
+# jaxpr built by hand; and they insist on params in the form the wrappers
+# produce (axes as a tuple of non-negative integers), so that every later
+# interpreter can rely on it. Their bodies are folded below the rules.
 
 # %% tags=["export"]
 RULE_KINDS = (*RULE_KINDS, "abstract_eval")
 
 
-def _unary_abstract_eval(prim: Primitive, kinds: str, expected: str) -> None:
+def _unary_abstract_eval(prim, kinds, expected):
     @prim.def_rule("abstract_eval")
-    def rule(x: ShapedArray) -> list[ShapedArray]:
-        if x.dtype.kind not in kinds:
-            raise TypeError(
-                f"{prim.name}: expected {expected} array, got {x.str_short()}"
-            )
+    def rule(x):
+        _check_aval_kind(prim.name, x, kinds, expected)
         return [ShapedArray(x.shape, x.dtype)]
 
 
-def _binary_abstract_eval(prim: Primitive, out_dtype: Any = None) -> None:
+def _binary_abstract_eval(prim, out_dtype=None):
     @prim.def_rule("abstract_eval")
-    def rule(x: ShapedArray, y: ShapedArray) -> list[ShapedArray]:
+    def rule(x, y):
         check_binary_operands(prim.name, x, y)
         return [ShapedArray(x.shape, out_dtype or x.dtype)]
+
+
+_unary_abstract_eval(neg_p, "iuf", "a numeric (not boolean)")
+_unary_abstract_eval(sin_p, "f", "a float")
+_unary_abstract_eval(cos_p, "f", "a float")
+_binary_abstract_eval(add_p)
+_binary_abstract_eval(mul_p)
+_binary_abstract_eval(greater_p, out_dtype=np.bool_)
+_binary_abstract_eval(less_p, out_dtype=np.bool_)
+
+
+@reduce_sum_p.def_rule("abstract_eval")
+def _reduce_sum_abstract_eval(x, *, axes):
+    _check_canonical_axes("reduce_sum", "axes", axes, x.ndim)
+    shape = [d for i, d in enumerate(x.shape) if i not in axes]
+    return [ShapedArray(shape, x.dtype)]
+
+
+@transpose_p.def_rule("abstract_eval")
+def _transpose_abstract_eval(x, *, perm):
+    _check_perm(perm, x.ndim)
+    return [ShapedArray([x.shape[p] for p in perm], x.dtype)]
+
+
+@broadcast_p.def_rule("abstract_eval")
+def _broadcast_abstract_eval(x, *, shape, axes):
+    _check_broadcast_params(x, shape, axes)
+    return [ShapedArray(shape, x.dtype)]
+
+
+# %% tags=["export", "hide-input"]
+# @title Checks: the inputs and params of the abstract evaluation rules
+def _check_aval_kind(name: str, x: ShapedArray, kinds: str, expected: str) -> None:
+    if x.dtype.kind not in kinds:
+        raise TypeError(f"{name}: expected {expected} array, got {x.str_short()}")
 
 
 def _check_canonical_axes(name: str, param: str, axes: Any, ndim: int) -> None:
@@ -351,37 +413,16 @@ def _check_canonical_axes(name: str, param: str, axes: Any, ndim: int) -> None:
         raise ValueError(f"{name}: repeated axis in param {param}={axes}")
 
 
-_unary_abstract_eval(neg_p, "iuf", "a numeric (not boolean)")
-_unary_abstract_eval(sin_p, "f", "a float")
-_unary_abstract_eval(cos_p, "f", "a float")
-_binary_abstract_eval(add_p)
-_binary_abstract_eval(mul_p)
-_binary_abstract_eval(greater_p, out_dtype=np.bool_)
-_binary_abstract_eval(less_p, out_dtype=np.bool_)
-
-
-@reduce_sum_p.def_rule("abstract_eval")
-def _reduce_sum_abstract_eval(x: ShapedArray, *, axes: tuple) -> list[ShapedArray]:
-    _check_canonical_axes("reduce_sum", "axes", axes, x.ndim)
-    shape = [d for i, d in enumerate(x.shape) if i not in axes]
-    return [ShapedArray(shape, x.dtype)]
-
-
-@transpose_p.def_rule("abstract_eval")
-def _transpose_abstract_eval(x: ShapedArray, *, perm: tuple) -> list[ShapedArray]:
-    _check_canonical_axes("transpose", "perm", perm, x.ndim)
-    if sorted(perm) != list(range(x.ndim)):
+def _check_perm(perm: Any, ndim: int) -> None:
+    _check_canonical_axes("transpose", "perm", perm, ndim)
+    if sorted(perm) != list(range(ndim)):
         raise ValueError(
-            f"transpose: perm must be a permutation of the {x.ndim} axes of "
+            f"transpose: perm must be a permutation of the {ndim} axes of "
             f"the input, got {perm}"
         )
-    return [ShapedArray([x.shape[p] for p in perm], x.dtype)]
 
 
-@broadcast_p.def_rule("abstract_eval")
-def _broadcast_abstract_eval(
-    x: ShapedArray, *, shape: tuple, axes: tuple
-) -> list[ShapedArray]:
+def _check_broadcast_params(x: ShapedArray, shape: Any, axes: Any) -> None:
     if not isinstance(shape, tuple):
         raise TypeError(
             f"broadcast: shape must be a sequence of integers in a tuple, got {shape!r}"
@@ -396,7 +437,6 @@ def _broadcast_abstract_eval(
             f"broadcast: cannot broadcast {x.str_short()} to shape {shape} by "
             f"inserting axes {axes}"
         )
-    return [ShapedArray(shape, x.dtype)]
 
 
 # %% [markdown]
@@ -404,8 +444,7 @@ def _broadcast_abstract_eval(
 # bound so far. For each equation it checks that every input is already bound,
 # asks the primitive's abstract evaluation rule for the output types, compares
 # them with the types the equation declares, and binds the outputs, refusing any
-# variable that is bound twice. The errors name variables the way the printer
-# does, so they can be read next to the printed jaxpr.
+# variable that is bound twice.
 
 
 # %% tags=["export"]
@@ -415,60 +454,84 @@ class JaxprTypeError(TypeError):
 
 def typecheck_jaxpr(jaxpr: Jaxpr) -> JaxprType:
     """Check a jaxpr and return its type; raise JaxprTypeError if it is bad."""
-    names = _Names()
-    for v in jaxpr.in_binders:  # name variables in printing order
-        names(v)
-    for eqn in jaxpr.eqns:
-        for v in eqn.out_binders:
-            names(v)
-
     bound: set[Var] = set()
-
-    def check_binder(v: Any, where: str) -> None:
-        if not isinstance(v, Var):
-            raise JaxprTypeError(f"{where}: a binder must be a Var, got {v!r}")
-
-    def bind_var(v: Var, where: str) -> None:
-        check_binder(v, where)
-        if v in bound:
-            raise JaxprTypeError(f"{where}: variable {names(v)} is bound twice")
-        bound.add(v)
-
-    def type_of(atom: Atom, where: str) -> ShapedArray:
-        if isinstance(atom, Lit):
-            return atom.aval
-        if not isinstance(atom, Var):
-            raise JaxprTypeError(f"{where}: expected a Var or Lit, got {atom!r}")
-        if atom not in bound:
-            raise JaxprTypeError(f"{where}: variable {names(atom)} is not bound")
-        return raise_to_shaped(atom.aval)
-
     for v in jaxpr.in_binders:
-        bind_var(v, "input binders")
+        _check_fresh(jaxpr, v, bound, "input binders")
+        bound.add(v)
     for i, eqn in enumerate(jaxpr.eqns):
         where = f"equation {i} ({eqn.primitive.name})"
-        in_types = [type_of(x, where) for x in eqn.inputs]
-        try:
+        _check_bound(jaxpr, eqn.inputs, bound, where)
+        in_types = [x.aval for x in eqn.inputs]
+        with _as_jaxpr_type_error(where):
             out_types = eqn.primitive.rule("abstract_eval")(*in_types, **eqn.params)
-        except (TypeError, ValueError) as err:
-            raise JaxprTypeError(f"{where}: {err}") from err
-        if len(out_types) != len(eqn.out_binders):
+        _check_declared_types(jaxpr, eqn, out_types, where)
+        for v in eqn.out_binders:
+            _check_fresh(jaxpr, v, bound, where)
+            bound.add(v)
+    _check_bound(jaxpr, jaxpr.outs, bound, "outputs")
+    return JaxprType([v.aval for v in jaxpr.in_binders], [x.aval for x in jaxpr.outs])
+
+
+# %% [markdown]
+# The checks raise `JaxprTypeError`s that name variables the way the printer
+# does, so an error can be read next to the printed jaxpr:
+
+
+# %% tags=["export", "hide-input"]
+# @title Checks: the type checker's errors, naming variables as the printer does
+def _name_of(jaxpr: Jaxpr, v: Var) -> str:
+    """The name the printer gives ``v`` in ``jaxpr``."""
+    names = _Names()
+    for binder in jaxpr.in_binders:
+        names(binder)
+    for eqn in jaxpr.eqns:
+        for binder in eqn.out_binders:
+            names(binder)
+    return names(v)
+
+
+def _check_is_binder(v: Any, where: str) -> None:
+    if not isinstance(v, Var):
+        raise JaxprTypeError(f"{where}: a binder must be a Var, got {v!r}")
+
+
+def _check_fresh(jaxpr: Jaxpr, v: Any, bound: set[Var], where: str) -> None:
+    _check_is_binder(v, where)
+    if v in bound:
+        raise JaxprTypeError(f"{where}: variable {_name_of(jaxpr, v)} is bound twice")
+
+
+def _check_bound(jaxpr: Jaxpr, atoms: list, bound: set[Var], where: str) -> None:
+    for x in atoms:
+        if not isinstance(x, (Var, Lit)):
+            raise JaxprTypeError(f"{where}: expected a Var or Lit, got {x!r}")
+        if isinstance(x, Var) and x not in bound:
+            raise JaxprTypeError(f"{where}: variable {_name_of(jaxpr, x)} is not bound")
+
+
+@contextmanager
+def _as_jaxpr_type_error(where: str) -> Iterator[None]:
+    """An abstract evaluation rule's error, reported as a JaxprTypeError."""
+    try:
+        yield
+    except (TypeError, ValueError) as err:
+        raise JaxprTypeError(f"{where}: {err}") from err
+
+
+def _check_declared_types(jaxpr: Jaxpr, eqn: JaxprEqn, out_types: list, where: str):
+    if len(out_types) != len(eqn.out_binders):
+        raise JaxprTypeError(
+            f"{where}: the primitive has {len(out_types)} outputs but the "
+            f"equation binds {len(eqn.out_binders)}"
+        )
+    for v, expected in zip(eqn.out_binders, out_types):
+        _check_is_binder(v, where)
+        if v.aval != expected:
             raise JaxprTypeError(
-                f"{where}: the primitive has {len(out_types)} outputs but the "
-                f"equation binds {len(eqn.out_binders)}"
+                f"{where}: output {_name_of(jaxpr, v)} is declared "
+                f"{v.aval.str_short()} but the primitive produces "
+                f"{expected.str_short()}"
             )
-        for v, expected in zip(eqn.out_binders, out_types):
-            check_binder(v, where)
-            if raise_to_shaped(v.aval) != expected:
-                raise JaxprTypeError(
-                    f"{where}: output {names(v)} is declared "
-                    f"{v.aval.str_short()} but the primitive produces "
-                    f"{expected.str_short()}"
-                )
-            bind_var(v, where)
-    out_types = [type_of(x, "outputs") for x in jaxpr.outs]
-    in_types = [raise_to_shaped(v.aval) for v in jaxpr.in_binders]
-    return JaxprType(in_types, out_types)
 
 
 # %%
@@ -476,9 +539,11 @@ print(typecheck_jaxpr(hand_made))
 
 # %% [markdown]
 # Now some broken jaxprs. Each one is rejected with an error that points at the
-# offending equation and variable.
+# offending equation and variable. (`show_error`, in the folded cell, prints an
+# exception's type and message instead of a traceback.)
 
-# %%
+# %% tags=["hide-input"]
+# @title show_error: print an error's type and message, not its traceback
 import textwrap
 
 
@@ -489,17 +554,15 @@ def show_error(fn, *args):
         print(textwrap.fill(f"{type(e).__name__}: {e}", 80, subsequent_indent="  "))
 
 
-a, b, c = (Var(ShapedArray((), np.float64)) for _ in range(3))
-stray = Var(ShapedArray((), np.float64))
+# %%
+a, b, c, stray = (Var(ShapedArray((), np.float64)) for _ in range(4))
+vec = Var(ShapedArray((3,), np.float64))
 unbound = Jaxpr([a], [JaxprEqn(mul_p, [a, stray], {}, [b])], [b])
 rebound = Jaxpr([a], [JaxprEqn(sin_p, [a], {}, [a])], [a])
-wrong_out = Jaxpr(
-    [a], [JaxprEqn(greater_p, [a, a], {}, [b])], [b]
-)  # greater makes bool, not float
-vec = Var(ShapedArray((3,), np.float64))
+bool_as_float = Jaxpr([a], [JaxprEqn(greater_p, [a, a], {}, [b])], [b])
 mismatch = Jaxpr([a, vec], [JaxprEqn(add_p, [a, vec], {}, [c])], [c])
 
-for bad in [unbound, rebound, wrong_out, mismatch]:
+for bad in [unbound, rebound, bool_as_float, mismatch]:
     show_error(typecheck_jaxpr, bad)
 
 
@@ -518,26 +581,12 @@ for bad in [unbound, rebound, wrong_out, mismatch]:
 # %% tags=["export"]
 def eval_jaxpr(jaxpr: Jaxpr, args: Sequence[Any]) -> list[Any]:
     """Run ``jaxpr`` on ``args`` by binding each equation's primitive."""
-    args = list(args)
-    if len(args) != len(jaxpr.in_binders):
-        raise TypeError(
-            f"eval_jaxpr: the jaxpr takes {len(jaxpr.in_binders)} inputs, got "
-            f"{len(args)}"
-        )
-    env: dict[Var, Any] = {}
+    _check_jaxpr_args(jaxpr, args)
+    env: dict[Var, Any] = dict(zip(jaxpr.in_binders, args))
 
     def read(atom: Atom) -> Any:
         return atom.val if isinstance(atom, Lit) else env[atom]
 
-    for i, (v, arg) in enumerate(zip(jaxpr.in_binders, args)):
-        arg_type = get_aval(_as_input(arg, "eval_jaxpr"))
-        if (arg_type.shape, arg_type.dtype) != (v.aval.shape, v.aval.dtype):
-            what = "shape" if arg_type.shape != v.aval.shape else "dtype"
-            raise TypeError(
-                f"eval_jaxpr: input {i} has the wrong {what}: the jaxpr expects "
-                f"{v.aval.str_short()}, got {arg_type.str_short()}"
-            )
-        env[v] = arg
     for eqn in jaxpr.eqns:
         outs = bind(eqn.primitive, *[read(x) for x in eqn.inputs], **eqn.params)
         if not eqn.primitive.multiple_results:
@@ -549,6 +598,29 @@ def eval_jaxpr(jaxpr: Jaxpr, args: Sequence[Any]) -> list[Any]:
 def jaxpr_as_fun(jaxpr: Jaxpr) -> Callable[..., list[Any]]:
     """The jaxpr as a Python function from arrays to a list of arrays."""
     return lambda *args: eval_jaxpr(jaxpr, args)
+
+
+# %% [markdown]
+# Before it runs anything, `eval_jaxpr` checks that the arguments match the
+# jaxpr's inputs in number, shape and dtype:
+
+
+# %% tags=["export", "hide-input"]
+# @title Checks: eval_jaxpr's arguments must match the jaxpr's inputs
+def _check_jaxpr_args(jaxpr: Jaxpr, args: Sequence[Any]) -> None:
+    if len(args) != len(jaxpr.in_binders):
+        raise TypeError(
+            f"eval_jaxpr: the jaxpr takes {len(jaxpr.in_binders)} inputs, got "
+            f"{len(args)}"
+        )
+    for i, (v, arg) in enumerate(zip(jaxpr.in_binders, args)):
+        arg_type = get_aval(_as_input(arg, "eval_jaxpr"))
+        if (arg_type.shape, arg_type.dtype) != (v.aval.shape, v.aval.dtype):
+            what = "shape" if arg_type.shape != v.aval.shape else "dtype"
+            raise TypeError(
+                f"eval_jaxpr: input {i} has the wrong {what}: the jaxpr expects "
+                f"{v.aval.str_short()}, got {arg_type.str_short()}"
+            )
 
 
 # %%
@@ -574,10 +646,11 @@ print(vmap(jaxpr_as_fun(hand_made), (0,))(np.stack([v, 2 * v])))
 # connects the inputs to the outputs.
 #
 # The recording itself lives in a **builder** object, which the trace's level
-# carries as its payload. It holds the recorded equations (in terms of tracers),
-# the constants the function used, and the map from each tracer to the variable
-# that will stand for it in the jaxpr. Only at the end does it turn all that into
-# a `Jaxpr`.
+# carries as its payload. It maps each tracer to the atom that stands for it in
+# the jaxpr: a new variable, or, for a scalar constant, a literal written
+# straight into the equations. It records the equations in terms of those atoms
+# and keeps the constants the function used. At the end, the constants that did
+# not become literals turn into the jaxpr's first inputs.
 
 
 # %% tags=["export"]
@@ -585,81 +658,52 @@ class JaxprTracer(Tracer):
     """A value being recorded into a jaxpr: only its type is known."""
 
     def __init__(self, trace: JaxprTrace, aval: ShapedArray) -> None:
-        self._trace = trace
-        self._aval = aval
+        self._trace, self._aval = trace, aval
 
     @property
     def aval(self) -> ShapedArray:
         return self._aval
-
-    def __bool__(self) -> bool:
-        self.check_live()
-        raise ConcretizationError(
-            f"Python `if`, `while` or bool() on a traced {self.aval.str_short()} "
-            "value: while a function is staged out (make_jaxpr, jit) only its "
-            "shape and dtype are known, not its value. Use cond (Part 5) to "
-            "branch on a traced value, or pass the value as a Python constant."
-        )
 
 
 class JaxprBuilder:
     """Everything one tracing run records, until it becomes a jaxpr."""
 
     def __init__(self) -> None:
-        self.tracer_to_var: dict[int, Var] = {}
-        self.tracers: list[JaxprTracer] = []  # keeps the ids above unique
-        self.const_tracers: dict[int, JaxprTracer] = {}  # by id of the value
-        self.const_vals: list[tuple[JaxprTracer, Any]] = []
-        self.recorded: list[tuple[Primitive, list, dict, list]] = []
+        self.eqns: list[JaxprEqn] = []
+        self.tracer_to_atom: dict[JaxprTracer, Atom] = {}
+        self.consts: dict[int, tuple[JaxprTracer, Any]] = {}  # by id of the value
 
-    def new_tracer(self, trace: JaxprTrace, aval: ShapedArray) -> JaxprTracer:
-        tracer = JaxprTracer(trace, raise_to_shaped(aval))
-        self.tracers.append(tracer)
-        self.tracer_to_var[id(tracer)] = Var(tracer.aval)
+    def new_tracer(self, trace, aval, atom=None):
+        tracer = JaxprTracer(trace, aval)
+        self.tracer_to_atom[tracer] = atom or Var(aval)
         return tracer
 
-    def const_tracer(self, trace: JaxprTrace, val: Any) -> JaxprTracer:
+    def const_tracer(self, trace, val):
         """The tracer standing for a constant; one per distinct object."""
-        tracer = self.const_tracers.get(id(val))
-        if tracer is None:
-            tracer = self.new_tracer(trace, get_aval(val))
-            self.const_tracers[id(val)] = tracer
-            self.const_vals.append((tracer, val))
-        return tracer
+        if id(val) not in self.consts:
+            literal = Lit(val) if _is_literal(val) else None
+            self.consts[id(val)] = (self.new_tracer(trace, get_aval(val), literal), val)
+        return self.consts[id(val)][0]
 
-    def add_eqn(self, prim: Primitive, ins: list, params: dict, outs: list) -> None:
-        self.recorded.append((prim, list(ins), params, list(outs)))
+    def add_eqn(self, prim, ins, params, outs):
+        atom = self.tracer_to_atom
+        eqn = JaxprEqn(prim, [atom[t] for t in ins], params, [atom[t] for t in outs])
+        self.eqns.append(eqn)
 
-    def build(
-        self, in_tracers: list[JaxprTracer], out_tracers: list[JaxprTracer]
-    ) -> tuple[Jaxpr, list[Any]]:
-        """The jaxpr (constants first among its inputs) and the constants."""
-        var = self.tracer_to_var
-        # Scalar constants become literals; the others become inputs.
-        literals: dict[int, Lit] = {}
-        const_binders, consts = [], []
-        for tracer, val in self.const_vals:
-            if _is_literal_value(val):
-                literals[id(tracer)] = Lit(val)
-            else:
-                const_binders.append(var[id(tracer)])
-                consts.append(val)
-
-        def atom(tracer: JaxprTracer) -> Atom:
-            return literals.get(id(tracer)) or var[id(tracer)]
-
-        eqns = [
-            JaxprEqn(prim, [atom(t) for t in ins], params, [var[id(t)] for t in outs])
-            for prim, ins, params, outs in self.recorded
+    def build(self, ins, outs):
+        """The jaxpr and its constants, which come first among its inputs."""
+        atom = self.tracer_to_atom
+        consts = [
+            (t, val) for t, val in self.consts.values() if isinstance(atom[t], Var)
         ]
-        in_binders = const_binders + [var[id(t)] for t in in_tracers]
-        jaxpr = Jaxpr(in_binders, eqns, [atom(t) for t in out_tracers])
+        in_binders = [atom[t] for t, _ in consts] + [atom[t] for t in ins]
+        jaxpr = Jaxpr(in_binders, self.eqns, [atom[t] for t in outs])
         typecheck_jaxpr(jaxpr)
-        return jaxpr, consts
+        return jaxpr, [val for _, val in consts]
 
 
-def _is_literal_value(val: Any) -> bool:
-    """Scalars (not tracers of an outer transformation) print as literals."""
+def _is_literal(val: Any) -> bool:
+    """Scalars (not tracers of an outer transformation) become literals."""
     return not isinstance(val, Tracer) and np.shape(val) == ()
 
 
@@ -680,17 +724,16 @@ class JaxprTrace(Trace):
     def builder(self) -> JaxprBuilder:
         return self.level.payload
 
-    def new_arg(self, aval: ShapedArray) -> JaxprTracer:
+    def new_arg(self, aval):
         return self.builder.new_tracer(self, aval)
 
-    def pure(self, val: Any) -> JaxprTracer:
+    def pure(self, val):
         return self.builder.const_tracer(self, val)
 
     lift = pure
 
     def process_primitive(self, prim, tracers, params):
-        avals_in = [t.aval for t in tracers]
-        avals_out = prim.rule("abstract_eval")(*avals_in, **params)
+        avals_out = prim.rule("abstract_eval")(*[t.aval for t in tracers], **params)
         outs = [self.builder.new_tracer(self, aval) for aval in avals_out]
         self.builder.add_eqn(prim, tracers, params, outs)
         return outs
@@ -701,25 +744,14 @@ class JaxprTrace(Trace):
 # the inputs, push a level, run the function on tracers, and collect. The inputs
 # are abstract values (we trace for *types*, not values), given as a pytree
 # like the function's arguments; for convenience an example array also works and
-# stands for its type.
-
+# stands for its type (the folded `_avals_for_tracing` below does that
+# flattening, and refuses anything else).
 
 # %% tags=["export"]
-def _avals_for_tracing(args: Any, who: str) -> tuple[list[ShapedArray], PyTreeDef]:
-    """Flatten make_jaxpr's arguments; arrays stand for their types."""
-    leaves, in_tree = tree_flatten(args)
-    avals = []
-    for leaf in leaves:
-        if isinstance(leaf, ShapedArray):
-            avals.append(raise_to_shaped(leaf))
-        else:
-            avals.append(raise_to_shaped(get_aval(_as_input(leaf, who))))
-    return avals, in_tree
+from contextlib import nullcontext
 
 
-def _trace_to_jaxpr(
-    f: Callable, avals_in: tuple, dynamic: bool, who: str = "make_jaxpr"
-) -> tuple[Jaxpr, list[Any], PyTreeDef]:
+def _trace_to_jaxpr(f, avals_in, dynamic, who="make_jaxpr"):
     """Trace ``f``; ``who`` names the user-facing function in error messages."""
     avals, in_tree = _avals_for_tracing(avals_in, who)
     flat_f = flatten_fun(f, in_tree)
@@ -727,20 +759,27 @@ def _trace_to_jaxpr(
     with new_level(JaxprTrace, builder) as level:
         trace = JaxprTrace(level)
         tracers_in = [trace.new_arg(aval) for aval in avals]
-        if dynamic:
-            with new_dynamic(level):
-                outs = flat_f(*tracers_in)
-        else:
+        with new_dynamic(level) if dynamic else nullcontext():
             outs = flat_f(*tracers_in)
         outs = [_as_input(out, f"{who}: output of the function") for out in outs]
-        tracers_out = [trace.full_raise(out) for out in outs]
-        jaxpr, consts = builder.build(tracers_in, tracers_out)
+        jaxpr, consts = builder.build(tracers_in, [trace.full_raise(x) for x in outs])
     return jaxpr, consts, flat_f.out_tree
 
 
 def make_jaxpr_v1(f: Callable, *avals_in: Any) -> tuple[Jaxpr, list, PyTreeDef]:
-    """Trace ``f`` into a jaxpr, choosing interpreters by data dependence only."""
+    """Trace ``f``, choosing interpreters by data dependence only."""
     return _trace_to_jaxpr(f, avals_in, dynamic=False)
+
+
+# %% tags=["export", "hide-input"]
+# @title Checks: make_jaxpr's arguments are types, or arrays standing for them
+def _avals_for_tracing(args: Any, who: str) -> tuple[list[ShapedArray], PyTreeDef]:
+    """Flatten make_jaxpr's arguments; arrays stand for their types."""
+    leaves, in_tree = tree_flatten(args)
+    avals = [
+        x if isinstance(x, ShapedArray) else get_aval(_as_input(x, who)) for x in leaves
+    ]
+    return avals, in_tree
 
 
 # %% [markdown]
@@ -777,8 +816,7 @@ print(*f(x0, y0))
 
 
 # %%
-def horner(coefficients, x):
-    """Evaluate a polynomial given as a list of coefficients, highest first."""
+def horner(coefficients, x):  # highest coefficient first
     acc = coefficients[0]
     for c in coefficients[1:]:
         acc = acc * x + c
@@ -818,12 +856,13 @@ print(make_jaxpr_v1(lambda x: x * 2.0, vec3)[0])
 #
 # The fix, which JAX adopted under the name *{term}`omnistaging`*, is to let a
 # transformation claim operations that no tracer points to. We add a second piece
-# of interpreter state: the **dynamic level**. Normally it is the evaluation
-# level at depth 0, and nothing changes. While `make_jaxpr` runs the function, it
-# sets the dynamic level to its own recording level. `find_top_trace` then starts
-# its search from the dynamic level instead of from the bottom of the stack: an
-# operation on constants goes to the recorder, and an operation on tracers of a
-# deeper transformation still goes to that transformation.
+# of interpreter state: the **dynamic level**, where `find_top_trace` starts its
+# search. Normally it is the evaluation level, level 0 at the bottom of the
+# stack, and nothing changes. While `make_jaxpr` runs the function, the dynamic
+# level is its recording level. An operation on constants then goes to the
+# recorder; an operation on tracers of a higher level (a transformation started
+# inside the traced function) still goes to that transformation, the highest
+# level among its inputs.
 
 
 # %% tags=["export"]
@@ -854,19 +893,14 @@ def _bottom_level() -> Level:
 
 
 def make_jaxpr(f: Callable, *avals_in: Any) -> tuple[Jaxpr, list, PyTreeDef]:
-    """Trace ``f`` at the given types into ``(jaxpr, consts, out_tree)``.
-
-    ``avals_in`` is a pytree of ShapedArrays like ``f``'s arguments (arrays are
-    accepted too and stand for their types). The jaxpr's first inputs are the
-    constants ``consts``; ``out_tree`` is the structure of ``f``'s output.
-    """
+    """Trace ``f`` at the given types into ``(jaxpr, consts, out_tree)``."""
     return _trace_to_jaxpr(f, avals_in, dynamic=True)
 
 
 # %% [markdown]
-# Replacing `_bottom_level` changes `find_top_trace`, which calls it, and that
-# changes `bind`: the whole Part 1 machinery picks up the new rule. With the
-# dynamic level in place, both examples keep their arithmetic:
+# Part 1's `find_top_trace` starts its search at `_bottom_level()`; redefining
+# that one function changes `bind`, and the whole Part 1 machinery picks up the
+# new rule. With the dynamic level in place, both examples keep their arithmetic:
 
 # %%
 print(make_jaxpr(lambda: mul(2.0, 2.0))[0])
@@ -903,7 +937,10 @@ print(make_jaxpr(derivative_of_sin_times_cos, scalar)[0])
 # figure is drawn from a real tracing run: while the jaxpr was recorded, we noted for each equation which
 # line of the function was executing. One line of Python can produce several
 # equations (the scalar `0.5` needs a `broadcast` to meet a vector; a `-` is a
-# `neg` and an `add`), and a line with no arithmetic produces none.
+# `neg` and an `add`), and a line with no arithmetic produces none. Both are
+# Part 1's operators at work: the appendix's operators, which a plain
+# `import autodidax` gives you, record `x - y` as one `sub` and broadcast
+# operands the way NumPy does.
 
 
 # %%
@@ -915,84 +952,10 @@ def soft_clip(x, limit):
 
 
 # %% mystnb={"image": {"alt": "The source code of soft_clip on the left and its jaxpr on the right. Each line of the function and the equations it produced share a color: the line x * 0.5 produced a broadcast and a mul, sin(scaled) produced a sin, bent - limit produced a neg and an add, and shifted * limit produced a mul."}} tags=["hide-input"]
-import inspect
-import sys
-from html import escape
+# @title Draw the figure: the source of soft_clip next to its jaxpr
+from figures import source_and_jaxpr_figure
 
-from IPython.display import SVG
-
-
-def trace_with_lines(fun, *avals):
-    """make_jaxpr, also noting the line of ``fun`` behind each equation."""
-    lines_seen = []
-    original = JaxprBuilder.add_eqn
-
-    def add_eqn_noting_line(self, prim, ins, params, outs):
-        frame = sys._getframe()
-        while frame is not None and frame.f_code is not fun.__code__:
-            frame = frame.f_back
-        lines_seen.append(None if frame is None else frame.f_lineno)
-        original(self, prim, ins, params, outs)
-
-    JaxprBuilder.add_eqn = add_eqn_noting_line
-    try:
-        jaxpr = make_jaxpr(fun, *avals)[0]
-    finally:
-        JaxprBuilder.add_eqn = original
-    return jaxpr, lines_seen
-
-
-def source_and_jaxpr_figure(fun, *avals):
-    jaxpr, eqn_lines = trace_with_lines(fun, *avals)
-    source, first_line = inspect.getsourcelines(fun)
-    jaxpr_text = str(jaxpr).splitlines()
-    palette = ["#fde2c8", "#d9f2d9", "#dbe9f6", "#f6d9f0", "#f2efc2"]
-    used_lines = sorted({n for n in eqn_lines if n is not None})
-    color_of = {n: palette[i % len(palette)] for i, n in enumerate(used_lines)}
-    row, left, right, top = 22, 20, 440, 40
-    height = top + row * max(len(source), len(jaxpr_text)) + 20
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="900" height="{height}" '
-        'font-family="monospace" font-size="13">',
-        "<title>A Python function next to its jaxpr</title>",
-        f'<text x="{left}" y="22" font-family="sans-serif" font-weight="bold">'
-        "Python source</text>",
-        f'<text x="{right}" y="22" font-family="sans-serif" font-weight="bold">'
-        "jaxpr</text>",
-    ]
-    source_y = {}
-    for i, text in enumerate(source):
-        y = top + row * i
-        line_no = first_line + i
-        source_y[line_no] = y
-        if line_no in color_of:
-            parts.append(
-                f'<rect x="{left - 4}" y="{y}" width="380" height="{row - 2}" '
-                f'fill="{color_of[line_no]}"/>'
-            )
-        parts.append(
-            f'<text x="{left}" y="{y + 15}" xml:space="preserve">'
-            f"{escape(text.rstrip())}</text>"
-        )
-    for i, text in enumerate(jaxpr_text):
-        y = top + row * i
-        eqn_index = i - 1  # line 0 is the header "{ lambda ..."
-        if 0 <= eqn_index < len(eqn_lines) and eqn_lines[eqn_index] in color_of:
-            line_no = eqn_lines[eqn_index]
-            parts.append(
-                f'<rect x="{right - 4}" y="{y}" width="440" height="{row - 2}" '
-                f'fill="{color_of[line_no]}"/>'
-                f'<line x1="{left + 376}" y1="{source_y[line_no] + row // 2}" '
-                f'x2="{right - 4}" y2="{y + row // 2}" stroke="#999"/>'
-            )
-        parts.append(
-            f'<text x="{right}" y="{y + 15}" xml:space="preserve">{escape(text)}</text>'
-        )
-    parts.append("</svg>")
-    return SVG("".join(parts))
-
-
-source_and_jaxpr_figure(soft_clip, vec3, vec3)
+source_and_jaxpr_figure(soft_clip, (vec3, vec3), make_jaxpr, JaxprTrace)
 
 
 # %% [markdown]
@@ -1000,8 +963,23 @@ source_and_jaxpr_figure(soft_clip, vec3, vec3)
 #
 # A recording tracer has no value, so Python cannot decide a branch that depends
 # on one. Asking for its truth value raises an error (a
-# {term}`concretization error`) that explains why and what to
-# do instead:
+# {term}`concretization error`); a `JaxprTracer` gives it a message of its own
+# (folded) that explains why and what to do instead:
+
+
+# %% tags=["export", "hide-input"]
+# @title JaxprTracer's concretization error, with what to do instead
+def _jaxpr_tracer_bool(self: JaxprTracer) -> bool:
+    self.check_live()
+    raise ConcretizationError(
+        f"Python `if`, `while` or bool() on a traced {self.aval.str_short()} "
+        "value: while a function is staged out (make_jaxpr, jit) only its "
+        "shape and dtype are known, not its value. Use cond (Part 5) to "
+        "branch on a traced value, or pass the value as a Python constant."
+    )
+
+
+JaxprTracer.__bool__ = _jaxpr_tracer_bool
 
 
 # %%
@@ -1048,18 +1026,26 @@ show_error(lambda: make_jaxpr(lambda s: s, "float64[3]"))
 # - `jax.make_jaxpr(f)(*example_args)` takes example *values* (or
 #   `jax.ShapeDtypeStruct`s) and returns a `ClosedJaxpr`, a jaxpr packaged with its
 #   constants; ours returns the constants separately and puts them first among
-#   the inputs. See [Understanding jaxprs](https://docs.jax.dev/en/latest/jaxpr.html).
-# - JAX's jaxprs carry more per equation: source locations (which is how JAX
-#   errors point at your line), effects, and a context for names. Its variables
-#   print with their type only when they are bound, as ours do.
-# - JAX marks Python scalars as *weakly typed* and can print them as literals in
-#   binary operations without a `broadcast`; our primitives insist on equal
-#   shapes, so our jaxprs contain the explicit broadcast.
-# - Omnistaging became JAX's default in version 0.2.0 (2020), and later its only
-#   mode; the
+#   the inputs. JAX's printer separates the two kinds of input with a `;`: for
+#   `lambda x: x + c`, with `c` a NumPy array of three floats, it prints
+#   `{ lambda a:f32[3]; b:f32[3]. let c:f32[3] = add b a in (c,) }`, with short
+#   dtype names (`f32`). See
+#   [Understanding jaxprs](https://docs.jax.dev/en/latest/jaxpr.html).
+# - JAX's equations carry more: source information (a traceback and a stack of
+#   names, which is how JAX errors point at your line), effects, and a context
+#   of compilation settings. Its variables print with their type only when they
+#   are bound, as ours do.
+# - JAX marks Python scalars as *weakly typed*, so `x * 2.0` on a vector records
+#   `mul a 2.0:f32[]`: a literal, printed with its type, and no `broadcast`. Our
+#   primitives insist on equal shapes, so our jaxprs contain the explicit
+#   broadcast.
+# - Omnistaging became JAX's default in version 0.2.0 (2020), and its only mode
+#   from 0.2.12 on; the
 #   [design note](https://docs.jax.dev/en/latest/jep/4410-omnistaging.html)
-#   explains the motivation in detail. In today's JAX the dynamic level is the
-#   *current trace* held in a context; there is no stack to search.
+#   explains the motivation in detail. Today's JAX keeps no stack to search:
+#   `bind` hands every operation to the *current trace*, held in a thread-local
+#   context, and a transformation makes the trace it was started in current
+#   while it applies its rules.
 #
 # ## Summary
 #
@@ -1075,8 +1061,9 @@ show_error(lambda: make_jaxpr(lambda s: s, "float64[3]"))
 #   builder owns the equations, the constants and the tracer-to-variable map; scalar
 #   constants become literals.
 # - Choosing interpreters by data dependence would let operations on constants
-#   escape the recording. A dynamic level at the bottom of the search — swapped in
-#   by redefining one small function — makes staging see everything.
+#   escape the recording. A dynamic level where the search for the top trace
+#   starts, the recording level while `make_jaxpr` runs, makes staging see
+#   everything.
 #
 # Next, {ref}`Part 3 <part3>` hands jaxprs to the XLA compiler: `jit`.
 #
