@@ -23,8 +23,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-RULE_KINDS = ("impl", "jvp", "vmap")
-"""The kinds of rules a primitive can carry; later parts add more."""
+RULE_KINDS = ("impl", "jvp", "vmap", "abstract_eval", "lower", "partial_eval",
+              "partial_eval_jaxpr", "transpose")  # fmt: skip
+"""The kinds of rule a primitive can carry: this part writes the first three."""
 
 PRIMITIVES: dict[str, Primitive] = {}  # every primitive ever created, by name
 
@@ -106,7 +107,7 @@ def cos(x: ArrayLike) -> ArrayLike:
 
 def reduce_sum(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:
     """Sum over ``axis`` (an int, a sequence of ints, or None for all axes)."""
-    ndim = get_aval(x).ndim
+    ndim = get_aval(x, "reduce_sum", 0).ndim
     if axis is None:
         axis = tuple(range(ndim))
     return bind(reduce_sum_p, x, axes=_normalize_axes("reduce_sum", axis, ndim))
@@ -156,7 +157,7 @@ def _normalize_axes(name: str, axes: int | Sequence[int], ndim: int) -> tuple:
 def _check_kind(name: str, x: ArrayLike, kinds: str, expected: str) -> None:
     """Refuse dtypes the operation does not define (NumPy would quietly return
     floats for the sine of integers, for example)."""
-    dtype = get_aval(x).dtype
+    dtype = get_aval(x, name, 0).dtype
     if dtype.kind not in kinds:
         raise TypeError(f"{name}: expected {expected} array, got dtype {dtype.name}")
 
@@ -219,7 +220,9 @@ def _bind_binary(prim: Primitive, x: ArrayLike, y: ArrayLike) -> ArrayLike:
         x = _scalar_like(prim.name, x, y)
     elif _is_python_scalar(y):
         y = _scalar_like(prim.name, y, x)
-    check_binary_operands(prim.name, get_aval(x), get_aval(y))
+    check_binary_operands(
+        prim.name, get_aval(x, prim.name, 0), get_aval(y, prim.name, 1)
+    )
     return bind(prim, x, y)
 
 
@@ -288,11 +291,11 @@ class ShapedArray:
         return hash((self.shape, self.dtype))
 
 
-def get_aval(x: Any) -> ShapedArray:
+def get_aval(x: Any, context: str = "autodidax", position: int | None = None):
     """The abstract value of a tracer, array or number."""
     if isinstance(x, Tracer):
         return x.aval
-    x = as_array(x)
+    x = as_array(x, context, position)
     return ShapedArray(x.shape, x.dtype)
 
 
@@ -321,7 +324,9 @@ DEVICE_ARRAY_TYPES: tuple[type, ...] = ()
 accepted as they are, without a copy to NumPy."""
 
 
-def as_array(x: Any, context: str = "autodidax") -> np.ndarray:
+def as_array(
+    x: Any, context: str = "autodidax", position: int | None = None
+) -> np.ndarray:
     """Convert a NumPy array or Python/NumPy number to an ndarray, or fail."""
     if isinstance(x, DEVICE_ARRAY_TYPES):
         return x
@@ -330,10 +335,7 @@ def as_array(x: Any, context: str = "autodidax") -> np.ndarray:
     elif isinstance(x, (bool, int, float, np.generic)):
         arr = np.asarray(x)
     else:
-        raise TypeError(
-            f"{context}: expected an array or a number, got {type(x).__name__} "
-            f"{_short_repr(x)}"
-        )
+        raise _not_an_array_error(x, context, position)
     if arr.dtype.kind not in _ARRAY_KINDS:
         raise TypeError(
             f"{context}: expected an array of booleans, integers or floats, got "
@@ -342,14 +344,26 @@ def as_array(x: Any, context: str = "autodidax") -> np.ndarray:
     return arr
 
 
+def _not_an_array_error(x: Any, context: str, position: int | None) -> TypeError:
+    where = "" if position is None else f" at position {position}"
+    if isinstance(x, (list, tuple)):
+        n = len(x)
+        return TypeError(
+            f"{context}: expected an array or a number{where}, got a "
+            f"{type(x).__name__} of {n} value{'' if n == 1 else 's'}. A "
+            f"{type(x).__name__} is a pytree of separate values, not an array: "
+            "to use a list of numbers as one array, convert it with np.asarray "
+            "before passing it in (e.g. to the transformed function)"
+        )
+    return TypeError(
+        f"{context}: expected an array or a number{where}, got "
+        f"{type(x).__name__} {_short_repr(x)}"
+    )
+
+
 def _short_repr(x: Any, limit: int = 40) -> str:
     text = repr(x)
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def raise_to_shaped(aval: ShapedArray) -> ShapedArray:
-    """Kept only while later chapters still call it: every aval is shaped."""
-    return aval
 
 
 class Level:
@@ -1301,9 +1315,6 @@ def _pp_params(params: dict, indent: int, names: _Names) -> tuple[str, list[str]
     return (f"[{' '.join(inline)}]" if inline else ""), nested
 
 
-RULE_KINDS = (*RULE_KINDS, "abstract_eval")
-
-
 def _unary_abstract_eval(prim, kinds, expected):
     @prim.def_rule("abstract_eval")
     def rule(x):
@@ -1336,7 +1347,7 @@ def _reduce_sum_abstract_eval(x, *, axes):
 
 @transpose_p.def_rule("abstract_eval")
 def _transpose_abstract_eval(x, *, perm):
-    _check_perm(perm, x.ndim)
+    _check_perm_param(perm, x.ndim)
     return [ShapedArray([x.shape[p] for p in perm], x.dtype)]
 
 
@@ -1369,7 +1380,7 @@ def _check_canonical_axes(name: str, param: str, axes: Any, ndim: int) -> None:
         raise ValueError(f"{name}: repeated axis in param {param}={axes}")
 
 
-def _check_perm(perm: Any, ndim: int) -> None:
+def _check_perm_param(perm: Any, ndim: int) -> None:
     _check_canonical_axes("transpose", "perm", perm, ndim)
     if sorted(perm) != list(range(ndim)):
         raise ValueError(
@@ -1674,8 +1685,6 @@ import jax.extend.backend
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import func as mlir_func
 from jaxlib.mlir.dialects import stablehlo as hlo
-
-RULE_KINDS = (*RULE_KINDS, "lower")
 
 
 def ir_element_type(dtype: np.dtype) -> ir.Type:
@@ -2101,8 +2110,6 @@ def _xla_call_lower(ctx, avals_in, avals_out, *operands, jaxpr):
 
 
 # ==== chapter: part4_grad ====
-
-RULE_KINDS = (*RULE_KINDS, "partial_eval", "partial_eval_jaxpr", "transpose")
 
 
 class PartialVal(NamedTuple):
@@ -2978,10 +2985,15 @@ def _run_batched(
     jaxpr: Jaxpr, axis_size: int, operands: list, batched: tuple[bool, ...]
 ) -> list:
     """Every output of ``jaxpr`` for every example, batched along axis 0."""
-    if any(batched):
-        in_axes = [0 if b else None for b in batched]
-        return vmap_flat(jaxpr_as_fun(jaxpr), in_axes, operands)
-    outs = eval_jaxpr(jaxpr, operands)  # same for every example: broadcast it
+    # An example also runs the branch it did not take, on values meant for the
+    # other one (say, residuals that partial evaluation filled with zeros), so
+    # a division by zero there is expected; select throws that result away.
+    # Silence NumPy's warnings about it, as compiled code never warns.
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if any(batched):
+            in_axes = [0 if b else None for b in batched]
+            return vmap_flat(jaxpr_as_fun(jaxpr), in_axes, operands)
+        outs = eval_jaxpr(jaxpr, operands)  # same for every example: broadcast
     return [move_batch_axis(axis_size, None, 0, x) for x in outs]
 
 
@@ -3785,9 +3797,7 @@ def broadcast_to(x: ArrayLike, shape: Sequence[int]) -> ArrayLike:
 def _broadcast_operands(name: str, *args: ArrayLike) -> list[ArrayLike]:
     """Broadcast the array operands to their common shape; numbers stay numbers."""
     avals = [
-        a.aval if isinstance(a, Tracer) else get_aval(as_array(a, name))
-        for a in args
-        if not _is_python_scalar(a)
+        get_aval(a, name, i) for i, a in enumerate(args) if not _is_python_scalar(a)
     ]
     if all(aval.shape == avals[0].shape for aval in avals):
         return list(args)  # the common case: nothing to do
@@ -4530,6 +4540,8 @@ def jit(f: Callable) -> Callable:
     f_jitted.fast_calls = fast_calls  # and which signatures take the fast path
     return f_jitted
 
+
+# ==== chapter: rule_table ====
 
 # ==== book support (generated by build_tools/tangle.py) ====
 

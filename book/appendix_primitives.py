@@ -51,57 +51,29 @@
 # JAX release the book is tested with and fetches the module.
 
 # %% tags=["hide-input"]
-from __future__ import annotations  # as in the module: postponed annotations
+# @title Setup: the pinned JAX, the module `autodidax`, the earlier chapters
+from __future__ import annotations
 
-import importlib.metadata
-import sys
-from pathlib import Path
-
-BOOK_JAX = "0.10.2"  # the JAX and jaxlib release this book is tested with
-
-
-def installed_version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-found = {installed_version("jax"), installed_version("jaxlib")}
-if found != {BOOK_JAX} and "google.colab" in sys.modules:
-    # A fresh Colab runtime: install the book's JAX (Colab ships another one).
-    import subprocess
-
-    pins = [f"jax=={BOOK_JAX}", f"jaxlib=={BOOK_JAX}"]
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *pins], check=True)
-elif found != {BOOK_JAX}:
-    print(
-        f"This book is tested with jax and jaxlib {BOOK_JAX}; found {found}. "
-        f"To match: pip install jax=={BOOK_JAX} jaxlib=={BOOK_JAX}"
-    )
 try:
-    import autodidax
-except ImportError:
-    if Path("../autodidax.py").is_file():  # a checkout of the repository
-        sys.path.insert(0, "..")
-    else:  # e.g. in Colab: fetch the module this book builds
-        import urllib.request
+    import book_setup  # book/book_setup.py, next to this notebook
+except ImportError:  # Colab opens a notebook on its own: fetch the helper first
+    from urllib.request import urlretrieve
 
-        urllib.request.urlretrieve(
-            "https://raw.githubusercontent.com/autodidax-book/autodidax/main/"
-            "autodidax.py",
-            "autodidax.py",
-        )
-    import autodidax
+    urlretrieve(
+        "https://raw.githubusercontent.com/autodidax-book/autodidax/main/book/"
+        "book_setup.py",
+        "book_setup.py",
+    )
+    import book_setup
 
-autodidax.load_chapters(globals(), before="appendix_primitives")
-np.set_printoptions(precision=6, suppress=True)
+book_setup.load_book(globals(), before="appendix_primitives")
 
 # %% [markdown]
 # The second folded cell imports JAX, against which the appendix checks its
 # answers, and a helper that prints an error message instead of stopping.
 
 # %% tags=["hide-input"]
+# @title A helper that prints an error message instead of stopping
 import textwrap
 
 import jax
@@ -1209,9 +1181,7 @@ def broadcast_to(x: ArrayLike, shape: Sequence[int]) -> ArrayLike:
 def _broadcast_operands(name: str, *args: ArrayLike) -> list[ArrayLike]:
     """Broadcast the array operands to their common shape; numbers stay numbers."""
     avals = [
-        a.aval if isinstance(a, Tracer) else get_aval(as_array(a, name))
-        for a in args
-        if not _is_python_scalar(a)
+        get_aval(a, name, i) for i, a in enumerate(args) if not _is_python_scalar(a)
     ]
     if all(aval.shape == avals[0].shape for aval in avals):
         return list(args)  # the common case: nothing to do
@@ -1594,41 +1564,25 @@ print(make_jaxpr(lambda col, row: col + row, f64(3, 1), f64(4))[0])
 # ## Every primitive, every rule
 #
 # {ref}`Part 1 <part1>` stored each primitive's rules in a dictionary on the
-# primitive, and every primitive registers itself in `PRIMITIVES`; each part
-# added its kinds of rule to `RULE_KINDS`. So the table of what the module can do
-# is not written by hand: the cell below reads it off the registries every time
-# the chapter runs (the drawing code, `RuleTable`, lives in `book/figures.py`),
-# and CI re-runs the chapter and compares. A cell says
+# primitive, every primitive registers itself in `PRIMITIVES`, and `RULE_KINDS`
+# names every kind of rule. So the table of what the module can do is not
+# written by hand: the cell below reads it off the registries every time the
+# chapter runs (the code that reads and draws it, `rule_table`, lives in
+# `book/figures.py`), and CI re-runs the chapter and compares. A cell says
 # *not linear* where a transpose rule would be meaningless, and *generic* where
 # {ref}`Part 4 <part4>`'s generic partial evaluation applies, which needs no
 # rule of its own. Anything else missing would show up as a gap.
 
 # %%
-from figures import RuleTable
+from figures import rule_table
 
-HIGHER_ORDER = ("xla_call", "cond")  # the primitives that carry jaxprs
-
-
-def rule_status(prim, kind):
-    if kind in prim.rules:
-        return "yes"
-    if kind == "transpose" and prim.name in NOT_LINEAR:
-        return "not linear"
-    if kind.startswith("partial_eval") and prim.name not in HIGHER_ORDER:
-        return "generic"
-    return "MISSING"
-
-
-rows = [
-    (name, *(rule_status(prim, kind) for kind in RULE_KINDS))
-    for name, prim in sorted(PRIMITIVES.items())
-]
-gaps = [(r[0], k) for r in rows for k, s in zip(RULE_KINDS, r[1:]) if s == "MISSING"]
-print(f"{len(rows)} primitives, {len(RULE_KINDS)} kinds of rule, gaps: {gaps}")
-RuleTable(RULE_KINDS, rows)
+rule_table(globals())
 
 
 # %% [markdown]
+# The same table for the whole book, with the primitives of the later parts,
+# is on the page {ref}`Every primitive, every rule <rule-table>` at the end.
+#
 # ## A worked example: a small neural network
 #
 # Everything is in place to write a model the way one would for JAX. A
@@ -1785,6 +1739,7 @@ show_error(lambda: jit(lambda a: a @ 2.0)(a))
 
 
 # %% tags=["hide-input"]
+# @title Solution 1: a stable logsumexp
 def logsumexp(x):
     top = anp.max(x)
     return anp.log(anp.sum(anp.exp(x - top))) + top
@@ -1803,6 +1758,7 @@ with jax.enable_x64(True):
 # a function that uses it against JAX, and look it up in a regenerated table.
 
 # %% tags=["hide-input"]
+# @title Solution 2: a sqrt primitive
 sqrt_p = Primitive("sqrt")
 
 
@@ -1830,7 +1786,9 @@ NOT_LINEAR = NOT_LINEAR | {"sqrt"}
 print(jit(grad(lambda x: anp.sum(sqrt(x * x + 1.0))))(np.array([0.5, 2.0])))
 with jax.enable_x64(True):
     print(jax.grad(lambda x: jnp.sum(jnp.sqrt(x * x + 1.0)))(np.array([0.5, 2.0])))
-print({kind: rule_status(sqrt_p, kind) for kind in RULE_KINDS})
+from figures import rule_status
+
+print({kind: rule_status(sqrt_p, kind, NOT_LINEAR) for kind in RULE_KINDS})
 
 # %% [markdown]
 # **3. Batched products, counted.** Under `vmap(vmap(matvec))`, with the matrix
@@ -1839,6 +1797,7 @@ print({kind: rule_status(sqrt_p, kind) for kind in RULE_KINDS})
 # `dot_general`?
 
 # %% tags=["hide-input"]
+# @title Solution 3: batched products, counted
 inner = vmap(matvec, (None, 0))  # one matrix, many vectors
 outer = vmap(inner, (0, 0))  # many matrices, each with its own vectors
 jaxpr, _, _ = make_jaxpr(outer, f64(2, 3, 4), f64(2, 5, 4))

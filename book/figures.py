@@ -397,6 +397,39 @@ class RuleTable:
         )
 
 
+# The primitives that carry jaxprs: the generic partial evaluation of Part 4
+# does not apply to them, so they need rules of their own.
+HIGHER_ORDER = ("xla_call", "cond", "while", "scan", "custom_jvp_call",
+                "custom_vjp_call", "pmap")  # fmt: skip
+
+
+def rule_status(prim, kind, not_linear):
+    """One cell of the table: "yes", "not linear", "generic" or "MISSING"."""
+    if kind in prim.rules:
+        return "yes"
+    if kind == "transpose" and prim.name in not_linear:
+        return "not linear"
+    if kind.startswith("partial_eval") and prim.name not in HIGHER_ORDER:
+        return "generic"
+    return "MISSING"
+
+
+def rule_table(ns):
+    """Print the size and gaps of the primitive x rule table, then return it.
+
+    ``ns`` is the namespace holding the registries (a chapter's ``globals()``):
+    ``PRIMITIVES``, ``RULE_KINDS`` and ``NOT_LINEAR``.
+    """
+    kinds, not_linear = ns["RULE_KINDS"], ns["NOT_LINEAR"]
+    rows = [
+        (name, *(rule_status(prim, kind, not_linear) for kind in kinds))
+        for name, prim in sorted(ns["PRIMITIVES"].items())
+    ]
+    gaps = [(r[0], k) for r in rows for k, s in zip(kinds, r[1:]) if s == "MISSING"]
+    print(f"{len(rows)} primitives, {len(kinds)} kinds of rule, gaps: {gaps}")
+    return RuleTable(kinds, rows)
+
+
 # ---------------------------------------------------------------- performance
 
 import math

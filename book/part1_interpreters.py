@@ -46,9 +46,28 @@
 # :class: tip
 # Everything below runs top to bottom in a fresh kernel, and every output on this
 # page was produced by running it. Part 1 needs only NumPy, so in Colab nothing has
-# to be installed. The code cells marked as *library code* are collected into the
-# module `autodidax`, which the later chapters import.
+# to be installed: the folded first cell only fetches the drawing code of the
+# figures and sets NumPy's print options. The code cells marked as *library code*
+# are collected into the module `autodidax`, which the later chapters import.
 # :::
+
+# %% tags=["hide-input"]
+# @title Setup: the pinned JAX, the module `autodidax`, the earlier chapters
+from __future__ import annotations
+
+try:
+    import book_setup  # book/book_setup.py, next to this notebook
+except ImportError:  # Colab opens a notebook on its own: fetch the helper first
+    from urllib.request import urlretrieve
+
+    urlretrieve(
+        "https://raw.githubusercontent.com/autodidax-book/autodidax/main/book/"
+        "book_setup.py",
+        "book_setup.py",
+    )
+    import book_setup
+
+book_setup.load_book(globals(), before="part1_interpreters")
 
 # %% tags=["export"]
 from __future__ import annotations
@@ -61,9 +80,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-# %%
-np.set_printoptions(precision=6, suppress=True)
-
 # %% [markdown]
 # ## Primitives: the operations every interpreter understands
 #
@@ -75,11 +91,14 @@ np.set_printoptions(precision=6, suppress=True)
 # A primitive here is just a named object that carries its *{term}`rules <rule>`*: one function
 # per interpreter that says how that interpreter handles the primitive. We store
 # the rules on the primitive itself, under a short key such as `"impl"` or `"jvp"`,
-# so it is easy to ask later which primitive lacks which rule.
+# so it is easy to ask later which primitive lacks which rule. `RULE_KINDS` names
+# every kind the book will need; this part writes the first three, and each later
+# part fills in one or more of the others.
 
 # %% tags=["export"]
-RULE_KINDS = ("impl", "jvp", "vmap")
-"""The kinds of rules a primitive can carry; later parts add more."""
+RULE_KINDS = ("impl", "jvp", "vmap", "abstract_eval", "lower", "partial_eval",
+              "partial_eval_jaxpr", "transpose")  # fmt: skip
+"""The kinds of rule a primitive can carry: this part writes the first three."""
 
 PRIMITIVES: dict[str, Primitive] = {}  # every primitive ever created, by name
 
@@ -180,7 +199,7 @@ def cos(x: ArrayLike) -> ArrayLike:
 
 def reduce_sum(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:
     """Sum over ``axis`` (an int, a sequence of ints, or None for all axes)."""
-    ndim = get_aval(x).ndim
+    ndim = get_aval(x, "reduce_sum", 0).ndim
     if axis is None:
         axis = tuple(range(ndim))
     return bind(reduce_sum_p, x, axes=_normalize_axes("reduce_sum", axis, ndim))
@@ -237,7 +256,7 @@ def _normalize_axes(name: str, axes: int | Sequence[int], ndim: int) -> tuple:
 def _check_kind(name: str, x: ArrayLike, kinds: str, expected: str) -> None:
     """Refuse dtypes the operation does not define (NumPy would quietly return
     floats for the sine of integers, for example)."""
-    dtype = get_aval(x).dtype
+    dtype = get_aval(x, name, 0).dtype
     if dtype.kind not in kinds:
         raise TypeError(f"{name}: expected {expected} array, got dtype {dtype.name}")
 
@@ -315,7 +334,9 @@ def _bind_binary(prim: Primitive, x: ArrayLike, y: ArrayLike) -> ArrayLike:
         x = _scalar_like(prim.name, x, y)
     elif _is_python_scalar(y):
         y = _scalar_like(prim.name, y, x)
-    check_binary_operands(prim.name, get_aval(x), get_aval(y))
+    check_binary_operands(
+        prim.name, get_aval(x, prim.name, 0), get_aval(y, prim.name, 1)
+    )
     return bind(prim, x, y)
 
 
@@ -416,11 +437,11 @@ class ShapedArray:
 
 
 # %% tags=["export"]
-def get_aval(x: Any) -> ShapedArray:
+def get_aval(x: Any, context: str = "autodidax", position: int | None = None):
     """The abstract value of a tracer, array or number."""
     if isinstance(x, Tracer):
         return x.aval
-    x = as_array(x)
+    x = as_array(x, context, position)
     return ShapedArray(x.shape, x.dtype)
 
 
@@ -456,7 +477,9 @@ DEVICE_ARRAY_TYPES: tuple[type, ...] = ()
 accepted as they are, without a copy to NumPy."""
 
 
-def as_array(x: Any, context: str = "autodidax") -> np.ndarray:
+def as_array(
+    x: Any, context: str = "autodidax", position: int | None = None
+) -> np.ndarray:
     """Convert a NumPy array or Python/NumPy number to an ndarray, or fail."""
     if isinstance(x, DEVICE_ARRAY_TYPES):
         return x
@@ -465,10 +488,7 @@ def as_array(x: Any, context: str = "autodidax") -> np.ndarray:
     elif isinstance(x, (bool, int, float, np.generic)):
         arr = np.asarray(x)
     else:
-        raise TypeError(
-            f"{context}: expected an array or a number, got {type(x).__name__} "
-            f"{_short_repr(x)}"
-        )
+        raise _not_an_array_error(x, context, position)
     if arr.dtype.kind not in _ARRAY_KINDS:
         raise TypeError(
             f"{context}: expected an array of booleans, integers or floats, got "
@@ -477,14 +497,26 @@ def as_array(x: Any, context: str = "autodidax") -> np.ndarray:
     return arr
 
 
+def _not_an_array_error(x: Any, context: str, position: int | None) -> TypeError:
+    where = "" if position is None else f" at position {position}"
+    if isinstance(x, (list, tuple)):
+        n = len(x)
+        return TypeError(
+            f"{context}: expected an array or a number{where}, got a "
+            f"{type(x).__name__} of {n} value{'' if n == 1 else 's'}. A "
+            f"{type(x).__name__} is a pytree of separate values, not an array: "
+            "to use a list of numbers as one array, convert it with np.asarray "
+            "before passing it in (e.g. to the transformed function)"
+        )
+    return TypeError(
+        f"{context}: expected an array or a number{where}, got "
+        f"{type(x).__name__} {_short_repr(x)}"
+    )
+
+
 def _short_repr(x: Any, limit: int = 40) -> str:
     text = repr(x)
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def raise_to_shaped(aval: ShapedArray) -> ShapedArray:
-    """Kept only while later chapters still call it: every aval is shaped."""
-    return aval
 
 
 # %% [markdown]
@@ -1958,6 +1990,7 @@ show_error(lambda: 1 if leaked[0] else 0)
 # derivative you work out by hand.
 
 # %% tags=["hide-input"]
+# @title Solution 1: an exp primitive
 exp_p = Primitive("exp")
 exp_p.def_rule("impl")(lambda x: [np.exp(x)])
 
@@ -1989,6 +2022,7 @@ print(np.allclose(vmap(exp, (0,))(x0), np.exp(x0)))
 
 
 # %% tags=["hide-input"]
+# @title Solution 2: gradient and Hessian from jacfwd
 def gradient(fun):
     return lambda x: jacfwd(fun, x)
 
@@ -2012,6 +2046,7 @@ print(np.allclose(hvp(h, x0, v0), full @ v0))
 
 
 # %% tags=["hide-input"]
+# @title Solution 3: per-example gradients with vmap
 def example_loss(w, x, y):
     residual = reduce_sum(w * x) - y
     return residual * residual

@@ -54,60 +54,31 @@
 # ## Picking up where Part 1 left off
 #
 # This notebook starts by loading the library code of Part 1 from the module
-# `autodidax`. `load_chapters` runs that code *in this notebook's namespace*, not
-# just imports it: this chapter replaces a couple of Part 1's functions, and the
-# replacements must be seen by all the code that calls them, exactly as if both
-# chapters ran in one kernel. The cell is folded away; click to see it. In
-# Colab it first installs the JAX release the book is tested with (Colab ships
-# another) and downloads the module; in a checkout of the repository it finds
-# the module there.
+# `autodidax`. The folded cell below does it with `autodidax.load_chapters`, which
+# runs that code *in this notebook's namespace* rather than importing it: this
+# chapter replaces a couple of Part 1's functions, and the replacements must be
+# seen by all the code that calls them, exactly as if both chapters ran in one
+# kernel. In Colab the cell first installs the JAX release the book is tested
+# with (Colab ships another) and downloads the module; in a checkout of the
+# repository it finds the module there.
 
 # %% tags=["hide-input"]
-from __future__ import annotations  # as in the module: postponed annotations
+# @title Setup: the pinned JAX, the module `autodidax`, the earlier chapters
+from __future__ import annotations
 
-import importlib.metadata
-import sys
-from pathlib import Path
-
-BOOK_JAX = "0.10.2"  # the JAX and jaxlib release this book is tested with
-
-
-def installed_version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-found = {installed_version("jax"), installed_version("jaxlib")}
-if found != {BOOK_JAX} and "google.colab" in sys.modules:
-    # A fresh Colab runtime: install the book's JAX (Colab ships another one).
-    import subprocess
-
-    pins = [f"jax=={BOOK_JAX}", f"jaxlib=={BOOK_JAX}"]
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *pins], check=True)
-elif found != {BOOK_JAX}:
-    print(
-        f"This book is tested with jax and jaxlib {BOOK_JAX}; found {found}. "
-        f"To match: pip install jax=={BOOK_JAX} jaxlib=={BOOK_JAX}"
-    )
 try:
-    import autodidax
-except ImportError:
-    if Path("../autodidax.py").is_file():  # a checkout of the repository
-        sys.path.insert(0, "..")
-    else:  # e.g. in Colab: fetch the module this book builds
-        import urllib.request
+    import book_setup  # book/book_setup.py, next to this notebook
+except ImportError:  # Colab opens a notebook on its own: fetch the helper first
+    from urllib.request import urlretrieve
 
-        urllib.request.urlretrieve(
-            "https://raw.githubusercontent.com/autodidax-book/autodidax/main/"
-            "autodidax.py",
-            "autodidax.py",
-        )
-    import autodidax
+    urlretrieve(
+        "https://raw.githubusercontent.com/autodidax-book/autodidax/main/book/"
+        "book_setup.py",
+        "book_setup.py",
+    )
+    import book_setup
 
-autodidax.load_chapters(globals(), before="part2_jaxprs")
-np.set_printoptions(precision=6, suppress=True)
+book_setup.load_book(globals(), before="part2_jaxprs")
 
 
 # %% [markdown]
@@ -319,6 +290,7 @@ hand_made = Jaxpr(
 )
 print(hand_made)
 
+
 # %% [markdown]
 # Soon we will never build jaxprs by hand again: tracing will do it. But
 # hand-made jaxprs are useful for one more thing, testing the type checker.
@@ -343,10 +315,8 @@ print(hand_made)
 # produce (axes as a tuple of non-negative integers), so that every later
 # interpreter can rely on it. Their bodies are folded below the rules.
 
+
 # %% tags=["export"]
-RULE_KINDS = (*RULE_KINDS, "abstract_eval")
-
-
 def _unary_abstract_eval(prim, kinds, expected):
     @prim.def_rule("abstract_eval")
     def rule(x):
@@ -379,7 +349,7 @@ def _reduce_sum_abstract_eval(x, *, axes):
 
 @transpose_p.def_rule("abstract_eval")
 def _transpose_abstract_eval(x, *, perm):
-    _check_perm(perm, x.ndim)
+    _check_perm_param(perm, x.ndim)
     return [ShapedArray([x.shape[p] for p in perm], x.dtype)]
 
 
@@ -413,7 +383,7 @@ def _check_canonical_axes(name: str, param: str, axes: Any, ndim: int) -> None:
         raise ValueError(f"{name}: repeated axis in param {param}={axes}")
 
 
-def _check_perm(perm: Any, ndim: int) -> None:
+def _check_perm_param(perm: Any, ndim: int) -> None:
     _check_canonical_axes("transpose", "perm", perm, ndim)
     if sorted(perm) != list(range(ndim)):
         raise ValueError(
@@ -1075,6 +1045,7 @@ show_error(lambda: make_jaxpr(lambda s: s, "float64[3]"))
 
 
 # %% tags=["hide-input"]
+# @title Solution 1: counting primitives
 def count_primitives(jaxpr):
     counts = {}
     for eqn in jaxpr.eqns:
@@ -1095,6 +1066,7 @@ print(counts, counts == {"mul": 4, "add": 4})
 
 
 # %% tags=["hide-input"]
+# @title Solution 2: dead-code elimination
 def eliminate_dead_code(jaxpr):
     needed = {x for x in jaxpr.outs if isinstance(x, Var)}
     kept = []
@@ -1127,6 +1099,7 @@ print(np.allclose(eval_jaxpr(after, [v])[0], eval_jaxpr(before, [v])[0]))
 
 
 # %% tags=["hide-input"]
+# @title Solution 3: batching a jaxpr
 def batch_jaxpr(jaxpr, batch_size):
     in_types = typecheck_jaxpr(jaxpr).in_types
     batched = [ShapedArray((batch_size, *t.shape), t.dtype) for t in in_types]

@@ -55,51 +55,22 @@
 # the JAX release the book is tested with and fetches the module.
 
 # %% tags=["hide-input"]
-from __future__ import annotations  # as in the module: postponed annotations
+# @title Setup: the pinned JAX, the module `autodidax`, the earlier chapters
+from __future__ import annotations
 
-import importlib.metadata
-import sys
-from pathlib import Path
-
-BOOK_JAX = "0.10.2"  # the JAX and jaxlib release this book is tested with
-
-
-def installed_version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-found = {installed_version("jax"), installed_version("jaxlib")}
-if found != {BOOK_JAX} and "google.colab" in sys.modules:
-    # A fresh Colab runtime: install the book's JAX (Colab ships another one).
-    import subprocess
-
-    pins = [f"jax=={BOOK_JAX}", f"jaxlib=={BOOK_JAX}"]
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *pins], check=True)
-elif found != {BOOK_JAX}:
-    print(
-        f"This book is tested with jax and jaxlib {BOOK_JAX}; found {found}. "
-        f"To match: pip install jax=={BOOK_JAX} jaxlib=={BOOK_JAX}"
-    )
 try:
-    import autodidax
-except ImportError:
-    if Path("../autodidax.py").is_file():  # a checkout of the repository
-        sys.path.insert(0, "..")
-    else:  # e.g. in Colab: fetch the module this book builds
-        import urllib.request
+    import book_setup  # book/book_setup.py, next to this notebook
+except ImportError:  # Colab opens a notebook on its own: fetch the helper first
+    from urllib.request import urlretrieve
 
-        urllib.request.urlretrieve(
-            "https://raw.githubusercontent.com/autodidax-book/autodidax/main/"
-            "autodidax.py",
-            "autodidax.py",
-        )
-    import autodidax
+    urlretrieve(
+        "https://raw.githubusercontent.com/autodidax-book/autodidax/main/book/"
+        "book_setup.py",
+        "book_setup.py",
+    )
+    import book_setup
 
-autodidax.load_chapters(globals(), before="part5_cond")
-np.set_printoptions(precision=6, suppress=True)
+book_setup.load_book(globals(), before="part5_cond")
 
 # %% [markdown]
 # ## Where Python's `if` stops working
@@ -109,6 +80,7 @@ np.set_printoptions(precision=6, suppress=True)
 # cannot be compiled, and it cannot be batched over inputs with different signs.
 
 # %% tags=["hide-input"]
+# @title A helper that prints an error message instead of stopping
 import textwrap
 
 
@@ -563,10 +535,15 @@ def _run_batched(
     jaxpr: Jaxpr, axis_size: int, operands: list, batched: tuple[bool, ...]
 ) -> list:
     """Every output of ``jaxpr`` for every example, batched along axis 0."""
-    if any(batched):
-        in_axes = [0 if b else None for b in batched]
-        return vmap_flat(jaxpr_as_fun(jaxpr), in_axes, operands)
-    outs = eval_jaxpr(jaxpr, operands)  # same for every example: broadcast it
+    # An example also runs the branch it did not take, on values meant for the
+    # other one (say, residuals that partial evaluation filled with zeros), so
+    # a division by zero there is expected; select throws that result away.
+    # Silence NumPy's warnings about it, as compiled code never warns.
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if any(batched):
+            in_axes = [0 if b else None for b in batched]
+            return vmap_flat(jaxpr_as_fun(jaxpr), in_axes, operands)
+        outs = eval_jaxpr(jaxpr, operands)  # same for every example: broadcast
     return [move_batch_axis(axis_size, None, 0, x) for x in outs]
 
 
@@ -899,6 +876,7 @@ show_error(jit(lambda x: cond(x, sin, cos, x)), one)  # float predicate, under j
 
 
 # %% tags=["hide-input"]
+# @title Solution 1: switch from nested conds
 # offset: where branches[0] sits in the original list of branches.
 def switch(index, branches, *operands, offset=0):
     if len(branches) == 1:
@@ -926,6 +904,7 @@ for i in range(4):
 
 
 # %% tags=["hide-input"]
+# @title Solution 2: absolute value
 def abs_(x):
     return cond(x > 0.0, lambda x: x, neg, x)
 
@@ -944,6 +923,7 @@ print(make_jaxpr(vmap(grad(abs_)), ShapedArray((4,), np.float64))[0])
 
 
 # %% tags=["hide-input"]
+# @title Solution 3: wasted residuals
 def five_sins(x):
     for _ in range(5):
         x = sin(x)

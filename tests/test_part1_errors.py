@@ -91,6 +91,47 @@ def test_non_array_input_to_primitive(call, bad, type_name):
         call(bad)
 
 
+LIST_POSITIONS = {
+    "sin": (lambda b: ad.sin(b), "sin", 0),
+    "reduce_sum": (lambda b: ad.reduce_sum(b), "reduce_sum", 0),
+    "add-left": (lambda b: ad.add(b, np.ones(2)), "add", 0),
+    "mul-right": (lambda b: ad.mul(np.ones(2), b), "mul", 1),
+}
+
+
+@pytest.mark.parametrize(
+    "call, name, position", LIST_POSITIONS.values(), ids=LIST_POSITIONS
+)
+def test_list_input_names_the_operation_and_position(call, name, position):
+    """A list is a pytree, not an array: the error says where and what to do."""
+    pattern = (
+        rf"^{name}: expected an array or a number at position {position}, got a "
+        r"list of 2 values\..*np\.asarray"
+    )
+    with clear_error(TypeError, pattern):
+        call([1.0, 2.0])
+
+
+def test_list_passed_to_a_transformed_function():
+    """grad(f)([1.0, 2.0]): f sees a list of tracers; no tracer internals shown."""
+    from autodidax import numpy as anp
+
+    def f(x):
+        return anp.sum(anp.sin(x))
+
+    for transformed in (ad.grad(f), ad.jit(ad.grad(f))):
+        with clear_error(TypeError, r"^sin: .*at position 0, got a list of 2 values"):
+            transformed([1.0, 2.0])
+        try:
+            transformed([1.0, 2.0])
+        except TypeError as error:
+            assert "Tracer" not in str(error)
+    # The advice works: the same function of an array gives JAX's numbers.
+    np.testing.assert_allclose(
+        ad.grad(f)(np.asarray([1.0, 2.0])), np.cos([1.0, 2.0]), rtol=1e-12
+    )
+
+
 @pytest.mark.parametrize("bad, type_name", BAD_VALUES[:1] + BAD_VALUES[3:])
 def test_non_array_primal_or_tangent_to_jvp(bad, type_name):
     """A leaf of primals or tangents that is not an array is rejected."""
