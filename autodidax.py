@@ -370,13 +370,12 @@ class Level:
     """One entry on the interpreter stack; ``payload`` is the transformation's
     own data, such as a batch size."""
 
-    __slots__ = ("number", "trace_type", "payload")
-
     def __init__(self, number: int, trace_type: type[Trace], payload: Any) -> None:
         self.number, self.trace_type, self.payload = number, trace_type, payload
 
-    def __repr__(self) -> str:
-        return f"Level({self.number}, {self.trace_type.__name__})"
+
+# @title How a level prints: Level(1, JVPTrace)
+Level.__repr__ = lambda self: f"Level({self.number}, {self.trace_type.__name__})"
 
 
 class Trace:
@@ -531,11 +530,10 @@ def _impl_from_numpy(prim, np_fn):
     prim.def_rule("impl")(lambda *args: [np_fn(*args)])
 
 
-for _prim, _np_fn in [(add_p, np.add), (mul_p, np.multiply), (neg_p, np.negative)]:
+for _prim, _np_fn in [(add_p, np.add), (mul_p, np.multiply), (neg_p, np.negative),
+                      (sin_p, np.sin), (cos_p, np.cos), (greater_p, np.greater),
+                      (less_p, np.less)]:  # fmt: skip
     _impl_from_numpy(_prim, _np_fn)
-for _prim, _np_fn in [(sin_p, np.sin), (cos_p, np.cos), (greater_p, np.greater)]:
-    _impl_from_numpy(_prim, _np_fn)
-_impl_from_numpy(less_p, np.less)
 
 
 @reduce_sum_p.def_rule("impl")
@@ -1226,10 +1224,15 @@ class JaxprType(NamedTuple):
     in_types: list[ShapedArray]
     out_types: list[ShapedArray]
 
-    def __str__(self) -> str:
-        ins = ", ".join(t.str_short() for t in self.in_types)
-        outs = ", ".join(t.str_short() for t in self.out_types)
-        return f"({ins}) -> ({outs})"
+
+# @title How a jaxpr type prints: (float64[3]) -> (float64[3])
+def _jaxpr_type_str(self: JaxprType) -> str:
+    ins = ", ".join(t.str_short() for t in self.in_types)
+    outs = ", ".join(t.str_short() for t in self.out_types)
+    return f"({ins}) -> ({outs})"
+
+
+JaxprType.__str__ = _jaxpr_type_str
 
 
 # @title The module's Var and Lit (with __slots__) and Jaxpr's repr

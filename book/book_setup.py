@@ -78,17 +78,16 @@ def import_autodidax() -> ModuleType:
     return importlib.import_module("autodidax")
 
 
-def load_book(namespace: dict, *, before: str) -> ModuleType | None:
-    """Prepare a chapter notebook; return the module (None for Part 1)."""
+def load_book(namespace: dict, *, before: str) -> None:
+    """Prepare a chapter notebook (returns nothing, so the cell shows nothing)."""
     fetch_if_missing("figures.py", "book/figures.py")
     if before == FIRST_CHAPTER:
         import numpy as np
 
         namespace["np"] = np
         np.set_printoptions(precision=6, suppress=True)
-        return None
+        return
     ensure_jax()
     autodidax = import_autodidax()
     autodidax.load_chapters(namespace, before=before)
     namespace["np"].set_printoptions(precision=6, suppress=True)
-    return autodidax

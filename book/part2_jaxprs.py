@@ -157,10 +157,16 @@ class JaxprType(NamedTuple):
     in_types: list[ShapedArray]
     out_types: list[ShapedArray]
 
-    def __str__(self) -> str:
-        ins = ", ".join(t.str_short() for t in self.in_types)
-        outs = ", ".join(t.str_short() for t in self.out_types)
-        return f"({ins}) -> ({outs})"
+
+# %% tags=["export", "hide-input"]
+# @title How a jaxpr type prints: (float64[3]) -> (float64[3])
+def _jaxpr_type_str(self: JaxprType) -> str:
+    ins = ", ".join(t.str_short() for t in self.in_types)
+    outs = ", ".join(t.str_short() for t in self.out_types)
+    return f"({ins}) -> ({outs})"
+
+
+JaxprType.__str__ = _jaxpr_type_str
 
 
 # %% [markdown]

@@ -1528,7 +1528,7 @@ def test_regression_minimum_silently_wrong_for_unsigned_and_most_negative(x, y, 
     "call, given",
     [
         (lambda: anp.minimum("abc", V3), r"str 'abc'"),
-        (lambda: anp.minimum(V3, [1.0, 2.0, 3.0]), r"list \[1\.0, 2\.0, 3\.0\]"),
+        (lambda: anp.minimum(V3, [1.0, 2.0, 3.0]), r"a list of 3 values"),
         (lambda: anp.minimum(V3, 1j), r"complex 1j"),
         (lambda: ad.jit(lambda x: anp.minimum(x, None))(V3), r"NoneType None"),
     ],
