@@ -7,11 +7,49 @@ file name ``None``, once with ``""``), so a page declares sphinx-thebe's
 page. This extension drops the repeated scripts before a page is rendered.
 ``tests/test_site_browser.py`` checks in a real browser that pages load
 without console errors.
+
+It also labels folded code cells: a folded cell starts with a Colab form
+title (``# @title Checks: ...``, SPEC 2a), and the site shows that title on the
+cell's toggle instead of the generic "Show code cell source", so a reader
+knows what the folded code holds without opening it.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+_FOLDED_CELL = re.compile(
+    r'(<p class="collapsed admonition-title">)Show code cell source(</p>\s*'
+    r'<p class="expanded admonition-title">)Hide code cell source(</p>\s*</summary>'
+    r'\s*<div class="cell_input[^>]*>\s*<div class="highlight[^>]*>'
+    r'<div class="highlight"><pre><span></span><span class="c1"># @title )'
+    r"([^<]*)(</span>)"
+)
+
+
+def _code_spans_to_html(title: str) -> str:
+    """Backquoted names in a title become <code>, as in the prose."""
+    return re.sub(r"`([^`]+)`", r'<code class="docutils literal">\1</code>', title)
+
+
+def label_folded_cells(
+    app: Any, pagename: str, templatename: str, context: dict, doctree: Any
+) -> None:
+    """Show each folded cell's ``# @title`` on its toggle."""
+    body = context.get("body")
+    if not body or "# @title " not in body:
+        return
+
+    def label(match: re.Match) -> str:
+        title = _code_spans_to_html(match.group(4).strip())
+        return (
+            f"{match.group(1)}{title} <em>(show code)</em>{match.group(2)}"
+            f"{title} <em>(hide code)</em>{match.group(3)}{match.group(4)}"
+            f"{match.group(5)}"
+        )
+
+    context["body"] = _FOLDED_CELL.sub(label, body)
 
 
 def _script_key(script: Any) -> tuple:
@@ -40,4 +78,5 @@ def drop_repeated_scripts(
 def setup(app: Any) -> dict[str, Any]:
     # Late, after the themes' own handlers have edited the list.
     app.connect("html-page-context", drop_repeated_scripts, priority=900)
+    app.connect("html-page-context", label_folded_cells)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
