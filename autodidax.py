@@ -4637,7 +4637,7 @@ def _types(tree: PyTreeDef, avals: Sequence[ShapedArray]) -> str:
 
 
 def check_result(who: str, value: Any, tree: PyTreeDef, avals: list) -> list:
-    """The leaves of ``value``, which must have structure ``tree`` and types ``avals``."""
+    """The leaves of ``value``, which must have structure ``tree``, types ``avals``."""
     leaves, got_tree = tree_flatten(value)
     leaves = [_as_input(x, who) for x in leaves]
     got = [get_aval(x) for x in leaves]

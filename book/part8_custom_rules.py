@@ -134,9 +134,9 @@ print(grad(softplus_naive)(800.0))
 # The `select` picks the first branch, so reverse mode sends a zero cotangent
 # into the second. But the second branch's derivative, $e^x / (1 + e^x)$, is
 # $\infty / \infty$ at $x = 800$, and zero times that is NaN, which the sum of
-# both branches' cotangents keeps. No rewriting of the *expression* inside the
-# discarded branch will reliably cure this. What we know, and the program does
-# not, is that the derivative of softplus is the logistic function
+# both branches' cotangents keeps. The fix inside the program is a second
+# `select` that keeps the discarded branch's *input* harmless, easy to forget
+# and hard to read. What we know, and the program does not, is that the derivative of softplus is the logistic function
 # $1 / (1 + e^{-x})$, finite everywhere. We want to say so.
 #
 # ## `custom_jvp`: a function and its rule
@@ -158,10 +158,11 @@ def logistic(x):
 #
 # - **evaluation** (level 0) runs `fun` and ignores the rule;
 # - **the JVP interpreter** runs the rule and never looks inside `fun`. The rule
-#   is ordinary code, so an interpreter *above* it on the stack differentiates
-#   the rule itself: that is how second derivatives work;
+#   is ordinary code running on values of the levels below, so an enclosing
+#   JVP interpreter, lower on the stack, differentiates the rule itself: that
+#   is how second derivatives work;
 # - **batching** must batch `fun` and the rule alike, because a JVP interpreter
-#   below it may still need the rule, now on batched values;
+#   lower on the stack may still need the rule, now on batched values;
 # - **staging** (`make_jaxpr`, `jit`) must record one equation that still
 #   carries both, since a JVP may be applied to the jaxpr later.
 #
@@ -170,8 +171,10 @@ def logistic(x):
 # `call_jaxpr`, and the rule. The rule stays a *Python function*, not a jaxpr.
 # It could not be traced when the call is made: the rule usually calls the
 # custom function itself (for the primal output), and tracing it would trace
-# another call, whose rule would be traced, and so on forever. So it is traced
-# only when a JVP interpreter actually uses it, once per use. JAX does the same.
+# another call, whose rule would be traced, and so on forever. So the rule is
+# kept as a function and runs only when a JVP interpreter uses it (if that
+# happens while staging, running it records its operations). JAX does the
+# same.
 
 # %% tags=["export"]
 custom_jvp_call_p = Primitive("custom_jvp_call", multiple_results=True)
@@ -321,7 +324,7 @@ def _types(tree: PyTreeDef, avals: Sequence[ShapedArray]) -> str:
 
 
 def check_result(who: str, value: Any, tree: PyTreeDef, avals: list) -> list:
-    """The leaves of ``value``, which must have structure ``tree`` and types ``avals``."""
+    """The leaves of ``value``, which must have structure ``tree``, types ``avals``."""
     leaves, got_tree = tree_flatten(value)
     leaves = [_as_input(x, who) for x in leaves]
     got = [get_aval(x) for x in leaves]
@@ -367,9 +370,9 @@ def _custom_jvp_call_jvp(primals, tangents, *, name, call_jaxpr, num_consts, jvp
 # Evaluation, abstract evaluation and lowering treat the call as a call of its
 # jaxpr: `eval_jaxpr` runs it, its output types are the jaxpr's, and it lowers
 # to a call of a private function, like a nested `jit`. The rule plays no part.
-# The same three rules will serve `custom_vjp`, so we register them for both
-# primitives at once (the second one is made in the next section; its rules are
-# in the folded cell below).
+# The same three rules will serve `custom_vjp` in the next section, so we make
+# its primitive, `custom_vjp_call`, now and register them for both (abstract
+# evaluation, with its check, is in the folded cell).
 
 # %% tags=["export"]
 custom_vjp_call_p = Primitive("custom_vjp_call", multiple_results=True)
@@ -469,11 +472,14 @@ print(jvp(f, (2.0,), (1.0,))[1], grad(f)(2.0), jit(grad(f))(2.0), grad(jit(f))(2
 # %% [markdown]
 # ## Higher derivatives: the rule is differentiated
 #
-# The rule is ordinary code that binds primitives, so when an interpreter
-# *above* the JVP interpreter on the stack watches it run, it differentiates the
-# rule. In `grad(grad(softplus))`, the inner `grad` replaces the call by
-# `x_dot * logistic(x)`, and the outer one differentiates that; the logistic
-# function's derivative is $\sigma(x)(1 - \sigma(x))$:
+# The JVP interpreter calls the rule on the primals and tangents it holds,
+# which are values of the levels below it. The rule is ordinary code that binds
+# primitives on those values, so the interpreters of enclosing transformations,
+# lower on the stack, process its primitives like any others. In
+# `grad(grad(softplus))`, the inner `grad`, higher on the stack, replaces the
+# call by `x_dot * logistic(x)`, and the outer one differentiates that (and the
+# rule's own call of `softplus`, with the rule again). The logistic function's
+# derivative is $\sigma(x)(1 - \sigma(x))$:
 
 # %%
 for x in [0.3, 800.0]:
@@ -484,8 +490,9 @@ for x in [0.3, 800.0]:
 # %% [markdown]
 # ## `vmap`: batch the function and the rule
 #
-# A batching interpreter above a custom call does not know whether a JVP
-# interpreter below it will want the rule later. So its rule batches both:
+# When a batching interpreter processes a custom call, it cannot know whether
+# a JVP interpreter lower on the stack will process the batched call next and
+# want its rule. So its rule batches both:
 # `fun`'s jaxpr with Part 3's `vmap_jaxpr`, and the rule by wrapping it in
 # `vmap`, with each tangent batched like its primal. The result is again a
 # `custom_jvp_call`, whose rule is the batched rule.
@@ -879,7 +886,8 @@ def total(f, w):
 
 
 for f in [scaled_sines, scaled_sines_plain]:
-    print(grad(lambda w: total(f, w))(0.7), jit(vmap(grad(lambda w: total(f, w))))(xs))
+    loss_of_w = functools.partial(total, f)
+    print(grad(loss_of_w)(0.7), jit(vmap(grad(loss_of_w)))(xs))
 
 
 # %% [markdown]
@@ -1003,9 +1011,9 @@ except TypeError as err:
 #   function, printed by name. The rule stays Python because it usually calls
 #   the function it belongs to, and tracing it eagerly would never end.
 # - Evaluation, abstract evaluation and lowering treat the call as a call of
-#   `fun`'s jaxpr; the JVP interpreter replaces it by the rule, and an
-#   interpreter above it differentiates the rule, which gives higher
-#   derivatives; batching batches the function and the rule together.
+#   `fun`'s jaxpr; the JVP interpreter replaces it by the rule, and the
+#   interpreters of enclosing transformations differentiate the rule, which
+#   gives higher derivatives; batching batches the function and the rule together.
 # - A `custom_vjp` function's JVP runs `fwd` and leaves a `custom_lin`
 #   equation on the tangents; `linearize` stages it, and transposition calls
 #   `bwd`. Nothing can run `custom_lin` forwards, so `jvp` of a `custom_vjp`
