@@ -953,7 +953,11 @@ def jax_clip_gradient(x, bound):
     return x
 
 
-jax_clip_gradient.defvjp(clip_fwd, lambda b, r, ct: (jnp.clip(ct, -b, b),))
+def jax_clip_bwd(bound, residuals, ct):
+    return (jnp.clip(ct, -bound, bound),)
+
+
+jax_clip_gradient.defvjp(clip_fwd, jax_clip_bwd)
 
 
 def show_jax(f, *args):
@@ -994,11 +998,15 @@ except TypeError as err:
 # - [`custom_jvp`](https://docs.jax.dev/en/latest/_autosummary/jax.custom_jvp.html)
 #   also has `defjvps`, one rule per argument instead of one rule for all; a
 #   [`custom_vjp`](https://docs.jax.dev/en/latest/_autosummary/jax.custom_vjp.html)'s
-#   `bwd` may return `None` for an argument whose cotangent is zero. Ours
-#   refuses a closure over a traced value, and traced values in
-#   `nondiff_argnums`; JAX handles more of these (and offers
-#   [`closure_convert`](https://docs.jax.dev/en/latest/_autosummary/jax.closure_convert.html),
-#   which turns closed-over values into arguments).
+#   `bwd` may return `None` for an argument whose cotangent is zero.
+# - Ours refuses any closure over a traced value, and traced values in
+#   `nondiff_argnums`. JAX refuses a closure over a value that is being
+#   differentiated (an `UnexpectedTracerError`;
+#   [`closure_convert`](https://docs.jax.dev/en/latest/_autosummary/jax.closure_convert.html)
+#   turns closed-over values into arguments) and traced `nondiff_argnums` of a
+#   `custom_vjp`, but accepts a closure over the tracers of other
+#   transformations, such as an enclosing `jit`, and traced `nondiff_argnums`
+#   of a `custom_jvp`, whose gradient it stops.
 # - JAX has dead-code elimination rules for both calls, and, like ours, a
 #   transpose for `custom_jvp_call` that transposes its jaxpr. Its
 #   [tutorial on custom derivative rules](https://docs.jax.dev/en/latest/notebooks/Custom_derivative_rules_for_Python_code.html)
