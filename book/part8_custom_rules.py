@@ -109,7 +109,7 @@ def show_error(fn, *args):
 
 
 scalar = ShapedArray((), np.float64)
-np.seterr(over="ignore", invalid="ignore")  # the overflows below are the point
+saved_errors = np.seterr(over="ignore", invalid="ignore")  # overflows are the point
 
 
 # %% [markdown]
@@ -1120,3 +1120,4 @@ runs.clear()
 print(grad(grad(counted_sin))(1.0), -np.sin(1.0), "runs:", len(runs))
 # Twice: the inner grad runs the rule, and the rule's own call of counted_sin,
 # watched by the outer grad's JVP interpreter, runs the rule again.
+_ = np.seterr(**saved_errors)  # NumPy warns about overflows again after this chapter
