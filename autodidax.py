@@ -4461,6 +4461,408 @@ def check_loop_bounds(lower: Any, upper: Any) -> list[Any]:
     return [np.asarray(b, dtype) if isinstance(b, int) else b for b in (lower, upper)]
 
 
+# ==== chapter: part8_custom_rules ====
+
+custom_jvp_call_p = Primitive("custom_jvp_call", multiple_results=True)
+
+
+class custom_jvp:
+    """``fun`` with a forward-mode derivative rule of its own."""
+
+    def __init__(self, fun: Callable, nondiff_argnums: Sequence[int] = ()) -> None:
+        functools.update_wrapper(self, fun)
+        self.fun, self.nondiff_argnums, self.rule = fun, tuple(nondiff_argnums), None
+
+    def defjvp(self, rule: Callable) -> Callable:
+        """Use ``rule(*nondiff_args, primals, tangents) -> (out, tangent_out)``."""
+        self.rule = rule
+        return rule
+
+    def __call__(self, *args: Any) -> Any:
+        check_rule_defined(self, self.rule, "defjvp")
+        call = trace_custom(self, args)
+
+        def flat_rule(primals: list, tangents: list) -> tuple[list, list]:
+            primals, tangents = call.unflatten(primals), call.unflatten(tangents)
+            result = self.rule(*call.nondiff, primals, tangents)
+            return check_jvp_rule_result(call, result)
+
+        outs = bind(
+            custom_jvp_call_p, *call.consts, *call.args, **call.params,
+            jvp=Named(flat_rule, self.rule),
+        )  # fmt: skip
+        return tree_unflatten(call.out_tree, outs)
+
+
+# @title trace_custom, Named, and the checks of calls and rules
+class TracedCall(NamedTuple):
+    """A custom function's call, traced at its arguments' types."""
+
+    name: str
+    nondiff: list  # the values of the nondiff_argnums arguments
+    all_args: Callable  # differentiable args -> all args, nondiff ones in place
+    args: list  # the flat differentiable arguments
+    in_tree: PyTreeDef  # their structure: a tuple, one entry per argument
+    consts: list
+    out_tree: PyTreeDef
+    params: dict  # name, call_jaxpr, num_consts
+
+    def unflatten(self, flat: Sequence) -> tuple:
+        return tree_unflatten(self.in_tree, flat)
+
+    @property
+    def in_types(self) -> list[ShapedArray]:
+        return [get_aval(x) for x in self.args]
+
+    @property
+    def out_types(self) -> list[ShapedArray]:
+        return [x.aval for x in self.params["call_jaxpr"].outs]
+
+
+def trace_custom(f: Any, args: tuple) -> TracedCall:
+    """Trace ``f.fun`` at the types of ``args``, the nondiff ones held fixed."""
+    name = getattr(f, "__name__", "custom function")
+    fixed = check_nondiff_argnums(name, f.nondiff_argnums, args)
+
+    def all_args(diff_args: Sequence) -> list:
+        rest = iter(diff_args)
+        return [args[i] if i in fixed else next(rest) for i in range(len(args))]
+
+    diff = tuple(a for i, a in enumerate(args) if i not in fixed)
+    flat, in_tree = tree_flatten(diff)
+    flat = [_as_input(x, f"{name}: argument") for x in flat]
+    avals = tree_unflatten(in_tree, [get_aval(x) for x in flat])
+    jaxpr, consts, out_tree = _trace_to_jaxpr(
+        lambda *d: f.fun(*all_args(d)), avals, dynamic=True, who=name
+    )
+    check_no_traced_closure(name, consts)
+    params = dict(name=name, call_jaxpr=jaxpr, num_consts=len(consts))
+    nondiff = [args[i] for i in sorted(fixed)]
+    return TracedCall(name, nondiff, all_args, flat, in_tree, consts, out_tree, params)
+
+
+class Named:
+    """A Python function that prints as ``name`` (a rule in a jaxpr's params)."""
+
+    def __init__(self, fn: Callable, like: Any) -> None:
+        self.fn, self.name = fn, like if isinstance(like, str) else _fn_name(like)
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def _fn_name(fn: Any) -> str:
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+def check_rule_defined(f: Any, rule: Any, how: str) -> None:
+    if rule is None:
+        raise TypeError(
+            f"{_fn_name(f)} is a custom function without a rule: define one "
+            f"with {_fn_name(f)}.{how}(...) before calling it"
+        )
+
+
+def check_nondiff_argnums(name: str, argnums: tuple, args: tuple) -> set[int]:
+    for i in argnums:
+        if not _is_axis(i) or not -len(args) <= i < len(args):
+            raise ValueError(
+                f"{name}: nondiff_argnums {argnums} is out of range for a call "
+                f"with {len(args)} positional arguments"
+            )
+    return {int(i) % len(args) for i in argnums}
+
+
+def check_no_traced_closure(name: str, consts: list) -> None:
+    traced = [c for c in consts if isinstance(c, Tracer)]
+    if traced:
+        raise TypeError(
+            f"{name}: the custom function uses a traced value it does not "
+            f"receive as an argument ({traced[0].aval.str_short()}, from a "
+            "closure or a nondiff_argnums argument); its rule could not see "
+            "it. Pass it as an ordinary (differentiable) argument instead."
+        )
+
+
+class Types(tuple):
+    """A tuple of types that prints briefly, e.g. ``(float64[], float64[3])``."""
+
+    def __repr__(self) -> str:
+        return "(" + ", ".join(a.str_short() for a in self) + ")"
+
+
+def _types(tree: PyTreeDef, avals: Sequence[ShapedArray]) -> str:
+    return str(tree_unflatten(tree, [a.str_short() for a in avals])).replace("'", "")
+
+
+def check_result(who: str, value: Any, tree: PyTreeDef, avals: list) -> list:
+    """The leaves of ``value``, which must have structure ``tree``, types ``avals``."""
+    leaves, got_tree = tree_flatten(value)
+    leaves = [_as_input(x, who) for x in leaves]
+    got = [get_aval(x) for x in leaves]
+    if got_tree != tree or got != list(avals):
+        raise TypeError(
+            f"{who} must be {_types(tree, avals)}, but it is {_types(got_tree, got)}"
+        )
+    return leaves
+
+
+def _pair(who: str, result: Any, what: str) -> tuple:
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        raise TypeError(f"{who} must return a pair ({what}), got {_short_repr(result)}")
+    return tuple(result)
+
+
+def check_jvp_rule_result(call: TracedCall, result: Any) -> tuple[list, list]:
+    who = f"{call.name}: the custom_jvp rule"
+    out, out_dot = _pair(who, result, "primal_out, tangent_out")
+    outs = check_result(f"{who}'s primal output", out, call.out_tree, call.out_types)
+    out_dots = check_result(
+        f"{who}'s tangent output", out_dot, call.out_tree, call.out_types
+    )
+    return outs, out_dots
+
+
+@custom_jvp_call_p.def_rule("jvp")
+def _custom_jvp_call_jvp(primals, tangents, *, name, call_jaxpr, num_consts, jvp):
+    return jvp(primals[num_consts:], tangents[num_consts:])
+
+
+custom_vjp_call_p = Primitive("custom_vjp_call", multiple_results=True)
+
+
+def _custom_call_impl(*args, call_jaxpr, **params):
+    return eval_jaxpr(call_jaxpr, args)
+
+
+def _custom_call_lower(ctx, avals_in, avals_out, *args, call_jaxpr, **params):
+    return _call_jaxpr(ctx, call_jaxpr, list(args))
+
+
+for _prim in [custom_jvp_call_p, custom_vjp_call_p]:
+    _prim.def_rule("impl")(_custom_call_impl)
+    _prim.def_rule("lower")(_custom_call_lower)
+
+
+# @title Abstract evaluation: the call's types are its jaxpr's
+def check_custom_call_types(name: str, call_jaxpr: Jaxpr, avals: Sequence) -> None:
+    expected = jaxpr_type(call_jaxpr)
+    if list(avals) != expected.in_types:
+        got = ", ".join(a.str_short() for a in avals)
+        raise TypeError(f"{name}: the call's jaxpr takes {expected}, got ({got})")
+
+
+def _custom_call_abstract_eval(*avals, name, call_jaxpr, **params):
+    check_custom_call_types(name, call_jaxpr, avals)
+    return jaxpr_type(call_jaxpr).out_types
+
+
+for _prim in [custom_jvp_call_p, custom_vjp_call_p]:
+    _prim.def_rule("abstract_eval")(_custom_call_abstract_eval)
+
+
+def batch_rule(rule: Callable, batched: tuple[bool, ...]) -> Named:
+    """``rule(primals, tangents)`` on a batch (axis 0) of the batched operands."""
+
+    def batched_rule(primals: list, tangents: list) -> tuple[list, list]:
+        n_out = []
+
+        def flat(*args):
+            outs, out_dots = rule(args[: len(primals)], args[len(primals) :])
+            n_out.append(len(outs))
+            return [*outs, *out_dots]
+
+        in_axes = [0 if b else None for b in batched] * 2
+        both = vmap_flat(flat, in_axes, [*primals, *tangents])
+        return both[: n_out[0]], both[n_out[0] :]
+
+    return Named(batched_rule, f"vmap({rule})")
+
+
+@custom_jvp_call_p.def_rule("vmap")
+def _custom_jvp_call_vmap(axis_size, vals, dims, *, call_jaxpr, num_consts, jvp, name):
+    if all(d is None for d in dims):  # nothing batched: the call as it was
+        outs = bind(
+            custom_jvp_call_p,
+            *vals,
+            call_jaxpr=call_jaxpr,
+            num_consts=num_consts,
+            jvp=jvp,
+            name=name,
+        )
+        return outs, [None] * len(outs)
+    batched = tuple(d is not None for d in dims)
+    vals = [
+        x if d is None else move_batch_axis(axis_size, d, 0, x)
+        for x, d in zip(vals, dims)
+    ]
+    new_jaxpr, new_consts = vmap_jaxpr(call_jaxpr, axis_size, batched)
+    outs = bind(
+        custom_jvp_call_p, *new_consts, *vals, name=name, call_jaxpr=new_jaxpr,
+        num_consts=len(new_consts) + num_consts,
+        jvp=batch_rule(jvp, batched[num_consts:]),
+    )  # fmt: skip
+    return outs, [0] * len(outs)
+
+
+class custom_vjp:
+    """``fun`` with a reverse-mode derivative rule of its own."""
+
+    def __init__(self, fun: Callable, nondiff_argnums: Sequence[int] = ()) -> None:
+        functools.update_wrapper(self, fun)
+        self.fun, self.nondiff_argnums = fun, tuple(nondiff_argnums)
+        self.fwd = self.bwd = None
+
+    def defvjp(self, fwd: Callable, bwd: Callable) -> None:
+        """``fwd(*args) -> (out, residuals)``; ``bwd(*nondiff, residuals, ct)``."""
+        self.fwd, self.bwd = fwd, bwd
+
+    def __call__(self, *args: Any) -> Any:
+        check_rule_defined(self, self.fwd, "defvjp")
+        call, res_tree = trace_custom(self, args), []
+
+        def flat_fwd(*primals: Any) -> tuple[list, list]:
+            result = self.fwd(*call.all_args(call.unflatten(primals)))
+            outs, res = check_fwd_result(call, result)
+            res_flat, tree = tree_flatten(res)
+            res_tree.append(tree)
+            return outs, res_flat
+
+        def flat_bwd(res: list, cts: list) -> list:
+            res, cts = (
+                tree_unflatten(res_tree[0], res),
+                tree_unflatten(call.out_tree, cts),
+            )
+            return check_bwd_result(call, self.bwd(*call.nondiff, res, cts))
+
+        outs = bind(
+            custom_vjp_call_p, *call.consts, *call.args, **call.params,
+            fwd=Named(flat_fwd, self.fwd), bwd=Named(flat_bwd, self.bwd),
+        )  # fmt: skip
+        return tree_unflatten(call.out_tree, outs)
+
+
+# @title Checks: fwd returns the function's output type, bwd one cotangent per input
+def check_fwd_result(call: TracedCall, result: Any) -> tuple[list, Any]:
+    who = f"{call.name}: the custom_vjp fwd"
+    out, res = _pair(who, result, "output, residuals")
+    outs = check_result(f"{who}'s output", out, call.out_tree, call.out_types)
+    return outs, res
+
+
+def check_bwd_result(call: TracedCall, cts_in: Any) -> list:
+    who = (
+        f"{call.name}: the custom_vjp bwd's result (a tuple with one cotangent "
+        "per differentiable argument)"
+    )
+    if isinstance(cts_in, list):
+        cts_in = tuple(cts_in)
+    return check_result(who, cts_in, call.in_tree, call.in_types)
+
+
+custom_lin_p = Primitive("custom_lin", multiple_results=True)
+
+
+@custom_vjp_call_p.def_rule("jvp")
+def _custom_vjp_call_jvp(primals, tangents, *, call_jaxpr, num_consts, fwd, bwd, name):
+    outs, res = fwd(*primals[num_consts:])
+    out_types = Types(x.aval for x in call_jaxpr.outs)
+    params = dict(name=name, num_res=len(res), bwd=bwd, out_types=out_types)
+    return outs, bind(custom_lin_p, *res, *tangents[num_consts:], **params)
+
+
+@custom_lin_p.def_rule("abstract_eval")
+def _custom_lin_abstract_eval(*avals, name, num_res, bwd, out_types):
+    return list(out_types)
+
+
+@custom_lin_p.def_rule("transpose")
+def _custom_lin_transpose(cts, *args, name, num_res, bwd, out_types):
+    return [None] * num_res + bwd(list(args[:num_res]), list(cts))
+
+
+# @title custom_lin's forward rules: each says why it cannot run
+class CustomVJPForwardModeError(TypeError):
+    """Forward-mode differentiation of a function that has only a custom_vjp rule."""
+
+
+def forward_mode_error(*args: Any, name: str, **params: Any) -> None:
+    raise CustomVJPForwardModeError(
+        f"jvp of {name}, a custom_vjp function: it has only a reverse-mode rule "
+        "(fwd and bwd), and bwd maps output cotangents back to inputs, which "
+        "cannot give the output tangents that forward mode (jvp, or running "
+        "the linear map of linearize) needs. Use grad or vjp, or give "
+        f"{name} a custom_jvp rule instead."
+    )
+
+
+for _kind in ["impl", "jvp", "lower"]:
+    custom_lin_p.def_rule(_kind)(forward_mode_error)
+
+
+def batch_fwd(fwd: Callable, n_out: int) -> Named:
+    """``fwd`` on a batch (axis 0) of every operand; outputs and residuals at 0."""
+
+    def batched_fwd(*primals: Any) -> tuple[list, list]:
+        def flat(*p):
+            outs, res = fwd(*p)
+            return [*outs, *res]
+
+        both = vmap_flat(flat, [0] * len(primals), list(primals))
+        return both[:n_out], both[n_out:]
+
+    return Named(batched_fwd, f"vmap({fwd})")
+
+
+def batch_bwd(bwd: Callable) -> Named:
+    """``bwd(residuals, cts)`` on a batch (axis 0) of all of them."""
+
+    def batched_bwd(res: list, cts: list) -> list:
+        k = len(res)
+        return vmap_flat(
+            lambda *a: bwd(a[:k], a[k:]), [0] * (k + len(cts)), [*res, *cts]
+        )
+
+    return Named(batched_bwd, f"vmap({bwd})")
+
+
+@custom_vjp_call_p.def_rule("vmap")
+def _custom_vjp_call_vmap(
+    axis_size, vals, dims, *, call_jaxpr, num_consts, fwd, bwd, name
+):
+    consts, operands = vals[:num_consts], vals[num_consts:]
+    operands = [
+        move_batch_axis(axis_size, d, 0, x) for x, d in zip(operands, dims[num_consts:])
+    ]
+    batched = (False,) * num_consts + (True,) * len(operands)
+    new_jaxpr, new_consts = vmap_jaxpr(call_jaxpr, axis_size, batched)
+    outs = bind(
+        custom_vjp_call_p, *new_consts, *consts, *operands, name=name,
+        call_jaxpr=new_jaxpr, num_consts=len(new_consts) + num_consts,
+        fwd=batch_fwd(fwd, len(call_jaxpr.outs)), bwd=batch_bwd(bwd),
+    )  # fmt: skip
+    return outs, [0] * len(outs)
+
+
+@custom_lin_p.def_rule("vmap")
+def _custom_lin_vmap(axis_size, vals, dims, *, name, num_res, bwd, out_types):
+    vals = [move_batch_axis(axis_size, d, 0, x) for x, d in zip(vals, dims)]
+    out_types = Types(ShapedArray((axis_size, *t.shape), t.dtype) for t in out_types)
+    params = dict(name=name, num_res=num_res, bwd=batch_bwd(bwd), out_types=out_types)
+    outs = bind(custom_lin_p, *vals, **params)
+    return outs, [0] * len(outs)
+
+
+@custom_jvp_call_p.def_rule("transpose")
+def _custom_jvp_call_transpose(cts, *args, call_jaxpr, **params):
+    return _xla_call_transpose(cts, *args, jaxpr=call_jaxpr)
+
+
+NOT_LINEAR = NOT_LINEAR | {"custom_vjp_call"}
+
 # ==== chapter: performance ====
 
 

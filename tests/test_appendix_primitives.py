@@ -1495,6 +1495,10 @@ def test_every_primitive_has_every_rule() -> None:
     assert ad.NOT_LINEAR <= set(ad.PRIMITIVES)
 
 
+_sin_with_vjp = ad.custom_vjp(ad.sin)
+_sin_with_vjp.defvjp(lambda x: (ad.sin(x), ad.cos(x)), lambda c, ct: (ct * c,))
+
+
 # For each primitive that is linear in none of its inputs, a function of
 # float arrays that applies just that primitive (floats out).
 NONLINEAR_WITNESSES = {
@@ -1508,6 +1512,8 @@ NONLINEAR_WITNESSES = {
     "max": lambda x, y: ad.maximum(x, y),
     "greater": lambda x, y: ad.convert_element_type(ad.greater(x, y), F64),
     "less": lambda x, y: ad.convert_element_type(ad.less(x, y), F64),
+    # Part 8: a custom_vjp function (sin, with its true backward pass).
+    "custom_vjp_call": lambda x, y: _sin_with_vjp(x),
     # Part 6: square until the sum passes 100 (elements are positive).
     "while": lambda x, y: ad.while_loop(
         lambda v: ad.reduce_sum(v, 0) < 100.0, lambda v: v * v + 1.0, x
@@ -1579,6 +1585,20 @@ LINEAR_FUNCTIONS = {
 }
 
 
+# Part 8: a linear custom_jvp function whose rule applies it to the tangent,
+# so the call lands in the linear jaxpr and is transposed.
+_triple = ad.custom_jvp(lambda x: ad.mul(x, 3.0))
+_triple.defjvp(lambda p, t: (_triple(p[0]), _triple(t[0])))
+LINEAR_FUNCTIONS["custom_jvp_call"] = (_triple, [(2, 3)])
+# Part 8: custom_lin is what a custom_vjp function leaves in a linear jaxpr;
+# its transpose runs bwd. It has no forward mode by design, so J v comes from
+# the same map without the custom rule (FORWARD_OF).
+_triple_vjp = ad.custom_vjp(lambda x: ad.mul(x, 3.0))
+_triple_vjp.defvjp(lambda x: (ad.mul(x, 3.0), None), lambda r, ct: (ad.mul(ct, 3.0),))
+LINEAR_FUNCTIONS["custom_lin"] = (_triple_vjp, [(2, 3)])
+FORWARD_OF = {"custom_lin": lambda x: ad.mul(x, 3.0)}
+
+
 def test_every_transpose_rule_has_a_linear_function() -> None:
     with_transpose = {
         n for n, p in module_primitives().items() if "transpose" in p.rules
@@ -1605,7 +1625,7 @@ def test_transpose_rule_dot_product(name: str, monkeypatch) -> None:
     for _ in range(3):
         primals = tuple(dyadic(rng, s, d) for s, d in specs)
         v = tuple(dyadic(rng, s, d) for s, d in specs)
-        out, jv = ad.jvp(fn, primals, v)
+        out, jv = ad.jvp(FORWARD_OF.get(name, fn), primals, v)
         ct = jax.tree_util.tree_map(
             lambda o: dyadic(rng, np.shape(o), np.asarray(host(o)).dtype), out
         )

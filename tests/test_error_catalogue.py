@@ -961,3 +961,90 @@ def test_14_reverse_mode_through_while_loop(run):
     ):
         run(V3)
     assert issubclass(ad.WhileLoopReverseModeError, TypeError)
+
+
+# ---------------------------------------------------------------------------
+# 15. Custom derivative rules (Part 8): jvp of a custom_vjp function, and a
+#     rule returning the wrong structure, shape or dtype
+# ---------------------------------------------------------------------------
+
+
+def _clipped(x):
+    """A custom_vjp function: the identity, with a backward pass that clips."""
+    return _clip_gradient(x, 0.5)
+
+
+_clip_gradient = ad.custom_vjp(lambda x, bound: x, nondiff_argnums=(1,))
+_clip_gradient.defvjp(
+    lambda x, bound: (x, None),
+    lambda bound, res, ct: (
+        ad.maximum(-bound, ad.neg(ad.maximum(-bound, ad.neg(ct)))),
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        lambda x: ad.jvp(_clipped, (x,), (x,)),
+        lambda x: ad.vmap(lambda y: ad.jvp(_clipped, (y,), (y,)))(np.stack([x, x])),
+        lambda x: ad.jit(lambda y: ad.jvp(_clipped, (y,), (y,)))(x),
+        lambda x: ad.linearize(_clipped, x)[1](x),
+    ],
+    ids=["jvp", "vmap-of-jvp", "jit-of-jvp", "linearize's linear map"],
+)
+def test_15_jvp_of_a_custom_vjp_function(run):
+    with clear_error(
+        ad.CustomVJPForwardModeError,
+        r"jvp of <lambda>, a custom_vjp function: it has only a reverse-mode rule",
+    ):
+        run(V3)
+    assert issubclass(ad.CustomVJPForwardModeError, TypeError)
+    # reverse mode works, in every composition
+    np.testing.assert_allclose(
+        under("grad", _clipped)(V3), np.clip(np.cos(V3), -0.5, 0.5), rtol=1e-12
+    )
+
+
+def _with_jvp_rule(rule):
+    f = ad.custom_jvp(lambda x: ad.sin(x))
+    f.defjvp(rule)
+    return f
+
+
+BAD_RULES = {
+    "structure": (
+        lambda p, t: ((ad.sin(p[0]), p[0]), t[0]),
+        r"primal output must be float64\[3\], but it is \(float64\[3\], float64\[3\]\)",
+    ),
+    "shape": (
+        lambda p, t: (ad.sin(p[0]), ad.reduce_sum(t[0], 0)),
+        r"tangent output must be float64\[3\], but it is float64\[\]",
+    ),
+    "dtype": (
+        lambda p, t: (ad.sin(p[0]), ad.convert_element_type(t[0], np.float32)),
+        r"tangent output must be float64\[3\], but it is float32\[3\]",
+    ),
+}
+
+
+@pytest.mark.parametrize("mode", ["grad", "jit-of-grad", "grad-of-jit"])
+@pytest.mark.parametrize("case", BAD_RULES, ids=list(BAD_RULES))
+def test_15_rule_returning_the_wrong_type(case, mode):
+    rule, names = BAD_RULES[case]
+    f = _with_jvp_rule(rule)
+    with clear_error(TypeError, rf"<lambda>: the custom_jvp rule's {names}"):
+        with in_mode(mode):
+            under(mode, f)(V3)
+
+
+def test_15_bwd_returning_the_wrong_structure():
+    g = ad.custom_vjp(lambda x: ad.sin(x))
+    g.defvjp(lambda x: (ad.sin(x), ad.cos(x)), lambda c, ct: ct * c)  # not a tuple
+    match = r"one cotangent per differentiable argument\) must be \(float64\[3\],\)"
+    for mode in ["grad", "jit-of-grad", "grad-of-jit"]:
+        with clear_error(TypeError, match):
+            # bwd runs in the backward pass: under grad-of-jit, after the
+            # forward pass has been compiled and run
+            with in_mode(mode if mode != "grad-of-jit" else "eager"):
+                under(mode, g)(V3)
