@@ -1902,7 +1902,6 @@ draw_interpreter_stack(snapshot["stack"], snapshot["x"])
 # %%
 v = np.array([1.0, 2.0, 3.0])
 scale = lambda x: x * 2.0 + 1.0
-
 print(scale(v), v * 2.0 + 1.0)
 print(jvp(scale, (v,), (np.ones(3),)))
 batch = np.arange(6.0).reshape(2, 3)
