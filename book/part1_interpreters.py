@@ -434,7 +434,8 @@ class ShapedArray:
 # next section) knows its own aval; anything else must be convertible to a NumPy
 # array of booleans, integers or floats. `as_array` is the single place where a
 # string, a list or some other object gets rejected, with a message that names
-# what was passed.
+# what was passed. (We call it on tracers, where it needs the `Tracer` class, in
+# {ref}`A look at the stack at work <part1-stack-at-work>`.)
 
 
 # %% tags=["export"]
@@ -804,8 +805,9 @@ def _broadcast_impl(x, *, shape, axes):
 # count; if no input is a tracer, the evaluation interpreter at the bottom,
 # level 0, runs the operation right away.
 #
-# The handler is the innermost transformation any input belongs to; we will see
-# why this is right once we can nest `jvp`.
+# Why look at the inputs rather than simply take the top of the stack? We will
+# see why this is right once we can nest `jvp` (under *Derivatives of
+# derivatives* below).
 #
 # Once the top trace is known, `bind` raises every input to it, lets it process the
 # primitive, and lowers the outputs again.
@@ -1107,8 +1109,8 @@ print(derivative(lambda x: mul(x, derivative(lambda y: mul(x, y))(1.0)))(3.0))
 # Inside the inner `jvp`, `x` is a level-1 tracer meeting level-2 tracers. Level
 # 2 boxes it with `lift`, with a zero tangent: to the inner derivative, `x` is a
 # constant. Level 1 still sees `x` change, because the inner rules call `bind` on
-# it, and those calls have no level-2 tracer among their inputs. Each level sees only the
-# operations on its own values, which keeps the two derivatives apart.
+# it, and those calls have no level-2 tracer among their inputs. Each level sees
+# only the operations on its own values, which keeps the two derivatives apart.
 #
 # ### Python control flow is free
 #
@@ -1839,6 +1841,7 @@ hessian = jacfwd(lambda x: jacfwd(energy, x), x0)
 print(np.allclose(hessian, np.diag(2 * np.cos(x0) - x0 * np.sin(x0))))
 
 # %% [markdown]
+# (part1-stack-at-work)=
 # ## A look at the stack at work
 #
 # What does the interpreter stack look like in the middle of a nested
