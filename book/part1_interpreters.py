@@ -558,8 +558,8 @@ Level.__repr__ = lambda self: f"Level({self.number}, {self.trace_type.__name__})
 # %% [markdown]
 # A `Trace` is the interpreter for one level. It is a lightweight object:
 # `bind` makes a new one each time; what identifies a transformation is its
-# `Level` object, which is why the checks compare levels. A trace knows its level
-# and three things:
+# `Level` object, which is why `full_raise` below, and the check for leaked
+# tracers, compare levels. A trace knows its level and three things:
 #
 # - `pure(x)` wraps a plain array in one of its tracers — for a constant that the
 #   function uses, such as the `2.0` in `2.0 * x`;
@@ -1889,9 +1889,8 @@ draw_interpreter_stack(snapshot["stack"], snapshot["x"])
 # first, is the first level above evaluation, and the innermost one is on top.
 # The tracers nest the opposite way: the innermost transformation (`vmap`, top)
 # owns the wrapper `spy` sees, and the outermost (`jvp`, level 1) owns the tracer
-# inside it. Second, nothing in the
-# machinery knows which transformations exist: `bind` compares level numbers, and
-# each trace only knows its own rules. That is why any new transformation
+# inside it. Second, nothing in the machinery knows which transformations exist:
+# `bind` compares level numbers, and each trace only knows its own rules. That is why any new transformation
 # composes with all the others.
 #
 # ## Python numbers in every interpreter
