@@ -39,8 +39,8 @@
 #    and your own containers.
 #
 # By the end you will have a module that can compute derivatives of any order of
-# Python functions that use `if` statements and loops, batch them, and nest the two
-# in any order. Later chapters put a compiler underneath the same machinery.
+# Python functions that use `if` statements and loops, batch them (batching a
+# data-dependent `if` needs Part 5's `cond`), and nest the two in any order. Later chapters put a compiler underneath the same machinery.
 #
 # :::{admonition} How to run this chapter
 # :class: tip
@@ -93,7 +93,8 @@ import numpy as np
 # the rules on the primitive itself, under a short key such as `"impl"` or `"jvp"`,
 # so it is easy to ask later which primitive lacks which rule. `RULE_KINDS` names
 # every kind the book will need; this part writes the first three, and each later
-# part fills in one or more of the others.
+# part fills in one or more of the others (the `transpose` rule, for reverse mode
+# in Part 4, is unrelated to the axis-permuting primitive `transpose` below).
 
 # %% tags=["export"]
 RULE_KINDS = ("impl", "jvp", "vmap", "abstract_eval", "lower", "partial_eval",
@@ -433,7 +434,8 @@ class ShapedArray:
 # next section) knows its own aval; anything else must be convertible to a NumPy
 # array of booleans, integers or floats. `as_array` is the single place where a
 # string, a list or some other object gets rejected, with a message that names
-# what was passed.
+# what was passed. (We call it on tracers, where it needs the `Tracer` class, in
+# {ref}`A look at the stack at work <part1-stack-at-work>`.)
 
 
 # %% tags=["export"]
@@ -554,14 +556,18 @@ Level.__repr__ = lambda self: f"Level({self.number}, {self.trace_type.__name__})
 
 
 # %% [markdown]
-# A `Trace` is the interpreter for one level. It is a lightweight object that
-# knows its level and three things:
+# A `Trace` is the interpreter for one level. It is a lightweight object:
+# `bind` makes a new one each time; what identifies a transformation is its
+# `Level` object, which is why `full_raise` below, and the check for leaked
+# tracers, compare levels. A trace knows its level and three things:
 #
 # - `pure(x)` wraps a plain array in one of its tracers — for a constant that the
 #   function uses, such as the `2.0` in `2.0 * x`;
 # - `lift(t)` wraps a tracer that belongs to a *lower* level, for a value that
-#   this transformation does not own but that meets one of its own tracers (think
-#   of a function that closes over a value from an outer `jvp`);
+#   this transformation does not own but that meets one of its own tracers (we
+#   will meet one after nesting `jvp`). In every interpreter in this book, `lift`
+#   is `pure`: to an interpreter, a lower-level tracer is just a constant it does
+#   not own;
 # - `process_primitive(prim, tracers, params)` applies a primitive to its own
 #   tracers, usually by unpacking them, calling `bind` again on what is inside,
 #   and wrapping the results.
@@ -737,14 +743,6 @@ def _numpy_conversion_error(tracer: Tracer) -> TypeError:
 
 
 # %% [markdown]
-# Now `get_aval` works on anything. For a number or an array it gives the shape
-# and dtype, printed here also in the compact form used in error messages:
-
-# %%
-print(get_aval(3.0), get_aval(np.ones((2, 3))).str_short())
-
-
-# %% [markdown]
 # ### The evaluation interpreter
 #
 # The bottom of the stack is the only interpreter that computes anything by
@@ -807,12 +805,9 @@ def _broadcast_impl(x, *, shape, axes):
 # count; if no input is a tracer, the evaluation interpreter at the bottom,
 # level 0, runs the operation right away.
 #
-# Choosing by the inputs (by *data dependence*) means a transformation only sees
-# operations that actually involve the values it is transforming. With one `jvp`
-# nested inside another, the inner one sees only operations on its own tracers.
-# The outer one sees operations on its tracers too, including the ones the inner
-# `jvp` performs while applying its rules: those rules call `bind` again on the
-# unpacked values, which may be outer tracers.
+# Why look at the inputs rather than simply take the top of the stack? We will
+# see why this is right once we can nest `jvp` (under *Derivatives of
+# derivatives* below).
 #
 # Once the top trace is known, `bind` raises every input to it, lets it process the
 # primitive, and lowers the outputs again.
@@ -1093,15 +1088,29 @@ d4 = derivative(derivative(derivative(derivative(sin))))
 print(d1(3.0), np.cos(3.0))
 print(d4(3.0), np.sin(3.0))
 
-
 # %% [markdown]
-# How does this work when we differentiate `derivative(sin)`? The outer `jvp`
+# How does this work when we compute `derivative(derivative(sin))`? The outer `jvp`
 # pushes level 1 and calls the inner function with a level-1 tracer `x`. The inner
 # `jvp` pushes level 2 on top and wraps `x` as the primal of a level-2 tracer.
 # When `sin` is applied to that tracer, `bind` picks level 2, the highest, whose
 # rule calls `sin` and `cos` on the primal `x` — a level-1 tracer — so level 1
 # differentiates those in turn, and its rule finally calls `sin` and `cos` on
 # plain numbers at level 0, the bottom.
+#
+# Choosing the interpreter by the inputs matters when the inner function closes
+# over the outer variable. Below, the inner derivative of $x y$ with respect to $y$
+# is $x$, so the outer function is $x^2$, whose derivative at 3 is 6:
+
+# %%
+print(derivative(lambda x: mul(x, derivative(lambda y: mul(x, y))(1.0)))(3.0))
+
+
+# %% [markdown]
+# Inside the inner `jvp`, `x` is a level-1 tracer meeting level-2 tracers. Level
+# 2 boxes it with `lift`, with a zero tangent: to the inner derivative, `x` is a
+# constant. Level 1 still sees `x` change, because the inner rules call `bind` on
+# it, and those calls have no level-2 tracer among their inputs. Each level sees
+# only the operations on its own values, which keeps the two derivatives apart.
 #
 # ### Python control flow is free
 #
@@ -1832,6 +1841,7 @@ hessian = jacfwd(lambda x: jacfwd(energy, x), x0)
 print(np.allclose(hessian, np.diag(2 * np.cos(x0) - x0 * np.sin(x0))))
 
 # %% [markdown]
+# (part1-stack-at-work)=
 # ## A look at the stack at work
 #
 # What does the interpreter stack look like in the middle of a nested
@@ -1851,9 +1861,9 @@ def spy(x):
 jvp(vmap(spy, (0,)), (np.array([1.0, 2.0]),), (np.array([1.0, 0.0]),))
 print(snapshot["stack"])
 x = snapshot["x"]
-print(type(x).__name__, "at level", x._trace.level.number, "holds")
-print(" ", type(x.val).__name__, "at level", x.val._trace.level.number, "holds")
-print("   primal", x.val.primal, "and tangent", x.val.tangent)
+for t in (x, x.val):
+    print(f"{type(t).__name__} at level {t._trace.level.number}, aval {get_aval(t)}")
+print("primal", x.val.primal, "and tangent", x.val.tangent)
 
 # %% [markdown]
 # The outer transformation, `jvp`, started first and pushed level 1, just above
@@ -1862,7 +1872,10 @@ print("   primal", x.val.primal, "and tangent", x.val.tangent)
 # arrays. When `spy` calls `sin`, `bind` picks level 2, the highest; the batching
 # rule applies `sin` to the JVP tracer inside, which `bind` sends down to level 1;
 # the JVP rule applies `sin`, `cos` and `mul` to plain arrays, which level 0, at
-# the bottom, evaluates. Drawn from the snapshot above:
+# the bottom, evaluates. `get_aval` shows what each tracer stands for: the batching
+# tracer reports the abstract value of one example, a scalar, while the JVP
+# tracer it holds carries the whole batch, of shape `(2,)`.
+# Drawn from the snapshot above:
 
 # %% mystnb={"image": {"alt": "The interpreter stack during jvp(vmap(spy)), drawn with the bottom at the bottom: level 0 (EvalTrace), above it level 1 (JVPTrace), and on top level 2 (BatchTrace). Next to it, the argument spy receives: a BatchTracer at level 2 holding a JVPTracer at level 1 holding a primal array and a tangent array. A call to sin enters at the top, level 2, and is passed down one level at a time to level 0."}} tags=["hide-input"]
 # @title Drawing the stack (the code is in figures.py)
@@ -1874,23 +1887,23 @@ draw_interpreter_stack(snapshot["stack"], snapshot["x"])
 # Two things in this picture are worth remembering. First, the order of the
 # levels follows the order of the *calls*: the outermost transformation, entered
 # first, is the first level above evaluation, and the innermost one is on top.
-# The nesting of the tracers follows the same order from the inside out: the
-# argument's outermost wrapper belongs to the top level. Second, nothing in the
-# machinery knows which transformations exist: `bind` compares level numbers, and
-# each trace only knows its own rules. That is why any new transformation
+# The tracers nest the opposite way: the innermost transformation (`vmap`, top)
+# owns the wrapper `spy` sees, and the outermost (`jvp`, level 1) owns the tracer
+# inside it. Second, nothing in the machinery knows which transformations exist:
+# `bind` compares level numbers, and each trace only knows its own rules. That is why any new transformation
 # composes with all the others.
 #
 # ## Python numbers in every interpreter
 #
 # Earlier we made the wrappers turn a Python number next to an array into an
 # explicit `broadcast`. Because this happens before `bind`, `x * 2.0` means the
-# same thing in every interpreter. Here it is in the three we have, each compared
-# with the plain NumPy answer:
+# same thing in every interpreter. Here it is in the three we have: evaluation
+# next to NumPy's answer, `jvp` (the slope is 2 everywhere), and `vmap` along
+# each axis, the last compared with NumPy's answer:
 
 # %%
 v = np.array([1.0, 2.0, 3.0])
 scale = lambda x: x * 2.0 + 1.0
-
 print(scale(v), v * 2.0 + 1.0)
 print(jvp(scale, (v,), (np.ones(3),)))
 batch = np.arange(6.0).reshape(2, 3)
@@ -1952,6 +1965,10 @@ show_error(lambda: 1 if leaked[0] else 0)
 # - JAX's `jax.vmap` supports `in_axes` given as a pytree prefix, as ours does,
 #   as well as `out_axes` trees, named axes and `spmd_axis_name`; see the
 #   [`vmap` docs](https://docs.jax.dev/en/latest/_autosummary/jax.vmap.html).
+# - Our `jacfwd(f, x)` takes the function and the point together; JAX's
+#   [`jax.jacfwd(f)`](https://docs.jax.dev/en/latest/_autosummary/jax.jacfwd.html)
+#   returns a function, to be called as `jax.jacfwd(f)(x)`, and takes `argnums`
+#   to choose which arguments to differentiate.
 # - JAX no longer keeps a stack of numbered levels (the JAX installed here,
 #   0.10.2, is "stackless"): the trace of the running transformation is held in a
 #   context (`trace_ctx` in `jax._src.core`) and handles every operation, treating
