@@ -1849,19 +1849,19 @@ def lower_jaxpr(jaxpr: Jaxpr) -> ir.Module:
     return ctx.module
 
 
+# @title runtime and device_put: XLA's CPU client; copy a NumPy array to the device
+class _Runtime(NamedTuple):
+    client: Any
+    device: Any
+    sharding: Any
+
+
 @functools.cache
 def runtime() -> _Runtime:
     """XLA's CPU client and its first device (created on first use)."""
     client = jax.extend.backend.get_backend("cpu")
     device = client.local_devices()[0]
     return _Runtime(client, device, jax.sharding.SingleDeviceSharding(device))
-
-
-# @title device_put: copy a NumPy array to the device (and the runtime record)
-class _Runtime(NamedTuple):
-    client: Any
-    device: Any
-    sharding: Any
 
 
 def device_put(x: np.ndarray) -> Array:
@@ -1899,6 +1899,7 @@ class Array(ArrayOperators):
         return np.asarray(self._buffer, dtype=dtype, copy=copy)
 
 
+# let as_array (Part 1) accept Arrays as they are, without a copy
 DEVICE_ARRAY_TYPES = (Array,)
 
 
@@ -2004,9 +2005,6 @@ def jit(f: Callable) -> Callable:
     return f_jitted
 
 
-_jaxpr_types: dict[Jaxpr, JaxprType] = {}
-
-
 def jaxpr_type(jaxpr: Jaxpr) -> JaxprType:
     """typecheck_jaxpr, remembered per jaxpr."""
     if jaxpr not in _jaxpr_types:
@@ -2020,10 +2018,12 @@ def _xla_call_abstract_eval(*avals_in, jaxpr):
     return jaxpr_type(jaxpr).out_types
 
 
-# @title Checks: argument types against the jaxpr; weak keys for the type cache
+# @title Checks: argument types against the jaxpr; the type cache
 import weakref
 
-_jaxpr_types = weakref.WeakKeyDictionary()
+_jaxpr_types: weakref.WeakKeyDictionary[Jaxpr, JaxprType] = (
+    weakref.WeakKeyDictionary()
+)  # weak keys: a jaxpr nobody uses is not kept alive by its type
 
 
 def check_call_types(jaxpr: Jaxpr, args: Sequence[Any]) -> None:

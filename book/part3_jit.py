@@ -309,8 +309,9 @@ def lower_jaxpr(jaxpr: Jaxpr) -> ir.Module:
 
 
 # %% [markdown]
-# Here is a small function, its jaxpr, and the StableHLO we make of it. Apart from
-# syntax, the two programs say the same thing line for line:
+# Here is a small function, its jaxpr, and the StableHLO we make of it. Each
+# equation becomes one operation, plus a `stablehlo.constant` for each literal (the
+# `2.0`, and the zero that `reduce` starts from):
 
 
 # %%
@@ -326,29 +327,29 @@ print(str(lower_jaxpr(jaxpr)).rstrip())
 # %% [markdown]
 # ## Compiling and running
 #
-# To run the module we need XLA's client for the CPU, which `jaxlib` provides, and
-# a way to move arrays onto its device and back. Device memory is managed by
-# `jaxlib` buffer objects; `device_put`, in the folded cell below, copies a NumPy
+# To run the module we need XLA's client for the CPU, which `jaxlib` provides;
+# `runtime()` in the folded cell below returns it with its first device. We also
+# need a way to move arrays onto that device and back. Device memory is managed by
+# `jaxlib` buffer objects; `device_put`, in the same cell, copies a NumPy
 # array into one, keeping float64 as float64 (JAX's own front end would narrow it
 # to float32 unless its global x64 switch is on, a switch this module never
 # touches).
 
 
-# %% tags=["export"]
+# %% tags=["export", "hide-input"]
+# @title runtime and device_put: XLA's CPU client; copy a NumPy array to the device
+class _Runtime(NamedTuple):
+    client: Any
+    device: Any
+    sharding: Any
+
+
 @functools.cache
 def runtime() -> _Runtime:
     """XLA's CPU client and its first device (created on first use)."""
     client = jax.extend.backend.get_backend("cpu")
     device = client.local_devices()[0]
     return _Runtime(client, device, jax.sharding.SingleDeviceSharding(device))
-
-
-# %% tags=["export", "hide-input"]
-# @title device_put: copy a NumPy array to the device (and the runtime record)
-class _Runtime(NamedTuple):
-    client: Any
-    device: Any
-    sharding: Any
 
 
 def device_put(x: np.ndarray) -> Array:
@@ -394,6 +395,7 @@ class Array(ArrayOperators):
         return np.asarray(self._buffer, dtype=dtype, copy=copy)
 
 
+# let as_array (Part 1) accept Arrays as they are, without a copy
 DEVICE_ARRAY_TYPES = (Array,)
 
 
@@ -502,7 +504,9 @@ def _xla_call_impl(*args, jaxpr):
 # jaxpr for their types, and binds `xla_call`. Tracing happens once per *input
 # signature* (the argument structure plus each leaf's shape and dtype), so a second
 # call with new values of the same types goes straight to the compiled code. The
-# constants the jaxpr needs are moved to the device once, at tracing time.
+# tracing is Part 2's `_trace_to_jaxpr` (this is `make_jaxpr`, with the dynamic
+# level of Part 2, naming `jit` in its errors). The constants the jaxpr needs are
+# moved to the device once, at tracing time.
 #
 # One subtlety: if `f` closes over a tracer of an outer transformation (say, `jit`
 # inside a `jvp` of some other function), that tracer becomes one of the jaxpr's
@@ -546,15 +550,14 @@ def jit(f: Callable) -> Callable:
 # %% [markdown]
 # Before `jit` works under other interpreters, `xla_call` needs their rules. The
 # abstract evaluation rule checks the argument types against the jaxpr's input
-# types and returns its output types; we remember each jaxpr's type, since
-# checking a jaxpr takes time proportional to its size. The same check guards the
+# types and returns its output types; we remember each jaxpr's type (in
+# `_jaxpr_types`, made in the folded cell after it), since checking a jaxpr takes
+# time proportional to its size. The same check guards the
 # `impl` rule above and the `jvp` and `vmap` rules below: a compiled program would
 # happily read the bits of an integer array as floats.
 
+
 # %% tags=["export"]
-_jaxpr_types: dict[Jaxpr, JaxprType] = {}
-
-
 def jaxpr_type(jaxpr: Jaxpr) -> JaxprType:
     """typecheck_jaxpr, remembered per jaxpr."""
     if jaxpr not in _jaxpr_types:
@@ -571,15 +574,15 @@ def _xla_call_abstract_eval(*avals_in, jaxpr):
 # %% [markdown]
 # The folded cell holds the checks: `check_call_types` raises a `TypeError`
 # naming both signatures when the arguments' shapes or dtypes differ from the
-# jaxpr's inputs, and `check_xla_dtypes` refuses dtypes that XLA cannot hold. The
-# module also remembers jaxpr types in a dictionary with weak keys, so that a
-# jaxpr nobody uses any more does not stay in memory for its type's sake.
+# jaxpr's inputs, and `check_xla_dtypes` refuses dtypes that XLA cannot hold.
 
 # %% tags=["export", "hide-input"]
-# @title Checks: argument types against the jaxpr; weak keys for the type cache
+# @title Checks: argument types against the jaxpr; the type cache
 import weakref
 
-_jaxpr_types = weakref.WeakKeyDictionary()
+_jaxpr_types: weakref.WeakKeyDictionary[Jaxpr, JaxprType] = (
+    weakref.WeakKeyDictionary()
+)  # weak keys: a jaxpr nobody uses is not kept alive by its type
 
 
 def check_call_types(jaxpr: Jaxpr, args: Sequence[Any]) -> None:
@@ -610,12 +613,12 @@ def check_xla_dtypes(avals: Sequence[ShapedArray]) -> None:
 
 # %% [markdown]
 # The JVP rule is where initial style pays off. It does not run `f` again; it
-# transforms the jaxpr: trace `jvp` of the jaxpr's function (using Part 2's
-# `eval_jaxpr`, which calls `bind`, which reaches the JVP rules of the
-# primitives inside) into a new jaxpr that takes primals and tangents and returns
-# both. Then it calls *that* jaxpr with `xla_call`, so the derivative is compiled
-# too. The batching rule does the same with `vmap`, moving every batch axis to the
-# front first.
+# transforms the jaxpr. `jaxpr_as_fun` (Part 2) turns the jaxpr back into a Python
+# function; `make_jaxpr` of its `jvp`, traced at the input types twice over
+# (primals, then tangents), gives a new jaxpr from (primals, tangents) to (primal
+# outputs, tangent outputs). Like every traced jaxpr it may have constants, which
+# come first among its inputs. The rule binds `xla_call` on that new jaxpr, so the
+# interpreter below (evaluation, in the end) compiles the derivative too.
 
 
 # %% tags=["export"]
@@ -642,6 +645,23 @@ def _xla_call_jvp(primals, tangents, *, jaxpr):
     return outs[:n], outs[n:]
 
 
+# %% [markdown]
+# Here is the derivative's jaxpr for `scaled_wave` from above. Its inputs are `a b
+# c`: `b` is the primal and `c` the tangent, and `a` is a constant, the zero
+# tangent of the broadcast `2.0`.
+
+# %%
+print(jvp_jaxpr(jaxpr)[0])
+
+
+# %% [markdown]
+# The batching rule does the same with `vmap`. It first moves every batch axis to
+# the front, so that the new jaxpr takes each batched input with the batch on axis
+# 0 and returns every output batched on axis 0. An `xla_call` with no batched
+# input is left as it is.
+
+
+# %% tags=["export"]
 @functools.cache
 def vmap_jaxpr(jaxpr: Jaxpr, axis_size: int, batched: tuple[bool, ...]):
     """A jaxpr computing ``jaxpr`` on a batch (axis 0) of the batched inputs."""
@@ -708,7 +728,7 @@ y = np.array([1.0, 2.0, 3.0])
 print(wave(x, y))
 print(wave(x + 1.0, y))
 print(wave(np.ones(2), np.ones(2)))
-print(sin(x) * y + cos(y))
+print(sin(x) * y + cos(y))  # eager, for comparison
 
 # %% [markdown]
 # The result is a device `Array`. It feeds the next jitted call without a trip
@@ -726,7 +746,8 @@ print(np.asarray(z, dtype=np.float32))
 # rule, `jit` composes with everything we have built, in any order. `jvp` of a
 # jitted function compiles the derivative; `jit` of a `jvp` traces the
 # derivative's equations into one compiled program; `vmap` of a jitted function
-# compiles a batched program. All agree with eager evaluation:
+# compiles a batched program. All agree with eager evaluation (the last line is
+# the eager result for the batch):
 
 
 # %%
@@ -739,6 +760,14 @@ print(jvp(f, (x0,), (np.ones(2),)))
 print(jvp(jit(f), (x0,), (np.ones(2),)))
 print(jit(lambda x, t: jvp(f, (x,), (t,)))(x0, np.ones(2)))
 print(vmap(jit(f), (0,))(np.stack([x0, 2 * x0])))
+print(np.stack([f(x0), f(2 * x0)]))
+
+# %% [markdown]
+# Under `make_jaxpr`, `jvp` of the jitted `f` is a single `xla_call` whose jaxpr
+# returns both the primal and the tangent:
+
+# %%
+print(make_jaxpr(lambda x: jvp(jit(f), (x,), (1.0,)), ShapedArray((), np.float64))[0])
 
 # %% [markdown]
 # Nested `jit`s show up as nested jaxprs, and lower to function calls:
@@ -757,12 +786,12 @@ print(str(lower_jaxpr(call_eqn.params["jaxpr"])).rstrip())
 # %% [markdown]
 # ## What `jit` refuses, and why
 #
-# Some Python is fine under `jvp` and `vmap` but not under `jit`, because `jit`
-# traces with abstract values only. An `if` on a traced value cannot be decided
-# without the value; `jit` says so, and points to `cond`, which Part 5 builds. A
-# function whose result is not an array cannot be compiled. A shape mistake is
-# found while tracing, before anything runs, and the error's traceback goes
-# through the line of your function that made it.
+# An `if` on a traced value works under `jvp`, whose primal is concrete, but not
+# under `jit`, which knows only types: the branch cannot be decided without the
+# value. `jit` says so, and points to `cond`, which Part 5 builds. Two other
+# mistakes that any transformation would catch, a result that is not an array and
+# operands whose shapes do not match, are caught under `jit` while tracing, before
+# anything runs.
 #
 # The folded cell defines `show_error`, which calls a function and prints the
 # error it raises.
@@ -799,8 +828,11 @@ show_error(jit(lambda x, y: x * y), np.ones(3), np.ones(2))
 #   without running any Python. The {ref}`performance page <performance>` builds
 #   the same shortcut in Python and compares the two.
 # - We pass a jaxpr's constants to the executable as extra arguments, uploaded
-#   once; JAX embeds closed-over arrays in the StableHLO module as
-#   `stablehlo.constant`s, so they are compiled into the program.
+#   once. JAX embeds small closed-over arrays in the StableHLO module as
+#   `stablehlo.constant`s, compiled into the program, and passes larger ones as
+#   extra arguments, as we do; the size limit is the option
+#   `jax_embedded_constants_max_bytes` (see
+#   [the JAX docs on constants](https://docs.jax.dev/en/latest/internals/constants.html)).
 # - JAX can also donate argument buffers to the computation and can keep compiled
 #   programs in a [cache on disk](https://docs.jax.dev/en/latest/persistent_compilation_cache.html).
 # - JAX lowers with source locations attached to every operation, so compiler
