@@ -2878,9 +2878,8 @@ def _cond_lower(ctx, avals_in, avals_out, pred, *operands, true_jaxpr, false_jax
 
 def transform_branches(transform: Callable, branches: dict, *args: Any) -> tuple:
     """Apply ``transform`` to both branches and join the constants it makes."""
-    transform = getattr(transform, "__wrapped__", transform)  # no functools.cache:
-    # a cond's branches are new jaxprs on every trace, so caching would only
-    # keep old ones alive
+    # no cache: branches are new jaxprs on every trace
+    transform = getattr(transform, "__wrapped__", transform)
     true_jaxpr, true_consts = transform(branches["true_jaxpr"], *args)
     false_jaxpr, false_consts = transform(branches["false_jaxpr"], *args)
     return join_consts(true_jaxpr, true_consts, false_jaxpr, false_consts)
