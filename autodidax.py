@@ -2878,6 +2878,8 @@ def _cond_lower(ctx, avals_in, avals_out, pred, *operands, true_jaxpr, false_jax
 
 def transform_branches(transform: Callable, branches: dict, *args: Any) -> tuple:
     """Apply ``transform`` to both branches and join the constants it makes."""
+    # no cache: branches are new jaxprs on every trace
+    transform = getattr(transform, "__wrapped__", transform)
     true_jaxpr, true_consts = transform(branches["true_jaxpr"], *args)
     false_jaxpr, false_consts = transform(branches["false_jaxpr"], *args)
     return join_consts(true_jaxpr, true_consts, false_jaxpr, false_consts)
@@ -2890,15 +2892,6 @@ def _cond_jvp(primals, tangents, **branches):
     outs = bind(cond_p, pred, *consts, *operands, *tangents[1:], **jvp_branches)
     n = len(outs) // 2
     return outs[:n], outs[n:]
-
-
-# @title transform_branches, bypassing the caches of jvp_jaxpr and the others
-def transform_branches(transform: Callable, branches: dict, *args: Any) -> tuple:
-    """Apply ``transform`` to both branches and join the constants it makes."""
-    transform = getattr(transform, "__wrapped__", transform)  # functools.cache
-    true_jaxpr, true_consts = transform(branches["true_jaxpr"], *args)
-    false_jaxpr, false_consts = transform(branches["false_jaxpr"], *args)
-    return join_consts(true_jaxpr, true_consts, false_jaxpr, false_consts)
 
 
 select_p = Primitive("select")
@@ -3069,6 +3062,7 @@ def _cond_partial_eval(trace, tracers, **branches):
     ]
 
 
+# @title The jaxpr rule: two cond equations joined by residual variables
 @cond_p.def_rule("partial_eval_jaxpr")
 def _cond_partial_eval_jaxpr(unks_in, eqn):
     (pred_unknown, *in_unknowns), (pred, *operands) = unks_in, eqn.inputs

@@ -75,8 +75,8 @@ book_setup.load_book(globals(), before="part5_cond")
 # %% [markdown]
 # ## Where Python's `if` stops working
 #
-# Here is a function with a kink: a sine on one side of zero, a scaled cosine on
-# the other. Written with a Python `if`, it evaluates and differentiates, but it
+# Here is a function with a jump at zero: $x \sin x$ on one side,
+# $3 \cos x$ on the other. Written with a Python `if`, it evaluates and differentiates, but it
 # cannot be compiled, and it cannot be batched over inputs with different signs.
 
 # %% tags=["hide-input"]
@@ -92,15 +92,15 @@ def show_error(fn, *args):
 
 
 # %%
-def kinked(x):
+def jumpy(x):
     if x > 0.0:
         return sin(x) * x
     return cos(x) * 3.0
 
 
-print(kinked(1.2), grad(kinked)(1.2), grad(kinked)(-0.5))
-show_error(jit(kinked), 1.2)
-show_error(vmap(kinked), np.array([1.2, -0.5]))
+print(jumpy(1.2), grad(jumpy)(1.2), grad(jumpy)(-0.5))
+show_error(jit(jumpy), 1.2)
+show_error(vmap(jumpy), np.array([1.2, -0.5]))
 
 # %% [markdown]
 # ## `cond` as a primitive
@@ -121,8 +121,8 @@ show_error(vmap(kinked), np.array([1.2, -0.5]))
 # inputs. So we **join the constants**: the equation's inputs are the true
 # branch's constants, then the false branch's, then the operands, and each jaxpr
 # gets unused input binders for the other branch's constants. Both jaxprs then
-# have the same input type, and the operands of `cond` are simply whatever the
-# taken branch reads. `join_consts` returns the joined constants and the two
+# have the same input type, and at run time the taken branch simply ignores the
+# inputs meant for the other. `join_consts` returns the joined constants and the two
 # branches as the keyword parameters of the equation.
 
 # %% tags=["export"]
@@ -290,13 +290,13 @@ def _cond_abstract_eval(pred, *avals_in, true_jaxpr, false_jaxpr):
 
 
 # %%
-def kinked(x):
+def jumpy(x):
     return cond(x > 0.0, lambda x: sin(x) * x, lambda x: cos(x) * 3.0, x)
 
 
-print(kinked(1.2), kinked(-0.5))
+print(jumpy(1.2), jumpy(-0.5))
 scalar = ShapedArray((), np.float64)
-print(make_jaxpr(kinked, scalar)[0])
+print(make_jaxpr(jumpy, scalar)[0])
 
 # %% [markdown]
 # Closures show the joining of constants. Each branch below closes over a
@@ -344,15 +344,15 @@ def _cond_lower(ctx, avals_in, avals_out, pred, *operands, true_jaxpr, false_jax
 
 
 # %%
-print(str(lower_jaxpr(make_jaxpr(kinked, scalar)[0])).rstrip())
+print(str(lower_jaxpr(make_jaxpr(jumpy, scalar)[0])).rstrip())
 
 # %% [markdown]
 # And `jit` now compiles the function it could not trace before. Tracing happens
 # once; each call runs the branch its predicate selects, on the device.
 
 # %%
-kinked_jit = jit(kinked)
-print(kinked_jit(1.2), kinked_jit(-0.5), kinked(1.2), kinked(-0.5))
+jumpy_jit = jit(jumpy)
+print(jumpy_jit(1.2), jumpy_jit(-0.5), jumpy(1.2), jumpy(-0.5))
 
 
 # %% [markdown]
@@ -372,6 +372,8 @@ print(kinked_jit(1.2), kinked_jit(-0.5), kinked(1.2), kinked(-0.5))
 # %% tags=["export"]
 def transform_branches(transform: Callable, branches: dict, *args: Any) -> tuple:
     """Apply ``transform`` to both branches and join the constants it makes."""
+    # no cache: branches are new jaxprs on every trace
+    transform = getattr(transform, "__wrapped__", transform)
     true_jaxpr, true_consts = transform(branches["true_jaxpr"], *args)
     false_jaxpr, false_consts = transform(branches["false_jaxpr"], *args)
     return join_consts(true_jaxpr, true_consts, false_jaxpr, false_consts)
@@ -386,30 +388,14 @@ def _cond_jvp(primals, tangents, **branches):
     return outs[:n], outs[n:]
 
 
-# %% [markdown]
-# The module's `transform_branches` calls the transformations without their
-# caches, since a `cond`'s branches are traced anew each time the enclosing
-# function runs, and caching their transforms would only keep old jaxprs alive.
-
-
-# %% tags=["export", "hide-input"]
-# @title transform_branches, bypassing the caches of jvp_jaxpr and the others
-def transform_branches(transform: Callable, branches: dict, *args: Any) -> tuple:
-    """Apply ``transform`` to both branches and join the constants it makes."""
-    transform = getattr(transform, "__wrapped__", transform)  # functools.cache
-    true_jaxpr, true_consts = transform(branches["true_jaxpr"], *args)
-    false_jaxpr, false_consts = transform(branches["false_jaxpr"], *args)
-    return join_consts(true_jaxpr, true_consts, false_jaxpr, false_consts)
-
-
 # %%
-def kinked_slope(x):
+def jumpy_slope(x):
     return np.cos(x) * x + np.sin(x) if x > 0 else -3.0 * np.sin(x)
 
 
 for x in [1.2, -0.5]:
-    print(x, jvp(kinked, (x,), (1.0,))[1], kinked_slope(x))
-print(make_jaxpr(lambda x, t: jvp(kinked, (x,), (t,)), scalar, scalar)[0])
+    print(x, jvp(jumpy, (x,), (1.0,))[1], jumpy_slope(x))
+print(make_jaxpr(lambda x, t: jvp(jumpy, (x,), (t,)), scalar, scalar)[0])
 
 # %% [markdown]
 # (part5-vmap)=
@@ -557,13 +543,17 @@ def _select_per_example(pred: Any, on_true: Any, on_false: Any) -> Any:
 
 # %% [markdown]
 # Both cases at work, on the function that defeated `vmap` at the start of the
-# chapter (a batched predicate) and on a batch under one shared predicate:
+# chapter (a batched predicate: both branches and a `select`) and on a batch under
+# one shared predicate, whose jaxpr has a single `cond` with branches working on
+# the whole batch:
 
 # %%
 xs = np.array([1.2, -0.5, 0.3])
-print(vmap(kinked)(xs), np.where(xs > 0, np.sin(xs) * xs, np.cos(xs) * 3.0))
-print(make_jaxpr(vmap(kinked), vector)[0])
+print(vmap(jumpy)(xs), np.where(xs > 0, np.sin(xs) * xs, np.cos(xs) * 3.0))
+print(make_jaxpr(vmap(jumpy), vector)[0])
 print(vmap(scale_or_shift, (None, 0))(True, np.ones((2, 3))))
+batch = ShapedArray((2, 3), np.float64)
+print(make_jaxpr(lambda v: vmap(scale_or_shift, (None, 0))(True, v), batch)[0])
 
 
 # %% [markdown]
@@ -575,10 +565,14 @@ print(vmap(scale_or_shift, (None, 0))(True, np.ones((2, 3))))
 # different strategy (or would have to be refused). Even with pure branches there
 # are two costs to keep in mind: the work of both branches is always done, and
 # the discarded branch still computes on inputs it was meant to be protected
-# from. If the `cond` exists to avoid, say, a logarithm of a negative number, the
-# unselected side produces a NaN, which `select` drops from the value — but
-# reverse mode multiplies that side's derivative by a zero cotangent, and `0 ×
-# ∞` is a NaN that does reach the gradient.
+# from. If the `cond` exists to keep, say, a logarithm (one of the
+# {ref}`appendix's <appendix>` primitives) away from zero, the
+# unselected side computes $\log 0 = -\infty$, which `select` drops from the
+# value. But when the batched function is differentiated (`grad` of a `vmap`),
+# reverse mode multiplies that side's derivative, $1/0 = \infty$, by the zero
+# cotangent `select` sends it, and `0 × ∞` is a NaN that does reach the gradient.
+# `vmap(grad(f))` is safe, because there the backward pass itself runs inside the
+# `select`.
 #
 # (part5-partial-eval)=
 # ## Partial evaluation: both branches, split the same way
@@ -662,11 +656,39 @@ def _with_zero_outputs(jaxpr: Jaxpr, at: int, avals: list[ShapedArray]) -> Jaxpr
 
 
 # %% [markdown]
-# The two rules then follow the pattern of `xla_call`'s. At trace time, the known
-# `cond` is bound right away, so its work happens now (compiled, if we are under
-# `jit`). On a jaxpr, the equation is replaced by two `cond` equations joined by
-# fresh residual variables. If the predicate itself is unknown, nothing can be
-# decided early, and the whole `cond` goes to the unknown side.
+# Here is the split on the JVP of `jumpy`, whose second equation is the `cond`,
+# with the primal known and the tangent unknown. The known `cond` returns the
+# primal output and five residuals: three for the true branch ($\cos x$, $x$ and
+# $\sin x$) and two for the false branch ($\sin x$, and $\cos x$ times the zero
+# tangent of the constant 3.0, since our JVP has no symbolic zeros). Each branch
+# puts literal zeros in the other's slots. The unknown `cond` takes the predicate,
+# the five residuals and the tangent, and each of its branches reads only its own
+# residuals.
+
+# %%
+jumpy_jvp = make_jaxpr(lambda x, t: jvp(jumpy, (x,), (t,)), scalar, scalar)[0]
+known, unknown, out_unks, res_avals = split_branches(
+    jumpy_jvp.eqns[1].params, [False, True]
+)
+for half, branches in [("known", known), ("unknown", unknown)]:
+    for name in ["true_jaxpr", "false_jaxpr"]:
+        print(f"{half} {name}:", branches[name])
+
+
+# %% [markdown]
+# With the branches split, the trace-time rule, for a known predicate:
+#
+# 1. Bind a `cond` of the known halves on the predicate and the known operands.
+#    It runs now (compiled, if we are under `jit`) and returns the known outputs
+#    followed by the joined residuals.
+# 2. Turn the predicate and each residual into an input of the staged program
+#    (`instantiate_const`).
+# 3. Stage a `cond` of the unknown halves on the predicate, the residuals and the
+#    unknown operands.
+# 4. Put the outputs back in their original order.
+#
+# If the predicate itself is unknown, nothing can be decided early, and the whole
+# `cond` is staged.
 
 
 # %% tags=["export"]
@@ -689,6 +711,14 @@ def _cond_partial_eval(trace, tracers, **branches):
     ]
 
 
+# %% [markdown]
+# The rule for partial evaluation of a jaxpr mirrors it: it replaces the equation
+# by the same two `cond`s, as equations joined by fresh residual variables, and
+# reports the predicate as a residual too.
+
+
+# %% tags=["export", "hide-input"]
+# @title The jaxpr rule: two cond equations joined by residual variables
 @cond_p.def_rule("partial_eval_jaxpr")
 def _cond_partial_eval_jaxpr(unks_in, eqn):
     (pred_unknown, *in_unknowns), (pred, *operands) = unks_in, eqn.inputs
@@ -707,25 +737,6 @@ def _cond_partial_eval_jaxpr(unks_in, eqn):
     )
     pred_residual = [pred] if isinstance(pred, Var) else []
     return eqn_known, eqn_unknown, out_unknowns, pred_residual + residuals
-
-
-# %% [markdown]
-# Here is the split on the JVP of `kinked`, with the primal known and the tangent
-# unknown. The known `cond` returns the primal output and five residuals: three
-# for the true branch ($\cos x$, $x$ and $\sin x$) and two for the false branch
-# ($\sin x$, and $\cos x$ times the zero tangent of the constant 3.0, since our
-# JVP has no symbolic zeros). Each branch puts literal zeros in the other's slots.
-# The unknown `cond` takes the predicate, the five residuals and the tangent, and
-# each of its branches reads only its own residuals.
-
-# %%
-kinked_jvp = make_jaxpr(lambda x, t: jvp(kinked, (x,), (t,)), scalar, scalar)[0]
-known, unknown_half, out_unks, num_res = partial_eval_jaxpr(kinked_jvp, [False, True])
-names = _Names()
-print("known half:")
-print(pp_jaxpr(known, names=names))
-print("unknown half:")
-print(pp_jaxpr(unknown_half, names=names))
 
 
 # %% [markdown]
@@ -756,13 +767,13 @@ def _cond_transpose(cts, pred, *args, **branches):
 
 
 # %% [markdown]
-# That was the last rule. `grad` of `kinked`, eagerly, compiled, and batched over
-# points on both sides of the kink:
+# That was the last rule. `grad` of `jumpy`, eagerly, compiled, and batched over
+# points on both sides of the jump:
 
 # %%
 for x in [1.2, -0.5]:
-    print(x, grad(kinked)(x), jit(grad(kinked))(x), kinked_slope(x))
-print(vmap(grad(kinked))(xs), np.array([kinked_slope(x) for x in xs]))
+    print(x, grad(jumpy)(x), jit(grad(jumpy))(x), jumpy_slope(x))
+print(vmap(grad(jumpy))(xs), np.array([jumpy_slope(x) for x in xs]))
 
 
 # %% [markdown]
@@ -770,9 +781,11 @@ print(vmap(grad(kinked))(xs), np.array([kinked_slope(x) for x in xs]))
 #
 # Conditionals nest, close over values of enclosing transformations, and mix with
 # every transformation in every order. Here is a function whose outer `cond`
-# contains another `cond` in one branch, and whose branches close over `w`, a
-# value being differentiated. Its derivative with respect to `x`, by hand, is
-# $2\cos(2x)\,w$ for $x > 1$, $-\sin(x)$ for $0 < x \le 1$ and $w$ otherwise.
+# contains another `cond` in one branch, and whose branches close over `w`, an
+# argument of the enclosing function. Its derivative with respect to `x`, by hand,
+# is $2\cos(2x)\,w$ for $x > 1$, $-\sin(x)$ for $0 < x \le 1$ and $w$ otherwise.
+# The last line differentiates with respect to `w` instead, through the closures:
+# by hand, $\sin(2x)$, $0$ and $x$ on the three pieces.
 
 
 # %%
@@ -794,21 +807,23 @@ results = {
 }
 for name, value in results.items():
     print(f"{name:16} {np.asarray(value)}  {np.allclose(value, expected)}")
+d_w = vmap(lambda x: grad(lambda w: nested(x, w))(w))(points)
+print(f"{'d/dw':16} {d_w}  {np.allclose(d_w, [np.sin(3.4), 0.0, -0.8])}")
 
 
 # %% [markdown]
 # Second derivatives go through the same rules twice. For the true branch of
-# `kinked`, $(x \sin x)'' = 2\cos x - x \sin x$; for the false branch,
+# `jumpy`, $(x \sin x)'' = 2\cos x - x \sin x$; for the false branch,
 # $(3\cos x)'' = -3\cos x$:
 
 
 # %%
-def kinked_curvature(x):
+def jumpy_curvature(x):
     return 2 * np.cos(x) - x * np.sin(x) if x > 0 else -3.0 * np.cos(x)
 
 
-print(vmap(grad(grad(kinked)))(xs), np.array([kinked_curvature(x) for x in xs]))
-print(jit(grad(jit(grad(kinked))))(-0.5), kinked_curvature(-0.5))
+print(vmap(grad(grad(jumpy)))(xs), np.array([jumpy_curvature(x) for x in xs]))
+print(jit(grad(jit(grad(jumpy))))(-0.5), jumpy_curvature(-0.5))
 
 # %% [markdown]
 # ## Mistakes `cond` catches
@@ -830,7 +845,8 @@ show_error(jit(lambda x: cond(x, sin, cos, x)), one)  # float predicate, under j
 # ## Where real JAX differs
 #
 # - [`jax.lax.cond`](https://docs.jax.dev/en/latest/_autosummary/jax.lax.cond.html)
-#   also accepts an integer predicate (nonzero is true), and is built on the more
+#   also accepts an integer or floating-point scalar as the predicate (nonzero is
+#   true), and is built on the more
 #   general [`jax.lax.switch`](https://docs.jax.dev/en/latest/_autosummary/jax.lax.switch.html):
 #   its `cond` primitive takes an integer index and a tuple of branches, and a
 #   boolean predicate becomes index 0 (false) or 1 (true).
@@ -858,8 +874,9 @@ show_error(jit(lambda x: cond(x, sin, cos, x)), one)  # float predicate, under j
 # - `cond` is a primitive whose parameters are two jaxprs with one type. Tracing
 #   the branches turns their closed-over values into constants, and joining the
 #   constants gives both branches the same inputs.
-# - Evaluation runs one branch; lowering emits `stablehlo.if`; `jvp` and `vmap`
-#   of a `cond` are `cond`s of the transformed branches.
+# - Evaluation runs one branch; lowering emits `stablehlo.if`; `jvp` of a `cond`,
+#   and `vmap` of one whose predicate is shared by the batch, are `cond`s of the
+#   transformed branches.
 # - A predicate that varies across a batch turns `cond` into both branches
 #   followed by a `select`, which is faithful only because our primitives have no
 #   side effects.

@@ -1739,3 +1739,23 @@ def test_constant_predicate_is_a_literal(pred):
     check(ad.grad(ad.jit(f))(0.7), jax.grad(f_jax)(0.7))
     check(ad.linearize(ad.jit(f), 0.7)[1](2.0), jax.jvp(f_jax, (0.7,), (2.0,))[1])
     check(ad.vmap(ad.grad(ad.jit(f)))(xs), jax.vmap(jax.grad(f_jax))(xs))
+
+
+def test_discarded_branch_nan_only_in_grad_of_vmap():
+    """The chapter's caveat: a log kept away from zero by a batched cond. The
+    gradient of the batched function picks up 0 x inf = nan from the discarded
+    branch (JAX's stop_gradient avoids it); vmap of grad agrees with JAX."""
+
+    def make(cond, log, total):
+        f = lambda x: cond(x > 0.0, log, lambda x: x, x)  # noqa: E731
+        return f, lambda xs: total(xs, f)
+
+    xs = np.array([1.0, 0.0, -1.0])
+    f, summed = make(ad.cond, ad.log, lambda xs, f: ad.reduce_sum(ad.vmap(f)(xs)))
+    f_jax, summed_jax = make(lax.cond, jnp.log, lambda xs, f: jnp.sum(jax.vmap(f)(xs)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ours = ad.grad(summed)(xs)
+        check(ad.vmap(ad.grad(f))(xs), jax.vmap(jax.grad(f_jax))(xs))
+    theirs = np.asarray(jax.grad(summed_jax)(xs))
+    assert np.isnan(ours[1]) and not np.isnan(theirs[1])
+    check(ours[[0, 2]], theirs[[0, 2]])
