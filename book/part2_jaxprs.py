@@ -54,8 +54,9 @@
 # ## Picking up where Part 1 left off
 #
 # This notebook starts by loading the library code of Part 1 from the module
-# `autodidax`. The folded cell below does it (with `autodidax.load_chapters`,
-# called by the book's small setup helper), which runs that code *in this notebook's namespace* rather than importing it: this
+# `autodidax`. The folded cell below does it with `autodidax.load_chapters`
+# (called by the book's small setup helper), which runs that code *in this
+# notebook's namespace* rather than importing it: this
 # chapter replaces a couple of Part 1's functions, and the replacements must be
 # seen by all the code that calls them, exactly as if both chapters ran in one
 # kernel. In Colab the cell first installs the JAX release the book is tested
@@ -292,9 +293,9 @@ print(hand_made)
 # checks the inputs and the params. The checks of the binary operations give
 # the same messages as Part 1's wrappers; the others say what is wrong in terms
 # of types and params (`sin: expected a float array, got int64[2]`), since a
-# jaxpr built by hand never passed through a wrapper. They insist on params in the form the wrappers
-# produce (axes as a tuple of non-negative integers), so that every later
-# interpreter can rely on it. Their bodies are folded below the rules.
+# jaxpr built by hand never passed through a wrapper. They insist on params in
+# the form the wrappers produce (axes as a tuple of non-negative integers), so
+# that every later interpreter can rely on it. Their bodies are folded below the rules.
 
 
 # %% tags=["export"]
@@ -794,7 +795,8 @@ print(make_jaxpr_v1(lambda x: x * 2.0, vec3)[0])
 # 4.0. In the second, the scalar `2.0` was broadcast to a vector *while tracing*,
 # and the jaxpr received the result, a whole `float64[3]` array, as a constant
 # input: `a`, the first input, is the broadcast constant `[2., 2., 2.]`, and `b`
-# is `x`. Both follow from {ref}`Part 1's rule for choosing an interpreter <part1-bind>`: `bind` looks
+# is `x`. Both jaxprs follow from
+# {ref}`Part 1's rule for choosing an interpreter <part1-bind>`: `bind` looks
 # only at the *inputs* of an operation. `mul(2.0, 2.0)` involves no tracer, so the
 # evaluation interpreter runs it on the spot, and the recording interpreter never
 # hears of it.
@@ -1021,9 +1023,9 @@ print(make_jaxpr(total, ShapedArray((2, 3, 4), np.float64))[0])
 #
 # A shape or dtype mistake is raised *during tracing*, from the line that made
 # it (a traceback would show it), before any data exists. Part 1's wrappers
-# catch most mistakes before `bind` runs; calling `bind` directly skips them, and
-# then the abstract evaluation rule catches the mistake as the equation is
-# recorded:
+# catch most mistakes before `bind` runs, as `add` does in the first line below;
+# calling `bind` directly skips them, and then the abstract evaluation rule
+# catches the mistake as the equation is recorded:
 
 # %%
 show_error(lambda: make_jaxpr(lambda x, y: add(x, y), vec3, scalar))
