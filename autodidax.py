@@ -571,13 +571,13 @@ def new_level(trace_type: type[Trace], payload: Any = None) -> Iterator[Level]:
         stack.pop()
 
 
-def _bottom_level() -> Level:  # where the search for the top trace starts
+def _search_start() -> Level:  # where the search for the top trace starts
     return _state.stack[0]
 
 
 def find_top_trace(args: Sequence[Any]) -> Trace:
     """The trace of the highest level among the tracers in ``args``."""
-    top = _bottom_level()
+    top = _search_start()
     for x in args:
         if isinstance(x, Tracer):
             x.check_live()
@@ -1182,12 +1182,16 @@ def _single_output(out: Any) -> Any:
 class Var:
     """A jaxpr variable: a placeholder for an array of type ``aval``."""
 
+    __slots__ = ("aval",)
+
     def __init__(self, aval: ShapedArray) -> None:
         self.aval = aval
 
 
 class Lit:
     """A literal: a scalar constant written into an equation."""
+
+    __slots__ = ("val", "aval")
 
     def __init__(self, val: Any) -> None:
         self.val = as_array(val, "Lit")
@@ -1225,7 +1229,7 @@ class JaxprType(NamedTuple):
     out_types: list[ShapedArray]
 
 
-# @title How a jaxpr type prints: (float64[3]) -> (float64[3])
+# @title How a jaxpr type prints, (float64[3]) -> (float64[3]); a Jaxpr's repr
 def _jaxpr_type_str(self: JaxprType) -> str:
     ins = ", ".join(t.str_short() for t in self.in_types)
     outs = ", ".join(t.str_short() for t in self.out_types)
@@ -1233,29 +1237,6 @@ def _jaxpr_type_str(self: JaxprType) -> str:
 
 
 JaxprType.__str__ = _jaxpr_type_str
-
-
-# @title The module's Var and Lit (with __slots__) and Jaxpr's repr
-class Var:
-    """A jaxpr variable: a placeholder for an array of type ``aval``."""
-
-    __slots__ = ("aval",)
-
-    def __init__(self, aval: ShapedArray) -> None:
-        self.aval = aval
-
-
-class Lit:
-    """A literal: a scalar constant written into an equation."""
-
-    __slots__ = ("val", "aval")
-
-    def __init__(self, val: Any) -> None:
-        self.val = as_array(val, "Lit")
-        self.aval = get_aval(self.val)
-
-
-Atom = Var | Lit
 Jaxpr.__repr__ = lambda self: f"<Jaxpr with {len(self.eqns)} equations>\n{self}"
 
 
@@ -1602,10 +1583,7 @@ class JaxprTrace(Trace):
         return outs
 
 
-from contextlib import nullcontext
-
-
-def _trace_to_jaxpr(f, avals_in, dynamic, who="make_jaxpr"):
+def _trace_to_jaxpr(f, avals_in, who="make_jaxpr"):
     """Trace ``f``; ``who`` names the user-facing function in error messages."""
     avals, in_tree = _avals_for_tracing(avals_in, who)
     flat_f = flatten_fun(f, in_tree)
@@ -1613,8 +1591,7 @@ def _trace_to_jaxpr(f, avals_in, dynamic, who="make_jaxpr"):
     with new_level(JaxprTrace, builder) as level:
         trace = JaxprTrace(level)
         tracers_in = [trace.new_arg(aval) for aval in avals]
-        with new_dynamic(level) if dynamic else nullcontext():
-            outs = flat_f(*tracers_in)
+        outs = flat_f(*tracers_in)
         outs = [_as_input(out, f"{who}: output of the function") for out in outs]
         jaxpr, consts = builder.build(tracers_in, [trace.full_raise(x) for x in outs])
     return jaxpr, consts, flat_f.out_tree
@@ -1622,7 +1599,7 @@ def _trace_to_jaxpr(f, avals_in, dynamic, who="make_jaxpr"):
 
 def make_jaxpr_v1(f: Callable, *avals_in: Any) -> tuple[Jaxpr, list, PyTreeDef]:
     """Trace ``f``, choosing interpreters by data dependence only."""
-    return _trace_to_jaxpr(f, avals_in, dynamic=False)
+    return _trace_to_jaxpr(f, avals_in)
 
 
 # @title Checks: make_jaxpr's arguments are types, or arrays standing for them
@@ -1656,9 +1633,28 @@ def new_dynamic(level: Level) -> Iterator[None]:
         _state.dynamic = previous
 
 
-def _bottom_level() -> Level:
+def _search_start() -> Level:
     """Where the search for the top trace starts: the dynamic level."""
     return _state.dynamic
+
+
+# @title _trace_to_jaxpr again, with the dynamic level set around the call
+from contextlib import nullcontext
+
+
+def _trace_to_jaxpr(f, avals_in, dynamic=False, who="make_jaxpr"):
+    """Trace ``f``; with ``dynamic``, operations on constants are recorded too."""
+    avals, in_tree = _avals_for_tracing(avals_in, who)
+    flat_f = flatten_fun(f, in_tree)
+    builder = JaxprBuilder()
+    with new_level(JaxprTrace, builder) as level:
+        trace = JaxprTrace(level)
+        tracers_in = [trace.new_arg(aval) for aval in avals]
+        with new_dynamic(level) if dynamic else nullcontext():  # new
+            outs = flat_f(*tracers_in)
+        outs = [_as_input(out, f"{who}: output of the function") for out in outs]
+        jaxpr, consts = builder.build(tracers_in, [trace.full_raise(x) for x in outs])
+    return jaxpr, consts, flat_f.out_tree
 
 
 def make_jaxpr(f: Callable, *avals_in: Any) -> tuple[Jaxpr, list, PyTreeDef]:

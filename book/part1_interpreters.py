@@ -834,13 +834,13 @@ def new_level(trace_type: type[Trace], payload: Any = None) -> Iterator[Level]:
         stack.pop()
 
 
-def _bottom_level() -> Level:  # where the search for the top trace starts
+def _search_start() -> Level:  # where the search for the top trace starts
     return _state.stack[0]
 
 
 def find_top_trace(args: Sequence[Any]) -> Trace:
     """The trace of the highest level among the tracers in ``args``."""
-    top = _bottom_level()
+    top = _search_start()
     for x in args:
         if isinstance(x, Tracer):
             x.check_live()

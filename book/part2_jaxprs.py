@@ -47,15 +47,16 @@
 # 4. `make_jaxpr`, which produces a jaxpr by {term}`tracing`: running the function on
 #    tracers that write down every primitive they meet;
 # 5. a flaw in choosing interpreters by data dependence, and its fix: a
-#    *{term}`dynamic trace`*, the level where the search for an interpreter
+#    *{term}`dynamic level`*, the level where the search for an interpreter
 #    starts, which is the recording level while we record.
 #
 # (part2-setup)=
 # ## Picking up where Part 1 left off
 #
 # This notebook starts by loading the library code of Part 1 from the module
-# `autodidax`. The folded cell below does it with `autodidax.load_chapters`, which
-# runs that code *in this notebook's namespace* rather than importing it: this
+# `autodidax`. The folded cell below does it with `autodidax.load_chapters`
+# (called by the book's small setup helper), which runs that code *in this
+# notebook's namespace* rather than importing it: this
 # chapter replaces a couple of Part 1's functions, and the replacements must be
 # seen by all the code that calls them, exactly as if both chapters ran in one
 # kernel. In Colab the cell first installs the JAX release the book is tested
@@ -108,12 +109,15 @@ book_setup.load_book(globals(), before="part2_jaxprs")
 # In code, a variable is an object whose only attribute is its type; its printed
 # name is assigned only when the jaxpr is printed, so building jaxprs never
 # worries about names. A literal is a scalar constant written directly into an
-# equation, such as the `2.0` in `mul a 2.0`.
+# equation, such as the `2.0` in `mul a 2.0`. A big jaxpr holds many of both, so
+# they declare `__slots__`, which keeps each object small.
 
 
 # %% tags=["export"]
 class Var:
     """A jaxpr variable: a placeholder for an array of type ``aval``."""
+
+    __slots__ = ("aval",)
 
     def __init__(self, aval: ShapedArray) -> None:
         self.aval = aval
@@ -121,6 +125,8 @@ class Var:
 
 class Lit:
     """A literal: a scalar constant written into an equation."""
+
+    __slots__ = ("val", "aval")
 
     def __init__(self, val: Any) -> None:
         self.val = as_array(val, "Lit")
@@ -159,7 +165,7 @@ class JaxprType(NamedTuple):
 
 
 # %% tags=["export", "hide-input"]
-# @title How a jaxpr type prints: (float64[3]) -> (float64[3])
+# @title How a jaxpr type prints, (float64[3]) -> (float64[3]); a Jaxpr's repr
 def _jaxpr_type_str(self: JaxprType) -> str:
     ins = ", ".join(t.str_short() for t in self.in_types)
     outs = ", ".join(t.str_short() for t in self.out_types)
@@ -167,36 +173,6 @@ def _jaxpr_type_str(self: JaxprType) -> str:
 
 
 JaxprType.__str__ = _jaxpr_type_str
-
-
-# %% [markdown]
-# The module's `Var` and `Lit` are the same classes with `__slots__`, which keeps
-# the many small objects of a big jaxpr compact, and a `Jaxpr` also shows itself
-# when a notebook cell ends with one; unfold to see them.
-
-
-# %% tags=["export", "hide-input"]
-# @title The module's Var and Lit (with __slots__) and Jaxpr's repr
-class Var:
-    """A jaxpr variable: a placeholder for an array of type ``aval``."""
-
-    __slots__ = ("aval",)
-
-    def __init__(self, aval: ShapedArray) -> None:
-        self.aval = aval
-
-
-class Lit:
-    """A literal: a scalar constant written into an equation."""
-
-    __slots__ = ("val", "aval")
-
-    def __init__(self, val: Any) -> None:
-        self.val = as_array(val, "Lit")
-        self.aval = get_aval(self.val)
-
-
-Atom = Var | Lit
 Jaxpr.__repr__ = lambda self: f"<Jaxpr with {len(self.eqns)} equations>\n{self}"
 
 
@@ -282,8 +258,7 @@ def _pp_params(params: dict, indent: int, names: _Names) -> tuple[str, list[str]
 # $x \mapsto \sin(x) \cdot 3 + x$ by hand, for a vector of three floats:
 
 # %%
-x, y, z, out = (Var(ShapedArray((3,), np.float64)) for _ in range(4))
-three = Var(ShapedArray((3,), np.float64))
+x, y, z, three, out = (Var(ShapedArray((3,), np.float64)) for _ in range(5))
 hand_made = Jaxpr(
     in_binders=[x],
     eqns=[
@@ -315,11 +290,12 @@ print(hand_made)
 # anything.
 #
 # Each rule below computes the output's shape and dtype, after one call that
-# checks the inputs and the params. The checks give the same messages as Part 1's
-# wrappers, so a mistake reads the same in eager code, while tracing, or in a
-# jaxpr built by hand; and they insist on params in the form the wrappers
-# produce (axes as a tuple of non-negative integers), so that every later
-# interpreter can rely on it. Their bodies are folded below the rules.
+# checks the inputs and the params. The checks of the binary operations give
+# the same messages as Part 1's wrappers; the others say what is wrong in terms
+# of types and params (`sin: expected a float array, got int64[2]`), since a
+# jaxpr built by hand never passed through a wrapper. They insist on params in
+# the form the wrappers produce (axes as a tuple of non-negative integers), so
+# that every later interpreter can rely on it. Their bodies are folded below the rules.
 
 
 # %% tags=["export"]
@@ -723,11 +699,9 @@ class JaxprTrace(Trace):
 # stands for its type (the folded `_avals_for_tracing` below does that
 # flattening, and refuses anything else).
 
+
 # %% tags=["export"]
-from contextlib import nullcontext
-
-
-def _trace_to_jaxpr(f, avals_in, dynamic, who="make_jaxpr"):
+def _trace_to_jaxpr(f, avals_in, who="make_jaxpr"):
     """Trace ``f``; ``who`` names the user-facing function in error messages."""
     avals, in_tree = _avals_for_tracing(avals_in, who)
     flat_f = flatten_fun(f, in_tree)
@@ -735,8 +709,7 @@ def _trace_to_jaxpr(f, avals_in, dynamic, who="make_jaxpr"):
     with new_level(JaxprTrace, builder) as level:
         trace = JaxprTrace(level)
         tracers_in = [trace.new_arg(aval) for aval in avals]
-        with new_dynamic(level) if dynamic else nullcontext():
-            outs = flat_f(*tracers_in)
+        outs = flat_f(*tracers_in)
         outs = [_as_input(out, f"{who}: output of the function") for out in outs]
         jaxpr, consts = builder.build(tracers_in, [trace.full_raise(x) for x in outs])
     return jaxpr, consts, flat_f.out_tree
@@ -744,7 +717,7 @@ def _trace_to_jaxpr(f, avals_in, dynamic, who="make_jaxpr"):
 
 def make_jaxpr_v1(f: Callable, *avals_in: Any) -> tuple[Jaxpr, list, PyTreeDef]:
     """Trace ``f``, choosing interpreters by data dependence only."""
-    return _trace_to_jaxpr(f, avals_in, dynamic=False)
+    return _trace_to_jaxpr(f, avals_in)
 
 
 # %% tags=["export", "hide-input"]
@@ -759,8 +732,12 @@ def _avals_for_tracing(args: Any, who: str) -> tuple[list[ShapedArray], PyTreeDe
 
 
 # %% [markdown]
-# (`new_dynamic` is not defined yet; `make_jaxpr_v1` never reaches it. We add it
-# in the last section, when we need it.) Let us trace something:
+# Two details. The function may return a constant, or an input unchanged;
+# `full_raise` turns every output into a tracer of this trace, so a constant
+# output goes through the builder like any other constant and becomes a literal
+# or a constant input. And the builder keys constants by `id`: NumPy arrays are
+# not hashable, and keying by object means that one array used ten times becomes
+# one input of the jaxpr, not ten. Let us trace something:
 
 
 # %%
@@ -817,7 +794,9 @@ print(make_jaxpr_v1(lambda x: x * 2.0, vec3)[0])
 # In the first jaxpr the multiplication is gone: the function returns a constant
 # 4.0. In the second, the scalar `2.0` was broadcast to a vector *while tracing*,
 # and the jaxpr received the result, a whole `float64[3]` array, as a constant
-# input. Both follow from {ref}`Part 1's rule for choosing an interpreter <part1-bind>`: `bind` looks
+# input: `a`, the first input, is the broadcast constant `[2., 2., 2.]`, and `b`
+# is `x`. Both jaxprs follow from
+# {ref}`Part 1's rule for choosing an interpreter <part1-bind>`: `bind` looks
 # only at the *inputs* of an operation. `mul(2.0, 2.0)` involves no tracer, so the
 # evaluation interpreter runs it on the spot, and the recording interpreter never
 # hears of it.
@@ -830,15 +809,33 @@ print(make_jaxpr_v1(lambda x: x * 2.0, vec3)[0])
 # And a transformation that wants to see *every* operation, such as a profiler or
 # a program printer, would silently miss some.
 #
-# The fix, which JAX adopted under the name *{term}`omnistaging`*, is to let a
-# transformation claim operations that no tracer points to. We add a second piece
-# of interpreter state: the **dynamic level**, where `find_top_trace` starts its
-# search. Normally it is the evaluation level, level 0 at the bottom of the
-# stack, and nothing changes. While `make_jaxpr` runs the function, the dynamic
-# level is its recording level. An operation on constants then goes to the
-# recorder; an operation on tracers of a higher level (a transformation started
-# inside the traced function) still goes to that transformation, the highest
-# level among its inputs.
+# Here is the search, in {ref}`Part 1's <part1-bind>` `find_top_trace`:
+#
+# ```python
+# top = _search_start()  # in Part 1: level 0, the evaluation level
+# for x in args:
+#     if isinstance(x, Tracer):
+#         x.check_live()
+#         if x._trace.level.number > top.number:
+#             top = x._trace.level
+# ```
+#
+# The fix, which JAX adopted under the name *{term}`omnistaging`*, changes only
+# the starting value of this search. We add a second piece of interpreter
+# state, the **dynamic level**, and start the search there instead of at level
+# 0. Normally the dynamic level is level 0, and nothing changes. While
+# `make_jaxpr` runs the function, it is the recording level. Then an operation
+# whose inputs are all constants, or tracers of lower levels (a `make_jaxpr`
+# inside a `jvp`, say), lands on the recorder, which lifts those tracers into
+# constants of the jaxpr; an operation on a tracer of a higher level (a
+# transformation started inside the traced function) still goes to that
+# transformation, the highest level among its inputs.
+#
+# The cell below replaces Part 1's interpreter state (`_InterpreterState` and
+# `_state`) with one that also holds the dynamic level, adds `new_dynamic` to
+# set it for a block, and redefines `_search_start` to return it. Because
+# `find_top_trace` calls `_search_start()` by name, `bind` and the whole of
+# Part 1's machinery pick up the new rule.
 
 
 # %% tags=["export"]
@@ -863,20 +860,60 @@ def new_dynamic(level: Level) -> Iterator[None]:
         _state.dynamic = previous
 
 
-def _bottom_level() -> Level:
+def _search_start() -> Level:
     """Where the search for the top trace starts: the dynamic level."""
     return _state.dynamic
 
 
+# %% [markdown]
+# Tracing sets the dynamic level around the call of the function. The folded
+# cell redefines `_trace_to_jaxpr` with one new line, and a flag `dynamic` to
+# switch it on (`make_jaxpr_v1` leaves it off):
+#
+# ```python
+#         with new_dynamic(level) if dynamic else nullcontext():
+#             outs = flat_f(*tracers_in)
+# ```
+
+# %% tags=["export", "hide-input"]
+# @title _trace_to_jaxpr again, with the dynamic level set around the call
+from contextlib import nullcontext
+
+
+def _trace_to_jaxpr(f, avals_in, dynamic=False, who="make_jaxpr"):
+    """Trace ``f``; with ``dynamic``, operations on constants are recorded too."""
+    avals, in_tree = _avals_for_tracing(avals_in, who)
+    flat_f = flatten_fun(f, in_tree)
+    builder = JaxprBuilder()
+    with new_level(JaxprTrace, builder) as level:
+        trace = JaxprTrace(level)
+        tracers_in = [trace.new_arg(aval) for aval in avals]
+        with new_dynamic(level) if dynamic else nullcontext():  # new
+            outs = flat_f(*tracers_in)
+        outs = [_as_input(out, f"{who}: output of the function") for out in outs]
+        jaxpr, consts = builder.build(tracers_in, [trace.full_raise(x) for x in outs])
+    return jaxpr, consts, flat_f.out_tree
+
+
+# %% [markdown]
+# `make_jaxpr` is `make_jaxpr_v1` with the flag on:
+
+
+# %% tags=["export"]
 def make_jaxpr(f: Callable, *avals_in: Any) -> tuple[Jaxpr, list, PyTreeDef]:
     """Trace ``f`` at the given types into ``(jaxpr, consts, out_tree)``."""
     return _trace_to_jaxpr(f, avals_in, dynamic=True)
 
 
 # %% [markdown]
-# Part 1's `find_top_trace` starts its search at `_bottom_level()`; redefining
-# that one function changes `bind`, and the whole Part 1 machinery picks up the
-# new rule. With the dynamic level in place, both examples keep their arithmetic:
+# A probe shows where the search starts, outside and inside a traced function:
+
+# %%
+print(find_top_trace([]).level)
+_ = make_jaxpr(lambda: print(find_top_trace([]).level))
+
+# %% [markdown]
+# With the dynamic level in place, both examples keep their arithmetic:
 
 # %%
 print(make_jaxpr(lambda: mul(2.0, 2.0))[0])
@@ -886,37 +923,36 @@ print(make_jaxpr(lambda x: x * 2.0, vec3)[0])
 # %% [markdown]
 # Nothing else is affected: outside `make_jaxpr` the dynamic level is the
 # evaluation level, and transformations inside a traced function still receive
-# their own operations. Tracing a `jvp` shows both: the forward-mode rules run
-# while tracing, and their operations — including those on constants, such as the
-# zero tangent of `cos` at a constant — are recorded.
+# their own operations. Tracing a `jvp` shows both:
 
 
 # %%
-def derivative_of_sin_times_cos(x):
+def tangent_of_sin_cos(x):
     return jvp(lambda t: sin(t) * cos(2.0), (x,), (1.0,))[1]
 
 
-print(make_jaxpr(derivative_of_sin_times_cos, scalar)[0])
+print(make_jaxpr(tangent_of_sin_cos, scalar)[0])
 
 
 # %% [markdown]
-# Reading this jaxpr is a good test of Part 1. `sin t` and its derivative rule's
-# `cos t` come first; then `cos 2.0`, whose tangent is a constant zero, and so on
-# through the product rule. The jaxpr is what JAX would call the
+# Reading this jaxpr is a good test of Part 1. The input `a` is `x`: `sin a`
+# and its derivative rule's `cos a` come first, then the tangent `d`. Next,
+# `e = cos 2.0` is the operation on a constant that `make_jaxpr_v1` would have
+# folded to the literal −0.416; `f = mul b e` is the primal output, which
+# nothing uses (Exercise 2 removes such equations); the rest is the product
+# rule for the tangent. The jaxpr is what JAX would call the
 # *forward-mode derivative, staged out*: later parts compile it, and Part 4 learns
 # to split it into the part that depends on the tangent and the part that does
 # not.
 #
 # ## A jaxpr next to its function
 #
-# With tracing complete, here is a function's source next to its jaxpr. The
-# figure is drawn from a real tracing run: while the jaxpr was recorded, we noted for each equation which
-# line of the function was executing. One line of Python can produce several
-# equations (the scalar `0.5` needs a `broadcast` to meet a vector; a `-` is a
-# `neg` and an `add`), and a line with no arithmetic produces none. Both are
-# Part 1's operators at work: the appendix's operators, which a plain
-# `import autodidax` gives you, record `x - y` as one `sub` and broadcast
-# operands the way NumPy does.
+# With tracing complete, here is a function's source next to its jaxpr, each
+# line of Python in the color of the equations it produced. One line can
+# produce several equations: the scalar `0.5` needs a `broadcast` to meet a
+# vector, and `-` becomes a `neg` and an `add`. Both come from Part 1's
+# operators, which demand equal shapes and spell `-` as `neg` then `add`. (The
+# appendix's NumPy-style operators record one `sub`.)
 
 
 # %%
@@ -985,14 +1021,22 @@ print(make_jaxpr(total, ShapedArray((2, 3, 4), np.float64))[0])
 # %% [markdown]
 # ## Errors while tracing
 #
-# Because abstract evaluation checks each primitive as it is recorded, a shape or
-# dtype mistake is reported *during tracing*, pointing at the Python line that made
-# it, before any data exists:
+# A shape or dtype mistake is raised *during tracing*, from the line that made
+# it (a traceback would show it), before any data exists. Part 1's wrappers
+# catch most mistakes before `bind` runs, as `add` does in the first line below;
+# calling `bind` directly skips them, and then the abstract evaluation rule
+# catches the mistake as the equation is recorded:
 
 # %%
 show_error(lambda: make_jaxpr(lambda x, y: add(x, y), vec3, scalar))
-show_error(lambda: make_jaxpr(lambda x: sin(x), ShapedArray((2,), np.int64)))
-show_error(lambda: make_jaxpr(lambda x: transpose(x, (0, 0)), vec3))
+show_error(lambda: make_jaxpr(lambda x: bind(sin_p, x), ShapedArray((2,), np.int64)))
+show_error(lambda: make_jaxpr(lambda x: bind(transpose_p, x, perm=(0, 0)), vec3))
+
+# %% [markdown]
+# One more mistake is not about tracing at all: `make_jaxpr` takes types or
+# example arrays, not type strings.
+
+# %%
 show_error(lambda: make_jaxpr(lambda s: s, "float64[3]"))
 
 
