@@ -97,9 +97,11 @@ import numpy as np
 # in Part 4, is unrelated to the axis-permuting primitive `transpose` below).
 
 # %% tags=["export"]
-RULE_KINDS = ("impl", "jvp", "vmap", "abstract_eval", "lower", "partial_eval",
-              "partial_eval_jaxpr", "transpose")  # fmt: skip
-"""The kinds of rule a primitive can carry: this part writes the first three."""
+RULE_KINDS = (
+    *("impl", "jvp", "vmap"),  # this part
+    *("abstract_eval", "lower"),  # Parts 2 and 3
+    *("partial_eval", "partial_eval_jaxpr", "transpose"),  # Part 4
+)
 
 PRIMITIVES: dict[str, Primitive] = {}  # every primitive ever created, by name
 

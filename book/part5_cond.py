@@ -150,7 +150,7 @@ def join_consts(
 
 # %% [markdown]
 # Now `cond` itself. The branches are traced with `_trace_to_jaxpr` from Part 2,
-# in a {ref}`dynamic trace <part2-dynamic>` of their own, so every operation in a
+# with the {ref}`dynamic level <part2-dynamic>` set to their own recorder, so every operation in a
 # branch is recorded even if it uses only constants.
 
 

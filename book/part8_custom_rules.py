@@ -181,8 +181,8 @@ class custom_jvp:
 
 # %% [markdown]
 # `trace_custom` does what `cond` does for a branch: it flattens the
-# differentiable arguments, traces `fun` at their types in a
-# {ref}`dynamic trace <part2-dynamic>`, and returns the jaxpr's inputs and
+# differentiable arguments, traces `fun` at their types
+# with the {ref}`dynamic level <part2-dynamic>` set to its recorder, and returns the jaxpr's inputs and
 # parameters. Arguments listed in `nondiff_argnums` are held fixed: `fun` is
 # traced with them in place, and the rule receives them first, as in JAX.
 # `Named` wraps a Python function so that it prints by its user's name in a
