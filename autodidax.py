@@ -4499,6 +4499,477 @@ def check_loop_bounds(lower: Any, upper: Any) -> list[Any]:
     return [np.asarray(b, dtype) if isinstance(b, int) else b for b in (lower, upper)]
 
 
+# ==== chapter: part7_scan ====
+
+scan_p = Primitive("scan", multiple_results=True)
+
+
+def scan(
+    f: Callable, init: Any, xs: Any, length: int | None = None, reverse: bool = False
+) -> tuple[Any, Any]:
+    """Loop ``carry, y = f(carry, x)`` over the rows of ``xs``; stack the ys."""
+    init_flat, carry_tree = tree_flatten(init)
+    init_flat = [_as_input(x, "scan: init") for x in init_flat]
+    xs_flat, xs_tree = tree_flatten(xs)
+    xs_flat = [_as_input(x, "scan: xs") for x in xs_flat]
+    length = check_scan_length(xs_flat, length)
+    carry_types = [_type_of(x) for x in init_flat]
+    carry_type = tree_unflatten(carry_tree, carry_types)
+    row_type = tree_unflatten(xs_tree, [_row_type(_type_of(x)) for x in xs_flat])
+    jaxpr, consts, out_tree = _trace_to_jaxpr(
+        f, (carry_type, row_type), dynamic=True, who="scan: f"
+    )
+    ys_tree = check_scan_body(carry_tree, carry_types, out_tree, jaxpr)
+    outs = bind(
+        scan_p,
+        *consts,
+        *init_flat,
+        *xs_flat,
+        jaxpr=jaxpr,
+        num_consts=len(consts),
+        num_carry=len(init_flat),
+        length=length,
+        reverse=bool(reverse),
+    )
+    carry, ys = _split(outs, len(init_flat))
+    return tree_unflatten(carry_tree, carry), tree_unflatten(ys_tree, ys)
+
+
+# @title Checks: one leading length for xs; a body returning (carry, y)
+def _row_type(aval: ShapedArray) -> ShapedArray:
+    """The type of one row: the leading axis dropped."""
+    return ShapedArray(aval.shape[1:], aval.dtype)
+
+
+def _stacked_type(aval: ShapedArray, length: int) -> ShapedArray:
+    """The type of ``length`` rows of type ``aval``."""
+    return ShapedArray((length, *aval.shape), aval.dtype)
+
+
+def check_scan_length(xs_flat: list, length: Any) -> int:
+    """The trip count: the leading length that xs share, or ``length``."""
+    if length is not None and (
+        not isinstance(length, (int, np.integer))
+        or isinstance(length, bool)
+        or length < 0
+    ):
+        raise TypeError(
+            f"scan: length must be a non-negative Python int, got {_short_repr(length)}"
+        )
+    types = [_type_of(x) for x in xs_flat]
+    for t in types:
+        if t.shape == ():
+            raise ValueError(
+                "scan: every leaf of xs needs a leading axis to scan over, got "
+                f"a scalar {t.str_short()}"
+            )
+    lengths = sorted({t.shape[0] for t in types})
+    if len(lengths) > 1:
+        shapes = ", ".join(t.str_short() for t in types)
+        raise ValueError(
+            f"scan: the leaves of xs must share one leading length, got {shapes}"
+        )
+    if not lengths and length is None:
+        raise ValueError(
+            "scan: with no xs, give the number of trips as length=..., e.g. "
+            "scan(f, init, None, length=10)"
+        )
+    if lengths and length is not None and lengths[0] != length:
+        raise ValueError(
+            f"scan: length={length} disagrees with the leading length of xs, "
+            f"{lengths[0]}"
+        )
+    return int(length) if length is not None else lengths[0]
+
+
+def check_scan_body(
+    carry_tree: PyTreeDef, carry_types: list, out_tree: PyTreeDef, jaxpr: Jaxpr
+) -> PyTreeDef:
+    """The tree of y; a TypeError unless f returned (a carry of the type it
+    was given, y)."""
+    returned = [x.aval for x in jaxpr.outs]
+    if out_tree.node_type not in (tuple, list) or len(out_tree.children) != 2:
+        raise TypeError(
+            "scan: f must return a pair (carry, y), but it returned "
+            f"{_types_str(out_tree, returned)}"
+        )
+    new_tree, ys_tree = out_tree.children
+    new_types = returned[: new_tree.num_leaves]
+    if new_tree != carry_tree or new_types != carry_types:
+        raise TypeError(
+            "scan: f must return a carry of the type it is given, "
+            f"{_types_str(carry_tree, carry_types)}, but it returned "
+            f"{_types_str(new_tree, new_types)}"
+        )
+    return ys_tree
+
+
+def check_scan_jaxpr(
+    jaxpr: Jaxpr, consts: list, carry: list, xs: list, length: int
+) -> None:
+    """A TypeError unless ``jaxpr`` takes (consts, carry, rows of xs) to
+    (carry, y) and xs have ``length`` rows."""
+    consts = [_type_of_aval(a) for a in consts]
+    carry = [_type_of_aval(a) for a in carry]
+    if any(a.shape[:1] != (length,) for a in xs):
+        got = ", ".join(a.str_short() for a in xs)
+        raise TypeError(f"scan: xs must have {length} rows, got ({got})")
+    in_types = consts + carry + [_row_type(a) for a in xs]
+    found = typecheck_jaxpr(jaxpr)
+    if found.in_types != in_types or found.out_types[: len(carry)] != carry:
+        ins = ", ".join(t.str_short() for t in in_types)
+        outs = ", ".join(t.str_short() for t in carry)
+        raise TypeError(
+            f"scan: the body has type {found}, but the operands need "
+            f"({ins}) -> ({outs}, ...)"
+        )
+
+
+@scan_p.def_rule("impl")
+def _scan_impl(*args, jaxpr, num_consts, num_carry, length, reverse):
+    consts, carry, xs = _split(args, num_consts, num_carry)
+    xs = [np.asarray(x) for x in xs]
+    ys = [
+        np.empty((length, *y.aval.shape), y.aval.dtype) for y in jaxpr.outs[num_carry:]
+    ]
+    for i in reversed(range(length)) if reverse else range(length):
+        outs = eval_jaxpr(jaxpr, [*consts, *carry, *[x[i] for x in xs]])
+        carry = outs[:num_carry]
+        for stack, y in zip(ys, outs[num_carry:]):
+            stack[i] = y
+    return [*carry, *ys]
+
+
+@scan_p.def_rule("abstract_eval")
+def _scan_abstract_eval(*avals, jaxpr, num_consts, num_carry, length, reverse):
+    consts, carry, xs = _split(avals, num_consts, num_carry)
+    check_scan_jaxpr(jaxpr, consts, carry, xs, length)
+    ys = [_stacked_type(y.aval, length) for y in jaxpr.outs[num_carry:]]
+    return [_type_of_aval(a) for a in carry] + ys
+
+
+@scan_p.def_rule("lower")
+def _scan_lower(
+    ctx, avals_in, avals_out, *operands, jaxpr, num_consts, num_carry, length, reverse
+):
+    index = ShapedArray((), np.int64)
+    ys_avals = avals_out[num_carry:]
+    state = [ir_constant(0, index), *operands, *[ir_constant(0, a) for a in ys_avals]]
+    types = [v.type for v in state]
+    loop = hlo.WhileOp(types, state)
+    with ir.InsertionPoint(loop.cond.blocks.append(*types)) as where:
+        i = where.block.arguments[0]
+        hlo.ReturnOp([_lower_less(i, ir_constant(length, index))])
+    with ir.InsertionPoint(loop.body.blocks.append(*types)) as where:
+        i, *state = where.block.arguments
+        num_xs = len(operands) - num_consts - num_carry
+        consts, carry, xs, ys = _split(state, num_consts, num_carry, num_xs)
+        row = hlo.subtract(ir_constant(length - 1, index), i) if reverse else i
+        xs_avals = avals_in[num_consts + num_carry :]
+        rows = [_read_row(x, row, aval) for x, aval in zip(xs, xs_avals)]
+        outs = _call_jaxpr(ctx, jaxpr, [*consts, *carry, *rows])
+        ys = [_write_row(stack, y, row) for stack, y in zip(ys, outs[num_carry:])]
+        i = hlo.add(i, ir_constant(1, index))
+        hlo.ReturnOp([i, *consts, *outs[:num_carry], *xs, *ys])
+    results = list(loop.results)
+    carry_at = 1 + num_consts
+    return results[carry_at : carry_at + num_carry] + results[len(results) - len(ys) :]
+
+
+# @title Helpers: comparing indices; reading and writing one row of an array
+def _lower_less(x: ir.Value, y: ir.Value) -> ir.Value:
+    direction = hlo.ComparisonDirectionAttr.get("LT")
+    signed = hlo.ComparisonTypeAttr.get("SIGNED")
+    return hlo.compare(x, y, direction, compare_type=signed)
+
+
+def _row_start(row: ir.Value, ndim: int) -> list[ir.Value]:
+    """The index of the first element of ``row``: (row, 0, 0, ...)."""
+    zero = ir_constant(0, ShapedArray((), np.int64))
+    return [row] + [zero] * (ndim - 1)
+
+
+def _read_row(x: ir.Value, row: ir.Value, aval: ShapedArray) -> ir.Value:
+    """``x[row]``, with ``row`` known only when the program runs."""
+    block = hlo.dynamic_slice(x, _row_start(row, aval.ndim), [1, *aval.shape[1:]])
+    return hlo.reshape(ir_type(_row_type(aval)), block)
+
+
+def _write_row(stack: ir.Value, y: ir.Value, row: ir.Value) -> ir.Value:
+    """``stack`` with row ``row`` replaced by ``y``."""
+    shape = ir.RankedTensorType(stack.type).shape
+    element = ir.RankedTensorType(y.type).element_type
+    y = hlo.reshape(ir.RankedTensorType.get([1, *shape[1:]], element), y)
+    return hlo.dynamic_update_slice(stack, y, _row_start(row, len(shape)))
+
+
+def _xs_first(jaxpr: Jaxpr, num_consts: int, num_carry: int) -> Jaxpr:
+    """The body with its inputs in the order (consts, rows of xs, carry)."""
+    consts, carry, xs = _split(jaxpr.in_binders, num_consts, num_carry)
+    return Jaxpr(consts + xs + carry, jaxpr.eqns, jaxpr.outs)
+
+
+def scan_fixed_point(
+    jaxpr: Jaxpr, num_consts: int, num_carry: int, marked: list, allowed: list
+) -> list[bool]:
+    """The carries that some number of trips reaches from the marked inputs."""
+    consts, carry, xs = _split(marked, num_consts, num_carry)
+    body = _xs_first(jaxpr, num_consts, num_carry)
+    return carry_fixed_point(body, consts + xs, carry, allowed)
+
+
+@scan_p.def_rule("jvp")
+def _scan_jvp(primals, tangents, *, jaxpr, num_consts, num_carry, length, reverse):
+    nonzero = [_maybe_nonzero(t) for t in tangents]
+    consts, init, xs = _split(primals, num_consts, num_carry)
+    const_dots, init_dots, xs_dots = _split(tangents, num_consts, num_carry)
+    const_nz, _, xs_nz = _split(nonzero, num_consts, num_carry)
+    is_float = [_type_of(x).dtype.kind == "f" for x in init]
+    carry_nz = scan_fixed_point(jaxpr, num_consts, num_carry, nonzero, is_float)
+    const_dots = [d if nz else zeros_like(d) for d, nz in zip(const_dots, const_nz)]
+
+    def body(carry, row):
+        (c, c_dot), (x, x_dot) = carry, row
+        c_dot, x_dot = _fill_zeros(c_dot, carry_nz, c), _fill_zeros(x_dot, xs_nz, x)
+        outs, out_dots = jvp_flat(
+            jaxpr_as_fun(jaxpr), [*consts, *c, *x], [*const_dots, *c_dot, *x_dot]
+        )
+        new_dots = [d for d, nz in zip(out_dots, carry_nz) if nz]
+        return (outs[:num_carry], new_dots), (outs[num_carry:], out_dots[num_carry:])
+
+    init_dots = [d for d, nz in zip(init_dots, carry_nz) if nz]
+    xs_dots = [d for d, nz in zip(xs_dots, xs_nz) if nz]
+    (carry, carry_dots), (ys, ys_dots) = scan(
+        body, (init, init_dots), (xs, xs_dots), length=length, reverse=reverse
+    )
+    return [*carry, *ys], [*_fill_zeros(carry_dots, carry_nz, carry), *ys_dots]
+
+
+@scan_p.def_rule("vmap")
+def _scan_vmap(axis_size, vals, dims, *, jaxpr, num_consts, num_carry, length, reverse):
+    batched = [d is not None for d in dims]
+    consts_b, init_b, xs_b = _split(batched, num_consts, num_carry)
+    carry_b = scan_fixed_point(
+        jaxpr, num_consts, num_carry, batched, [True] * num_carry
+    )
+    ys_b = reached_from(jaxpr, consts_b + carry_b + xs_b)[num_carry:]
+    vals = [
+        x if d is None else move_batch_axis(axis_size, d, 0, x)
+        for x, d in zip(vals, dims)
+    ]
+    consts, init, xs = _split(vals, num_consts, num_carry)
+    init = [
+        move_batch_axis(axis_size, None, 0, x) if b and not b0 else x
+        for x, b, b0 in zip(init, carry_b, init_b)
+    ]
+    xs = [move_batch_axis(axis_size, 0, 1, x) if b else x for x, b in zip(xs, xs_b)]
+
+    def body(carry, row):
+        args, args_b = [*consts, *carry, *row], consts_b + carry_b + xs_b
+        outs = run_batched(jaxpr, axis_size, args, args_b, carry_b + ys_b)
+        return outs[:num_carry], outs[num_carry:]
+
+    carry, ys = scan(body, init, xs, length=length, reverse=reverse)
+    return [*carry, *ys], [0 if b else None for b in carry_b] + [
+        1 if b else None for b in ys_b
+    ]
+
+
+class ScanSplit(NamedTuple):
+    """A scan body split by partial evaluation (see split_scan)."""
+
+    carry_unknown: list[bool]
+    out_unknown: list[bool]  # of the scan's outputs: carries, then ys
+    hoisted: Jaxpr  # known consts -> (invariant residuals, known loop's consts)
+    known_body: Jaxpr  # its ys end with the per-trip residuals
+    unknown_body: Jaxpr
+    num_invariant: int
+
+
+def split_scan(jaxpr: Jaxpr, num_consts: int, num_carry: int, unknown: list[bool]):
+    """Split a scan body into a known and an unknown loop, and hoist the
+    residuals that depend only on known constants out of both."""
+    consts_u, _, xs_u = _split(unknown, num_consts, num_carry)
+    carry_u = scan_fixed_point(
+        jaxpr, num_consts, num_carry, unknown, [True] * num_carry
+    )
+    num_ys = len(jaxpr.outs) - num_carry
+    known, unknown_body, out_u, num_res = partial_eval_jaxpr(
+        jaxpr, consts_u + carry_u + xs_u, carry_u + [False] * num_ys
+    )
+    # Split the known body again: what changes from trip to trip is "unknown".
+    num_known_consts = consts_u.count(False)
+    varies = [i >= num_known_consts for i in range(len(known.in_binders))]
+    num_known_outs = len(known.outs) - num_res
+    hoisted, known_body, outs_vary, _ = partial_eval_jaxpr(
+        known, varies, [True] * num_known_outs + [False] * num_res
+    )
+    residuals, rest = _split(unknown_body.in_binders, num_res)
+    invariant, per_trip = _split_by(outs_vary[num_known_outs:], residuals)
+    binders = invariant + rest + per_trip
+    unknown_body = Jaxpr(binders, unknown_body.eqns, unknown_body.outs)
+    return ScanSplit(carry_u, out_u, hoisted, known_body, unknown_body, len(invariant))
+
+
+@scan_p.def_rule("partial_eval")
+def _scan_partial_eval(
+    trace, tracers, *, jaxpr, num_consts, num_carry, length, reverse
+):
+    unknown = [not t.pval.is_known for t in tracers]
+    s = split_scan(jaxpr, num_consts, num_carry, unknown)
+    consts, init, xs = _split(tracers, num_consts, num_carry)
+    known_consts, unknown_consts = _split_by(unknown[:num_consts], consts)
+    known_xs, unknown_xs = _split_by(unknown[num_consts + num_carry :], xs)
+    known_init, unknown_init = _split_by(s.carry_unknown, init)
+    hoisted = eval_jaxpr(s.hoisted, [t.pval.const for t in known_consts])  # once
+    invariant, loop_consts = _split(hoisted, s.num_invariant)
+    known_outs = bind(
+        scan_p,
+        *loop_consts,
+        *[t.pval.const for t in known_init + known_xs],
+        jaxpr=s.known_body,
+        num_consts=len(loop_consts),
+        num_carry=len(known_init),
+        length=length,
+        reverse=reverse,
+    )
+    known_outs, per_trip = _split(known_outs, s.out_unknown.count(False))
+    residuals = [trace.instantiate_const(trace.pure(r)) for r in invariant + per_trip]
+    invariant, per_trip = _split(residuals, s.num_invariant)
+    unknown_init = [trace.instantiate_const(t) for t in unknown_init]
+    unknown_params = dict(
+        jaxpr=s.unknown_body,
+        num_consts=len(invariant) + len(unknown_consts),
+        num_carry=len(unknown_init),
+        length=length,
+        reverse=reverse,
+    )
+    staged = [*invariant, *unknown_consts, *unknown_init, *unknown_xs, *per_trip]
+    unknown_outs = iter(trace.stage(scan_p, staged, unknown_params))
+    known_outs = iter(known_outs)
+    return [
+        next(unknown_outs) if u else trace.pure(next(known_outs)) for u in s.out_unknown
+    ]
+
+
+# @title The partial_eval_jaxpr rule: the same split, as equations
+def _inline_jaxpr(jaxpr: Jaxpr, inputs: list) -> tuple[list[JaxprEqn], list]:
+    """The equations of ``jaxpr`` applied to ``inputs`` (with fresh
+    variables), and its outputs."""
+    env: dict[Var, Any] = dict(zip(jaxpr.in_binders, inputs))
+
+    def read(x: Atom) -> Any:
+        return env[x] if isinstance(x, Var) else x
+
+    eqns = []
+    for eqn in jaxpr.eqns:
+        outs = [Var(v.aval) for v in eqn.out_binders]
+        inputs = [read(x) for x in eqn.inputs]
+        eqns.append(JaxprEqn(eqn.primitive, inputs, eqn.params, outs))
+        env.update(zip(eqn.out_binders, outs))
+    return eqns, [read(x) for x in jaxpr.outs]
+
+
+@scan_p.def_rule("partial_eval_jaxpr")
+def _scan_partial_eval_jaxpr(unks_in, eqn):
+    params = eqn.params
+    num_consts, num_carry = params["num_consts"], params["num_carry"]
+    s = split_scan(params["jaxpr"], num_consts, num_carry, unks_in)
+    consts, init, xs = _split(eqn.inputs, num_consts, num_carry)
+    known_consts, unknown_consts = _split_by(unks_in[:num_consts], consts)
+    known_xs, unknown_xs = _split_by(unks_in[num_consts + num_carry :], xs)
+    known_init, unknown_init = _split_by(s.carry_unknown, init)
+    known_outs, unknown_outs = _split_by(s.out_unknown, eqn.out_binders)
+    # The known side, in one xla_call: the hoisted equations, then the loop.
+    ins = [Var(x.aval) for x in known_consts + known_init + known_xs]
+    ins_consts, ins_loop = _split(ins, len(known_consts))
+    hoisted_eqns, hoisted_outs = _inline_jaxpr(s.hoisted, ins_consts)
+    invariant_in, loop_consts = _split(hoisted_outs, s.num_invariant)
+    body_outs = s.known_body.outs
+    trip_avals = [x.aval for x in body_outs[len(known_outs) :]]
+    loop_outs = [Var(x.aval) for x in known_outs]
+    loop_outs += [Var(_stacked_type(a, params["length"])) for a in trip_avals]
+    known_params = dict(
+        params,
+        jaxpr=s.known_body,
+        num_consts=len(loop_consts),
+        num_carry=len(known_init),
+    )
+    loop = JaxprEqn(scan_p, [*loop_consts, *ins_loop], known_params, loop_outs)
+    inner = Jaxpr(ins, [*hoisted_eqns, loop], [*loop_outs, *invariant_in])
+    invariant = [Var(x.aval) for x in invariant_in]
+    per_trip = [Var(x.aval) for x in loop_outs[len(known_outs) :]]
+    eqn_known = JaxprEqn(
+        xla_call_p,
+        known_consts + known_init + known_xs,
+        dict(jaxpr=inner),
+        [*known_outs, *per_trip, *invariant],
+    )
+    unknown_params = dict(
+        params,
+        jaxpr=s.unknown_body,
+        num_consts=len(invariant) + len(unknown_consts),
+        num_carry=len(unknown_init),
+    )
+    staged = [*invariant, *unknown_consts, *unknown_init, *unknown_xs, *per_trip]
+    eqn_unknown = JaxprEqn(scan_p, staged, unknown_params, unknown_outs)
+    init_unknown = unks_in[num_consts : num_consts + num_carry]
+    instantiated = [
+        x
+        for x, u, carry_u in zip(init, init_unknown, s.carry_unknown)
+        if carry_u and not u and isinstance(x, Var)
+    ]
+    return eqn_known, eqn_unknown, s.out_unknown, invariant + per_trip + instantiated
+
+
+@scan_p.def_rule("transpose")
+def _scan_transpose(cts, *args, jaxpr, num_consts, num_carry, length, reverse):
+    consts, init, xs = _split(args, num_consts, num_carry)
+    linear = [_is_undef(x) for x in consts] + [True] * num_carry
+    linear += [_is_undef(x) for x in xs]
+    body_t, body_t_consts = transpose_jaxpr.__wrapped__(jaxpr, tuple(linear))
+    res_consts = [x for x in consts if not _is_undef(x)]
+    res_xs = [x for x in xs if not _is_undef(x)]
+    out_types = [x.aval for x in jaxpr.outs[:num_carry]]
+    out_types += [_stacked_type(x.aval, length) for x in jaxpr.outs[num_carry:]]
+    cts = [zeros_like_aval(t) if ct is None else ct for ct, t in zip(cts, out_types)]
+    ct_carry, ct_ys = _split(cts, num_carry)
+    ct_consts = [zeros_like_aval(x.aval) for x in consts if _is_undef(x)]
+
+    def body(carry, row):  # one trip, backwards
+        (ct_consts, ct_carry), (res_row, ct_y) = carry, row
+        args = [*body_t_consts, *res_consts, *res_row, *ct_carry, *ct_y]
+        outs = eval_jaxpr(body_t, args)
+        d_consts, ct_carry, ct_row = _split(outs, len(ct_consts), num_carry)
+        return ([add(a, d) for a, d in zip(ct_consts, d_consts)], ct_carry), ct_row
+
+    (ct_consts, ct_init), ct_xs = scan(
+        body, (ct_consts, ct_carry), (res_xs, ct_ys), length=length, reverse=not reverse
+    )
+    ct_consts, ct_xs = iter(ct_consts), iter(ct_xs)
+    return [
+        *[next(ct_consts) if _is_undef(x) else None for x in consts],
+        *[ct if _is_undef(x) else None for x, ct in zip(init, ct_init)],
+        *[next(ct_xs) if _is_undef(x) else None for x in xs],
+    ]
+
+
+def fori_loop(lower: Any, upper: Any, body_fun: Callable, init_val: Any) -> Any:
+    """``val = body_fun(i, val)`` for ``i`` from ``lower`` up to ``upper``."""
+    static = all(type(b) is int for b in (lower, upper))  # Python ints
+    lower, upper = check_loop_bounds(lower, upper)
+
+    def step(carry):
+        i, val = carry
+        return i + 1, body_fun(i, val)
+
+    if static:  # the trip count is known now: a scan, which has reverse mode
+        trips = max(int(upper) - int(lower), 0)
+        carry, _ = scan(lambda c, _: (step(c), None), (lower, init_val), None, trips)
+        return carry[1]
+    return while_loop(lambda carry: carry[0] < upper, step, (lower, init_val))[1]
+
+
 # ==== chapter: performance ====
 
 # ==== book support (generated by build_tools/tangle.py) ====
