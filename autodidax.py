@@ -4654,6 +4654,11 @@ def _scan_lower(
 ):
     index = ShapedArray((), np.int64)
     ys_avals = avals_out[num_carry:]
+    if length == 0:  # no trips, and no row to read
+        return [
+            *operands[num_consts : num_consts + num_carry],
+            *[ir_constant(0, a) for a in ys_avals],
+        ]
     state = [ir_constant(0, index), *operands, *[ir_constant(0, a) for a in ys_avals]]
     types = [v.type for v in state]
     loop = hlo.WhileOp(types, state)
