@@ -159,7 +159,12 @@ B3 = np.array([0.3, 0.6, 0.9])
 PROGRAMS = [
     Program("rnn", rnn, (F64(0.8), XS), (B3, XS_B)),
     Program("rnn_reverse", rnn_reverse, (F64(0.7), XS), (B3, XS_B)),
-    Program("matrix_rnn", matrix_rnn, (W_M, XS_M), (np.stack([W_M, W_M * 0.5, -W_M]), np.stack([XS_M] * 3) * B3[:, None, None])),
+    Program(
+        "matrix_rnn",
+        matrix_rnn,
+        (W_M, XS_M),
+        (np.stack([W_M, W_M * 0.5, -W_M]), np.stack([XS_M] * 3) * B3[:, None, None]),
+    ),
     Program("no_xs", no_xs, (F64(0.4), F64(0.8)), (B3, B3 + 0.1)),
     Program("shift", shift, (F64(0.4), F64(0.8)), (B3, B3 + 0.1)),
     Program("invariant", invariant, (F64(0.7), XS), (B3, XS_B)),
@@ -195,7 +200,10 @@ def scalar_loss(L, fn):
         outs = fn(L, *args)
         total = 0.0
         for leaf in jax.tree_util.tree_leaves(outs):
-            if np.issubdtype(np.dtype(getattr(leaf, "dtype", None) or getattr(leaf, "aval").dtype), np.floating):
+            if np.issubdtype(
+                np.dtype(getattr(leaf, "dtype", None) or leaf.aval.dtype),
+                np.floating,
+            ):
                 total = total + L.total(L.sin(leaf))
         return total
 
@@ -218,7 +226,9 @@ def test_jvp_and_linearize(p):
     dots = tangents_for(p.args)
     expected = jax.jvp(lambda *a: p.fn(JAX, *a), p.args, dots)
     assert_close(ad.jvp(lambda *a: p.fn(OURS, *a), p.args, dots), expected)
-    assert_close(ad.jit(lambda *a: ad.jvp(lambda *b: p.fn(OURS, *b), a, dots))(*p.args), expected)
+    assert_close(
+        ad.jit(lambda *a: ad.jvp(lambda *b: p.fn(OURS, *b), a, dots))(*p.args), expected
+    )
     out, f_lin = ad.linearize(lambda *a: p.fn(OURS, *a), *p.args)
     assert_close(out, expected[0])
     assert_close(f_lin(*dots), expected[1])
@@ -239,7 +249,9 @@ def test_vjp(p):
     out, f_vjp = ad.vjp(lambda *a: p.fn(OURS, *a), *p.args)
     j_out, j_vjp = jax.vjp(lambda *a: p.fn(JAX, *a), *p.args)
     cts = jax.tree_util.tree_map(lambda y: np.sin(np.asarray(y) + 0.5), j_out)
-    cts = jax.tree_util.tree_map(lambda c, y: np.asarray(c).astype(np.asarray(y).dtype), cts, j_out)
+    cts = jax.tree_util.tree_map(
+        lambda c, y: np.asarray(c).astype(np.asarray(y).dtype), cts, j_out
+    )
     if any(np.asarray(y).dtype.kind != "f" for y in jax.tree_util.tree_leaves(j_out)):
         pytest.skip("integer outputs: no cotangent")
     assert_close(f_vjp(cts), j_vjp(cts))
@@ -265,7 +277,9 @@ def test_vmap_of_grad(p):
     assert_close(ad.jit(ad.vmap(ad.grad(ours)))(p.batched), expected)
 
 
-@pytest.mark.parametrize("p", [p for p in PROGRAMS if np.ndim(p.args[0]) == 0], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "p", [p for p in PROGRAMS if np.ndim(p.args[0]) == 0], ids=lambda p: p.name
+)
 def test_second_derivatives(p):
     def first(L, grad):
         loss = scalar_loss(L, p.fn)
@@ -287,7 +301,9 @@ def _dot(a: Any, b: Any) -> float:
     return sum(float(np.sum(x * y)) for x, y in zip(leaves(a), leaves(b)))
 
 
-@pytest.mark.parametrize("p", [p for p in PROGRAMS if p.name != "shift"], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "p", [p for p in PROGRAMS if p.name != "shift"], ids=lambda p: p.name
+)
 def test_transpose_dot_product(p):
     out, f_lin = ad.linearize(lambda *a: p.fn(OURS, *a), *p.args)
     _, f_vjp = ad.vjp(lambda *a: p.fn(OURS, *a), *p.args)
@@ -335,20 +351,32 @@ SCALAR = ad.ShapedArray((), F64)
 
 def test_one_scan_equation_whatever_the_length():
     for n in (10, 1000):
-        jaxpr = ad.make_jaxpr(lambda xs: rnn(OURS, 0.8, xs), ad.ShapedArray((n,), F64))[0]
+        jaxpr = ad.make_jaxpr(lambda xs: rnn(OURS, 0.8, xs), ad.ShapedArray((n,), F64))[
+            0
+        ]
         assert [e.primitive.name for e in jaxpr.eqns].count("scan") == 1
         ad.typecheck_jaxpr(jaxpr)
     sizes = []
     for n in (10, 1000):
-        g = ad.make_jaxpr(ad.grad(lambda w, xs: ad.reduce_sum(rnn(OURS, w, xs)[1]["h"], 0)), SCALAR, ad.ShapedArray((n,), F64))[0]
+        g = ad.make_jaxpr(
+            ad.grad(lambda w, xs: ad.reduce_sum(rnn(OURS, w, xs)[1]["h"], 0)),
+            SCALAR,
+            ad.ShapedArray((n,), F64),
+        )[0]
         sizes.append(len(g.eqns))
     assert sizes[0] == sizes[1]
 
 
 def test_lowering_uses_dynamic_slices():
-    jaxpr = ad.make_jaxpr(lambda xs: rnn_reverse(OURS, 0.8, xs), ad.ShapedArray((8,), F64))[0]
+    jaxpr = ad.make_jaxpr(
+        lambda xs: rnn_reverse(OURS, 0.8, xs), ad.ShapedArray((8,), F64)
+    )[0]
     text = str(ad.lower_jaxpr(jaxpr))
-    for op in ("stablehlo.while", "stablehlo.dynamic_slice", "stablehlo.dynamic_update_slice"):
+    for op in (
+        "stablehlo.while",
+        "stablehlo.dynamic_slice",
+        "stablehlo.dynamic_update_slice",
+    ):
         assert op in text
 
 
@@ -365,19 +393,27 @@ def test_residuals_that_depend_only_on_constants_are_hoisted():
 
 def test_a_10000_step_scan_saves_rows_not_copies():
     xs = np.sin(np.arange(10_000.0))
-    _, _, residuals = ad.linearize_flat(lambda w: [ad.reduce_sum(rnn_reverse(OURS, w, xs)[1], 0)], [F64(0.7)])
+    _, _, residuals = ad.linearize_flat(
+        lambda w: [ad.reduce_sum(rnn_reverse(OURS, w, xs)[1], 0)], [F64(0.7)]
+    )
     stacked = [r for r in residuals if np.shape(r) == (10_000,)]
     assert 1 <= len(stacked) <= 5  # one a zero tangent (no symbolic zeros)
     assert all(np.ndim(r) in (0, 1) for r in residuals)
 
 
 def test_fori_loop_with_int_bounds_is_a_scan_with_grad():
-    f = lambda x: ad.fori_loop(0, 3, lambda i, c: c * x, x)
+    def f(x):
+        return ad.fori_loop(0, 3, lambda i, c: c * x, x)
+
     jaxpr = ad.make_jaxpr(f, SCALAR)[0]
     assert [e.primitive.name for e in jaxpr.eqns] == ["scan"]
     assert ad.grad(f)(F64(1.5)) == pytest.approx(4 * 1.5**3, rel=1e-12)
     assert ad.jit(ad.grad(f))(F64(1.5)) == pytest.approx(4 * 1.5**3, rel=1e-12)
-    traced = ad.make_jaxpr(lambda x, n: ad.fori_loop(0, n, lambda i, c: c * x, x), SCALAR, ad.ShapedArray((), np.int64))[0]
+    traced = ad.make_jaxpr(
+        lambda x, n: ad.fori_loop(0, n, lambda i, c: c * x, x),
+        SCALAR,
+        ad.ShapedArray((), np.int64),
+    )[0]
     assert [e.primitive.name for e in traced.eqns] == ["while"]
     assert ad.fori_loop(5, 2, lambda i, c: c + 1.0, 0.0) == 0.0
 
@@ -385,7 +421,16 @@ def test_fori_loop_with_int_bounds_is_a_scan_with_grad():
 def test_registries():
     prim = ad.PRIMITIVES["scan"]
     assert prim is ad.scan_p
-    for kind in ("impl", "abstract_eval", "lower", "jvp", "vmap", "partial_eval", "partial_eval_jaxpr", "transpose"):
+    for kind in (
+        "impl",
+        "abstract_eval",
+        "lower",
+        "jvp",
+        "vmap",
+        "partial_eval",
+        "partial_eval_jaxpr",
+        "transpose",
+    ):
         assert kind in prim.rules, kind
     assert "scan" not in ad.NOT_LINEAR
 
@@ -394,7 +439,10 @@ def test_zero_length_scan():
     carry, ys = ad.scan(lambda c, x: (c + x, c * x), 1.0, np.zeros(0))
     j_carry, j_ys = lax.scan(lambda c, x: (c + x, c * x), 1.0, np.zeros(0))
     assert_close((carry, ys), (j_carry, j_ys))
-    assert_close(ad.jit(lambda xs: ad.scan(lambda c, x: (c + x, c * x), 1.0, xs))(np.zeros(0)), (j_carry, j_ys))
+    assert_close(
+        ad.jit(lambda xs: ad.scan(lambda c, x: (c + x, c * x), 1.0, xs))(np.zeros(0)),
+        (j_carry, j_ys),
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -411,16 +459,54 @@ def _keep(c, x):
 
 
 ERRORS = {
-    "lengths": (lambda: ad.scan(_keep, 0.0, (np.ones(3), np.ones(4))), ValueError, r"share one leading length.*float64\[3\], float64\[4\]"),
-    "length": (lambda: ad.scan(_keep, 0.0, np.ones(3), length=4), ValueError, r"length=4 disagrees .* 3"),
-    "no_length": (lambda: ad.scan(_keep, 0.0, None), ValueError, r"no xs, give the number of trips as length"),
+    "lengths": (
+        lambda: ad.scan(_keep, 0.0, (np.ones(3), np.ones(4))),
+        ValueError,
+        r"share one leading length.*float64\[3\], float64\[4\]",
+    ),
+    "length": (
+        lambda: ad.scan(_keep, 0.0, np.ones(3), length=4),
+        ValueError,
+        r"length=4 disagrees .* 3",
+    ),
+    "no_length": (
+        lambda: ad.scan(_keep, 0.0, None),
+        ValueError,
+        r"no xs, give the number of trips as length",
+    ),
     "scalar_xs": (lambda: ad.scan(_keep, 0.0, 1.0), ValueError, r"leading axis"),
-    "carry_type": (lambda: ad.scan(lambda c, x: (c * np.ones(2), x), 0.0, np.ones(3)), TypeError, r"carry of the type it is given, float64\[\], but it returned float64\[2\]"),
-    "carry_dtype": (lambda: ad.scan(lambda c, x: (ad.convert_element_type(c, np.float32), x), 0.0, np.ones(3)), TypeError, r"float64\[\], but it returned float32\[\]"),
-    "carry_tree": (lambda: ad.scan(lambda c, x: ((c, c), x), 0.0, np.ones(3)), TypeError, r"float64\[\], but it returned \(float64\[\], float64\[\]\)"),
-    "not_pair": (lambda: ad.scan(lambda c, x: c + x, 0.0, np.ones(3)), TypeError, r"must return a pair \(carry, y\)"),
-    "triple": (lambda: ad.scan(lambda c, x: (c, x, x), 0.0, np.ones(3)), TypeError, r"must return a pair"),
-    "bad_length": (lambda: ad.scan(_keep, 0.0, None, length=-1), TypeError, r"non-negative"),
+    "carry_type": (
+        lambda: ad.scan(lambda c, x: (c * np.ones(2), x), 0.0, np.ones(3)),
+        TypeError,
+        r"carry of the type it is given, float64\[\], but it returned float64\[2\]",
+    ),
+    "carry_dtype": (
+        lambda: ad.scan(
+            lambda c, x: (ad.convert_element_type(c, np.float32), x), 0.0, np.ones(3)
+        ),
+        TypeError,
+        r"float64\[\], but it returned float32\[\]",
+    ),
+    "carry_tree": (
+        lambda: ad.scan(lambda c, x: ((c, c), x), 0.0, np.ones(3)),
+        TypeError,
+        r"float64\[\], but it returned \(float64\[\], float64\[\]\)",
+    ),
+    "not_pair": (
+        lambda: ad.scan(lambda c, x: c + x, 0.0, np.ones(3)),
+        TypeError,
+        r"must return a pair \(carry, y\)",
+    ),
+    "triple": (
+        lambda: ad.scan(lambda c, x: (c, x, x), 0.0, np.ones(3)),
+        TypeError,
+        r"must return a pair",
+    ),
+    "bad_length": (
+        lambda: ad.scan(_keep, 0.0, None, length=-1),
+        TypeError,
+        r"non-negative",
+    ),
 }
 
 
