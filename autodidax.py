@@ -4723,6 +4723,7 @@ def scan_fixed_point(
     return carry_fixed_point(body, consts + xs, carry, allowed)
 
 
+# @title The jvp rule: a scan of the body's JVP
 @scan_p.def_rule("jvp")
 def _scan_jvp(primals, tangents, *, jaxpr, num_consts, num_carry, length, reverse):
     nonzero = [_maybe_nonzero(t) for t in tangents]
@@ -4750,6 +4751,7 @@ def _scan_jvp(primals, tangents, *, jaxpr, num_consts, num_carry, length, revers
     return [*carry, *ys], [*_fill_zeros(carry_dots, carry_nz, carry), *ys_dots]
 
 
+# @title The vmap rule: batch the body; xs and ys batched at axis 1
 @scan_p.def_rule("vmap")
 def _scan_vmap(axis_size, vals, dims, *, jaxpr, num_consts, num_carry, length, reverse):
     batched = [d is not None for d in dims]

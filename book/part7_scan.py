@@ -473,6 +473,16 @@ def scan_fixed_point(
     return carry_fixed_point(body, consts + xs, carry, allowed)
 
 
+# %% [markdown]
+# The rule itself is Part 6's with rows added: a `scan` whose carry is
+# (carries, tangents of the marked carries) and whose rows are (rows, their
+# non-zero tangents), with a body that calls `jvp_flat` on the old body and
+# emits each `y` next to its tangent. The tangents of the constants are closed
+# over, so they become constants of the new scan.
+
+
+# %% tags=["export", "hide-input"]
+# @title The jvp rule: a scan of the body's JVP
 @scan_p.def_rule("jvp")
 def _scan_jvp(primals, tangents, *, jaxpr, num_consts, num_carry, length, reverse):
     nonzero = [_maybe_nonzero(t) for t in tangents]
@@ -543,10 +553,12 @@ print(
 # (those the batched inputs reach in one trip). One more detail is the batch
 # axis of `xs`: the loop cuts rows along axis 0, so a batched `xs` gets its
 # batch axis at 1, and each row then has it at 0; a batched `y` comes out
-# with its batch axis at 1 for the same reason.
+# with its batch axis at 1 for the same reason. The rule (folded) then runs
+# the body with `run_batched` from Part 6 inside a new `scan`.
 
 
-# %% tags=["export"]
+# %% tags=["export", "hide-input"]
+# @title The vmap rule: batch the body; xs and ys batched at axis 1
 @scan_p.def_rule("vmap")
 def _scan_vmap(axis_size, vals, dims, *, jaxpr, num_consts, num_carry, length, reverse):
     batched = [d is not None for d in dims]
@@ -888,7 +900,8 @@ def _scan_transpose(cts, *args, jaxpr, num_consts, num_carry, length, reverse):
 # jitted loss, next to JAX's:
 
 
-# %%
+# %% tags=["hide-input"]
+# @title The same loss in JAX, to compare with
 def jax_rnn_loss(w, xs):
     def step(h, x):
         h = jnp.tanh(h * w + x)
@@ -897,6 +910,7 @@ def jax_rnn_loss(w, xs):
     return jnp.sum(jax.lax.scan(step, 0.5, xs)[1])
 
 
+# %%
 with jax.enable_x64(True):  # float64, as ours, in this cell only
     expected = jax.grad(jax_rnn_loss)(0.8, inputs)
     print("jax:      ", float(expected))
