@@ -533,8 +533,10 @@ numeric = (rnn_loss(w + h, inputs) - rnn_loss(w - h, inputs)) / (2 * h)
 print(jvp(lambda w: rnn_loss(w, inputs), (w,), (1.0,)), numeric)
 
 # %% [markdown]
-# The weight's tangent is a constant of the new scan; the carry holds `h` and
-# its tangent, and the body emits each square and its tangent:
+# The weight's tangent is closed over by the new body; here it is a concrete
+# 1.0, which shows up as the literal in `mul h 1.0`. The carry holds `h` and
+# its tangent, which starts at 0.0, and the body emits each square and its
+# tangent:
 
 # %%
 print(
@@ -989,10 +991,14 @@ print(f"total {total / 1e6:.1f} MB; the inputs xs are {seq.nbytes / 1e6:.1f} MB"
 
 
 # %% [markdown]
-# Each stacked residual has 10,000 rows of 64 numbers, 5.12 MB each, and the
-# weight matrix is saved once, as a hoisted constant. Memory grows linearly
-# with the trip count, which is the price of reverse mode through a loop; the
-# usual remedy, recomputing instead of saving, is in the last section.
+# The weight matrix is saved once, hoisted out of the loop. The two vectors
+# are zeros: the tangents of the initial state and of the rows, which are zero
+# but which our JVP, having no symbolic zeros, carries as values. The three
+# stacks have one row per trip: the state before the trip, $1 - \tanh^2$, and
+# the state after it, 5.12 MB each, three times the size of the inputs
+# themselves. Memory grows linearly with the trip count; that is the price of
+# reverse mode through a loop. The usual remedy, recomputing instead of
+# saving, is described under {ref}`Where real JAX differs <part7-jax>`.
 #
 # ## `fori_loop`, now with reverse mode
 #
@@ -1044,6 +1050,7 @@ show_error(jit(lambda xs: scan(lambda c, x: c + x, 0.0, xs)), np.ones(3))
 
 
 # %% [markdown]
+# (part7-jax)=
 # ## Where real JAX differs
 #
 # The folded cell prints what JAX 0.10.2 makes of the RNN loss: its jaxpr, the
@@ -1091,8 +1098,8 @@ show_jax(lambda w: jax.grad(jax_rnn_loss)(w, short), 0.8)
 # - **Trading memory for time.** The memory above grows with the trip count.
 #   [`jax.checkpoint`](https://docs.jax.dev/en/latest/gradient-checkpointing.html)
 #   (also called `remat`) applied to the body makes the known loop save only
-#   what a policy allows (by default, only the carries' inputs), and the
-#   backward loop recomputes the rest of each trip. Nesting scans and
+#   the body's inputs (or what a policy allows), and the backward loop
+#   recomputes the rest of each trip from them. Nesting scans and
 #   checkpointing the outer body gives memory that grows with the square root
 #   of the trip count. We have no `checkpoint` yet.
 # - [`unroll`](https://docs.jax.dev/en/latest/_autosummary/jax.lax.scan.html)
@@ -1100,8 +1107,9 @@ show_jax(lambda w: jax.grad(jax_rnn_loss)(w, short), 0.8)
 #   which gives XLA more straight-line code to optimize and fewer loop
 #   iterations; `unroll=True` removes the loop altogether.
 # - JAX lowers the body inline into the loop's region rather than calling a
-#   private function, and skips forwarding `xs` and carries that the body
-#   passes through unchanged.
+#   private function. And before it binds `scan`, JAX turns a carry that the
+#   body passes through unchanged into a constant, and takes a `y` that is just
+#   the row of an `xs` from `xs` itself instead of copying it.
 #
 # ## Summary
 #
