@@ -4796,10 +4796,13 @@ class ScanSplit(NamedTuple):
 def split_scan(jaxpr: Jaxpr, num_consts: int, num_carry: int, unknown: list[bool]):
     """Split a scan body into a known and an unknown loop, and hoist the
     residuals that depend only on known constants out of both."""
-    consts_u, _, xs_u = _split(unknown, num_consts, num_carry)
-    carry_u = scan_fixed_point(
-        jaxpr, num_consts, num_carry, unknown, [True] * num_carry
-    )
+    consts_u, carry_u, xs_u = _split(unknown, num_consts, num_carry)
+    while True:  # which carries become unknown, after any number of trips
+        out_u = partial_eval_jaxpr(jaxpr, consts_u + carry_u + xs_u)[2]
+        new = [c or o for c, o in zip(carry_u, out_u)]
+        if new == carry_u:
+            break
+        carry_u = new
     num_ys = len(jaxpr.outs) - num_carry
     known, unknown_body, out_u, num_res = partial_eval_jaxpr(
         jaxpr, consts_u + carry_u + xs_u, carry_u + [False] * num_ys

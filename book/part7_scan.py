@@ -620,10 +620,15 @@ print(starts[:, None] + np.cumsum(rows, axis=1))
 # scans of the halves. Three things are new.
 #
 # - **Which carries are unknown.** A carry with a known initial value becomes
-#   unknown if the body makes it unknown on some trip: the fixed point once
-#   more, with "unknown" as the mark. The split forces those carries' outputs
-#   to be unknown (its `instantiate` argument), so that each half of the body
-#   returns exactly the carries it takes.
+#   unknown if the body makes it unknown on some trip: a fixed point once
+#   more. This time the dependence walk of Part 6 would be wrong, not just
+#   wasteful: it marks every output of an equation that reads an unknown
+#   input, so a `cond` or `scan` inside the body, which takes primals and
+#   tangents together, would make the primals unknown too. So the loop asks
+#   `partial_eval_jaxpr` itself which outputs come out unknown, and its rules
+#   for `cond` and `scan` know better. The split then forces those carries'
+#   outputs to be unknown (its `instantiate` argument), so that each half of
+#   the body returns exactly the carries it takes.
 # - **Per-trip residuals.** The known body returns residuals for the unknown
 #   body, but trip $k$ of the unknown loop needs the residuals of trip $k$. So
 #   the known scan emits them as extra `ys`: stacked, one row per trip, in an
@@ -661,10 +666,13 @@ class ScanSplit(NamedTuple):
 def split_scan(jaxpr: Jaxpr, num_consts: int, num_carry: int, unknown: list[bool]):
     """Split a scan body into a known and an unknown loop, and hoist the
     residuals that depend only on known constants out of both."""
-    consts_u, _, xs_u = _split(unknown, num_consts, num_carry)
-    carry_u = scan_fixed_point(
-        jaxpr, num_consts, num_carry, unknown, [True] * num_carry
-    )
+    consts_u, carry_u, xs_u = _split(unknown, num_consts, num_carry)
+    while True:  # which carries become unknown, after any number of trips
+        out_u = partial_eval_jaxpr(jaxpr, consts_u + carry_u + xs_u)[2]
+        new = [c or o for c, o in zip(carry_u, out_u)]
+        if new == carry_u:
+            break
+        carry_u = new
     num_ys = len(jaxpr.outs) - num_carry
     known, unknown_body, out_u, num_res = partial_eval_jaxpr(
         jaxpr, consts_u + carry_u + xs_u, carry_u + [False] * num_ys

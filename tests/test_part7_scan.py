@@ -37,6 +37,7 @@ F64 = np.float64
 OURS = SimpleNamespace(
     scan=ad.scan,
     fori_loop=ad.fori_loop,
+    cond=ad.cond,
     sin=ad.sin,
     cos=ad.cos,
     tanh=ad.tanh,
@@ -46,6 +47,7 @@ OURS = SimpleNamespace(
 JAX = SimpleNamespace(
     scan=lax.scan,
     fori_loop=lax.fori_loop,
+    cond=lax.cond,
     sin=jnp.sin,
     cos=jnp.cos,
     tanh=jnp.tanh,
@@ -139,6 +141,21 @@ def fori(L, x, w):
     return L.fori_loop(0, 5, body, x)
 
 
+def nested(L, w, xs):
+    """A scan whose body holds a scan and a cond that take primals and
+    tangents together: partial evaluation must keep the primals known."""
+
+    def inner(c, x):
+        return c * w + L.sin(x * c), c
+
+    def outer(c, row):
+        c, ys = L.scan(inner, c, row)
+        c = L.cond(c > 0.0, lambda a: a * w, lambda a: L.cos(a) + w, c)
+        return c, ys * c
+
+    return L.scan(outer, w, xs, reverse=True)
+
+
 @dataclass
 class Program:
     name: str
@@ -170,6 +187,12 @@ PROGRAMS = [
     Program("invariant", invariant, (F64(0.7), XS), (B3, XS_B)),
     Program("pytree_xs", pytree_xs, (F64(0.7), PYXS), (B3, PYXS_B)),
     Program("fori", fori, (F64(0.4), F64(0.8)), (B3, B3 + 0.1)),
+    Program(
+        "nested",
+        nested,
+        (F64(0.7), XS_M.T[:, :4]),
+        (np.array([0.7, -0.3, 0.2]), np.stack([XS_M.T[:, :4]] * 3) * B3[:, None, None]),
+    ),
 ]
 IDS = [p.name for p in PROGRAMS]
 
