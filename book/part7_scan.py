@@ -1103,6 +1103,11 @@ show_jax(lambda w: jax.grad(jax_rnn_loss)(w, short), 0.8)
 #   carries, linear rows and stacked residuals, and accumulates the constants'
 #   cotangents in the backward carry. It additionally handles mutable
 #   references (`jax.Ref`) among the loop's inputs.
+# - Earlier releases gave the primitive two more parameters: `linear`, which
+#   inputs are linear, and `_split_transpose`, an experimental transpose that
+#   split the backward loop in two. The primitive of 0.10.2 has neither, and
+#   `jax.lax.scan` accepts a `_split_transpose` argument only to ignore it;
+#   the JVP and linearize rules find what is linear themselves.
 # - **Trading memory for time.** The memory above grows with the trip count.
 #   [`jax.checkpoint`](https://docs.jax.dev/en/latest/gradient-checkpointing.html)
 #   (also called `remat`) applied to the body makes the known loop save only
