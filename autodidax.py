@@ -4708,18 +4708,13 @@ def _write_row(stack: ir.Value, y: ir.Value, row: ir.Value) -> ir.Value:
     return hlo.dynamic_update_slice(stack, y, _row_start(row, len(shape)))
 
 
-def _xs_first(jaxpr: Jaxpr, num_consts: int, num_carry: int) -> Jaxpr:
-    """The body with its inputs in the order (consts, rows of xs, carry)."""
-    consts, carry, xs = _split(jaxpr.in_binders, num_consts, num_carry)
-    return Jaxpr(consts + xs + carry, jaxpr.eqns, jaxpr.outs)
-
-
 def scan_fixed_point(
     jaxpr: Jaxpr, num_consts: int, num_carry: int, marked: list, allowed: list
 ) -> list[bool]:
     """The carries that some number of trips reaches from the marked inputs."""
+    consts, carry, xs = _split(jaxpr.in_binders, num_consts, num_carry)
+    body = Jaxpr(consts + xs + carry, jaxpr.eqns, jaxpr.outs)  # rows first
     consts, carry, xs = _split(marked, num_consts, num_carry)
-    body = _xs_first(jaxpr, num_consts, num_carry)
     return carry_fixed_point(body, consts + xs, carry, allowed)
 
 

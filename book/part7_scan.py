@@ -120,7 +120,8 @@ scalar = ShapedArray((), np.float64)
 #
 # A running total is the smallest loop of this kind: it reads one number per
 # trip and emits one number per trip. Written in Python and traced, it is
-# unrolled, one `add` per number, so the program grows with the sequence:
+# unrolled, one `add` per number, so the program grows with the sequence (4,
+# 8 and 100 numbers):
 
 
 # %%
@@ -132,10 +133,7 @@ def running_total(xs):
     return totals
 
 
-for n in [4, 8, 100]:
-    print(
-        f"{n:3} numbers: {len(make_jaxpr(running_total, [scalar] * n)[0].eqns)} equations"
-    )
+print([len(make_jaxpr(running_total, [scalar] * n)[0].eqns) for n in [4, 8, 100]])
 
 # %% [markdown]
 # `scan` is that loop as one primitive. Its meaning, in Python:
@@ -458,18 +456,13 @@ print(np.allclose(jit(cumsum)(million), np.cumsum(million)))
 
 
 # %% tags=["export"]
-def _xs_first(jaxpr: Jaxpr, num_consts: int, num_carry: int) -> Jaxpr:
-    """The body with its inputs in the order (consts, rows of xs, carry)."""
-    consts, carry, xs = _split(jaxpr.in_binders, num_consts, num_carry)
-    return Jaxpr(consts + xs + carry, jaxpr.eqns, jaxpr.outs)
-
-
 def scan_fixed_point(
     jaxpr: Jaxpr, num_consts: int, num_carry: int, marked: list, allowed: list
 ) -> list[bool]:
     """The carries that some number of trips reaches from the marked inputs."""
+    consts, carry, xs = _split(jaxpr.in_binders, num_consts, num_carry)
+    body = Jaxpr(consts + xs + carry, jaxpr.eqns, jaxpr.outs)  # rows first
     consts, carry, xs = _split(marked, num_consts, num_carry)
-    body = _xs_first(jaxpr, num_consts, num_carry)
     return carry_fixed_point(body, consts + xs, carry, allowed)
 
 
