@@ -360,7 +360,7 @@ print(len(long.eqns), long.eqns[0].params["length"])
 # the carry, `xs`, and one buffer per `y`, which starts as zeros. The condition
 # is `i < length`. The body reads row `i` of every `xs` (row `length - 1 - i`
 # when `reverse`), calls the lowered body jaxpr on the constants, carry and
-# rows, writes each `y` into row `i` of its buffer, and adds one to `i`.
+# rows, writes each `y` into the same row of its buffer, and adds one to `i`.
 #
 # Reading a row whose index is known only when the program runs is
 # `stablehlo.dynamic_slice`, which cuts a block of one row out of an array, and
