@@ -1,4 +1,6 @@
-"""Benchmark: a jitted 100,000-step while_loop, next to jax.lax.while_loop.
+"""Benchmark: a jitted 100,000-step while_loop, next to jax.lax.while_loop;
+the same program as a jitted scan, next to jax.lax.scan; and jit(grad) through
+a 1,000-step scan, next to JAX's.
 
 One program, written once for both libraries: the carry is a step counter and
 a float64[8] vector, and each trip computes ``x * 0.99999 + sin(x) * 1e-5``
@@ -10,8 +12,9 @@ equation whatever the trip count (the loop is traced once, never unrolled).
 After one call that compiles it, each timed call runs the whole loop and
 waits for the result; repeats alternate which library goes first. The report
 gives the median, minimum and maximum in milliseconds, the ratio autodidax /
-JAX (SPEC section 6: within 1.5x), and the largest difference of each result
-from a NumPy loop computing the same thing.
+JAX (SPEC section 6: within 1.5x for the loops, 2x for the gradient), and the
+largest difference of each result from a NumPy loop computing the same thing
+(for the gradient: from JAX's).
 
 Run it from the repository root:
 
@@ -67,6 +70,8 @@ class Library:
         put: Callable[[np.ndarray], Any],
         block: Callable[[Any], Any],
         count_eqns: Callable[[Callable, np.ndarray], int] | None = None,
+        scan: Callable | None = None,
+        grad: Callable | None = None,
     ) -> None:
         self.name = name
         self.jit = jit
@@ -75,6 +80,8 @@ class Library:
         self.put = put  # NumPy array -> device array
         self.block = block  # wait until a result is computed
         self.count_eqns = count_eqns  # top-level equations of f's jaxpr
+        self.scan = scan
+        self.grad = grad
 
 
 def autodidax_library(module: ModuleType = ad, name: str = "autodidax") -> Library:
@@ -91,6 +98,8 @@ def autodidax_library(module: ModuleType = ad, name: str = "autodidax") -> Libra
         put=module.device_put,
         block=lambda out: out._buffer.block_until_ready(),
         count_eqns=count_eqns,
+        scan=getattr(module, "scan", None),  # Part 7; older modules lack it
+        grad=module.grad,
     )
 
 
@@ -105,6 +114,8 @@ def jax_library() -> Library:
         sin=lax.sin,
         put=jax.device_put,
         block=lambda out: out.block_until_ready(),
+        scan=lax.scan,
+        grad=jax.grad,
     )
 
 
@@ -177,6 +188,108 @@ def measure(libs: list[Library], steps: int, repeats: int) -> dict:
     return row
 
 
+SCAN_GRAD_STEPS = 1_000
+QUICK_SCAN_GRAD_STEPS = 100
+GRAD_TARGET_RATIO = 2.0  # SPEC section 6: grad through a 1,000-step scan, within 2x
+
+
+def scan_function(lib: Library, steps: int) -> Callable:
+    """The while_loop's program as a scan of ``steps`` trips over no xs."""
+
+    def body(x, _):
+        return x * 0.99999 + lib.sin(x) * 1e-5, None
+
+    def f(x):
+        return lib.scan(body, x, None, length=steps)[0]
+
+    return f
+
+
+def scan_grad_function(lib: Library) -> Callable:
+    """The gradient, with respect to a weight vector ``w``, of the sum of the
+    final carry of ``h -> sin(h * w + x)`` over the rows of ``xs``."""
+
+    def loss(w, xs):
+        def body(h, x):
+            h = lib.sin(h * w + x)
+            return h, None
+
+        return lib.scan(body, w * 0.0, xs)[0] @ w
+
+    return lib.grad(loss)
+
+
+def _time_calls(libs: list[Library], runners: dict, repeats: int) -> dict:
+    """Median/min/max ms of each library's runner, calls interleaved."""
+    times: dict[str, list[float]] = {lib.name: [] for lib in libs}
+    for i in range(repeats):
+        order = libs if i % 2 == 0 else libs[::-1]
+        for lib in order:
+            g, args = runners[lib.name]
+            gc.collect()
+            start = time.perf_counter()
+            lib.block(g(*args))
+            times[lib.name].append(time.perf_counter() - start)
+    return {name: stats_ms(t) for name, t in times.items()}
+
+
+def _with_ratios(row: dict, names: list[str]) -> dict:
+    if "jax" in names:
+        for name in names:
+            if name != "jax":
+                key = "ratio" if name == "autodidax" else f"ratio_{name}"
+                row[key] = row[name]["median_ms"] / row["jax"]["median_ms"]
+    return row
+
+
+def measure_scan(libs: list[Library], steps: int, repeats: int) -> dict:
+    """The while_loop's program as a jitted scan, next to jax.lax.scan."""
+    libs = [lib for lib in libs if lib.scan is not None]
+    x_host = np.linspace(-1.0, 2.0, VECTOR_SIZE)
+    expected = reference(x_host, steps)
+    runners, errors = {}, {}
+    for lib in libs:
+        g, x = lib.jit(scan_function(lib, steps)), lib.put(x_host)
+        out = g(x)
+        lib.block(out)
+        errors[lib.name] = float(np.max(np.abs(np.asarray(out) - expected)))
+        runners[lib.name] = (g, (x,))
+    row = {
+        "program": f"scan of {steps:_} steps of x * 0.99999 + sin(x) * 1e-5 "
+        f"on float64[{VECTOR_SIZE}], jitted",
+        "steps": steps,
+        **_time_calls(libs, runners, repeats),
+        "max_abs_error": errors,
+    }
+    return _with_ratios(row, [lib.name for lib in libs])
+
+
+def measure_scan_grad(libs: list[Library], steps: int, repeats: int) -> dict:
+    """jit(grad) through a scan of ``steps`` trips, next to JAX; the
+    gradients are compared with the first library's (JAX's, if present)."""
+    libs = [lib for lib in libs if lib.scan is not None]
+    rng = np.random.default_rng(0)
+    w_host = rng.uniform(0.5, 1.0, VECTOR_SIZE)
+    xs_host = rng.normal(size=(steps, VECTOR_SIZE)) * 0.1
+    runners, outs = {}, {}
+    for lib in libs:
+        g, w, xs = lib.jit(scan_grad_function(lib)), lib.put(w_host), lib.put(xs_host)
+        out = g(w, xs)
+        lib.block(out)
+        outs[lib.name] = np.asarray(out)
+        runners[lib.name] = (g, (w, xs))
+    reference_out = outs.get("jax", next(iter(outs.values())))
+    errors = {n: float(np.max(np.abs(o - reference_out))) for n, o in outs.items()}
+    row = {
+        "program": f"jit(grad) of a scan of {steps:_} steps of h -> sin(h * w + x) "
+        f"on float64[{VECTOR_SIZE}]",
+        "steps": steps,
+        **_time_calls(libs, runners, repeats),
+        "max_abs_difference_from_jax": errors,
+    }
+    return _with_ratios(row, [lib.name for lib in libs])
+
+
 def print_report(report: dict) -> None:
     row, names = report["results"]["while_loop"], report["libraries"]
     print(f"loops benchmark: {row['program']}, median ms per call")
@@ -191,6 +304,17 @@ def print_report(report: dict) -> None:
     print(f"top-level jaxpr equations: {eqns}")
     errors = ", ".join(f"{n} {e:.1e}" for n, e in row["max_abs_error"].items())
     print(f"largest difference from NumPy: {errors}")
+    for key, label, target in [
+        ("scan", "jitted scan", TARGET_RATIO),
+        ("scan_grad", "jit(grad) through scan", GRAD_TARGET_RATIO),
+    ]:
+        extra = report["results"].get(key)
+        if extra is None:
+            continue
+        values = " ".join(f"{extra[n]['median_ms']:>12.3f}" for n in names)
+        ratio = f"{extra['ratio']:.3f}x" if "ratio" in extra else "-"
+        steps = f"{extra['steps']:_} steps"
+        print(f"{label:<26} {values} {ratio:>9}  ({steps}, target {target}x)")
     summary = report["summary"]
     if not summary["meaningful"]:
         print("quick run: too few steps to judge")
@@ -238,6 +362,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
         if not args.no_jax:
             libs.append(jax_library())
         row = measure(libs, args.steps, args.repeats)
+        scan_row = measure_scan(libs, args.steps, args.repeats)
+        grad_steps = QUICK_SCAN_GRAD_STEPS if args.quick else SCAN_GRAD_STEPS
+        grad_row = measure_scan_grad(libs, grad_steps, args.repeats)
     report = {
         "benchmark": "loops",
         "quick": args.quick,
@@ -247,7 +374,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             "steps": args.steps,
             "repeats": args.repeats,
         },
-        "results": {"while_loop": row},
+        "results": {"while_loop": row, "scan": scan_row, "scan_grad": grad_row},
         "summary": summary(row, args.quick),
         "machine": benchlib.machine_info(),
     }

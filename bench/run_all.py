@@ -160,13 +160,21 @@ def run_overhead(variants: dict[str, ModuleType], quick: bool) -> dict:
 
 
 def run_loops(variants: dict[str, ModuleType], quick: bool) -> dict:
-    """bench_loops' jitted while_loop."""
+    """bench_loops' jitted while_loop, jitted scan, and jit(grad) through scan."""
     steps = bench_loops.QUICK_STEPS if quick else bench_loops.STEPS
     repeats = bench_loops.QUICK_REPEATS if quick else bench_loops.REPEATS
     libs = [bench_loops.autodidax_library(m, name) for name, m in variants.items()]
     libs.append(bench_loops.jax_library())
     config = {"steps": steps, "repeats": repeats}
-    return {"config": config, "while_loop": bench_loops.measure(libs, steps, repeats)}
+    grad_steps = (
+        bench_loops.QUICK_SCAN_GRAD_STEPS if quick else bench_loops.SCAN_GRAD_STEPS
+    )
+    return {
+        "config": config,
+        "while_loop": bench_loops.measure(libs, steps, repeats),
+        "scan": bench_loops.measure_scan(libs, steps, repeats),
+        "scan_grad": bench_loops.measure_scan_grad(libs, grad_steps, repeats),
+    }
 
 
 @contextlib.contextmanager

@@ -1582,6 +1582,11 @@ LINEAR_FUNCTIONS = {
         [(3,)],
     ),
     "xla_call": (ad.jit(lambda x, y: ad.sub(ad.mul(x, 3.0), y)), [(2,), (2,)]),
+    # Part 7: a scan linear in its carry and its xs.
+    "scan": (
+        lambda c, xs: ad.scan(lambda c, x: (c * 0.5 + x, c - x * 2.0), c, xs),
+        [(3,), (4, 3)],
+    ),
 }
 
 

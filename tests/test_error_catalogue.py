@@ -951,7 +951,9 @@ def _growing(x):
         under("grad-of-jit", _growing),
         lambda x: ad.vjp(_growing, x),
         lambda x: ad.linearize(_growing, x),
-        lambda x: ad.grad(lambda x: ad.fori_loop(0, 3, lambda i, c: c * x, x))(1.5),
+        lambda x: ad.grad(
+            lambda x: ad.fori_loop(0, np.int64(3), lambda i, c: c * x, x)
+        )(1.5),
     ],
     ids=["grad", "jit-of-grad", "grad-of-jit", "vjp", "linearize", "fori_loop"],
 )
@@ -964,7 +966,83 @@ def test_14_reverse_mode_through_while_loop(run):
 
 
 # ---------------------------------------------------------------------------
-# 15. Custom derivative rules (Part 8): jvp of a custom_vjp function, and a
+# 15. scan (Part 7): xs leaves with different leading lengths, a length that
+#     disagrees with xs, neither xs nor length, a body changing the carry's
+#     type, a body returning something other than a pair
+# ---------------------------------------------------------------------------
+
+
+def _scan_case(body, xs, length=None):
+    """A function of one array that scans ``body`` over ``xs(x)``, with the
+    sum of x as the initial carry (so the carry is traced in every mode)."""
+
+    def f(x):
+        carry, _ = ad.scan(body, _total(x), xs(x), length=length)
+        return carry * x
+
+    return f
+
+
+SCAN_ERRORS = {
+    "xs-lengths": (
+        _scan_case(lambda c, r: (c, r), lambda x: (x, ad.reduce_sum(M23, 1))),
+        ValueError,
+        r"scan: the leaves of xs must share one leading length, got "
+        r"float64\[3\], float64\[2\]",
+    ),
+    "length-disagrees": (
+        _scan_case(lambda c, r: (c, r), lambda x: x, length=5),
+        ValueError,
+        r"scan: length=5 disagrees with the leading length of xs, 3",
+    ),
+    "no-xs-no-length": (
+        _scan_case(lambda c, r: (c, c), lambda x: None),
+        ValueError,
+        r"scan: with no xs, give the number of trips as length=",
+    ),
+    "carry-type": (
+        _scan_case(lambda c, r: (c * V3, r), lambda x: x),
+        TypeError,
+        r"scan: f must return a carry of the type it is given, float64\[\], but "
+        r"it returned float64\[3\]",
+    ),
+    "carry-structure": (
+        _scan_case(lambda c, r: ((c, c), r), lambda x: x),
+        TypeError,
+        r"float64\[\], but it returned \(float64\[\], float64\[\]\)",
+    ),
+    "not-a-pair": (
+        _scan_case(lambda c, r: c + r, lambda x: x),
+        TypeError,
+        r"scan: f must return a pair \(carry, y\), but it returned float64\[\]",
+    ),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", SCAN_ERRORS, ids=list(SCAN_ERRORS))
+def test_15_scan_mistakes(case, mode):
+    f, exc_type, match = SCAN_ERRORS[case]
+    with clear_error(exc_type, match):
+        with in_mode(mode):
+            under(mode, f)(V3)
+
+
+def test_15_reverse_mode_through_scan_and_static_fori_loop_works():
+    """The counterpart of section 14: scan and fori_loop with Python-int
+    bounds have reverse mode."""
+
+    def f(x):
+        _, ys = ad.scan(lambda c, r: (c * r, ad.sin(c)), 1.0, x)
+        return ad.fori_loop(0, 3, lambda i, c: c * _total(x), _total(ys))
+
+    for mode in ("grad", "jit-of-grad", "grad-of-jit"):
+        under(mode, f)(V3)
+    assert_usable()
+
+
+# ---------------------------------------------------------------------------
+# 16. Custom derivative rules (Part 8): jvp of a custom_vjp function, and a
 #     rule returning the wrong structure, shape or dtype
 # ---------------------------------------------------------------------------
 
@@ -993,7 +1071,7 @@ _clip_gradient.defvjp(
     ],
     ids=["jvp", "vmap-of-jvp", "jit-of-jvp", "linearize's linear map"],
 )
-def test_15_jvp_of_a_custom_vjp_function(run):
+def test_16_jvp_of_a_custom_vjp_function(run):
     with clear_error(
         ad.CustomVJPForwardModeError,
         r"jvp of <lambda>, a custom_vjp function: it has only a reverse-mode rule",
@@ -1030,7 +1108,7 @@ BAD_RULES = {
 
 @pytest.mark.parametrize("mode", ["grad", "jit-of-grad", "grad-of-jit"])
 @pytest.mark.parametrize("case", BAD_RULES, ids=list(BAD_RULES))
-def test_15_rule_returning_the_wrong_type(case, mode):
+def test_16_rule_returning_the_wrong_type(case, mode):
     rule, names = BAD_RULES[case]
     f = _with_jvp_rule(rule)
     with clear_error(TypeError, rf"<lambda>: the custom_jvp rule's {names}"):
@@ -1038,7 +1116,7 @@ def test_15_rule_returning_the_wrong_type(case, mode):
             under(mode, f)(V3)
 
 
-def test_15_bwd_returning_the_wrong_structure():
+def test_16_bwd_returning_the_wrong_structure():
     g = ad.custom_vjp(lambda x: ad.sin(x))
     g.defvjp(lambda x: (ad.sin(x), ad.cos(x)), lambda c, ct: ct * c)  # not a tuple
     match = r"one cotangent per differentiable argument\) must be \(float64\[3\],\)"

@@ -534,7 +534,9 @@ def loop_fn(x):
 
 
 def fori_fn(x):
-    return ad.fori_loop(0, 3, lambda i, c: c * x, x)
+    # A bound that is an array, not a Python int, keeps it a while_loop (with
+    # Python-int bounds, Part 7 makes fori_loop a scan, which has reverse mode).
+    return ad.fori_loop(0, np.int64(3), lambda i, c: c * x, x)
 
 
 REVERSE_MODE = {
