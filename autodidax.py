@@ -23,8 +23,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-RULE_KINDS = ("impl", "jvp", "vmap")
-"""The kinds of rules a primitive can carry; later parts add more."""
+RULE_KINDS = (
+    *("impl", "jvp", "vmap"),  # this part
+    *("abstract_eval", "lower"),  # Parts 2 and 3
+    *("partial_eval", "partial_eval_jaxpr", "transpose"),  # Part 4
+)
 
 PRIMITIVES: dict[str, Primitive] = {}  # every primitive ever created, by name
 
@@ -106,7 +109,7 @@ def cos(x: ArrayLike) -> ArrayLike:
 
 def reduce_sum(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:
     """Sum over ``axis`` (an int, a sequence of ints, or None for all axes)."""
-    ndim = get_aval(x).ndim
+    ndim = get_aval(x, "reduce_sum", 0).ndim
     if axis is None:
         axis = tuple(range(ndim))
     return bind(reduce_sum_p, x, axes=_normalize_axes("reduce_sum", axis, ndim))
@@ -156,7 +159,7 @@ def _normalize_axes(name: str, axes: int | Sequence[int], ndim: int) -> tuple:
 def _check_kind(name: str, x: ArrayLike, kinds: str, expected: str) -> None:
     """Refuse dtypes the operation does not define (NumPy would quietly return
     floats for the sine of integers, for example)."""
-    dtype = get_aval(x).dtype
+    dtype = get_aval(x, name, 0).dtype
     if dtype.kind not in kinds:
         raise TypeError(f"{name}: expected {expected} array, got dtype {dtype.name}")
 
@@ -219,7 +222,9 @@ def _bind_binary(prim: Primitive, x: ArrayLike, y: ArrayLike) -> ArrayLike:
         x = _scalar_like(prim.name, x, y)
     elif _is_python_scalar(y):
         y = _scalar_like(prim.name, y, x)
-    check_binary_operands(prim.name, get_aval(x), get_aval(y))
+    check_binary_operands(
+        prim.name, get_aval(x, prim.name, 0), get_aval(y, prim.name, 1)
+    )
     return bind(prim, x, y)
 
 
@@ -288,11 +293,11 @@ class ShapedArray:
         return hash((self.shape, self.dtype))
 
 
-def get_aval(x: Any) -> ShapedArray:
+def get_aval(x: Any, context: str = "autodidax", position: int | None = None):
     """The abstract value of a tracer, array or number."""
     if isinstance(x, Tracer):
         return x.aval
-    x = as_array(x)
+    x = as_array(x, context, position)
     return ShapedArray(x.shape, x.dtype)
 
 
@@ -321,7 +326,9 @@ DEVICE_ARRAY_TYPES: tuple[type, ...] = ()
 accepted as they are, without a copy to NumPy."""
 
 
-def as_array(x: Any, context: str = "autodidax") -> np.ndarray:
+def as_array(
+    x: Any, context: str = "autodidax", position: int | None = None
+) -> np.ndarray:
     """Convert a NumPy array or Python/NumPy number to an ndarray, or fail."""
     if isinstance(x, DEVICE_ARRAY_TYPES):
         return x
@@ -330,10 +337,7 @@ def as_array(x: Any, context: str = "autodidax") -> np.ndarray:
     elif isinstance(x, (bool, int, float, np.generic)):
         arr = np.asarray(x)
     else:
-        raise TypeError(
-            f"{context}: expected an array or a number, got {type(x).__name__} "
-            f"{_short_repr(x)}"
-        )
+        raise _not_an_array_error(x, context, position)
     if arr.dtype.kind not in _ARRAY_KINDS:
         raise TypeError(
             f"{context}: expected an array of booleans, integers or floats, got "
@@ -342,27 +346,38 @@ def as_array(x: Any, context: str = "autodidax") -> np.ndarray:
     return arr
 
 
+def _not_an_array_error(x: Any, context: str, position: int | None) -> TypeError:
+    where = "" if position is None else f" at position {position}"
+    if isinstance(x, (list, tuple)):
+        n = len(x)
+        return TypeError(
+            f"{context}: expected an array or a number{where}, got a "
+            f"{type(x).__name__} of {n} value{'' if n == 1 else 's'}. A "
+            f"{type(x).__name__} is a pytree of separate values, not an array: "
+            "to use a list of numbers as one array, convert it with np.asarray "
+            "before passing it in (e.g. to the transformed function)"
+        )
+    return TypeError(
+        f"{context}: expected an array or a number{where}, got "
+        f"{type(x).__name__} {_short_repr(x)}"
+    )
+
+
 def _short_repr(x: Any, limit: int = 40) -> str:
     text = repr(x)
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def raise_to_shaped(aval: ShapedArray) -> ShapedArray:
-    """Kept only while later chapters still call it: every aval is shaped."""
-    return aval
 
 
 class Level:
     """One entry on the interpreter stack; ``payload`` is the transformation's
     own data, such as a batch size."""
 
-    __slots__ = ("number", "trace_type", "payload")
-
     def __init__(self, number: int, trace_type: type[Trace], payload: Any) -> None:
         self.number, self.trace_type, self.payload = number, trace_type, payload
 
-    def __repr__(self) -> str:
-        return f"Level({self.number}, {self.trace_type.__name__})"
+
+# @title How a level prints: Level(1, JVPTrace)
+Level.__repr__ = lambda self: f"Level({self.number}, {self.trace_type.__name__})"
 
 
 class Trace:
@@ -517,11 +532,10 @@ def _impl_from_numpy(prim, np_fn):
     prim.def_rule("impl")(lambda *args: [np_fn(*args)])
 
 
-for _prim, _np_fn in [(add_p, np.add), (mul_p, np.multiply), (neg_p, np.negative)]:
+for _prim, _np_fn in [(add_p, np.add), (mul_p, np.multiply), (neg_p, np.negative),
+                      (sin_p, np.sin), (cos_p, np.cos), (greater_p, np.greater),
+                      (less_p, np.less)]:  # fmt: skip
     _impl_from_numpy(_prim, _np_fn)
-for _prim, _np_fn in [(sin_p, np.sin), (cos_p, np.cos), (greater_p, np.greater)]:
-    _impl_from_numpy(_prim, _np_fn)
-_impl_from_numpy(less_p, np.less)
 
 
 @reduce_sum_p.def_rule("impl")
@@ -559,13 +573,13 @@ def new_level(trace_type: type[Trace], payload: Any = None) -> Iterator[Level]:
         stack.pop()
 
 
-def _bottom_level() -> Level:  # where the search for the top trace starts
+def _search_start() -> Level:  # where the search for the top trace starts
     return _state.stack[0]
 
 
 def find_top_trace(args: Sequence[Any]) -> Trace:
     """The trace of the highest level among the tracers in ``args``."""
-    top = _bottom_level()
+    top = _search_start()
     for x in args:
         if isinstance(x, Tracer):
             x.check_live()
@@ -1183,7 +1197,7 @@ class Lit:
 
     def __init__(self, val: Any) -> None:
         self.val = as_array(val, "Lit")
-        self.aval = raise_to_shaped(get_aval(self.val))
+        self.aval = get_aval(self.val)
 
 
 Atom = Var | Lit
@@ -1201,18 +1215,13 @@ class JaxprEqn(NamedTuple):
 class Jaxpr:
     """A function in the jaxpr language."""
 
-    def __init__(
-        self, in_binders: list[Var], eqns: list[JaxprEqn], outs: list[Atom]
-    ) -> None:
+    def __init__(self, in_binders: list[Var], eqns: list[JaxprEqn], outs: list[Atom]):
         self.in_binders = in_binders
         self.eqns = eqns
         self.outs = outs
 
     def __str__(self) -> str:
         return pp_jaxpr(self)
-
-    def __repr__(self) -> str:
-        return f"<Jaxpr with {len(self.eqns)} equations>\n{self}"
 
 
 class JaxprType(NamedTuple):
@@ -1221,20 +1230,16 @@ class JaxprType(NamedTuple):
     in_types: list[ShapedArray]
     out_types: list[ShapedArray]
 
-    def __str__(self) -> str:
-        ins = ", ".join(t.str_short() for t in self.in_types)
-        outs = ", ".join(t.str_short() for t in self.out_types)
-        return f"({ins}) -> ({outs})"
+
+# @title How a jaxpr type prints, (float64[3]) -> (float64[3]); a Jaxpr's repr
+def _jaxpr_type_str(self: JaxprType) -> str:
+    ins = ", ".join(t.str_short() for t in self.in_types)
+    outs = ", ".join(t.str_short() for t in self.out_types)
+    return f"({ins}) -> ({outs})"
 
 
-def _letters(n: int) -> str:
-    """0 -> 'a', 25 -> 'z', 26 -> 'aa', 27 -> 'ab', ..."""
-    name = ""
-    n += 1
-    while n:
-        n, rest = divmod(n - 1, 26)
-        name = chr(ord("a") + rest) + name
-    return name
+JaxprType.__str__ = _jaxpr_type_str
+Jaxpr.__repr__ = lambda self: f"<Jaxpr with {len(self.eqns)} equations>\n{self}"
 
 
 class _Names:
@@ -1247,7 +1252,7 @@ class _Names:
         if isinstance(atom, Lit):
             return repr(atom.val.item())
         if atom not in self.names:
-            self.names[atom] = _letters(len(self.names))
+            self.names[atom] = _letters(len(self.names))  # a, ..., z, aa, ab, ...
         return self.names[atom]
 
     def binder(self, var: Var) -> str:
@@ -1271,38 +1276,77 @@ def pp_jaxpr(jaxpr: Jaxpr, indent: int = 0, names: _Names | None = None) -> str:
     return "\n".join(lines)
 
 
+# @title The printer's helpers: names a, ..., z, aa, ...; params; nested jaxprs
+def _letters(n: int) -> str:
+    """0 -> 'a', 25 -> 'z', 26 -> 'aa', 27 -> 'ab', ..."""
+    name = ""
+    n += 1
+    while n:
+        n, rest = divmod(n - 1, 26)
+        name = chr(ord("a") + rest) + name
+    return name
+
+
 def _pp_params(params: dict, indent: int, names: _Names) -> tuple[str, list[str]]:
-    """Inline params as ``[k=v ...]``; nested jaxprs go on lines of their own."""
+    """Params inline as ``[k=v ...]``; nested jaxprs on lines of their own."""
     inline, nested = [], []
-    for key in sorted(params):
-        value = params[key]
+    for key, value in sorted(params.items()):
         if isinstance(value, Jaxpr):
-            inline.append(f"{key}=<jaxpr>")
-            nested.append(" " * indent + f"{key} =")
-            nested.append(pp_jaxpr(value, indent + 2, names))
-        else:
-            inline.append(f"{key}={value}")
+            value = "<jaxpr>"
+            nested += [
+                " " * indent + f"{key} =",
+                pp_jaxpr(params[key], indent + 2, names),
+            ]
+        inline.append(f"{key}={value}")
     return (f"[{' '.join(inline)}]" if inline else ""), nested
 
 
-RULE_KINDS = (*RULE_KINDS, "abstract_eval")
-
-
-def _unary_abstract_eval(prim: Primitive, kinds: str, expected: str) -> None:
+def _unary_abstract_eval(prim, kinds, expected):
     @prim.def_rule("abstract_eval")
-    def rule(x: ShapedArray) -> list[ShapedArray]:
-        if x.dtype.kind not in kinds:
-            raise TypeError(
-                f"{prim.name}: expected {expected} array, got {x.str_short()}"
-            )
+    def rule(x):
+        _check_aval_kind(prim.name, x, kinds, expected)
         return [ShapedArray(x.shape, x.dtype)]
 
 
-def _binary_abstract_eval(prim: Primitive, out_dtype: Any = None) -> None:
+def _binary_abstract_eval(prim, out_dtype=None):
     @prim.def_rule("abstract_eval")
-    def rule(x: ShapedArray, y: ShapedArray) -> list[ShapedArray]:
+    def rule(x, y):
         check_binary_operands(prim.name, x, y)
         return [ShapedArray(x.shape, out_dtype or x.dtype)]
+
+
+_unary_abstract_eval(neg_p, "iuf", "a numeric (not boolean)")
+_unary_abstract_eval(sin_p, "f", "a float")
+_unary_abstract_eval(cos_p, "f", "a float")
+_binary_abstract_eval(add_p)
+_binary_abstract_eval(mul_p)
+_binary_abstract_eval(greater_p, out_dtype=np.bool_)
+_binary_abstract_eval(less_p, out_dtype=np.bool_)
+
+
+@reduce_sum_p.def_rule("abstract_eval")
+def _reduce_sum_abstract_eval(x, *, axes):
+    _check_canonical_axes("reduce_sum", "axes", axes, x.ndim)
+    shape = [d for i, d in enumerate(x.shape) if i not in axes]
+    return [ShapedArray(shape, x.dtype)]
+
+
+@transpose_p.def_rule("abstract_eval")
+def _transpose_abstract_eval(x, *, perm):
+    _check_perm_param(perm, x.ndim)
+    return [ShapedArray([x.shape[p] for p in perm], x.dtype)]
+
+
+@broadcast_p.def_rule("abstract_eval")
+def _broadcast_abstract_eval(x, *, shape, axes):
+    _check_broadcast_params(x, shape, axes)
+    return [ShapedArray(shape, x.dtype)]
+
+
+# @title Checks: the inputs and params of the abstract evaluation rules
+def _check_aval_kind(name: str, x: ShapedArray, kinds: str, expected: str) -> None:
+    if x.dtype.kind not in kinds:
+        raise TypeError(f"{name}: expected {expected} array, got {x.str_short()}")
 
 
 def _check_canonical_axes(name: str, param: str, axes: Any, ndim: int) -> None:
@@ -1322,37 +1366,16 @@ def _check_canonical_axes(name: str, param: str, axes: Any, ndim: int) -> None:
         raise ValueError(f"{name}: repeated axis in param {param}={axes}")
 
 
-_unary_abstract_eval(neg_p, "iuf", "a numeric (not boolean)")
-_unary_abstract_eval(sin_p, "f", "a float")
-_unary_abstract_eval(cos_p, "f", "a float")
-_binary_abstract_eval(add_p)
-_binary_abstract_eval(mul_p)
-_binary_abstract_eval(greater_p, out_dtype=np.bool_)
-_binary_abstract_eval(less_p, out_dtype=np.bool_)
-
-
-@reduce_sum_p.def_rule("abstract_eval")
-def _reduce_sum_abstract_eval(x: ShapedArray, *, axes: tuple) -> list[ShapedArray]:
-    _check_canonical_axes("reduce_sum", "axes", axes, x.ndim)
-    shape = [d for i, d in enumerate(x.shape) if i not in axes]
-    return [ShapedArray(shape, x.dtype)]
-
-
-@transpose_p.def_rule("abstract_eval")
-def _transpose_abstract_eval(x: ShapedArray, *, perm: tuple) -> list[ShapedArray]:
-    _check_canonical_axes("transpose", "perm", perm, x.ndim)
-    if sorted(perm) != list(range(x.ndim)):
+def _check_perm_param(perm: Any, ndim: int) -> None:
+    _check_canonical_axes("transpose", "perm", perm, ndim)
+    if sorted(perm) != list(range(ndim)):
         raise ValueError(
-            f"transpose: perm must be a permutation of the {x.ndim} axes of "
+            f"transpose: perm must be a permutation of the {ndim} axes of "
             f"the input, got {perm}"
         )
-    return [ShapedArray([x.shape[p] for p in perm], x.dtype)]
 
 
-@broadcast_p.def_rule("abstract_eval")
-def _broadcast_abstract_eval(
-    x: ShapedArray, *, shape: tuple, axes: tuple
-) -> list[ShapedArray]:
+def _check_broadcast_params(x: ShapedArray, shape: Any, axes: Any) -> None:
     if not isinstance(shape, tuple):
         raise TypeError(
             f"broadcast: shape must be a sequence of integers in a tuple, got {shape!r}"
@@ -1367,7 +1390,6 @@ def _broadcast_abstract_eval(
             f"broadcast: cannot broadcast {x.str_short()} to shape {shape} by "
             f"inserting axes {axes}"
         )
-    return [ShapedArray(shape, x.dtype)]
 
 
 class JaxprTypeError(TypeError):
@@ -1376,84 +1398,88 @@ class JaxprTypeError(TypeError):
 
 def typecheck_jaxpr(jaxpr: Jaxpr) -> JaxprType:
     """Check a jaxpr and return its type; raise JaxprTypeError if it is bad."""
-    names = _Names()
-    for v in jaxpr.in_binders:  # name variables in printing order
-        names(v)
-    for eqn in jaxpr.eqns:
-        for v in eqn.out_binders:
-            names(v)
-
     bound: set[Var] = set()
-
-    def check_binder(v: Any, where: str) -> None:
-        if not isinstance(v, Var):
-            raise JaxprTypeError(f"{where}: a binder must be a Var, got {v!r}")
-
-    def bind_var(v: Var, where: str) -> None:
-        check_binder(v, where)
-        if v in bound:
-            raise JaxprTypeError(f"{where}: variable {names(v)} is bound twice")
-        bound.add(v)
-
-    def type_of(atom: Atom, where: str) -> ShapedArray:
-        if isinstance(atom, Lit):
-            return atom.aval
-        if not isinstance(atom, Var):
-            raise JaxprTypeError(f"{where}: expected a Var or Lit, got {atom!r}")
-        if atom not in bound:
-            raise JaxprTypeError(f"{where}: variable {names(atom)} is not bound")
-        return raise_to_shaped(atom.aval)
-
     for v in jaxpr.in_binders:
-        bind_var(v, "input binders")
+        _check_fresh(jaxpr, v, bound, "input binders")
+        bound.add(v)
     for i, eqn in enumerate(jaxpr.eqns):
         where = f"equation {i} ({eqn.primitive.name})"
-        in_types = [type_of(x, where) for x in eqn.inputs]
-        try:
+        _check_bound(jaxpr, eqn.inputs, bound, where)
+        in_types = [x.aval for x in eqn.inputs]
+        with _as_jaxpr_type_error(where):
             out_types = eqn.primitive.rule("abstract_eval")(*in_types, **eqn.params)
-        except (TypeError, ValueError) as err:
-            raise JaxprTypeError(f"{where}: {err}") from err
-        if len(out_types) != len(eqn.out_binders):
+        _check_declared_types(jaxpr, eqn, out_types, where)
+        for v in eqn.out_binders:
+            _check_fresh(jaxpr, v, bound, where)
+            bound.add(v)
+    _check_bound(jaxpr, jaxpr.outs, bound, "outputs")
+    return JaxprType([v.aval for v in jaxpr.in_binders], [x.aval for x in jaxpr.outs])
+
+
+# @title Checks: the type checker's errors, naming variables as the printer does
+def _name_of(jaxpr: Jaxpr, v: Var) -> str:
+    """The name the printer gives ``v`` in ``jaxpr``."""
+    names = _Names()
+    for binder in jaxpr.in_binders:
+        names(binder)
+    for eqn in jaxpr.eqns:
+        for binder in eqn.out_binders:
+            names(binder)
+    return names(v)
+
+
+def _check_is_binder(v: Any, where: str) -> None:
+    if not isinstance(v, Var):
+        raise JaxprTypeError(f"{where}: a binder must be a Var, got {v!r}")
+
+
+def _check_fresh(jaxpr: Jaxpr, v: Any, bound: set[Var], where: str) -> None:
+    _check_is_binder(v, where)
+    if v in bound:
+        raise JaxprTypeError(f"{where}: variable {_name_of(jaxpr, v)} is bound twice")
+
+
+def _check_bound(jaxpr: Jaxpr, atoms: list, bound: set[Var], where: str) -> None:
+    for x in atoms:
+        if not isinstance(x, (Var, Lit)):
+            raise JaxprTypeError(f"{where}: expected a Var or Lit, got {x!r}")
+        if isinstance(x, Var) and x not in bound:
+            raise JaxprTypeError(f"{where}: variable {_name_of(jaxpr, x)} is not bound")
+
+
+@contextmanager
+def _as_jaxpr_type_error(where: str) -> Iterator[None]:
+    """An abstract evaluation rule's error, reported as a JaxprTypeError."""
+    try:
+        yield
+    except (TypeError, ValueError) as err:
+        raise JaxprTypeError(f"{where}: {err}") from err
+
+
+def _check_declared_types(jaxpr: Jaxpr, eqn: JaxprEqn, out_types: list, where: str):
+    if len(out_types) != len(eqn.out_binders):
+        raise JaxprTypeError(
+            f"{where}: the primitive has {len(out_types)} outputs but the "
+            f"equation binds {len(eqn.out_binders)}"
+        )
+    for v, expected in zip(eqn.out_binders, out_types):
+        _check_is_binder(v, where)
+        if v.aval != expected:
             raise JaxprTypeError(
-                f"{where}: the primitive has {len(out_types)} outputs but the "
-                f"equation binds {len(eqn.out_binders)}"
+                f"{where}: output {_name_of(jaxpr, v)} is declared "
+                f"{v.aval.str_short()} but the primitive produces "
+                f"{expected.str_short()}"
             )
-        for v, expected in zip(eqn.out_binders, out_types):
-            check_binder(v, where)
-            if raise_to_shaped(v.aval) != expected:
-                raise JaxprTypeError(
-                    f"{where}: output {names(v)} is declared "
-                    f"{v.aval.str_short()} but the primitive produces "
-                    f"{expected.str_short()}"
-                )
-            bind_var(v, where)
-    out_types = [type_of(x, "outputs") for x in jaxpr.outs]
-    in_types = [raise_to_shaped(v.aval) for v in jaxpr.in_binders]
-    return JaxprType(in_types, out_types)
 
 
 def eval_jaxpr(jaxpr: Jaxpr, args: Sequence[Any]) -> list[Any]:
     """Run ``jaxpr`` on ``args`` by binding each equation's primitive."""
-    args = list(args)
-    if len(args) != len(jaxpr.in_binders):
-        raise TypeError(
-            f"eval_jaxpr: the jaxpr takes {len(jaxpr.in_binders)} inputs, got "
-            f"{len(args)}"
-        )
-    env: dict[Var, Any] = {}
+    _check_jaxpr_args(jaxpr, args)
+    env: dict[Var, Any] = dict(zip(jaxpr.in_binders, args))
 
     def read(atom: Atom) -> Any:
         return atom.val if isinstance(atom, Lit) else env[atom]
 
-    for i, (v, arg) in enumerate(zip(jaxpr.in_binders, args)):
-        arg_type = get_aval(_as_input(arg, "eval_jaxpr"))
-        if (arg_type.shape, arg_type.dtype) != (v.aval.shape, v.aval.dtype):
-            what = "shape" if arg_type.shape != v.aval.shape else "dtype"
-            raise TypeError(
-                f"eval_jaxpr: input {i} has the wrong {what}: the jaxpr expects "
-                f"{v.aval.str_short()}, got {arg_type.str_short()}"
-            )
-        env[v] = arg
     for eqn in jaxpr.eqns:
         outs = bind(eqn.primitive, *[read(x) for x in eqn.inputs], **eqn.params)
         if not eqn.primitive.multiple_results:
@@ -1467,85 +1493,73 @@ def jaxpr_as_fun(jaxpr: Jaxpr) -> Callable[..., list[Any]]:
     return lambda *args: eval_jaxpr(jaxpr, args)
 
 
+# @title Checks: eval_jaxpr's arguments must match the jaxpr's inputs
+def _check_jaxpr_args(jaxpr: Jaxpr, args: Sequence[Any]) -> None:
+    if len(args) != len(jaxpr.in_binders):
+        raise TypeError(
+            f"eval_jaxpr: the jaxpr takes {len(jaxpr.in_binders)} inputs, got "
+            f"{len(args)}"
+        )
+    for i, (v, arg) in enumerate(zip(jaxpr.in_binders, args)):
+        arg_type = get_aval(_as_input(arg, "eval_jaxpr"))
+        if (arg_type.shape, arg_type.dtype) != (v.aval.shape, v.aval.dtype):
+            what = "shape" if arg_type.shape != v.aval.shape else "dtype"
+            raise TypeError(
+                f"eval_jaxpr: input {i} has the wrong {what}: the jaxpr expects "
+                f"{v.aval.str_short()}, got {arg_type.str_short()}"
+            )
+
+
 class JaxprTracer(Tracer):
     """A value being recorded into a jaxpr: only its type is known."""
 
     def __init__(self, trace: JaxprTrace, aval: ShapedArray) -> None:
-        self._trace = trace
-        self._aval = aval
+        self._trace, self._aval = trace, aval
 
     @property
     def aval(self) -> ShapedArray:
         return self._aval
-
-    def __bool__(self) -> bool:
-        self.check_live()
-        raise ConcretizationError(
-            f"Python `if`, `while` or bool() on a traced {self.aval.str_short()} "
-            "value: while a function is staged out (make_jaxpr, jit) only its "
-            "shape and dtype are known, not its value. Use cond (Part 5) to "
-            "branch on a traced value, or pass the value as a Python constant."
-        )
 
 
 class JaxprBuilder:
     """Everything one tracing run records, until it becomes a jaxpr."""
 
     def __init__(self) -> None:
-        self.tracer_to_var: dict[int, Var] = {}
-        self.tracers: list[JaxprTracer] = []  # keeps the ids above unique
-        self.const_tracers: dict[int, JaxprTracer] = {}  # by id of the value
-        self.const_vals: list[tuple[JaxprTracer, Any]] = []
-        self.recorded: list[tuple[Primitive, list, dict, list]] = []
+        self.eqns: list[JaxprEqn] = []
+        self.tracer_to_atom: dict[JaxprTracer, Atom] = {}
+        self.consts: dict[int, tuple[JaxprTracer, Any]] = {}  # by id of the value
 
-    def new_tracer(self, trace: JaxprTrace, aval: ShapedArray) -> JaxprTracer:
-        tracer = JaxprTracer(trace, raise_to_shaped(aval))
-        self.tracers.append(tracer)
-        self.tracer_to_var[id(tracer)] = Var(tracer.aval)
+    def new_tracer(self, trace, aval, atom=None):
+        tracer = JaxprTracer(trace, aval)
+        self.tracer_to_atom[tracer] = atom or Var(aval)
         return tracer
 
-    def const_tracer(self, trace: JaxprTrace, val: Any) -> JaxprTracer:
+    def const_tracer(self, trace, val):
         """The tracer standing for a constant; one per distinct object."""
-        tracer = self.const_tracers.get(id(val))
-        if tracer is None:
-            tracer = self.new_tracer(trace, get_aval(val))
-            self.const_tracers[id(val)] = tracer
-            self.const_vals.append((tracer, val))
-        return tracer
+        if id(val) not in self.consts:
+            literal = Lit(val) if _is_literal(val) else None
+            self.consts[id(val)] = (self.new_tracer(trace, get_aval(val), literal), val)
+        return self.consts[id(val)][0]
 
-    def add_eqn(self, prim: Primitive, ins: list, params: dict, outs: list) -> None:
-        self.recorded.append((prim, list(ins), params, list(outs)))
+    def add_eqn(self, prim, ins, params, outs):
+        atom = self.tracer_to_atom
+        eqn = JaxprEqn(prim, [atom[t] for t in ins], params, [atom[t] for t in outs])
+        self.eqns.append(eqn)
 
-    def build(
-        self, in_tracers: list[JaxprTracer], out_tracers: list[JaxprTracer]
-    ) -> tuple[Jaxpr, list[Any]]:
-        """The jaxpr (constants first among its inputs) and the constants."""
-        var = self.tracer_to_var
-        # Scalar constants become literals; the others become inputs.
-        literals: dict[int, Lit] = {}
-        const_binders, consts = [], []
-        for tracer, val in self.const_vals:
-            if _is_literal_value(val):
-                literals[id(tracer)] = Lit(val)
-            else:
-                const_binders.append(var[id(tracer)])
-                consts.append(val)
-
-        def atom(tracer: JaxprTracer) -> Atom:
-            return literals.get(id(tracer)) or var[id(tracer)]
-
-        eqns = [
-            JaxprEqn(prim, [atom(t) for t in ins], params, [var[id(t)] for t in outs])
-            for prim, ins, params, outs in self.recorded
+    def build(self, ins, outs):
+        """The jaxpr and its constants, which come first among its inputs."""
+        atom = self.tracer_to_atom
+        consts = [
+            (t, val) for t, val in self.consts.values() if isinstance(atom[t], Var)
         ]
-        in_binders = const_binders + [var[id(t)] for t in in_tracers]
-        jaxpr = Jaxpr(in_binders, eqns, [atom(t) for t in out_tracers])
+        in_binders = [atom[t] for t, _ in consts] + [atom[t] for t in ins]
+        jaxpr = Jaxpr(in_binders, self.eqns, [atom[t] for t in outs])
         typecheck_jaxpr(jaxpr)
-        return jaxpr, consts
+        return jaxpr, [val for _, val in consts]
 
 
-def _is_literal_value(val: Any) -> bool:
-    """Scalars (not tracers of an outer transformation) print as literals."""
+def _is_literal(val: Any) -> bool:
+    """Scalars (not tracers of an outer transformation) become literals."""
     return not isinstance(val, Tracer) and np.shape(val) == ()
 
 
@@ -1556,37 +1570,22 @@ class JaxprTrace(Trace):
     def builder(self) -> JaxprBuilder:
         return self.level.payload
 
-    def new_arg(self, aval: ShapedArray) -> JaxprTracer:
+    def new_arg(self, aval):
         return self.builder.new_tracer(self, aval)
 
-    def pure(self, val: Any) -> JaxprTracer:
+    def pure(self, val):
         return self.builder.const_tracer(self, val)
 
     lift = pure
 
     def process_primitive(self, prim, tracers, params):
-        avals_in = [t.aval for t in tracers]
-        avals_out = prim.rule("abstract_eval")(*avals_in, **params)
+        avals_out = prim.rule("abstract_eval")(*[t.aval for t in tracers], **params)
         outs = [self.builder.new_tracer(self, aval) for aval in avals_out]
         self.builder.add_eqn(prim, tracers, params, outs)
         return outs
 
 
-def _avals_for_tracing(args: Any, who: str) -> tuple[list[ShapedArray], PyTreeDef]:
-    """Flatten make_jaxpr's arguments; arrays stand for their types."""
-    leaves, in_tree = tree_flatten(args)
-    avals = []
-    for leaf in leaves:
-        if isinstance(leaf, ShapedArray):
-            avals.append(raise_to_shaped(leaf))
-        else:
-            avals.append(raise_to_shaped(get_aval(_as_input(leaf, who))))
-    return avals, in_tree
-
-
-def _trace_to_jaxpr(
-    f: Callable, avals_in: tuple, dynamic: bool, who: str = "make_jaxpr"
-) -> tuple[Jaxpr, list[Any], PyTreeDef]:
+def _trace_to_jaxpr(f, avals_in, who="make_jaxpr"):
     """Trace ``f``; ``who`` names the user-facing function in error messages."""
     avals, in_tree = _avals_for_tracing(avals_in, who)
     flat_f = flatten_fun(f, in_tree)
@@ -1594,20 +1593,25 @@ def _trace_to_jaxpr(
     with new_level(JaxprTrace, builder) as level:
         trace = JaxprTrace(level)
         tracers_in = [trace.new_arg(aval) for aval in avals]
-        if dynamic:
-            with new_dynamic(level):
-                outs = flat_f(*tracers_in)
-        else:
-            outs = flat_f(*tracers_in)
+        outs = flat_f(*tracers_in)
         outs = [_as_input(out, f"{who}: output of the function") for out in outs]
-        tracers_out = [trace.full_raise(out) for out in outs]
-        jaxpr, consts = builder.build(tracers_in, tracers_out)
+        jaxpr, consts = builder.build(tracers_in, [trace.full_raise(x) for x in outs])
     return jaxpr, consts, flat_f.out_tree
 
 
 def make_jaxpr_v1(f: Callable, *avals_in: Any) -> tuple[Jaxpr, list, PyTreeDef]:
-    """Trace ``f`` into a jaxpr, choosing interpreters by data dependence only."""
-    return _trace_to_jaxpr(f, avals_in, dynamic=False)
+    """Trace ``f``, choosing interpreters by data dependence only."""
+    return _trace_to_jaxpr(f, avals_in)
+
+
+# @title Checks: make_jaxpr's arguments are types, or arrays standing for them
+def _avals_for_tracing(args: Any, who: str) -> tuple[list[ShapedArray], PyTreeDef]:
+    """Flatten make_jaxpr's arguments; arrays stand for their types."""
+    leaves, in_tree = tree_flatten(args)
+    avals = [
+        x if isinstance(x, ShapedArray) else get_aval(_as_input(x, who)) for x in leaves
+    ]
+    return avals, in_tree
 
 
 class _InterpreterState(threading.local):
@@ -1631,74 +1635,70 @@ def new_dynamic(level: Level) -> Iterator[None]:
         _state.dynamic = previous
 
 
-def _bottom_level() -> Level:
+def _search_start() -> Level:
     """Where the search for the top trace starts: the dynamic level."""
     return _state.dynamic
 
 
-def make_jaxpr(f: Callable, *avals_in: Any) -> tuple[Jaxpr, list, PyTreeDef]:
-    """Trace ``f`` at the given types into ``(jaxpr, consts, out_tree)``.
+# @title _trace_to_jaxpr again, with the dynamic level set around the call
+from contextlib import nullcontext
 
-    ``avals_in`` is a pytree of ShapedArrays like ``f``'s arguments (arrays are
-    accepted too and stand for their types). The jaxpr's first inputs are the
-    constants ``consts``; ``out_tree`` is the structure of ``f``'s output.
-    """
+
+def _trace_to_jaxpr(f, avals_in, dynamic=False, who="make_jaxpr"):
+    """Trace ``f``; with ``dynamic``, operations on constants are recorded too."""
+    avals, in_tree = _avals_for_tracing(avals_in, who)
+    flat_f = flatten_fun(f, in_tree)
+    builder = JaxprBuilder()
+    with new_level(JaxprTrace, builder) as level:
+        trace = JaxprTrace(level)
+        tracers_in = [trace.new_arg(aval) for aval in avals]
+        with new_dynamic(level) if dynamic else nullcontext():  # new
+            outs = flat_f(*tracers_in)
+        outs = [_as_input(out, f"{who}: output of the function") for out in outs]
+        jaxpr, consts = builder.build(tracers_in, [trace.full_raise(x) for x in outs])
+    return jaxpr, consts, flat_f.out_tree
+
+
+def make_jaxpr(f: Callable, *avals_in: Any) -> tuple[Jaxpr, list, PyTreeDef]:
+    """Trace ``f`` at the given types into ``(jaxpr, consts, out_tree)``."""
     return _trace_to_jaxpr(f, avals_in, dynamic=True)
 
+
+# @title JaxprTracer's concretization error, with what to do instead
+def _jaxpr_tracer_bool(self: JaxprTracer) -> bool:
+    self.check_live()
+    raise ConcretizationError(
+        f"Python `if`, `while` or bool() on a traced {self.aval.str_short()} "
+        "value: while a function is staged out (make_jaxpr, jit) only its "
+        "shape and dtype are known, not its value. Use cond (Part 5) to "
+        "branch on a traced value, or pass the value as a Python constant."
+    )
+
+
+JaxprTracer.__bool__ = _jaxpr_tracer_bool
 
 # ==== chapter: part3_jit ====
 
 import functools
-import weakref
 
-# Import jax before jaxlib's MLIR bindings: jax's import configures jaxlib
-# (among other things, it keeps the XLA runtime's C++ logging quiet).
-import jax
+import jax  # first: importing jax configures jaxlib
 import jax.extend.backend
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import func as mlir_func
 from jaxlib.mlir.dialects import stablehlo as hlo
 
-RULE_KINDS = (*RULE_KINDS, "lower")
-
-
-@functools.cache
-def mlir_context() -> ir.Context:
-    """One MLIR context with the dialects we use (func and stablehlo)."""
-    from jaxlib.mlir._mlir_libs import _jax_mlir_ext
-
-    registry = ir.DialectRegistry()
-    _jax_mlir_ext.register_dialects(registry)
-    context = ir.Context()
-    context.append_dialect_registry(registry)
-    context.load_all_available_dialects()
-    hlo.register_dialect(context)
-    return context
-
 
 def ir_element_type(dtype: np.dtype) -> ir.Type:
     dtype = np.dtype(dtype)
-    if dtype == np.bool_:
-        return ir.IntegerType.get_signless(1)
-    bits = dtype.itemsize * 8
-    floats = {16: ir.F16Type, 32: ir.F32Type, 64: ir.F64Type}
-    if dtype.kind == "f" and bits in floats:
-        return floats[bits].get()
-    if dtype.kind == "i" and bits <= 64:
-        return ir.IntegerType.get_signless(bits)
-    if dtype.kind == "u" and bits <= 64:
-        return ir.IntegerType.get_unsigned(bits)
     check_xla_dtype(dtype)
-    raise TypeError(f"no StableHLO type for dtype {dtype.name}")
-
-
-def check_xla_dtype(dtype: np.dtype, who: str = "jit") -> None:
-    """Refuse a dtype that XLA has no type for (NumPy's float128, say)."""
-    if dtype.kind not in "biuf" or dtype.itemsize > 8:
-        raise TypeError(
-            f"{who}: XLA has no type for dtype {dtype.name}; use booleans, "
-            "integers of up to 64 bits, or float16/32/64"
-        )
+    bits = dtype.itemsize * 8
+    if dtype.kind == "b":
+        return ir.IntegerType.get_signless(1)
+    if dtype.kind == "f":
+        return {16: ir.F16Type, 32: ir.F32Type, 64: ir.F64Type}[bits].get()
+    if dtype.kind == "i":
+        return ir.IntegerType.get_signless(bits)
+    return ir.IntegerType.get_unsigned(bits)
 
 
 def ir_type(aval: ShapedArray) -> ir.RankedTensorType:
@@ -1715,6 +1715,30 @@ def ir_constant(value: Any, aval: ShapedArray) -> ir.Value:
     return hlo.constant(ir.DenseElementsAttr.get_splat(ir_type(aval), attr))
 
 
+# @title The MLIR context; checks: dtypes that XLA has no type for
+@functools.cache
+def mlir_context() -> ir.Context:
+    """One MLIR context with the dialects we use (func and stablehlo)."""
+    from jaxlib.mlir._mlir_libs import _jax_mlir_ext
+
+    registry = ir.DialectRegistry()
+    _jax_mlir_ext.register_dialects(registry)
+    context = ir.Context()
+    context.append_dialect_registry(registry)
+    context.load_all_available_dialects()
+    hlo.register_dialect(context)
+    return context
+
+
+def check_xla_dtype(dtype: np.dtype, who: str = "jit") -> None:
+    """Refuse a dtype that XLA has no type for (NumPy's float128, say)."""
+    if dtype.kind not in "biuf" or dtype.itemsize > 8:
+        raise TypeError(
+            f"{who}: XLA has no type for dtype {dtype.name}; use booleans, "
+            "integers of up to 64 bits, or float16/32/64"
+        )
+
+
 def _lower_with(prim: Primitive, make_op: Callable) -> None:
     @prim.def_rule("lower")
     def rule(ctx, avals_in, avals_out, *operands):
@@ -1728,27 +1752,6 @@ _lower_with(sin_p, hlo.sine)
 _lower_with(cos_p, hlo.cosine)
 
 
-def _lower_comparison(prim: Primitive, direction: str) -> None:
-    @prim.def_rule("lower")
-    def rule(ctx, avals_in, avals_out, x, y):
-        kind = avals_in[0].dtype.kind
-        compare_type = {"f": "FLOAT", "u": "UNSIGNED", "b": "UNSIGNED"}.get(
-            kind, "SIGNED"
-        )
-        return [
-            hlo.compare(
-                x,
-                y,
-                hlo.ComparisonDirectionAttr.get(direction),
-                compare_type=hlo.ComparisonTypeAttr.get(compare_type),
-            )
-        ]
-
-
-_lower_comparison(greater_p, "GT")
-_lower_comparison(less_p, "LT")
-
-
 @transpose_p.def_rule("lower")
 def _transpose_lower(ctx, avals_in, avals_out, x, *, perm):
     return [hlo.transpose(x, ir.DenseI64ArrayAttr.get(perm))]
@@ -1760,6 +1763,20 @@ def _broadcast_lower(ctx, avals_in, avals_out, x, *, shape, axes):
     kept = [i for i in range(len(shape)) if i not in axes]
     out_type = ir_type(avals_out[0])
     return [hlo.broadcast_in_dim(out_type, x, ir.DenseI64ArrayAttr.get(kept))]
+
+
+# @title Lowering rules for greater and less
+def _lower_comparison(prim: Primitive, direction: str) -> None:
+    @prim.def_rule("lower")
+    def rule(ctx, avals_in, avals_out, x, y):
+        kind = {"f": "FLOAT", "i": "SIGNED"}.get(avals_in[0].dtype.kind, "UNSIGNED")
+        direction_attr = hlo.ComparisonDirectionAttr.get(direction)
+        kind_attr = hlo.ComparisonTypeAttr.get(kind)
+        return [hlo.compare(x, y, direction_attr, compare_type=kind_attr)]
+
+
+_lower_comparison(greater_p, "GT")
+_lower_comparison(less_p, "LT")
 
 
 @reduce_sum_p.def_rule("lower")
@@ -1777,14 +1794,14 @@ def _reduce_sum_lower(ctx, avals_in, avals_out, x, *, axes):
 
 
 class LoweringContext:
-    """The module being built, and the nested jaxprs already lowered into it."""
+    """The module being built, and the jaxprs already lowered into it."""
 
     def __init__(self) -> None:
         self.module = ir.Module.create()
         self.functions: dict[Jaxpr, str] = {}
 
     def function_for(self, jaxpr: Jaxpr) -> str:
-        """The name of a private function computing ``jaxpr`` (made once)."""
+        """The name of a function computing ``jaxpr`` (made once)."""
         if jaxpr not in self.functions:
             name = f"jaxpr_{len(self.functions)}"
             self.functions[jaxpr] = name
@@ -1792,15 +1809,11 @@ class LoweringContext:
         return self.functions[jaxpr]
 
 
-def _atom_aval(atom: Atom) -> ShapedArray:
-    return atom.aval
-
-
 def lower_to_function(
     ctx: LoweringContext, jaxpr: Jaxpr, name: str, public: bool
 ) -> mlir_func.FuncOp:
     in_types = [ir_type(v.aval) for v in jaxpr.in_binders]
-    out_types = [ir_type(_atom_aval(x)) for x in jaxpr.outs]
+    out_types = [ir_type(x.aval) for x in jaxpr.outs]
     with ir.InsertionPoint(ctx.module.body):
         function = mlir_func.FuncOp(name, ir.FunctionType.get(in_types, out_types))
     if not public:
@@ -1816,7 +1829,7 @@ def lower_to_function(
     with ir.InsertionPoint(block):
         for eqn in jaxpr.eqns:
             rule = eqn.primitive.rule("lower")
-            avals_in = [_atom_aval(x) for x in eqn.inputs]
+            avals_in = [x.aval for x in eqn.inputs]
             avals_out = [v.aval for v in eqn.out_binders]
             operands = [read(x) for x in eqn.inputs]
             outs = rule(ctx, avals_in, avals_out, *operands, **eqn.params)
@@ -1834,6 +1847,7 @@ def lower_jaxpr(jaxpr: Jaxpr) -> ir.Module:
     return ctx.module
 
 
+# @title runtime and device_put: XLA's CPU client; copy a NumPy array to the device
 class _Runtime(NamedTuple):
     client: Any
     device: Any
@@ -1864,8 +1878,6 @@ def device_put(x: np.ndarray) -> Array:
 class Array(ArrayOperators):
     """An array in device memory: what jitted functions return."""
 
-    __array_priority__ = 100
-
     def __init__(self, buffer: Any) -> None:
         self._buffer = buffer
 
@@ -1878,38 +1890,14 @@ class Array(ArrayOperators):
         return np.dtype(self._buffer.dtype)
 
     @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
     def aval(self) -> ShapedArray:
         return ShapedArray(self.shape, self.dtype)
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         return np.asarray(self._buffer, dtype=dtype, copy=copy)
 
-    def __bool__(self) -> bool:
-        return bool(np.asarray(self))
 
-    def __float__(self) -> float:
-        return float(np.asarray(self))
-
-    def __int__(self) -> int:
-        return int(np.asarray(self))
-
-    def __len__(self) -> int:
-        if not self.shape:
-            raise TypeError("len() of a 0-d Array")
-        return self.shape[0]
-
-    def __str__(self) -> str:
-        return str(np.asarray(self))
-
-    def __repr__(self) -> str:
-        body = np.array2string(np.asarray(self), separator=", ", prefix="Array(")
-        return f"Array({body}, dtype={self.dtype.name})"
-
-
+# let as_array (Part 1) accept Arrays as they are, without a copy
 DEVICE_ARRAY_TYPES = (Array,)
 
 
@@ -1918,6 +1906,28 @@ def _as_buffer(x: Any) -> Any:
     if isinstance(x, Array):
         return x._buffer
     return device_put(x)._buffer
+
+
+# @title Array: ndim, len, Python numbers, printing
+def _array_len(self: Array) -> int:
+    if not self.shape:
+        raise TypeError("len() of a 0-d Array")
+    return self.shape[0]
+
+
+def _array_repr(self: Array) -> str:
+    body = np.array2string(np.asarray(self), separator=", ", prefix="Array(")
+    return f"Array({body}, dtype={self.dtype.name})"
+
+
+Array.__array_priority__ = 100  # NumPy defers to our operators: np_array * Array
+Array.ndim = property(lambda self: len(self.shape))
+Array.__len__ = _array_len
+Array.__bool__ = lambda self: bool(np.asarray(self))
+Array.__float__ = lambda self: float(np.asarray(self))
+Array.__int__ = lambda self: int(np.asarray(self))
+Array.__str__ = lambda self: str(np.asarray(self))
+Array.__repr__ = _array_repr
 
 
 class CompiledJaxpr:
@@ -1946,10 +1956,9 @@ _compiled: dict[Jaxpr, CompiledJaxpr] = {}
 
 def compile_jaxpr(jaxpr: Jaxpr) -> CompiledJaxpr:
     """The executable for ``jaxpr``, compiled on first request."""
-    compiled = _compiled.get(jaxpr)
-    if compiled is None:
-        compiled = _compiled[jaxpr] = CompiledJaxpr(jaxpr)
-    return compiled
+    if jaxpr not in _compiled:
+        _compiled[jaxpr] = CompiledJaxpr(jaxpr)
+    return _compiled[jaxpr]
 
 
 xla_call_p = Primitive("xla_call", multiple_results=True)
@@ -1964,26 +1973,18 @@ def _xla_call_impl(*args, jaxpr):
 Traces = dict[tuple, tuple[Jaxpr, list[Any], PyTreeDef]]
 
 
-def trace_for_call(
-    f: Callable, traces: Traces, args_flat: list[Any], in_tree: PyTreeDef
-) -> tuple[Jaxpr, list[Any], PyTreeDef]:
-    """``f``'s jaxpr, constants and output structure for arguments with the
-    types of ``args_flat``: from ``traces`` if seen before, else traced now."""
-    avals = tuple(raise_to_shaped(get_aval(x)) for x in args_flat)
+def trace_for_call(f, traces: Traces, args_flat: list, in_tree: PyTreeDef):
+    """``f``'s jaxpr, constants and output tree for arguments of these types."""
+    avals = tuple(ShapedArray(x.shape, x.dtype) for x in args_flat)
     key = (in_tree, avals)
-    cached = traces.get(key)
-    if cached is None:
-        for aval in avals:
-            check_xla_dtype(aval.dtype)
-        abstract_args = tree_unflatten(in_tree, avals)
-        jaxpr, consts, out_tree = _trace_to_jaxpr(
-            f, abstract_args, dynamic=True, who="jit"
-        )
+    if key not in traces:
+        check_xla_dtypes(avals)
+        args = tree_unflatten(in_tree, avals)
+        jaxpr, consts, out_tree = _trace_to_jaxpr(f, args, dynamic=True, who="jit")
         if any(isinstance(c, Tracer) for c in consts):
             return jaxpr, consts, out_tree  # valid for this call only
-        consts = [device_put(c) for c in consts]
-        cached = traces[key] = (jaxpr, consts, out_tree)
-    return cached
+        traces[key] = (jaxpr, [device_put(c) for c in consts], out_tree)
+    return traces[key]
 
 
 def jit(f: Callable) -> Callable:
@@ -2002,15 +2003,25 @@ def jit(f: Callable) -> Callable:
     return f_jitted
 
 
-# Weak keys: a jaxpr that nobody uses any more takes its type with it.
-_jaxpr_types: weakref.WeakKeyDictionary[Jaxpr, JaxprType] = weakref.WeakKeyDictionary()
-
-
 def jaxpr_type(jaxpr: Jaxpr) -> JaxprType:
     """typecheck_jaxpr, remembered per jaxpr."""
     if jaxpr not in _jaxpr_types:
         _jaxpr_types[jaxpr] = typecheck_jaxpr(jaxpr)
     return _jaxpr_types[jaxpr]
+
+
+@xla_call_p.def_rule("abstract_eval")
+def _xla_call_abstract_eval(*avals_in, jaxpr):
+    check_call_types(jaxpr, avals_in)
+    return jaxpr_type(jaxpr).out_types
+
+
+# @title Checks: argument types against the jaxpr; the type cache
+import weakref
+
+_jaxpr_types: weakref.WeakKeyDictionary[Jaxpr, JaxprType] = (
+    weakref.WeakKeyDictionary()
+)  # weak keys: a jaxpr nobody uses is not kept alive by its type
 
 
 def check_call_types(jaxpr: Jaxpr, args: Sequence[Any]) -> None:
@@ -2027,10 +2038,16 @@ def check_call_types(jaxpr: Jaxpr, args: Sequence[Any]) -> None:
         )
 
 
-@xla_call_p.def_rule("abstract_eval")
-def _xla_call_abstract_eval(*avals_in, jaxpr):
-    check_call_types(jaxpr, avals_in)
-    return jaxpr_type(jaxpr).out_types
+def check_batched_call_types(jaxpr: Jaxpr, vals: list, batched: tuple) -> None:
+    """check_call_types for one example of a batch (batch axes at 0)."""
+    avals = [get_aval(v) for v in vals]
+    per_example = [ShapedArray(a.shape[b:], a.dtype) for a, b in zip(avals, batched)]
+    check_call_types(jaxpr, per_example)
+
+
+def check_xla_dtypes(avals: Sequence[ShapedArray]) -> None:
+    for aval in avals:
+        check_xla_dtype(aval.dtype)
 
 
 @functools.cache
@@ -2049,7 +2066,7 @@ def jvp_jaxpr(jaxpr: Jaxpr) -> tuple[Jaxpr, list[Any]]:
 
 @xla_call_p.def_rule("jvp")
 def _xla_call_jvp(primals, tangents, *, jaxpr):
-    check_call_types(jaxpr, primals)  # before building a jaxpr for these types
+    check_call_types(jaxpr, primals)
     new_jaxpr, consts = jvp_jaxpr(jaxpr)
     outs = bind(xla_call_p, *consts, *primals, *tangents, jaxpr=new_jaxpr)
     n = len(outs) // 2
@@ -2057,9 +2074,7 @@ def _xla_call_jvp(primals, tangents, *, jaxpr):
 
 
 @functools.cache
-def vmap_jaxpr(
-    jaxpr: Jaxpr, axis_size: int, batched: tuple[bool, ...]
-) -> tuple[Jaxpr, list[Any]]:
+def vmap_jaxpr(jaxpr: Jaxpr, axis_size: int, batched: tuple[bool, ...]):
     """A jaxpr computing ``jaxpr`` on a batch (axis 0) of the batched inputs."""
     in_types = jaxpr_type(jaxpr).in_types
     batched_types = [
@@ -2079,11 +2094,7 @@ def _xla_call_vmap(axis_size, vals, dims, *, jaxpr):
         for v, d in zip(vals, dims)
     ]
     batched = tuple(d is not None for d in dims)
-    avals = [get_aval(v) for v in vals]
-    check_call_types(  # per example, before building a jaxpr for these types
-        jaxpr,
-        [ShapedArray(a.shape[b:], a.dtype) for a, b in zip(avals, batched)],
-    )
+    check_batched_call_types(jaxpr, vals, batched)
     if not any(batched):
         return bind(xla_call_p, *vals, jaxpr=jaxpr), [None] * len(jaxpr.outs)
     new_jaxpr, consts = vmap_jaxpr(jaxpr, axis_size, batched)
@@ -2099,94 +2110,7 @@ def _xla_call_lower(ctx, avals_in, avals_out, *operands, jaxpr):
     return list(call.results)
 
 
-def result_handlers(jaxpr: Jaxpr) -> list[Any]:
-    """Per output of ``jaxpr``, a jaxlib handler that turns an executable's
-    output buffer into an ``Array``, building jaxlib's array object in C++."""
-    from jaxlib import _jax
-
-    sharding = runtime().sharding
-    handlers = []
-    for out in jaxpr.outs:
-        aval = _atom_aval(out)
-        handler = _jax.array_result_handler(
-            jax.core.ShapedArray(aval.shape, aval.dtype),
-            sharding,
-            committed=True,
-            _skip_checks=True,
-        )
-        handlers.append(handler.wrap(Array))
-    return handlers
-
-
-class FastCall:
-    """What a call with an already seen signature needs, and nothing more:
-    the executable, the constants' buffers, the result handlers and the
-    structure of the output."""
-
-    def __init__(self, jaxpr: Jaxpr, consts: list[Array], out_tree: PyTreeDef):
-        self.execute = compile_jaxpr(jaxpr).executable.execute_sharded
-        self.const_buffers = [c._buffer for c in consts]
-        self.handlers = result_handlers(jaxpr)
-        self.out_tree = out_tree
-
-    def __call__(self, args: tuple) -> Any:
-        buffers = [x._buffer if type(x) is Array else _as_buffer(x) for x in args]
-        results = self.execute([*self.const_buffers, *buffers])
-        outs = results.consume_with_handlers(self.handlers)
-        if self.out_tree is LEAF:
-            return outs[0]
-        return tree_unflatten(self.out_tree, outs)
-
-
-def array_signature(args: tuple) -> tuple | None:
-    """The (shape, dtype) of every argument, when the call may take the fast
-    path: nothing is being staged out and every argument is an ``Array`` or a
-    NumPy array. None when it may not."""
-    if _state.dynamic is not _state.stack[0]:
-        return None  # make_jaxpr or an outer jit is recording: bind must see it
-    signature = []
-    for x in args:
-        kind = type(x)
-        if kind is Array:
-            x = x._buffer  # jaxlib's array: shape and dtype are read in C++
-        elif kind is not np.ndarray:
-            return None  # a tracer, a number, a container...: the full path
-        signature.append((x.shape, x.dtype))
-    return tuple(signature)
-
-
-def jit(f: Callable) -> Callable:
-    """Compile ``f`` with XLA; trace once per input signature; repeated calls
-    on arrays skip the interpreters (the fast path)."""
-    traces: Traces = {}
-    fast_calls: dict[tuple, FastCall] = {}
-
-    @functools.wraps(f)
-    def f_jitted(*args: Any) -> Any:
-        signature = array_signature(args)
-        if signature is not None:
-            fast_call = fast_calls.get(signature)
-            if fast_call is not None:
-                return fast_call(args)
-        # The full path: check, trace if needed, bind.
-        args_flat, in_tree = tree_flatten(args)
-        args_flat = [_as_input(x, "jit argument") for x in args_flat]
-        jaxpr, consts, out_tree = trace_for_call(f, traces, args_flat, in_tree)
-        outs = bind(xla_call_p, *consts, *args_flat, jaxpr=jaxpr)
-        if signature is not None and not any(isinstance(c, Tracer) for c in consts):
-            fast_calls[signature] = FastCall(jaxpr, consts, out_tree)
-        return tree_unflatten(out_tree, outs)
-
-    f_jitted.traces = traces  # for the curious: what has been traced so far
-    f_jitted.fast_calls = fast_calls  # and which signatures take the fast path
-    return f_jitted
-
-
 # ==== chapter: part4_grad ====
-
-import weakref
-
-RULE_KINDS = (*RULE_KINDS, "partial_eval", "partial_eval_jaxpr", "transpose")
 
 
 class PartialVal(NamedTuple):
@@ -2197,11 +2121,11 @@ class PartialVal(NamedTuple):
 
     @classmethod
     def known(cls, val: Any) -> PartialVal:
-        return cls(raise_to_shaped(get_aval(val)), val)
+        return cls(get_aval(val), val)
 
     @classmethod
     def unknown(cls, aval: ShapedArray) -> PartialVal:
-        return cls(raise_to_shaped(aval), None)
+        return cls(aval, None)
 
     @property
     def is_known(self) -> bool:
@@ -2219,18 +2143,12 @@ class ConstRecipe(NamedTuple):
 
 
 class EqnRecipe(NamedTuple):
-    """The tracer is an output of an equation on other tracers.
-
-    The outputs are held by weak reference: a tracer points to its recipe, and
-    a strong reference back would make every equation a reference cycle that
-    only Python's garbage collector could free.
-    """
+    """The tracers ``tracers_out`` are the outputs of an equation."""
 
     prim: Primitive
     tracers_in: list[PartialEvalTracer]
     params: dict[str, Any]
-    avals_out: list[ShapedArray]
-    tracer_refs_out: list[weakref.ref]
+    tracers_out: list[PartialEvalTracer]
 
 
 class PartialEvalTracer(Tracer):
@@ -2291,17 +2209,68 @@ class PartialEvalTrace(Trace):
             PartialEvalTracer(self, PartialVal.unknown(aval), None)
             for aval in avals_out
         ]
-        refs_out = [weakref.ref(t) for t in tracers_out]
-        recipe = EqnRecipe(prim, tracers_in, params, avals_out, refs_out)
+        recipe = EqnRecipe(prim, tracers_in, params, tracers_out)
         for t in tracers_out:
             t.recipe = recipe
         return tracers_out
 
 
 def toposort(roots: Sequence[Any], parents: Callable[[Any], Sequence[Any]]) -> list:
+    """Nodes reachable from ``roots``, each after all of its parents."""
+    order, seen = [], set()
+
+    def visit(node):
+        if id(node) not in seen:
+            seen.add(id(node))
+            for parent in parents(node):
+                visit(parent)
+            order.append(node)
+
+    for root in roots:
+        visit(root)
+    return order
+
+
+def tracers_to_jaxpr(
+    tracers_in: list[PartialEvalTracer], tracers_out: list[PartialEvalTracer]
+) -> tuple[Jaxpr, list[Any]]:
+    """The jaxpr from (residuals, ``tracers_in``) to ``tracers_out``, and the
+    residuals' values."""
+    var_of: dict[int, Var] = {}
+
+    def var(t: PartialEvalTracer) -> Var:
+        if id(t) not in var_of:
+            var_of[id(t)] = Var(t.aval)
+        return var_of[id(t)]
+
+    def eqn_parents(recipe: EqnRecipe) -> list[EqnRecipe]:
+        return [t.recipe for t in recipe.tracers_in if isinstance(t.recipe, EqnRecipe)]
+
+    def consts(tracers):  # the residuals among ``tracers``, by id
+        return {id(t): t for t in tracers if isinstance(t.recipe, ConstRecipe)}
+
+    roots = [t.recipe for t in tracers_out if isinstance(t.recipe, EqnRecipe)]
+    residuals, eqns = {}, []
+    for r in toposort(roots, eqn_parents):
+        residuals.update(consts(r.tracers_in))
+        ins, outs = [var(t) for t in r.tracers_in], [var(t) for t in r.tracers_out]
+        eqns.append(JaxprEqn(r.prim, ins, r.params, outs))
+    residuals.update(consts(tracers_out))
+    in_binders = [var(t) for t in [*residuals.values(), *tracers_in]]
+    jaxpr = Jaxpr(in_binders, eqns, [var(t) for t in tracers_out])
+    typecheck_jaxpr(jaxpr)
+    return jaxpr, [t.recipe.val for t in residuals.values()]
+
+
+# @title Robustness: an iterative toposort, and recipes with weak references
+import weakref
+
+
+def toposort(roots: Sequence[Any], parents: Callable[[Any], Sequence[Any]]) -> list:
     """Nodes reachable from ``roots``, each after all of its parents.
 
-    Iterative depth-first search: linear time, no recursion.
+    The same depth-first order as the recursive version, with an explicit stack:
+    linear time, and no recursion however long the program.
     """
     order: list = []
     seen: set[int] = set()
@@ -2319,55 +2288,30 @@ def toposort(roots: Sequence[Any], parents: Callable[[Any], Sequence[Any]]) -> l
     return order
 
 
-def tracers_to_jaxpr(
-    tracers_in: list[PartialEvalTracer], tracers_out: list[PartialEvalTracer]
-) -> tuple[Jaxpr, list[Any]]:
-    """The jaxpr that computes the unknown ``tracers_out`` from ``tracers_in``,
-    with the residuals first among its inputs, and the residual values."""
-    var_of: dict[int, Var] = {}
+class _UnusedOutput(NamedTuple):
+    """Stands in for an output tracer that nothing refers to any more."""
 
-    def var(tracer: PartialEvalTracer) -> Var:
-        if id(tracer) not in var_of:
-            var_of[id(tracer)] = Var(tracer.aval)
-        return var_of[id(tracer)]
+    aval: ShapedArray
 
-    def eqn_parents(recipe: EqnRecipe) -> list[EqnRecipe]:
-        return [t.recipe for t in recipe.tracers_in if isinstance(t.recipe, EqnRecipe)]
 
-    roots = [t.recipe for t in tracers_out if isinstance(t.recipe, EqnRecipe)]
-    recipes = toposort(roots, eqn_parents)
+class EqnRecipe:
+    """The tracers ``tracers_out`` are the outputs of an equation.
 
-    residual_binders, residuals, seen_consts = [], [], set()
+    A tracer points to its recipe; if the recipe pointed back with strong
+    references, every equation would be a reference cycle that only Python's
+    garbage collector could free. So the outputs are held by weak reference,
+    and an output nobody kept comes back as an ``_UnusedOutput`` of its type.
+    """
 
-    def note_const(t: PartialEvalTracer) -> None:
-        if isinstance(t.recipe, ConstRecipe) and id(t) not in seen_consts:
-            seen_consts.add(id(t))
-            residual_binders.append(var(t))
-            residuals.append(t.recipe.val)
+    def __init__(self, prim, tracers_in, params, tracers_out) -> None:
+        self.prim, self.tracers_in, self.params = prim, tracers_in, params
+        self._refs_out = [weakref.ref(t) for t in tracers_out]
+        self._unused_out = [_UnusedOutput(t.aval) for t in tracers_out]
 
-    eqns = []
-    for recipe in recipes:
-        for t in recipe.tracers_in:
-            note_const(t)
-        eqns.append(
-            JaxprEqn(
-                recipe.prim,
-                [var(t) for t in recipe.tracers_in],
-                recipe.params,
-                [
-                    Var(aval) if t is None else var(t)  # an unused output
-                    for t, aval in zip(
-                        [ref() for ref in recipe.tracer_refs_out], recipe.avals_out
-                    )
-                ],
-            )
-        )
-    for t in tracers_out:
-        note_const(t)
-    in_binders = residual_binders + [var(t) for t in tracers_in]
-    jaxpr = Jaxpr(in_binders, eqns, [var(t) for t in tracers_out])
-    typecheck_jaxpr(jaxpr)
-    return jaxpr, residuals
+    @property
+    def tracers_out(self) -> list:
+        outs = [ref() for ref in self._refs_out]
+        return [u if t is None else t for t, u in zip(outs, self._unused_out)]
 
 
 def partial_eval_flat(
@@ -2375,8 +2319,7 @@ def partial_eval_flat(
     pvals_in: list[PartialVal],
     instantiate: Callable[[int], Sequence[bool]],
 ) -> tuple[Jaxpr, list[PartialVal], list[Any]]:
-    """Run ``f`` with some inputs known; return the jaxpr of the unknown part,
-    the outputs (known ones with their values) and the residuals."""
+    """The jaxpr of ``f``'s unknown part, its outputs, and the residuals."""
     with new_level(PartialEvalTrace) as level:
         trace = PartialEvalTrace(level)
         tracers_in = [trace.new_arg(pval) for pval in pvals_in]
@@ -2400,7 +2343,7 @@ def linearize_flat(
     ``primals``."""
     n = len(primals)
     pvals_in = [PartialVal.known(p) for p in primals] + [
-        PartialVal.unknown(raise_to_shaped(get_aval(p))) for p in primals
+        PartialVal.unknown(get_aval(p)) for p in primals
     ]
 
     def f_jvp(*primals_and_tangents):
@@ -2412,8 +2355,7 @@ def linearize_flat(
 
     jaxpr, pvals_out, residuals = partial_eval_flat(f_jvp, pvals_in, tangents_unknown)
     primal_pvals = pvals_out[: len(pvals_out) // 2]
-    if not all(p.is_known for p in primal_pvals):
-        raise TypeError("linearize: a primal output depends on the tangents")
+    _check_primal_outputs_known(primal_pvals)
     return [p.const for p in primal_pvals], jaxpr, residuals
 
 
@@ -2426,35 +2368,43 @@ def linearize(f: Callable, *primals: Any) -> tuple[Any, Callable]:
     out_tree = flat_f.out_tree
 
     def f_lin(*tangents: Any) -> Any:
-        tangents_flat, tangent_tree = tree_flatten(tangents)
-        if tangent_tree != in_tree:
-            raise TypeError(
-                "linearize: the linear map takes tangents with the structure of "
-                f"the primals, {in_tree}, got {tangent_tree}"
-            )
-        tangents_flat = [_as_input(t, "linearize tangent") for t in tangents_flat]
-        _check_tangents("linearize", primals_flat, tangents_flat)
+        tangents_flat = _flatten_and_check_tangents(tangents, in_tree, primals_flat)
         outs = eval_jaxpr(jaxpr, [*residuals, *tangents_flat])
         return tree_unflatten(out_tree, outs)
 
     return tree_unflatten(out_tree, primals_out), f_lin
 
 
+# @title Checks: linearize's primal outputs are known; tangents match the primals
+def _check_primal_outputs_known(primal_pvals: list[PartialVal]) -> None:
+    if not all(p.is_known for p in primal_pvals):
+        raise TypeError("linearize: a primal output depends on the tangents")
+
+
+def _flatten_and_check_tangents(
+    tangents: tuple, in_tree: PyTreeDef, primals_flat: list[Any]
+) -> list[Any]:
+    """The leaves of ``tangents``, which must match the primals in structure,
+    shape and dtype."""
+    tangents_flat, tangent_tree = tree_flatten(tangents)
+    if tangent_tree != in_tree:
+        raise TypeError(
+            "linearize: the linear map takes tangents with the structure of "
+            f"the primals, {in_tree}, got {tangent_tree}"
+        )
+    tangents_flat = [_as_input(t, "linearize tangent") for t in tangents_flat]
+    _check_tangents("linearize", primals_flat, tangents_flat)
+    return tangents_flat
+
+
 def partial_eval_jaxpr(
     jaxpr: Jaxpr, in_unknowns: Sequence[bool], instantiate: Sequence[bool] | None = None
 ) -> tuple[Jaxpr, Jaxpr, list[bool], int]:
-    """Split ``jaxpr`` into ``(known, unknown, out_unknowns, num_residuals)``.
-
-    ``known`` takes the known inputs and returns the known outputs followed by
-    the residuals; ``unknown`` takes the residuals followed by the unknown
-    inputs and returns the unknown outputs. ``instantiate[i]`` forces output
-    ``i`` to be unknown.
-    """
+    """Split ``jaxpr`` into ``(known, unknown, out_unknowns, num_residuals)``."""
     if instantiate is None:
         instantiate = [False] * len(jaxpr.outs)
-    unknown: set[Var] = {v for v, u in zip(jaxpr.in_binders, in_unknowns) if u}
-    known_eqns: list[JaxprEqn] = []
-    unknown_eqns: list[JaxprEqn] = []
+    unknown = {v for v, u in zip(jaxpr.in_binders, in_unknowns) if u}
+    known_eqns, unknown_eqns = [], []
     residuals: dict[Var, None] = {}  # an ordered set
 
     def is_unknown(x: Atom) -> bool:
@@ -2463,50 +2413,39 @@ def partial_eval_jaxpr(
     for eqn in jaxpr.eqns:
         unks = [is_unknown(x) for x in eqn.inputs]
         rule = eqn.primitive.rules.get("partial_eval_jaxpr")
-        if rule is not None and any(unks):
+        if not any(unks):
+            known_eqns.append(eqn)
+        elif rule is not None:
             eqn_known, eqn_unknown, outs_unknown, res = rule(unks, eqn)
             if eqn_known is not None:  # None: nothing of it can run early
                 known_eqns.append(eqn_known)
             unknown_eqns.append(eqn_unknown)
             residuals.update(dict.fromkeys(res))
             unknown.update(v for v, u in zip(eqn.out_binders, outs_unknown) if u)
-        elif any(unks):
-            residuals.update(
-                dict.fromkeys(
-                    x for x, u in zip(eqn.inputs, unks) if isinstance(x, Var) and not u
-                )
-            )
+        else:
+            known_ins = [x for x, u in zip(eqn.inputs, unks) if not u]
+            residuals.update(dict.fromkeys(x for x in known_ins if isinstance(x, Var)))
             unknown_eqns.append(eqn)
             unknown.update(eqn.out_binders)
-        else:
-            known_eqns.append(eqn)
 
     out_unknowns = [is_unknown(x) or inst for x, inst in zip(jaxpr.outs, instantiate)]
     for x, unk in zip(jaxpr.outs, out_unknowns):
         if unk and isinstance(x, Var) and x not in unknown:
             residuals[x] = None  # a known output that must come out unknown
+    residual_vars = list(residuals)
     known_in = [v for v, u in zip(jaxpr.in_binders, in_unknowns) if not u]
     unknown_in = [v for v, u in zip(jaxpr.in_binders, in_unknowns) if u]
-    residual_vars = list(residuals)
     known_outs = [x for x, u in zip(jaxpr.outs, out_unknowns) if not u]
+    unknown_outs = [x for x, u in zip(jaxpr.outs, out_unknowns) if u]
     jaxpr_known = Jaxpr(known_in, known_eqns, known_outs + residual_vars)
-    # The unknown half binds the residuals afresh as its own inputs.
-    jaxpr_unknown = Jaxpr(
-        residual_vars + unknown_in,
-        unknown_eqns,
-        [x for x, u in zip(jaxpr.outs, out_unknowns) if u],
-    )
+    jaxpr_unknown = Jaxpr(residual_vars + unknown_in, unknown_eqns, unknown_outs)
     typecheck_jaxpr(jaxpr_known)
     typecheck_jaxpr(jaxpr_unknown)
     return jaxpr_known, jaxpr_unknown, out_unknowns, len(residual_vars)
 
 
 @functools.cache
-def split_call_jaxpr(
-    jaxpr: Jaxpr, in_unknowns: tuple[bool, ...]
-) -> tuple[Jaxpr, Jaxpr, list[bool], int]:
-    """partial_eval_jaxpr, remembered: the same split gives the same jaxpr
-    objects, so their compiled code (cached per jaxpr) is reused."""
+def split_call_jaxpr(jaxpr: Jaxpr, in_unknowns: tuple[bool, ...]) -> tuple:
     return partial_eval_jaxpr(jaxpr, in_unknowns)
 
 
@@ -2561,10 +2500,7 @@ class UndefPrimal(NamedTuple):
 def backward_pass(
     jaxpr: Jaxpr, args: Sequence[Any], cotangents_out: Sequence[Any]
 ) -> list[Any]:
-    """Transpose ``jaxpr`` with respect to its ``UndefPrimal`` arguments.
-
-    Returns one cotangent per UndefPrimal argument, in order.
-    """
+    """The cotangents of the ``UndefPrimal`` arguments of linear ``jaxpr``."""
     values: dict[Var, Any] = {}
     linear: set[Var] = set()
     for v, arg in zip(jaxpr.in_binders, args):
@@ -2642,8 +2578,7 @@ def _neg_transpose(cts, x):
 @mul_p.def_rule("transpose")
 def _mul_transpose(cts, x, y):
     (ct,) = cts
-    if _is_undef(x) and _is_undef(y):
-        raise TypeError("mul: transposing a product of two linear values")
+    _check_one_operand_linear(x, y)
     if _is_undef(x):
         return [mul(ct, y), None]
     return [None, mul(x, ct)]
@@ -2670,10 +2605,15 @@ def _transpose_transpose(cts, x, *, perm):
     return [transpose(ct, inverse)]
 
 
+# @title Check: a mul to transpose has one linear operand
+def _check_one_operand_linear(x: Any, y: Any) -> None:
+    if _is_undef(x) and _is_undef(y):
+        raise TypeError("mul: transposing a product of two linear values")
+
+
 @functools.cache
 def transpose_jaxpr(jaxpr: Jaxpr, undefined: tuple[bool, ...]) -> tuple[Jaxpr, list]:
-    """A jaxpr from (defined inputs, output cotangents) to the cotangents of
-    the undefined inputs."""
+    """A jaxpr from (defined inputs, output cotangents) to input cotangents."""
     in_types = jaxpr_type(jaxpr).in_types
     out_types = jaxpr_type(jaxpr).out_types
     defined_types = [t for t, u in zip(in_types, undefined) if not u]
@@ -2710,25 +2650,47 @@ def vjp(f: Callable, *primals: Any) -> tuple[Any, Callable]:
     flat_f = flatten_fun(f, in_tree)
     primals_out, jaxpr, residuals = linearize_flat(flat_f, primals_flat)
     out_tree = flat_f.out_tree
-    in_avals = [raise_to_shaped(get_aval(p)) for p in primals_flat]
-    out_avals = [raise_to_shaped(get_aval(p)) for p in primals_out]
+    out_avals = [get_aval(p) for p in primals_out]
 
     def f_vjp(*cotangents: Any) -> tuple:
-        cts_flat, ct_tree = tree_flatten(
-            cotangents[0] if len(cotangents) == 1 else cotangents
-        )
-        if ct_tree != out_tree:
-            raise TypeError(
-                f"vjp: cotangents must have the structure of f's output, {out_tree}, "
-                f"got {ct_tree}"
-            )
-        cts_flat = [_as_input(c, "vjp cotangent") for c in cts_flat]
-        _check_cotangents(out_avals, cts_flat)
-        undefs = [UndefPrimal(aval) for aval in in_avals]
+        cts_flat = _flatten_and_check_cotangents(cotangents, out_tree, out_avals)
+        undefs = [UndefPrimal(get_aval(p)) for p in primals_flat]
         cts_in = backward_pass(jaxpr, [*residuals, *undefs], cts_flat)
         return tree_unflatten(in_tree, cts_in)
 
     return tree_unflatten(out_tree, primals_out), f_vjp
+
+
+def grad(f: Callable) -> Callable:
+    """The gradient of a scalar-output ``f`` with respect to its first argument."""
+
+    def gradient(x: Any, *rest: Any) -> Any:
+        _check_float_inputs(x)
+        y, f_vjp = vjp(lambda x: f(x, *rest), x)
+        _check_scalar_float_output(y)
+        (x_bar,) = f_vjp(np.ones((), get_aval(y).dtype))
+        return x_bar
+
+    return gradient
+
+
+# @title Checks: cotangents match the outputs; grad's input and output types
+def _flatten_and_check_cotangents(
+    cotangents: tuple, out_tree: PyTreeDef, out_avals: list[ShapedArray]
+) -> list[Any]:
+    """The leaves of the cotangents (one argument, or one per output), which
+    must match the outputs in structure, shape and dtype."""
+    cts_flat, ct_tree = tree_flatten(
+        cotangents[0] if len(cotangents) == 1 else cotangents
+    )
+    if ct_tree != out_tree:
+        raise TypeError(
+            f"vjp: cotangents must have the structure of f's output, {out_tree}, "
+            f"got {ct_tree}"
+        )
+    cts_flat = [_as_input(c, "vjp cotangent") for c in cts_flat]
+    _check_cotangents(out_avals, cts_flat)
+    return cts_flat
 
 
 def _check_cotangents(out_avals: list[ShapedArray], cts: list[Any]) -> None:
@@ -2741,30 +2703,25 @@ def _check_cotangents(out_avals: list[ShapedArray], cts: list[Any]) -> None:
             )
 
 
-def grad(f: Callable) -> Callable:
-    """The gradient of a scalar-output ``f`` with respect to its first argument."""
-
-    def gradient(x: Any, *rest: Any) -> Any:
-        for leaf in tree_flatten(x)[0]:
-            dtype = get_aval(_as_input(leaf, "grad")).dtype
-            if dtype.kind != "f":
-                raise TypeError(
-                    f"grad: can only differentiate with respect to float inputs, "
-                    f"got dtype {dtype.name}"
-                )
-        y, f_vjp = vjp(lambda x: f(x, *rest), x)
-        out_tree = tree_flatten(y)[1]
-        y_aval = get_aval(y) if out_tree == LEAF else None
-        if y_aval is None or y_aval.shape != () or y_aval.dtype.kind != "f":
-            what = f"a pytree {out_tree}" if y_aval is None else y_aval.str_short()
+def _check_float_inputs(x: Any) -> None:
+    for leaf in tree_flatten(x)[0]:
+        dtype = get_aval(_as_input(leaf, "grad")).dtype
+        if dtype.kind != "f":
             raise TypeError(
-                f"grad: f must return a float scalar (shape ()), got {what}; "
-                "use vjp or jacfwd for other outputs"
+                f"grad: can only differentiate with respect to float inputs, "
+                f"got dtype {dtype.name}"
             )
-        (x_bar,) = f_vjp(np.ones((), y_aval.dtype))
-        return x_bar
 
-    return gradient
+
+def _check_scalar_float_output(y: Any) -> None:
+    out_tree = tree_flatten(y)[1]
+    y_aval = get_aval(y) if out_tree == LEAF else None
+    if y_aval is None or y_aval.shape != () or y_aval.dtype.kind != "f":
+        what = f"a pytree {out_tree}" if y_aval is None else y_aval.str_short()
+        raise TypeError(
+            f"grad: f must return a float scalar (shape ()), got {what}; "
+            "use vjp or jacfwd for other outputs"
+        )
 
 
 # ==== chapter: part5_cond ====
@@ -2919,6 +2876,8 @@ def _cond_lower(ctx, avals_in, avals_out, pred, *operands, true_jaxpr, false_jax
 
 def transform_branches(transform: Callable, branches: dict, *args: Any) -> tuple:
     """Apply ``transform`` to both branches and join the constants it makes."""
+    # no cache: branches are new jaxprs on every trace
+    transform = getattr(transform, "__wrapped__", transform)
     true_jaxpr, true_consts = transform(branches["true_jaxpr"], *args)
     false_jaxpr, false_consts = transform(branches["false_jaxpr"], *args)
     return join_consts(true_jaxpr, true_consts, false_jaxpr, false_consts)
@@ -2931,15 +2890,6 @@ def _cond_jvp(primals, tangents, **branches):
     outs = bind(cond_p, pred, *consts, *operands, *tangents[1:], **jvp_branches)
     n = len(outs) // 2
     return outs[:n], outs[n:]
-
-
-# @title transform_branches, bypassing the caches of jvp_jaxpr and the others
-def transform_branches(transform: Callable, branches: dict, *args: Any) -> tuple:
-    """Apply ``transform`` to both branches and join the constants it makes."""
-    transform = getattr(transform, "__wrapped__", transform)  # functools.cache
-    true_jaxpr, true_consts = transform(branches["true_jaxpr"], *args)
-    false_jaxpr, false_consts = transform(branches["false_jaxpr"], *args)
-    return join_consts(true_jaxpr, true_consts, false_jaxpr, false_consts)
 
 
 select_p = Primitive("select")
@@ -3029,10 +2979,15 @@ def _run_batched(
     jaxpr: Jaxpr, axis_size: int, operands: list, batched: tuple[bool, ...]
 ) -> list:
     """Every output of ``jaxpr`` for every example, batched along axis 0."""
-    if any(batched):
-        in_axes = [0 if b else None for b in batched]
-        return vmap_flat(jaxpr_as_fun(jaxpr), in_axes, operands)
-    outs = eval_jaxpr(jaxpr, operands)  # same for every example: broadcast it
+    # An example also runs the branch it did not take, on values meant for the
+    # other one (say, residuals that partial evaluation filled with zeros), so
+    # a division by zero there is expected; select throws that result away.
+    # Silence NumPy's warnings about it, as compiled code never warns.
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if any(batched):
+            in_axes = [0 if b else None for b in batched]
+            return vmap_flat(jaxpr_as_fun(jaxpr), in_axes, operands)
+        outs = eval_jaxpr(jaxpr, operands)  # same for every example: broadcast
     return [move_batch_axis(axis_size, None, 0, x) for x in outs]
 
 
@@ -3105,6 +3060,7 @@ def _cond_partial_eval(trace, tracers, **branches):
     ]
 
 
+# @title The jaxpr rule: two cond equations joined by residual variables
 @cond_p.def_rule("partial_eval_jaxpr")
 def _cond_partial_eval_jaxpr(unks_in, eqn):
     (pred_unknown, *in_unknowns), (pred, *operands) = unks_in, eqn.inputs
@@ -3836,9 +3792,7 @@ def broadcast_to(x: ArrayLike, shape: Sequence[int]) -> ArrayLike:
 def _broadcast_operands(name: str, *args: ArrayLike) -> list[ArrayLike]:
     """Broadcast the array operands to their common shape; numbers stay numbers."""
     avals = [
-        a.aval if isinstance(a, Tracer) else get_aval(as_array(a, name))
-        for a in args
-        if not _is_python_scalar(a)
+        get_aval(a, name, i) for i, a in enumerate(args) if not _is_python_scalar(a)
     ]
     if all(aval.shape == avals[0].shape for aval in avals):
         return list(args)  # the common case: nothing to do
@@ -4975,7 +4929,492 @@ def fori_loop(lower: Any, upper: Any, body_fun: Callable, init_val: Any) -> Any:
     return while_loop(lambda carry: carry[0] < upper, step, (lower, init_val))[1]
 
 
+# ==== chapter: part8_custom_rules ====
+
+custom_jvp_call_p = Primitive("custom_jvp_call", multiple_results=True)
+
+
+class custom_jvp:
+    """``fun`` with a forward-mode derivative rule of its own."""
+
+    def __init__(self, fun: Callable, nondiff_argnums: Sequence[int] = ()) -> None:
+        functools.update_wrapper(self, fun)
+        self.fun, self.nondiff_argnums, self.rule = fun, tuple(nondiff_argnums), None
+
+    def defjvp(self, rule: Callable) -> Callable:
+        """Use ``rule(*nondiff_args, primals, tangents) -> (out, tangent_out)``."""
+        self.rule = rule
+        return rule
+
+    def __call__(self, *args: Any) -> Any:
+        check_rule_defined(self, self.rule, "defjvp")
+        call = trace_custom(self, args)
+
+        def flat_rule(primals: list, tangents: list) -> tuple[list, list]:
+            primals, tangents = call.unflatten(primals), call.unflatten(tangents)
+            result = self.rule(*call.nondiff, primals, tangents)
+            return check_jvp_rule_result(call, result)
+
+        outs = bind(
+            custom_jvp_call_p, *call.consts, *call.args, **call.params,
+            jvp=Named(flat_rule, self.rule),
+        )  # fmt: skip
+        return tree_unflatten(call.out_tree, outs)
+
+
+# @title trace_custom, Named, and the checks of calls and rules
+class TracedCall(NamedTuple):
+    """A custom function's call, traced at its arguments' types."""
+
+    name: str
+    nondiff: list  # the values of the nondiff_argnums arguments
+    all_args: Callable  # differentiable args -> all args, nondiff ones in place
+    args: list  # the flat differentiable arguments
+    in_tree: PyTreeDef  # their structure: a tuple, one entry per argument
+    consts: list
+    out_tree: PyTreeDef
+    params: dict  # name, call_jaxpr, num_consts
+
+    def unflatten(self, flat: Sequence) -> tuple:
+        return tree_unflatten(self.in_tree, flat)
+
+    @property
+    def in_types(self) -> list[ShapedArray]:
+        return [get_aval(x) for x in self.args]
+
+    @property
+    def out_types(self) -> list[ShapedArray]:
+        return [x.aval for x in self.params["call_jaxpr"].outs]
+
+
+def trace_custom(f: Any, args: tuple) -> TracedCall:
+    """Trace ``f.fun`` at the types of ``args``, the nondiff ones held fixed."""
+    name = getattr(f, "__name__", "custom function")
+    fixed = check_nondiff_argnums(name, f.nondiff_argnums, args)
+
+    def all_args(diff_args: Sequence) -> list:
+        rest = iter(diff_args)
+        return [args[i] if i in fixed else next(rest) for i in range(len(args))]
+
+    diff = tuple(a for i, a in enumerate(args) if i not in fixed)
+    flat, in_tree = tree_flatten(diff)
+    flat = [_as_input(x, f"{name}: argument") for x in flat]
+    avals = tree_unflatten(in_tree, [get_aval(x) for x in flat])
+    jaxpr, consts, out_tree = _trace_to_jaxpr(
+        lambda *d: f.fun(*all_args(d)), avals, dynamic=True, who=name
+    )
+    check_no_traced_closure(name, consts)
+    params = dict(name=name, call_jaxpr=jaxpr, num_consts=len(consts))
+    nondiff = [args[i] for i in sorted(fixed)]
+    return TracedCall(name, nondiff, all_args, flat, in_tree, consts, out_tree, params)
+
+
+class Named:
+    """A Python function that prints as ``name`` (a rule in a jaxpr's params)."""
+
+    def __init__(self, fn: Callable, like: Any) -> None:
+        self.fn, self.name = fn, like if isinstance(like, str) else _fn_name(like)
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def _fn_name(fn: Any) -> str:
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+def check_rule_defined(f: Any, rule: Any, how: str) -> None:
+    if rule is None:
+        raise TypeError(
+            f"{_fn_name(f)} is a custom function without a rule: define one "
+            f"with {_fn_name(f)}.{how}(...) before calling it"
+        )
+
+
+def check_nondiff_argnums(name: str, argnums: tuple, args: tuple) -> set[int]:
+    for i in argnums:
+        if not _is_axis(i) or not -len(args) <= i < len(args):
+            raise ValueError(
+                f"{name}: nondiff_argnums {argnums} is out of range for a call "
+                f"with {len(args)} positional arguments"
+            )
+    return {int(i) % len(args) for i in argnums}
+
+
+def check_no_traced_closure(name: str, consts: list) -> None:
+    traced = [c for c in consts if isinstance(c, Tracer)]
+    if traced:
+        raise TypeError(
+            f"{name}: the custom function uses a traced value it does not "
+            f"receive as an argument ({traced[0].aval.str_short()}, from a "
+            "closure or a nondiff_argnums argument); its rule could not see "
+            "it. Pass it as an ordinary (differentiable) argument instead."
+        )
+
+
+class Types(tuple):
+    """A tuple of types that prints briefly, e.g. ``(float64[], float64[3])``."""
+
+    def __repr__(self) -> str:
+        return "(" + ", ".join(a.str_short() for a in self) + ")"
+
+
+def _types(tree: PyTreeDef, avals: Sequence[ShapedArray]) -> str:
+    return str(tree_unflatten(tree, [a.str_short() for a in avals])).replace("'", "")
+
+
+def check_result(who: str, value: Any, tree: PyTreeDef, avals: list) -> list:
+    """The leaves of ``value``, which must have structure ``tree``, types ``avals``."""
+    leaves, got_tree = tree_flatten(value)
+    leaves = [_as_input(x, who) for x in leaves]
+    got = [get_aval(x) for x in leaves]
+    if got_tree != tree or got != list(avals):
+        raise TypeError(
+            f"{who} must be {_types(tree, avals)}, but it is {_types(got_tree, got)}"
+        )
+    return leaves
+
+
+def _pair(who: str, result: Any, what: str) -> tuple:
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        raise TypeError(f"{who} must return a pair ({what}), got {_short_repr(result)}")
+    return tuple(result)
+
+
+def check_jvp_rule_result(call: TracedCall, result: Any) -> tuple[list, list]:
+    who = f"{call.name}: the custom_jvp rule"
+    out, out_dot = _pair(who, result, "primal_out, tangent_out")
+    outs = check_result(f"{who}'s primal output", out, call.out_tree, call.out_types)
+    out_dots = check_result(
+        f"{who}'s tangent output", out_dot, call.out_tree, call.out_types
+    )
+    return outs, out_dots
+
+
+@custom_jvp_call_p.def_rule("jvp")
+def _custom_jvp_call_jvp(primals, tangents, *, name, call_jaxpr, num_consts, jvp):
+    return jvp(primals[num_consts:], tangents[num_consts:])
+
+
+custom_vjp_call_p = Primitive("custom_vjp_call", multiple_results=True)
+
+
+def _custom_call_impl(*args, call_jaxpr, **params):
+    return eval_jaxpr(call_jaxpr, args)
+
+
+def _custom_call_lower(ctx, avals_in, avals_out, *args, call_jaxpr, **params):
+    return _call_jaxpr(ctx, call_jaxpr, list(args))
+
+
+for _prim in [custom_jvp_call_p, custom_vjp_call_p]:
+    _prim.def_rule("impl")(_custom_call_impl)
+    _prim.def_rule("lower")(_custom_call_lower)
+
+
+# @title Abstract evaluation: the call's types are its jaxpr's
+def check_custom_call_types(name: str, call_jaxpr: Jaxpr, avals: Sequence) -> None:
+    expected = jaxpr_type(call_jaxpr)
+    if list(avals) != expected.in_types:
+        got = ", ".join(a.str_short() for a in avals)
+        raise TypeError(f"{name}: the call's jaxpr takes {expected}, got ({got})")
+
+
+def _custom_call_abstract_eval(*avals, name, call_jaxpr, **params):
+    check_custom_call_types(name, call_jaxpr, avals)
+    return jaxpr_type(call_jaxpr).out_types
+
+
+for _prim in [custom_jvp_call_p, custom_vjp_call_p]:
+    _prim.def_rule("abstract_eval")(_custom_call_abstract_eval)
+
+
+def batch_rule(rule: Callable, batched: tuple[bool, ...]) -> Named:
+    """``rule(primals, tangents)`` on a batch (axis 0) of the batched operands."""
+
+    def batched_rule(primals: list, tangents: list) -> tuple[list, list]:
+        n_out = []
+
+        def flat(*args):
+            outs, out_dots = rule(args[: len(primals)], args[len(primals) :])
+            n_out.append(len(outs))
+            return [*outs, *out_dots]
+
+        in_axes = [0 if b else None for b in batched] * 2
+        both = vmap_flat(flat, in_axes, [*primals, *tangents])
+        return both[: n_out[0]], both[n_out[0] :]
+
+    return Named(batched_rule, f"vmap({rule})")
+
+
+@custom_jvp_call_p.def_rule("vmap")
+def _custom_jvp_call_vmap(axis_size, vals, dims, *, call_jaxpr, num_consts, jvp, name):
+    if all(d is None for d in dims):  # nothing batched: the call as it was
+        outs = bind(
+            custom_jvp_call_p,
+            *vals,
+            call_jaxpr=call_jaxpr,
+            num_consts=num_consts,
+            jvp=jvp,
+            name=name,
+        )
+        return outs, [None] * len(outs)
+    batched = tuple(d is not None for d in dims)
+    vals = [
+        x if d is None else move_batch_axis(axis_size, d, 0, x)
+        for x, d in zip(vals, dims)
+    ]
+    new_jaxpr, new_consts = vmap_jaxpr(call_jaxpr, axis_size, batched)
+    outs = bind(
+        custom_jvp_call_p, *new_consts, *vals, name=name, call_jaxpr=new_jaxpr,
+        num_consts=len(new_consts) + num_consts,
+        jvp=batch_rule(jvp, batched[num_consts:]),
+    )  # fmt: skip
+    return outs, [0] * len(outs)
+
+
+class custom_vjp:
+    """``fun`` with a reverse-mode derivative rule of its own."""
+
+    def __init__(self, fun: Callable, nondiff_argnums: Sequence[int] = ()) -> None:
+        functools.update_wrapper(self, fun)
+        self.fun, self.nondiff_argnums = fun, tuple(nondiff_argnums)
+        self.fwd = self.bwd = None
+
+    def defvjp(self, fwd: Callable, bwd: Callable) -> None:
+        """``fwd(*args) -> (out, residuals)``; ``bwd(*nondiff, residuals, ct)``."""
+        self.fwd, self.bwd = fwd, bwd
+
+    def __call__(self, *args: Any) -> Any:
+        check_rule_defined(self, self.fwd, "defvjp")
+        call, res_tree = trace_custom(self, args), []
+
+        def flat_fwd(*primals: Any) -> tuple[list, list]:
+            result = self.fwd(*call.all_args(call.unflatten(primals)))
+            outs, res = check_fwd_result(call, result)
+            res_flat, tree = tree_flatten(res)
+            res_tree.append(tree)
+            return outs, res_flat
+
+        def flat_bwd(res: list, cts: list) -> list:
+            res, cts = (
+                tree_unflatten(res_tree[0], res),
+                tree_unflatten(call.out_tree, cts),
+            )
+            return check_bwd_result(call, self.bwd(*call.nondiff, res, cts))
+
+        outs = bind(
+            custom_vjp_call_p, *call.consts, *call.args, **call.params,
+            fwd=Named(flat_fwd, self.fwd), bwd=Named(flat_bwd, self.bwd),
+        )  # fmt: skip
+        return tree_unflatten(call.out_tree, outs)
+
+
+# @title Checks: fwd returns the function's output type, bwd one cotangent per input
+def check_fwd_result(call: TracedCall, result: Any) -> tuple[list, Any]:
+    who = f"{call.name}: the custom_vjp fwd"
+    out, res = _pair(who, result, "output, residuals")
+    outs = check_result(f"{who}'s output", out, call.out_tree, call.out_types)
+    return outs, res
+
+
+def check_bwd_result(call: TracedCall, cts_in: Any) -> list:
+    who = (
+        f"{call.name}: the custom_vjp bwd's result (a tuple with one cotangent "
+        "per differentiable argument)"
+    )
+    if isinstance(cts_in, list):
+        cts_in = tuple(cts_in)
+    return check_result(who, cts_in, call.in_tree, call.in_types)
+
+
+custom_lin_p = Primitive("custom_lin", multiple_results=True)
+
+
+@custom_vjp_call_p.def_rule("jvp")
+def _custom_vjp_call_jvp(primals, tangents, *, call_jaxpr, num_consts, fwd, bwd, name):
+    outs, res = fwd(*primals[num_consts:])
+    out_types = Types(x.aval for x in call_jaxpr.outs)
+    params = dict(name=name, num_res=len(res), bwd=bwd, out_types=out_types)
+    return outs, bind(custom_lin_p, *res, *tangents[num_consts:], **params)
+
+
+@custom_lin_p.def_rule("abstract_eval")
+def _custom_lin_abstract_eval(*avals, name, num_res, bwd, out_types):
+    return list(out_types)
+
+
+@custom_lin_p.def_rule("transpose")
+def _custom_lin_transpose(cts, *args, name, num_res, bwd, out_types):
+    return [None] * num_res + bwd(list(args[:num_res]), list(cts))
+
+
+# @title custom_lin's forward rules: each says why it cannot run
+class CustomVJPForwardModeError(TypeError):
+    """Forward-mode differentiation of a function that has only a custom_vjp rule."""
+
+
+def forward_mode_error(*args: Any, name: str, **params: Any) -> None:
+    raise CustomVJPForwardModeError(
+        f"jvp of {name}, a custom_vjp function: it has only a reverse-mode rule "
+        "(fwd and bwd), and bwd maps output cotangents back to inputs, which "
+        "cannot give the output tangents that forward mode (jvp, or running "
+        "the linear map of linearize) needs. Use grad or vjp, or give "
+        f"{name} a custom_jvp rule instead."
+    )
+
+
+for _kind in ["impl", "jvp", "lower"]:
+    custom_lin_p.def_rule(_kind)(forward_mode_error)
+
+
+def batch_fwd(fwd: Callable, n_out: int) -> Named:
+    """``fwd`` on a batch (axis 0) of every operand; outputs and residuals at 0."""
+
+    def batched_fwd(*primals: Any) -> tuple[list, list]:
+        def flat(*p):
+            outs, res = fwd(*p)
+            return [*outs, *res]
+
+        both = vmap_flat(flat, [0] * len(primals), list(primals))
+        return both[:n_out], both[n_out:]
+
+    return Named(batched_fwd, f"vmap({fwd})")
+
+
+def batch_bwd(bwd: Callable) -> Named:
+    """``bwd(residuals, cts)`` on a batch (axis 0) of all of them."""
+
+    def batched_bwd(res: list, cts: list) -> list:
+        k = len(res)
+        return vmap_flat(
+            lambda *a: bwd(a[:k], a[k:]), [0] * (k + len(cts)), [*res, *cts]
+        )
+
+    return Named(batched_bwd, f"vmap({bwd})")
+
+
+@custom_vjp_call_p.def_rule("vmap")
+def _custom_vjp_call_vmap(
+    axis_size, vals, dims, *, call_jaxpr, num_consts, fwd, bwd, name
+):
+    consts, operands = vals[:num_consts], vals[num_consts:]
+    operands = [
+        move_batch_axis(axis_size, d, 0, x) for x, d in zip(operands, dims[num_consts:])
+    ]
+    batched = (False,) * num_consts + (True,) * len(operands)
+    new_jaxpr, new_consts = vmap_jaxpr(call_jaxpr, axis_size, batched)
+    outs = bind(
+        custom_vjp_call_p, *new_consts, *consts, *operands, name=name,
+        call_jaxpr=new_jaxpr, num_consts=len(new_consts) + num_consts,
+        fwd=batch_fwd(fwd, len(call_jaxpr.outs)), bwd=batch_bwd(bwd),
+    )  # fmt: skip
+    return outs, [0] * len(outs)
+
+
+@custom_lin_p.def_rule("vmap")
+def _custom_lin_vmap(axis_size, vals, dims, *, name, num_res, bwd, out_types):
+    vals = [move_batch_axis(axis_size, d, 0, x) for x, d in zip(vals, dims)]
+    out_types = Types(ShapedArray((axis_size, *t.shape), t.dtype) for t in out_types)
+    params = dict(name=name, num_res=num_res, bwd=batch_bwd(bwd), out_types=out_types)
+    outs = bind(custom_lin_p, *vals, **params)
+    return outs, [0] * len(outs)
+
+
+@custom_jvp_call_p.def_rule("transpose")
+def _custom_jvp_call_transpose(cts, *args, call_jaxpr, **params):
+    return _xla_call_transpose(cts, *args, jaxpr=call_jaxpr)
+
+
+NOT_LINEAR = NOT_LINEAR | {"custom_vjp_call"}
+
 # ==== chapter: performance ====
+
+
+# @title Result handlers: jaxlib builds the output arrays
+def result_handlers(jaxpr: Jaxpr) -> list[Any]:
+    """Per output of ``jaxpr``, a jaxlib handler that turns an executable's
+    output buffer into an ``Array``, building jaxlib's array object in C++."""
+    from jaxlib import _jax
+
+    sharding = runtime().sharding
+    handlers = []
+    for out in jaxpr.outs:
+        aval = out.aval
+        handler = _jax.array_result_handler(
+            jax.core.ShapedArray(aval.shape, aval.dtype),
+            sharding,
+            committed=True,
+            _skip_checks=True,
+        )
+        handlers.append(handler.wrap(Array))
+    return handlers
+
+
+class FastCall:
+    """What a call with a known signature needs, and nothing more."""
+
+    def __init__(self, jaxpr: Jaxpr, consts: list[Array], out_tree: PyTreeDef):
+        self.execute = compile_jaxpr(jaxpr).executable.execute_sharded
+        self.const_buffers = [c._buffer for c in consts]
+        self.handlers = result_handlers(jaxpr)
+        self.out_tree = out_tree
+
+    def __call__(self, args: tuple) -> Any:
+        buffers = [x._buffer if type(x) is Array else _as_buffer(x) for x in args]
+        results = self.execute([*self.const_buffers, *buffers])
+        outs = results.consume_with_handlers(self.handlers)
+        if self.out_tree is LEAF:
+            return outs[0]
+        return tree_unflatten(self.out_tree, outs)
+
+
+def array_signature(args: tuple) -> tuple | None:
+    """The (shape, dtype) of every argument, or None for the full path."""
+    if _state.dynamic is not _state.stack[0]:
+        return None  # make_jaxpr or an outer jit is recording: bind must see it
+    signature = []
+    for x in args:
+        kind = type(x)
+        if kind is Array:
+            x = x._buffer  # jaxlib's array: shape and dtype are read in C++
+        elif kind is not np.ndarray:
+            return None  # a tracer, a number, a container...: the full path
+        signature.append((x.shape, x.dtype))
+    return tuple(signature)
+
+
+def jit(f: Callable) -> Callable:
+    """Compile ``f`` with XLA; trace once per input signature; repeated calls
+    on arrays skip the interpreters (the fast path)."""
+    traces: Traces = {}
+    fast_calls: dict[tuple, FastCall] = {}
+
+    @functools.wraps(f)
+    def f_jitted(*args: Any) -> Any:
+        signature = array_signature(args)
+        if signature is not None:
+            fast_call = fast_calls.get(signature)
+            if fast_call is not None:
+                return fast_call(args)
+        # The full path: check, trace if needed, bind.
+        args_flat, in_tree = tree_flatten(args)
+        args_flat = [_as_input(x, "jit argument") for x in args_flat]
+        jaxpr, consts, out_tree = trace_for_call(f, traces, args_flat, in_tree)
+        outs = bind(xla_call_p, *consts, *args_flat, jaxpr=jaxpr)
+        if signature is not None and not any(isinstance(c, Tracer) for c in consts):
+            fast_calls[signature] = FastCall(jaxpr, consts, out_tree)
+        return tree_unflatten(out_tree, outs)
+
+    f_jitted.traces = traces  # for the curious: what has been traced so far
+    f_jitted.fast_calls = fast_calls  # and which signatures take the fast path
+    return f_jitted
+
+
+# ==== chapter: rule_table ====
 
 # ==== book support (generated by build_tools/tangle.py) ====
 

@@ -51,51 +51,22 @@
 # installs the JAX release the book is tested with and fetches the module.
 
 # %% tags=["hide-input"]
-from __future__ import annotations  # as in the module: postponed annotations
+# @title Setup: the pinned JAX, the module `autodidax`, the earlier chapters
+from __future__ import annotations
 
-import importlib.metadata
-import sys
-from pathlib import Path
-
-BOOK_JAX = "0.10.2"  # the JAX and jaxlib release this book is tested with
-
-
-def installed_version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-found = {installed_version("jax"), installed_version("jaxlib")}
-if found != {BOOK_JAX} and "google.colab" in sys.modules:
-    # A fresh Colab runtime: install the book's JAX (Colab ships another one).
-    import subprocess
-
-    pins = [f"jax=={BOOK_JAX}", f"jaxlib=={BOOK_JAX}"]
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *pins], check=True)
-elif found != {BOOK_JAX}:
-    print(
-        f"This book is tested with jax and jaxlib {BOOK_JAX}; found {found}. "
-        f"To match: pip install jax=={BOOK_JAX} jaxlib=={BOOK_JAX}"
-    )
 try:
-    import autodidax
-except ImportError:
-    if Path("../autodidax.py").is_file():  # a checkout of the repository
-        sys.path.insert(0, "..")
-    else:  # e.g. in Colab: fetch the module this book builds
-        import urllib.request
+    import book_setup  # book/book_setup.py, next to this notebook
+except ImportError:  # Colab opens a notebook on its own: fetch the helper first
+    from urllib.request import urlretrieve
 
-        urllib.request.urlretrieve(
-            "https://raw.githubusercontent.com/autodidax-book/autodidax/main/"
-            "autodidax.py",
-            "autodidax.py",
-        )
-    import autodidax
+    urlretrieve(
+        "https://raw.githubusercontent.com/autodidax-book/autodidax/main/book/"
+        "book_setup.py",
+        "book_setup.py",
+    )
+    import book_setup
 
-autodidax.load_chapters(globals(), before="part7_scan")
-np.set_printoptions(precision=6, suppress=True)
+book_setup.load_book(globals(), before="part7_scan")
 
 # %% tags=["hide-input"]
 # @title A helper that prints an error instead of stopping; JAX, to compare with
