@@ -1397,7 +1397,7 @@ class Line:
     offset: Any
 
 
-register_pytree_node(Line, lambda l: ((l.slope, l.offset), None), lambda _, k: Line(*k))
+register_pytree_node(Line, lambda a: ((a.slope, a.offset), None), lambda _, k: Line(*k))
 xs, ys = np.array([0.0, 1.0, 2.0]), np.array([1.0, 3.0, 5.0])
 
 
