@@ -93,8 +93,8 @@ print(make_jaxpr(f_jvp, scalar, scalar)[0])
 
 # %% [markdown]
 # Some equations depend only on `a`, the primal input: `sin a`, `cos a`, `cos f`
-# (`f` here is the jaxpr variable holding $\sin a \cdot a$), and so on. Others involve `b`, the tangent. If we know `x` but not yet `x_dot`, we
-# can compute the first kind now and must postpone the second. The postponed
+# (`f` here is the jaxpr variable holding $\sin a \cdot a$), and so on. Others
+# involve `b`, the tangent. If we know `x` but not yet `x_dot`, we can compute the first kind now and must postpone the second. The postponed
 # equations only ever multiply the tangent by numbers computed from `x`, or add
 # or negate tangents: as a function of the tangent they are linear. That is why
 # the postponed part *is* the linear map $\dot x \mapsto f'(x)\,\dot x$.
