@@ -2262,7 +2262,7 @@ def tracers_to_jaxpr(
     return jaxpr, [t.recipe.val for t in residuals.values()]
 
 
-# @title Robustness: an iterative toposort, and recipes with weak references
+# @title Same results, robust for big programs: iterative, with weak references
 import weakref
 
 

@@ -92,23 +92,15 @@ print(make_jaxpr(f_jvp, scalar, scalar)[0])
 
 
 # %% [markdown]
-# Some equations depend only on `a`, the primal input: `sin a`, `cos a`, `cos f`, and
-# so on. Others involve `b`, the tangent. If we know `x` but not yet `x_dot`, we
-# can compute the first kind now and must postpone the second. The postponed
+# Some equations depend only on `a`, the primal input: `sin a`, `cos a`, `cos f`
+# (`f` here is the jaxpr variable holding $\sin a \cdot a$), and so on. Others
+# involve `b`, the tangent. If we know `x` but not yet `x_dot`, we can compute the first kind now and must postpone the second. The postponed
 # equations only ever multiply the tangent by numbers computed from `x`, or add
 # or negate tangents: as a function of the tangent they are linear. That is why
 # the postponed part *is* the linear map $\dot x \mapsto f'(x)\,\dot x$.
 #
-# This jaxpr is only for looking at. The split will not be made on a recorded
-# jaxpr after the fact: it happens *while the function runs*. `linearize` pushes
-# a partial evaluator on the interpreter stack and then runs `jvp` on top of it,
-# so the JVP interpreter's primal values are known values of the partial
-# evaluator, real numbers computed line by line as the Python function executes.
-# The known half is never written down; it is simply Python running. Only the
-# unknown half, the tangent work, is recorded. One consequence: a Python `if` on
-# a primal value works under `linearize` and `grad` just as under `jvp`, and the
-# recorded linear map holds only the branch that was taken. We will see it as
-# soon as `linearize` exists.
+# `linearize` will not split this jaxpr after the fact; it splits while the
+# function runs (we will also need a jaxpr-splitting version, for `jit`).
 #
 # (part4-partial-eval)=
 # ## Partial evaluation
@@ -305,15 +297,8 @@ def tracers_to_jaxpr(
     return jaxpr, [t.recipe.val for t in residuals.values()]
 
 
-# %% [markdown]
-# The module's `toposort` and `EqnRecipe` differ from the ones above in ways that
-# matter only for big programs: `toposort` keeps its own stack instead of recursing, so that a program
-# of a hundred thousand equations does not exceed Python's recursion limit, and
-# `EqnRecipe` holds its outputs by weak reference, so that tracers and recipes do
-# not form reference cycles. Unfold to see them.
-
 # %% tags=["export", "hide-input"]
-# @title Robustness: an iterative toposort, and recipes with weak references
+# @title Same results, robust for big programs: iterative, with weak references
 import weakref
 
 
@@ -401,9 +386,14 @@ def partial_eval_flat(
 # ## `linearize`
 #
 # `linearize` is now a sentence: partially evaluate the JVP with the primals known
-# and the tangents unknown. The known outputs are the primal outputs; the jaxpr is
-# the linear map from input tangents to output tangents, closed over residuals
-# computed from the primals.
+# and the tangents unknown. It pushes a partial evaluator on the interpreter stack
+# and then runs `jvp` on top of it, so the JVP interpreter's primal values are
+# known values of the partial evaluator: real numbers, computed line by line as
+# the Python function executes. The known half is never written down; it is
+# simply Python running. Only the unknown half, the tangent work, is recorded.
+# The known outputs are the primal outputs; the jaxpr is the linear map from
+# input tangents to output tangents, closed over residuals computed from the
+# primals.
 
 
 # %% tags=["export"]
@@ -493,9 +483,10 @@ print("residuals:", *residuals)
 # itself, $\sin 1.5$, and $\sin(\sin(1.5) \cdot 1.5)$ (the derivative of `cos`,
 # before its sign flip). Each call of `f_lin` evaluates just that.
 #
-# And here is partial evaluation at work while the function runs. `bent` takes a
-# Python `if` on its input; linearized at two points, it gives two different
-# linear jaxprs, each with only the branch taken:
+# Because the split happens while the function runs, a Python `if` on a primal
+# value works under `linearize` (and so under `grad`) just as under `jvp`. `bent`
+# takes a Python `if` on its input; linearized at two points, it gives two
+# different linear jaxprs, each with only the branch taken:
 
 
 # %%
@@ -518,10 +509,11 @@ for x0 in [1.5, -1.5]:
 # (part4-pe-jaxprs)=
 # ## Partial evaluation of jaxprs
 #
-# `linearize(jit(f))` must work too. A jitted function shows up to the partial
-# evaluator as a single `xla_call` with some inputs known and some unknown, and
-# the default rule would stage the *whole* call as unknown, postponing all of its
-# primal work to every call of the linear map. Instead, `xla_call` gets a
+# `linearize(jit(f))` must work too. Under `linearize`, a jitted function reaches
+# the partial evaluator as one `xla_call` with its primal inputs known and its
+# tangent inputs unknown. The default rule would stage the whole call, so even
+# the primal outputs would come out unknown, and `linearize` would stop with
+# "a primal output depends on the tangents". Instead, `xla_call` gets a
 # `partial_eval` rule that splits its jaxpr in two: a **known jaxpr** that runs
 # now (compiled) and also returns the residuals the other half needs, and an
 # **unknown jaxpr** that is staged, taking the residuals and the unknown inputs.
@@ -588,12 +580,65 @@ def partial_eval_jaxpr(
 
 
 # %% [markdown]
-# The two rules for `xla_call` use it through `split_call_jaxpr`, which remembers
+# (part4-unzipped)=
+# ### A jaxpr, unzipped
+#
+# Here is the split at work on the JVP jaxpr from the start of the chapter, with
+# the primal input known and the tangent unknown. The two halves are printed with
+# the variable names of that first print (the folded helper `names_as_printed`
+# collects them), so each line can be found in the original. The figure after
+# them colors each equation of the JVP jaxpr by the half it went to, and marks
+# where each residual is made: the known values that cross from the first half to
+# the second.
+
+
+# %% tags=["hide-input"]
+# @title Helper: the names pp_jaxpr gives a jaxpr's variables
+def names_as_printed(jaxpr: Jaxpr) -> _Names:
+    """The names of ``pp_jaxpr(jaxpr)``; passed on, they name its halves alike."""
+    names = _Names()
+    pp_jaxpr(jaxpr, names=names)
+    return names
+
+
+# %%
+jvp_jaxpr_demo = make_jaxpr(f_jvp, scalar, scalar)[0]
+known, unknown_half, out_unks, num_res = partial_eval_jaxpr(
+    jvp_jaxpr_demo, [False, True]
+)
+names = names_as_printed(jvp_jaxpr_demo)
+print("known half:")
+print(pp_jaxpr(known, names=names))
+print("unknown half:")
+print(pp_jaxpr(unknown_half, names=names))
+
+# %% mystnb={"image": {"alt": "The JVP jaxpr of f, one equation per line. Equations that depend only on the primal input are colored blue and go to the known half; equations that involve the tangent are colored orange and go to the unknown half. Each residual variable, computed in the known half and read by the unknown half, is marked with an arrow at the line that defines it."}} tags=["hide-input"]
+# @title Figure: the JVP jaxpr, colored by the half each equation went to
+from figures import draw_unzipped_jaxpr
+
+draw_unzipped_jaxpr(jvp_jaxpr_demo, known, unknown_half, num_res, names, ns=globals())
+
+
+# %% [markdown]
+# The blue equations form the known half: the primal computation, plus the
+# derivatives of the primitives (`cos a`, `sin f`, ...) that only need the
+# primal. The orange ones form the linear map. Everything that crosses from blue
+# to orange is a residual, and that is exactly what reverse mode has to store
+# between its forward and backward passes. The residuals `d a c k` here are
+# `linearize`'s `a b c d` above: the same four values, in the same order, under
+# the names of a different print.
+#
+# ### Splitting a jitted call
+#
+# `xla_call` gets two rules, for two situations. The `partial_eval` rule is used
+# when the partial evaluator meets a jit call as the function runs
+# (`linearize(jit(f))`): it runs the known half now (`bind` compiles and runs it)
+# and records the unknown half as an `xla_call` equation. The `partial_eval_jaxpr`
+# rule is used when the function `partial_eval_jaxpr`, walking an outer jaxpr,
+# meets an inner `xla_call` (a jit inside a jit): it turns that one equation into
+# two, joined by residual variables. Both split the inner jaxpr with `split_call_jaxpr`, which remembers
 # its answers: splitting the same jaxpr the same way must give the *same* two
-# jaxprs, or every call of `grad(jit(f))` would compile its halves again. At trace time, the known half is *called*
-# (by `bind`, so it is compiled and run) and the unknown half is recorded as an
-# `xla_call` equation in the partial evaluator's graph. On a jaxpr, both halves
-# become `xla_call` equations, connected by fresh residual variables.
+# jaxprs, or every call of `grad(jit(f))` would compile its halves again.
 
 
 # %% tags=["export"]
@@ -645,39 +690,6 @@ def _xla_call_partial_eval_jaxpr(unks_in, eqn):
 
 
 # %% [markdown]
-# (part4-unzipped)=
-# ### A jaxpr, unzipped
-#
-# Here is the split at work on the JVP jaxpr from the start of the chapter, with
-# the primal input known and the tangent unknown. The figure colors each equation
-# of the JVP jaxpr by the half it went to, and marks where each residual is made:
-# the known values that cross from the first half to the second.
-
-# %%
-jvp_jaxpr_demo = make_jaxpr(f_jvp, scalar, scalar)[0]
-known, unknown_half, out_unks, num_res = partial_eval_jaxpr(
-    jvp_jaxpr_demo, [False, True]
-)
-names = _Names()
-pp_jaxpr(jvp_jaxpr_demo, names=names)  # name variables as in the print above
-print("known half:")
-print(pp_jaxpr(known, names=names))
-print("unknown half:")
-print(pp_jaxpr(unknown_half, names=names))
-
-# %% mystnb={"image": {"alt": "The JVP jaxpr of f, one equation per line. Equations that depend only on the primal input are colored blue and go to the known half; equations that involve the tangent are colored orange and go to the unknown half. Each residual variable, computed in the known half and read by the unknown half, is marked with an arrow at the line that defines it."}} tags=["hide-input"]
-# @title Figure: the JVP jaxpr, colored by the half each equation went to
-from figures import draw_unzipped_jaxpr
-
-draw_unzipped_jaxpr(jvp_jaxpr_demo, known, unknown_half, num_res, names, ns=globals())
-
-# %% [markdown]
-# The blue equations form the known half: the primal computation, plus the
-# derivatives of the primitives (`cos a`, `sin f`, ...) that only need the
-# primal. The orange ones form the linear map. Everything that crosses from blue
-# to orange is a residual, and that is exactly what reverse mode has to store
-# between its forward and backward passes.
-#
 # With the `xla_call` rules in place, `linearize` sees through `jit`:
 
 # %%
@@ -700,7 +712,12 @@ print(y_jit, f_lin_jit(1.0), f_lin(1.0))
 # `linearize`, the tangent inputs. We mark them with `UndefPrimal` ({term}`undefined primals <undefined primal>`), holding only
 # their type. Equations that involve no undefined value (for instance a
 # `broadcast` of a constant) are evaluated forward first, so their results are
-# available to the linear equations as ordinary values.
+# available to the linear equations as ordinary values. This never happens
+# in a jaxpr from `linearize`, whose every equation reads a tangent. It does in a
+# linear function traced by hand with `make_jaxpr` (Exercise 3 traces one): for an
+# array `v`, `v * 2.0` records a `broadcast` of the literal 2.0, an equation with
+# no linear input. The same holds for the inner jaxpr of a `jit` in such a
+# function, which `xla_call`'s transpose rule hands to `backward_pass`.
 
 
 # %% tags=["export"]
@@ -1082,8 +1099,8 @@ for name, value in second.items():
 # The partial evaluator records each equation once and the topological sort
 # visits it once; the backward pass visits each linear equation once. So `grad`
 # of a program with $N$ primitives takes time proportional to $N$, and the
-# backward pass does work proportional to the forward pass. The repository's
-# `bench/` directory measures this against JAX.
+# backward pass does work proportional to the forward pass.
+# {ref}`How fast is it? <performance>` measures this against JAX.
 #
 # ## Where real JAX differs
 #
@@ -1095,9 +1112,9 @@ for name, value in second.items():
 #   (`LinearizeTrace`) computes each primal value with the enclosing interpreter and
 #   records the tangent operation into a jaxpr at once, using a linearization rule
 #   of the primitive where it has one and a per-primitive JVP followed by partial
-#   evaluation where it does not. The result is the split we built here, and
-#   `jax.config.update("jax_use_direct_linearize", False)` brings back JVP followed
-#   by partial evaluation of the whole function. Partial evaluation of jaxprs
+#   evaluation where it does not. The result is the split we built here. The flag
+#   `jax_use_direct_linearize` is still defined, but 0.10.2 no longer reads it;
+#   direct linearization is the only path. Partial evaluation of jaxprs
 #   (`partial_eval_jaxpr_nounits` and its variants) is still what splits a `jit`
 #   call into known and unknown halves.
 # - JAX removes residuals the linear jaxpr does not need (dead-code elimination);
