@@ -28,8 +28,9 @@
 #
 # A cell reads *not linear* where a transpose rule would make no sense, and
 # *generic* where {ref}`Part 4 <part4>`'s partial evaluation handles a primitive
-# without a rule of its own (every primitive that does not carry a jaxpr). Any
-# other missing rule would show up as a gap, and in the first line of output.
+# without a rule of its own: every primitive except the loops and calls whose
+# jaxpr must be split in two (`xla_call`, `cond`, `while`, `scan`). Any other
+# missing rule would show up as a gap, and in the first line of output.
 
 # %% tags=["hide-input"]
 # @title Setup: the pinned JAX, the module `autodidax`, the earlier chapters
