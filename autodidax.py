@@ -829,6 +829,26 @@ def _check_leaf_count(treedef: PyTreeDef, leaves: Sequence[Any]) -> list[Any]:
     return leaves
 
 
+# @title Tree utilities: tree_leaves, tree_structure, tree_map
+def tree_leaves(tree: Any) -> list[Any]:
+    return tree_flatten(tree)[0]
+
+
+def tree_structure(tree: Any) -> PyTreeDef:
+    return tree_flatten(tree)[1]
+
+
+def tree_map(f: Callable, tree: Any, *rest: Any) -> Any:
+    """``f`` applied leaf by leaf; ``rest`` are trees of the same structure."""
+    leaves, treedef = tree_flatten(tree)
+    others = [tree_flatten(r) for r in rest]
+    for _, other_def in others:
+        if other_def != treedef:
+            raise ValueError(f"tree_map: structures differ, {treedef} and {other_def}")
+    columns = zip(leaves, *(other for other, _ in others))
+    return tree_unflatten(treedef, [f(*xs) for xs in columns])
+
+
 class flatten_fun:
     """``f(*args)`` as a function of the leaves of ``args``; sets ``out_tree``."""
 
@@ -1145,8 +1165,12 @@ def _check_batch_axes(args: list, axes: list[BatchAxis]) -> list[BatchAxis]:
     return checked
 
 
-def jacfwd(f: Callable, x: Any) -> Any:
-    """The Jacobian of ``f`` at ``x``, of shape ``f(x).shape + x.shape``."""
+def jacfwd(f: Callable, argnums: int | tuple[int, ...] = 0) -> Callable:
+    """``jacfwd(f)(x)``: the Jacobian at ``x``, shape ``f(x).shape + x.shape``."""
+    return lambda *args: jacobian_per_leaf(jacfwd_at, f, args, argnums, "jacfwd")
+
+
+def jacfwd_at(f: Callable, x: Any) -> Any:
     x = _check_jacfwd_input(x)
     aval = get_aval(x)
 
@@ -1162,7 +1186,53 @@ def jacfwd(f: Callable, x: Any) -> Any:
     return transpose(jac, perm) if perm else jac
 
 
-# @title Checks: jacfwd takes a float array and f returns one array
+# @title Checks and pytrees: argnums, one Jacobian per input and output leaf
+def _check_argnums(argnums: Any, nargs: int, name: str) -> tuple[int, ...]:
+    nums = argnums if isinstance(argnums, tuple) else (argnums,)
+    if not nums or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in nums
+    ):
+        raise TypeError(
+            f"{name}: argnums must be an int or a non-empty tuple of ints, "
+            f"got {argnums!r}"
+        )
+    for i in nums:
+        if not -nargs <= i < nargs:
+            raise ValueError(
+                f"{name}: argnums {i} is out of range for a call with "
+                f"{nargs} positional argument(s)"
+            )
+    return tuple(i % nargs for i in nums)
+
+
+def jacobian_per_leaf(jac_at, f, args, argnums, name):
+    """JAX's pytree layout from a one-array Jacobian ``jac_at(g, x)``: the
+    output's structure, each leaf holding the chosen arguments' structure."""
+    nums = _check_argnums(argnums, len(args), name)
+    out_leaves, out_tree = tree_flatten(f(*args))
+
+    def jac_of(k, i, j):
+        def g(leaf):
+            arg_leaves, arg_tree = tree_flatten(args[i])
+            arg_leaves[j] = leaf
+            new_args = list(args)
+            new_args[i] = tree_unflatten(arg_tree, arg_leaves)
+            return _single_output(tree_flatten(f(*new_args))[0][k])
+
+        return jac_at(g, tree_flatten(args[i])[0][j])
+
+    def per_output(k):
+        jacs = []
+        for i in nums:
+            leaves, tree = tree_flatten(args[i])
+            jacs.append(
+                tree_unflatten(tree, [jac_of(k, i, j) for j in range(len(leaves))])
+            )
+        return tuple(jacs) if isinstance(argnums, tuple) else jacs[0]
+
+    return tree_unflatten(out_tree, [per_output(k) for k in range(len(out_leaves))])
+
+
 def _check_jacfwd_input(x: Any) -> Any:
     x = _as_input(x, "jacfwd")
     if get_aval(x).dtype.kind != "f":
@@ -2661,20 +2731,61 @@ def vjp(f: Callable, *primals: Any) -> tuple[Any, Callable]:
     return tree_unflatten(out_tree, primals_out), f_vjp
 
 
-def grad(f: Callable) -> Callable:
-    """The gradient of a scalar-output ``f`` with respect to its first argument."""
+def value_and_grad(f: Callable, argnums=0, has_aux=False) -> Callable:
+    """``f``'s value and its gradient with respect to the argument(s) ``argnums``."""
 
-    def gradient(x: Any, *rest: Any) -> Any:
+    def value_and_gradient(*args: Any) -> tuple[Any, Any]:
+        f_x, x = _fix_other_args(f, args, argnums, has_aux)  # f_x(x) -> (y, aux)
         _check_float_inputs(x)
-        y, f_vjp = vjp(lambda x: f(x, *rest), x)
+        y, aux, f_vjp = _vjp_with_aux(f_x, x)
         _check_scalar_float_output(y)
         (x_bar,) = f_vjp(np.ones((), get_aval(y).dtype))
-        return x_bar
+        return ((y, aux) if has_aux else y), x_bar
+
+    return value_and_gradient
+
+
+def grad(f: Callable, argnums=0, has_aux=False) -> Callable:
+    """The gradient of a scalar-output ``f`` with respect to argument(s) ``argnums``."""
+
+    def gradient(*args: Any) -> Any:
+        value, x_bar = value_and_grad(f, argnums, has_aux)(*args)
+        return (x_bar, value[1]) if has_aux else x_bar
 
     return gradient
 
 
-# @title Checks: cotangents match the outputs; grad's input and output types
+# @title Checks: cotangents match the outputs; grad's input and output types; argnums and has_aux
+def _fix_other_args(f: Callable, args: tuple, argnums: Any, has_aux: bool):
+    """``f`` as a function of the chosen argument (or tuple of them) only,
+    returning ``(value, aux)``; ``aux`` is None without ``has_aux``."""
+    nums = _check_argnums(argnums, len(args), "grad")
+
+    def f_x(x: Any) -> tuple[Any, Any]:
+        new_args = list(args)
+        for i, xi in zip(nums, x if isinstance(argnums, tuple) else (x,)):
+            new_args[i] = xi
+        out = f(*new_args)
+        if not has_aux:
+            return out, None
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            raise TypeError(
+                "grad: with has_aux=True, f must return a pair (value, aux), "
+                f"got {type(out).__name__}"
+            )
+        return tuple(out)
+
+    chosen = tuple(args[i] for i in nums)
+    return f_x, chosen if isinstance(argnums, tuple) else chosen[0]
+
+
+def _vjp_with_aux(f_x: Callable, x: Any):
+    """``vjp`` of ``f_x(x) -> (y, aux)``, with the pullback of ``y`` only."""
+    (y, aux), f_vjp = vjp(f_x, x)
+    zeros = tree_map(lambda a: np.zeros(get_aval(a).shape, get_aval(a).dtype), aux)
+    return y, aux, lambda ct: f_vjp((ct, zeros))
+
+
 def _flatten_and_check_cotangents(
     cotangents: tuple, out_tree: PyTreeDef, out_avals: list[ShapedArray]
 ) -> list[Any]:
@@ -2722,6 +2833,25 @@ def _check_scalar_float_output(y: Any) -> None:
             f"grad: f must return a float scalar (shape ()), got {what}; "
             "use vjp or jacfwd for other outputs"
         )
+
+
+def jacrev(f: Callable, argnums: int | tuple[int, ...] = 0) -> Callable:
+    """``jacrev(f)(x)``: the Jacobian at ``x``, one VJP per output element."""
+    return lambda *args: jacobian_per_leaf(jacrev_at, f, args, argnums, "jacrev")
+
+
+def jacrev_at(f: Callable, x: Any) -> Any:
+    _check_float_inputs(x)
+    y, f_vjp = vjp(f, x)
+    aval = get_aval(y)
+    row = lambda ct: f_vjp(ct)[0]
+    for _ in range(aval.ndim):
+        row = vmap(row, 0)
+    return row(np.eye(aval.size, dtype=aval.dtype).reshape(aval.shape * 2))
+
+
+def hessian(f: Callable, argnums: int | tuple[int, ...] = 0) -> Callable:
+    return jacfwd(jacrev(f, argnums), argnums)
 
 
 # ==== chapter: part5_cond ====
@@ -3354,6 +3484,30 @@ def _div_transpose(cts, x, y):
     if _is_undef(y):
         raise TypeError("div: transposing a division by a linear value")
     return [div(ct, y), None]
+
+
+stop_gradient_p = Primitive("stop_gradient")
+
+
+def stop_gradient(x: Any) -> Any:
+    """``x`` (any pytree), treated as a constant by differentiation."""
+    return tree_map(lambda leaf: bind(stop_gradient_p, leaf), x)
+
+
+@stop_gradient_p.def_rule("jvp")
+def _stop_gradient_jvp(primals, tangents):
+    (x,) = primals
+    return [stop_gradient(x)], [zeros_like(x)]
+
+
+# @title The other rules of stop_gradient: the identity's
+_impl_from_numpy(stop_gradient_p, np.asarray)
+_unary_abstract_eval(stop_gradient_p, "biuf", "a numeric")
+_unary_vmap(stop_gradient_p)
+_lower_with(stop_gradient_p, lambda x: x)
+# No transpose rule: its JVP is zero, so stop_gradient never appears in a
+# linear jaxpr, and the table lists it with the non-linear primitives.
+NOT_LINEAR = NOT_LINEAR | {"stop_gradient"}
 
 
 def integer_pow(x: ArrayLike, y: int) -> ArrayLike:

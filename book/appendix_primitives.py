@@ -478,6 +478,41 @@ print("JAX: ", [float(g) for g in theirs])
 tie = grad(lambda xy: maximum(*xy))((2.0, 2.0))
 print("slopes of max at a tie:", [float(s) for s in tie])
 
+# %% [markdown]
+# ## `stop_gradient`
+#
+# `stop_gradient(x)` is `x` when evaluated, but differentiation treats it as a
+# constant: its JVP rule returns a zero tangent. Every other rule is the
+# identity's, one line each in the folded cell.
+
+# %% tags=["export"]
+stop_gradient_p = Primitive("stop_gradient")
+
+
+def stop_gradient(x: Any) -> Any:
+    """``x`` (any pytree), treated as a constant by differentiation."""
+    return tree_map(lambda leaf: bind(stop_gradient_p, leaf), x)
+
+
+@stop_gradient_p.def_rule("jvp")
+def _stop_gradient_jvp(primals, tangents):
+    (x,) = primals
+    return [stop_gradient(x)], [zeros_like(x)]
+
+
+# %% tags=["export", "hide-input"]
+# @title The other rules of stop_gradient: the identity's
+_impl_from_numpy(stop_gradient_p, np.asarray)
+_unary_abstract_eval(stop_gradient_p, "biuf", "a numeric")
+_unary_vmap(stop_gradient_p)
+_lower_with(stop_gradient_p, lambda x: x)
+# No transpose rule: its JVP is zero, so stop_gradient never appears in a
+# linear jaxpr, and the table lists it with the non-linear primitives.
+NOT_LINEAR = NOT_LINEAR | {"stop_gradient"}
+
+# %%
+print(grad(lambda x: x * stop_gradient(x))(3.0))  # 3.0, not 6.0
+
 
 # %% [markdown]
 # ## Integer powers

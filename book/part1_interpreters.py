@@ -1294,6 +1294,27 @@ def _check_leaf_count(treedef: PyTreeDef, leaves: Sequence[Any]) -> list[Any]:
     return leaves
 
 
+# %% tags=["export", "hide-input"]
+# @title Tree utilities: tree_leaves, tree_structure, tree_map
+def tree_leaves(tree: Any) -> list[Any]:
+    return tree_flatten(tree)[0]
+
+
+def tree_structure(tree: Any) -> PyTreeDef:
+    return tree_flatten(tree)[1]
+
+
+def tree_map(f: Callable, tree: Any, *rest: Any) -> Any:
+    """``f`` applied leaf by leaf; ``rest`` are trees of the same structure."""
+    leaves, treedef = tree_flatten(tree)
+    others = [tree_flatten(r) for r in rest]
+    for _, other_def in others:
+        if other_def != treedef:
+            raise ValueError(f"tree_map: structures differ, {treedef} and {other_def}")
+    columns = zip(leaves, *(other for other, _ in others))
+    return tree_unflatten(treedef, [f(*xs) for xs in columns])
+
+
 # %%
 leaves, treedef = tree_flatten((1.0, {"w": np.ones(2), "b": 0.0}, [None, 2.0]))
 print(leaves)
@@ -1791,12 +1812,18 @@ print(out.shape, np.array_equal(out, np.transpose(mats, (2, 0, 1))))
 # `jvp`. For an input of any shape, we batch once per input axis over an identity
 # tensor, then move the input axes behind the output axes, the layout JAX uses.
 # Everything inside uses our primitives, so `jacfwd` can itself be transformed;
-# `jacfwd` of `jacfwd` is the Hessian.
+# `jacfwd` of `jacfwd` is the Hessian. As in JAX, `jacfwd(f)` returns a function;
+# a folded cell picks the arguments named by `argnums` and handles pytrees one
+# leaf at a time.
 
 
 # %% tags=["export"]
-def jacfwd(f: Callable, x: Any) -> Any:
-    """The Jacobian of ``f`` at ``x``, of shape ``f(x).shape + x.shape``."""
+def jacfwd(f: Callable, argnums: int | tuple[int, ...] = 0) -> Callable:
+    """``jacfwd(f)(x)``: the Jacobian at ``x``, shape ``f(x).shape + x.shape``."""
+    return lambda *args: jacobian_per_leaf(jacfwd_at, f, args, argnums, "jacfwd")
+
+
+def jacfwd_at(f: Callable, x: Any) -> Any:
     x = _check_jacfwd_input(x)
     aval = get_aval(x)
 
@@ -1813,7 +1840,53 @@ def jacfwd(f: Callable, x: Any) -> Any:
 
 
 # %% tags=["export", "hide-input"]
-# @title Checks: jacfwd takes a float array and f returns one array
+# @title Checks and pytrees: argnums, one Jacobian per input and output leaf
+def _check_argnums(argnums: Any, nargs: int, name: str) -> tuple[int, ...]:
+    nums = argnums if isinstance(argnums, tuple) else (argnums,)
+    if not nums or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in nums
+    ):
+        raise TypeError(
+            f"{name}: argnums must be an int or a non-empty tuple of ints, "
+            f"got {argnums!r}"
+        )
+    for i in nums:
+        if not -nargs <= i < nargs:
+            raise ValueError(
+                f"{name}: argnums {i} is out of range for a call with "
+                f"{nargs} positional argument(s)"
+            )
+    return tuple(i % nargs for i in nums)
+
+
+def jacobian_per_leaf(jac_at, f, args, argnums, name):
+    """JAX's pytree layout from a one-array Jacobian ``jac_at(g, x)``: the
+    output's structure, each leaf holding the chosen arguments' structure."""
+    nums = _check_argnums(argnums, len(args), name)
+    out_leaves, out_tree = tree_flatten(f(*args))
+
+    def jac_of(k, i, j):
+        def g(leaf):
+            arg_leaves, arg_tree = tree_flatten(args[i])
+            arg_leaves[j] = leaf
+            new_args = list(args)
+            new_args[i] = tree_unflatten(arg_tree, arg_leaves)
+            return _single_output(tree_flatten(f(*new_args))[0][k])
+
+        return jac_at(g, tree_flatten(args[i])[0][j])
+
+    def per_output(k):
+        jacs = []
+        for i in nums:
+            leaves, tree = tree_flatten(args[i])
+            jacs.append(
+                tree_unflatten(tree, [jac_of(k, i, j) for j in range(len(leaves))])
+            )
+        return tuple(jacs) if isinstance(argnums, tuple) else jacs[0]
+
+    return tree_unflatten(out_tree, [per_output(k) for k in range(len(out_leaves))])
+
+
 def _check_jacfwd_input(x: Any) -> Any:
     x = _as_input(x, "jacfwd")
     if get_aval(x).dtype.kind != "f":
@@ -1835,11 +1908,11 @@ def g(x):
 
 
 x0 = np.array([0.5, 1.0, 2.0])
-print(jacfwd(g, x0))
+print(jacfwd(g)(x0))
 print(np.diag(np.cos(x0) * x0 + np.sin(x0)))
 
 energy = lambda x: reduce_sum(sin(x) * x)
-hessian = jacfwd(lambda x: jacfwd(energy, x), x0)
+hessian = jacfwd(jacfwd(energy))(x0)
 print(np.allclose(hessian, np.diag(2 * np.cos(x0) - x0 * np.sin(x0))))
 
 # %% [markdown]
@@ -1967,10 +2040,6 @@ show_error(lambda: 1 if leaked[0] else 0)
 # - JAX's `jax.vmap` supports `in_axes` given as a pytree prefix, as ours does,
 #   as well as `out_axes` trees, named axes and `spmd_axis_name`; see the
 #   [`vmap` docs](https://docs.jax.dev/en/latest/_autosummary/jax.vmap.html).
-# - Our `jacfwd(f, x)` takes the function and the point together; JAX's
-#   [`jax.jacfwd(f)`](https://docs.jax.dev/en/latest/_autosummary/jax.jacfwd.html)
-#   returns a function, to be called as `jax.jacfwd(f)(x)`, and takes `argnums`
-#   to choose which arguments to differentiate.
 # - JAX no longer keeps a stack of numbered levels (the JAX installed here,
 #   0.10.2, is "stackless"): the trace of the running transformation is held in a
 #   context (`trace_ctx` in `jax._src.core`) and handles every operation, treating
@@ -2042,7 +2111,7 @@ print(np.allclose(vmap(exp, (0,))(x0), np.exp(x0)))
 # %% tags=["hide-input"]
 # @title Solution 2: gradient and Hessian from jacfwd
 def gradient(fun):
-    return lambda x: jacfwd(fun, x)
+    return jacfwd(fun)
 
 
 def hvp(fun, x, v):
@@ -2052,7 +2121,7 @@ def hvp(fun, x, v):
 h = lambda x: reduce_sum(sin(x) * x)
 x0 = np.array([0.3, 1.1, -2.0])
 v0 = np.array([1.0, -1.0, 0.5])
-full = jacfwd(gradient(h), x0)
+full = jacfwd(gradient(h))(x0)
 print(np.allclose(hvp(h, x0, v0), full @ v0))
 
 
@@ -2076,7 +2145,7 @@ targets = np.array([1.0, 0.0, -1.0, 2.0])
 
 
 def example_grad(x, y):
-    return jacfwd(lambda w: example_loss(w, x, y), w0)
+    return jacfwd(example_loss)(w0, x, y)
 
 
 per_example = vmap(example_grad, (0, 0))(inputs, targets)

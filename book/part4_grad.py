@@ -961,21 +961,62 @@ def vjp(f: Callable, *primals: Any) -> tuple[Any, Callable]:
     return tree_unflatten(out_tree, primals_out), f_vjp
 
 
-def grad(f: Callable) -> Callable:
-    """The gradient of a scalar-output ``f`` with respect to its first argument."""
+def value_and_grad(f: Callable, argnums=0, has_aux=False) -> Callable:
+    """``f``'s value and its gradient with respect to the argument(s) ``argnums``."""
 
-    def gradient(x: Any, *rest: Any) -> Any:
+    def value_and_gradient(*args: Any) -> tuple[Any, Any]:
+        f_x, x = _fix_other_args(f, args, argnums, has_aux)  # f_x(x) -> (y, aux)
         _check_float_inputs(x)
-        y, f_vjp = vjp(lambda x: f(x, *rest), x)
+        y, aux, f_vjp = _vjp_with_aux(f_x, x)
         _check_scalar_float_output(y)
         (x_bar,) = f_vjp(np.ones((), get_aval(y).dtype))
-        return x_bar
+        return ((y, aux) if has_aux else y), x_bar
+
+    return value_and_gradient
+
+
+def grad(f: Callable, argnums=0, has_aux=False) -> Callable:
+    """The gradient of a scalar-output ``f`` with respect to argument(s) ``argnums``."""
+
+    def gradient(*args: Any) -> Any:
+        value, x_bar = value_and_grad(f, argnums, has_aux)(*args)
+        return (x_bar, value[1]) if has_aux else x_bar
 
     return gradient
 
 
 # %% tags=["export", "hide-input"]
-# @title Checks: cotangents match the outputs; grad's input and output types
+# @title Checks: cotangents match the outputs; grad's input and output types; argnums and has_aux
+def _fix_other_args(f: Callable, args: tuple, argnums: Any, has_aux: bool):
+    """``f`` as a function of the chosen argument (or tuple of them) only,
+    returning ``(value, aux)``; ``aux`` is None without ``has_aux``."""
+    nums = _check_argnums(argnums, len(args), "grad")
+
+    def f_x(x: Any) -> tuple[Any, Any]:
+        new_args = list(args)
+        for i, xi in zip(nums, x if isinstance(argnums, tuple) else (x,)):
+            new_args[i] = xi
+        out = f(*new_args)
+        if not has_aux:
+            return out, None
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            raise TypeError(
+                "grad: with has_aux=True, f must return a pair (value, aux), "
+                f"got {type(out).__name__}"
+            )
+        return tuple(out)
+
+    chosen = tuple(args[i] for i in nums)
+    return f_x, chosen if isinstance(argnums, tuple) else chosen[0]
+
+
+def _vjp_with_aux(f_x: Callable, x: Any):
+    """``vjp`` of ``f_x(x) -> (y, aux)``, with the pullback of ``y`` only."""
+    (y, aux), f_vjp = vjp(f_x, x)
+    zeros = tree_map(lambda a: np.zeros(get_aval(a).shape, get_aval(a).dtype), aux)
+    return y, aux, lambda ct: f_vjp((ct, zeros))
+
+
 def _flatten_and_check_cotangents(
     cotangents: tuple, out_tree: PyTreeDef, out_avals: list[ShapedArray]
 ) -> list[Any]:
@@ -1041,6 +1082,40 @@ print(grad(loss)(w), np.cos(w) * w + np.sin(w))
 
 
 # %% [markdown]
+# Reverse mode gives the Jacobian a row at a time: the VJP with the basis vector
+# $e_i$ is row $i$. Batching those VJPs with `vmap` over the rows of an identity
+# gives `jacrev`, the mirror image of Part 1's `jacfwd`, which builds it a column
+# at a time. It wins when a function has fewer outputs than inputs. Composing the
+# two gives the Hessian: forward over reverse.
+
+
+# %% tags=["export"]
+def jacrev(f: Callable, argnums: int | tuple[int, ...] = 0) -> Callable:
+    """``jacrev(f)(x)``: the Jacobian at ``x``, one VJP per output element."""
+    return lambda *args: jacobian_per_leaf(jacrev_at, f, args, argnums, "jacrev")
+
+
+def jacrev_at(f: Callable, x: Any) -> Any:
+    _check_float_inputs(x)
+    y, f_vjp = vjp(f, x)
+    aval = get_aval(y)
+    row = lambda ct: f_vjp(ct)[0]
+    for _ in range(aval.ndim):
+        row = vmap(row, 0)
+    return row(np.eye(aval.size, dtype=aval.dtype).reshape(aval.shape * 2))
+
+
+def hessian(f: Callable, argnums: int | tuple[int, ...] = 0) -> Callable:
+    return jacfwd(jacrev(f, argnums), argnums)
+
+
+# %%
+x0 = np.array([0.3, 1.1, -2.0])
+print(np.allclose(jacrev(lambda x: sin(x) * x)(x0), jacfwd(lambda x: sin(x) * x)(x0)))
+print(hessian(loss)(x0), 2 * np.cos(x0) - x0 * np.sin(x0))
+
+
+# %% [markdown]
 # And `vjp` of a function with several inputs and outputs, checked against the
 # Jacobian from `jacfwd`:
 
@@ -1054,7 +1129,7 @@ x0, y0 = np.array([0.3, 0.7]), np.array([2.0, -1.0])
 out, f_vjp = vjp(two_out, x0, y0)
 ct = {"s": np.array([1.0, 0.0]), "t": np.float64(1.0)}
 x_bar, y_bar = f_vjp(ct)
-J_s = jacfwd(lambda x: sin(x) * y0, x0)
+J_s = jacfwd(lambda x: sin(x) * y0)(x0)
 print(x_bar, ct["s"] @ J_s + y0)
 print(y_bar, np.sin(x0) * ct["s"] + x0)
 
@@ -1084,7 +1159,7 @@ second = {
     "jit(grad(jit(grad)))": jit(grad(jit(grad(g))))(x),
     "jvp(grad)": jvp(grad(g), (x,), (1.0,))[1],
     "grad(jvp)": grad(lambda x: jvp(g, (x,), (1.0,))[1])(x),
-    "jacfwd(grad)": jacfwd(grad(g), x),
+    "jacfwd(grad)": jacfwd(grad(g))(x),
     "vmap(grad(grad))": vmap(grad(grad(g)), (0,))(np.array([x, x]))[0],
 }
 for name, value in first.items():
@@ -1124,8 +1199,8 @@ for name, value in second.items():
 #   to trade residual memory for recomputation, and policies
 #   (`jax.checkpoint_policies`) for which residuals to save. See
 #   [the autodiff cookbook](https://docs.jax.dev/en/latest/notebooks/autodiff_cookbook.html).
-# - JAX's `grad` takes `argnums`, `has_aux` and more; ours differentiates the
-#   first argument (which may be a pytree).
+# - JAX's `grad` also takes `holomorphic` and `allow_int`, and its `vjp` takes
+#   `has_aux`; ours has `argnums` and `has_aux` on `grad` and `value_and_grad` only.
 #
 # ## Summary
 #
@@ -1147,7 +1222,7 @@ for name, value in second.items():
 #
 # **1. Reverse over forward.** A Hessian-vector product can be computed as the
 # gradient of a directional derivative. Write `hvp(f, x, v)` with `grad` and `jvp`
-# and check it against `jacfwd(grad(f), x) @ v`.
+# and check it against `jacfwd(grad(f))(x) @ v`.
 
 
 # %% tags=["hide-input"]
@@ -1159,7 +1234,7 @@ def hvp(fun, x, v):
 h = lambda x: reduce_sum(sin(x) * x)
 x0 = np.array([0.3, 1.1, -2.0])
 v0 = np.array([1.0, -1.0, 0.5])
-print(np.allclose(hvp(h, x0, v0), jacfwd(grad(h), x0) @ v0))
+print(np.allclose(hvp(h, x0, v0), hessian(h)(x0) @ v0))
 
 
 # %% [markdown]

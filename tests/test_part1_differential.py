@@ -504,7 +504,7 @@ def test_jacfwd(seed):
     prog, rng, inputs = setup(seed)
     at = int(rng.integers(len(inputs)))
     g, g_jax = main_output_fns(prog, at, inputs)
-    ours = ad.jacfwd(g, inputs[at])
+    ours = ad.jacfwd(g)(inputs[at])
     assert np.shape(ours) == prog.out_shapes[0] + prog.in_shapes[at]
     assert_matches(ours, jax.jit(jax.jacfwd(g_jax))(inputs[at]))
 
@@ -594,7 +594,7 @@ def test_hessian(seed):
     at = smallest_input(prog)
     g, g_jax = main_output_fns(prog, at, inputs)
     x = inputs[at]
-    ours = ad.jacfwd(lambda x: ad.jacfwd(lambda y: ad.reduce_sum(g(y)), x), x)
+    ours = ad.jacfwd(ad.jacfwd(lambda y: ad.reduce_sum(g(y))))(x)
     assert np.shape(ours) == 2 * prog.in_shapes[at]
     theirs = jax.jit(jax.jacfwd(jax.jacfwd(lambda y: jnp.sum(g_jax(y)))))(x)
     assert_matches(ours, theirs)
@@ -608,7 +608,7 @@ def test_vmap_of_jacfwd(seed):
     g, g_jax = main_output_fns(prog, at, inputs)
     (axis,), (shape,) = batch_axes(rng, [prog.in_shapes[at]], 2)
     (xs,) = random_arrays(rng, [shape])
-    ours = ad.vmap(lambda x: ad.jacfwd(g, x), axis)(xs)
+    ours = ad.vmap(ad.jacfwd(g), axis)(xs)
     assert_matches(ours, jax.jit(jax.vmap(jax.jacfwd(g_jax), axis))(xs))
 
 
@@ -632,7 +632,7 @@ def test_spec_example_value_and_derivative():
     np.testing.assert_allclose(primal, -2.0 * np.sin(3.0) + 3.0, rtol=TOL)
     np.testing.assert_allclose(tangent, -2.0 * np.cos(3.0) + 1.0, rtol=TOL)
     assert_matches((primal, tangent), jax.jvp(f_jax, (3.0,), (1.0,)))
-    np.testing.assert_allclose(ad.jacfwd(f, 3.0), jax.grad(f_jax)(3.0), rtol=TOL)
+    np.testing.assert_allclose(ad.jacfwd(f)(3.0), jax.grad(f_jax)(3.0), rtol=TOL)
 
 
 def test_derivative_of_sin_is_cos():
@@ -847,7 +847,7 @@ def test_user_defined_primitive():
     assert_matches(ad.jvp(f, (x,), (v,)), jax.jvp(f_jax, (x,), (v,)))
     assert_matches(ad.vmap(f, 1)(x), jax.vmap(f_jax, 1)(x))
     assert_matches(ad.jacfwd(f, x), jax.jacfwd(f_jax)(x))
-    hessian = ad.jacfwd(lambda y: ad.jacfwd(f, y), x[0])
+    hessian = ad.jacfwd(ad.jacfwd(f))(x[0])
     assert_matches(hessian, jax.hessian(f_jax)(x[0]))
 
 

@@ -573,7 +573,7 @@ def test_make_jaxpr_of_jacfwd():
         return jnp.sin(x) * jnp.sum(jnp.cos(x) * x) + 0.5 * x
 
     x = np.array([0.3, -1.0, 2.0])
-    jaxpr, consts, _ = ad.make_jaxpr(lambda x: ad.jacfwd(f, x), VEC3)
+    jaxpr, consts, _ = ad.make_jaxpr(ad.jacfwd(f), VEC3)
     assert ad.typecheck_jaxpr(jaxpr).out_types == [ad.ShapedArray((3, 3), F64)]
     assert_matches(ad.eval_jaxpr(jaxpr, [*consts, x])[0], jax.jacfwd(f_jax)(x))
 

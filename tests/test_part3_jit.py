@@ -279,7 +279,7 @@ def test_jacfwd_of_jit(seed):
     prog, rng, inputs = setup(seed)
     at = int(rng.integers(len(inputs)))
     g, g_jax = main_output_fns(prog, at, inputs)
-    ours = ad.jacfwd(ad.jit(g), inputs[at])
+    ours = ad.jacfwd(ad.jit(g))(inputs[at])
     assert np.shape(ours) == prog.out_shapes[0] + prog.in_shapes[at]
     theirs = jax.jit(jax.jacfwd(jax.jit(g_jax)))(inputs[at])
     assert_matches(host(ours, arrays=False), theirs)
@@ -307,7 +307,7 @@ def test_second_derivatives_through_jit(seed):
     at = int(np.argmin([np.size(x) for x in inputs]))
     h, h_jax = main_output_fns(prog, at, inputs)
     x = inputs[at]
-    ours = ad.jit(lambda y: ad.jacfwd(ad.jit(lambda z: ad.jacfwd(h, z)), y))(x)
+    ours = ad.jit(ad.jacfwd(ad.jit(ad.jacfwd(h))))(x)
     theirs = jax.jit(jax.jacfwd(jax.jit(jax.jacfwd(h_jax))))(x)
     assert_matches(host(ours), theirs)
 
@@ -828,7 +828,7 @@ def test_arrays_in_eager_transformations():
     assert_matches(host(ours, arrays=False), theirs)
     np.testing.assert_allclose(ad.vmap(lambda v: v * 2.0)(x), xv * 2.0, rtol=TOL)
     np.testing.assert_allclose(
-        ad.jacfwd(ad.jit(lambda v: ad.sin(v)), x), np.diag(np.cos(xv)), rtol=TOL
+        ad.jacfwd(ad.jit(lambda v: ad.sin(v)))(x), np.diag(np.cos(xv)), rtol=TOL
     )
 
 

@@ -367,7 +367,7 @@ def test_second_derivatives_along_a_line(seed):
     assert_matches(np_tree((primal, tangent)), (d1, d2))
     grad_of_jvp = ad.grad(lambda s: ad.jvp(g, (s,), (1.0,))[1])(s)
     assert_matches(np_tree(grad_of_jvp), d2)
-    assert_matches(np_tree(ad.jacfwd(ad.grad(g), s)), d2)
+    assert_matches(np_tree(ad.jacfwd(ad.grad(g))(s)), d2)
     assert_matches(np_tree(ad.vmap(ad.grad(g))(ss)), d1s)
     assert_matches(np_tree(ad.vmap(ad.grad(ad.grad(g)))(ss)), d2s)
 
@@ -475,7 +475,7 @@ def test_compositionality_stress_test():
         ad.jvp(ad.jit(ad.grad(g)), (x,), (1.0,))[1],
         ad.grad(lambda x: ad.jvp(g, (x,), (1.0,))[1])(x),
         ad.grad(lambda x: ad.jvp(ad.jit(g), (x,), (1.0,))[1])(x),
-        ad.jacfwd(ad.grad(g), x),
+        ad.jacfwd(ad.grad(g))(x),
         ad.vmap(ad.grad(ad.grad(g)), (0,))(np.array([x, x]))[0],
         ad.linearize(ad.grad(g), x)[1](1.0),
         ad.vjp(ad.grad(ad.jit(g)), x)[1](1.0)[0],

@@ -640,7 +640,7 @@ def test_jacfwd(seed, pred):
     def first_output(fn):
         return lambda x: fn(pred, x, *xs[1:])[0]
 
-    check(ad.jacfwd(first_output(f), xs[0]), jax.jacfwd(first_output(f_jax))(xs[0]))
+    check(ad.jacfwd(first_output(f))(xs[0]), jax.jacfwd(first_output(f_jax))(xs[0]))
 
 
 # ---------------------------------------------------------------------------
@@ -1380,7 +1380,7 @@ def test_chapter_example_everywhere():
     check(ad.vmap(ad.grad(f))(xs), g1)
     check(ad.vmap(ad.grad(ad.grad(f)))(xs), g2)
     check(ad.jit(ad.vmap(ad.grad(f)))(xs), g1)
-    check(ad.jacfwd(ad.vmap(f), xs), jac)
+    check(ad.jacfwd(ad.vmap(f))(xs), jac)
     check(ad.grad(lambda xs: ad.reduce_sum(ad.vmap(f)(xs)))(xs), g1)
 
 
