@@ -4151,6 +4151,168 @@ def numpy_ones_like(x: ArrayLike) -> np.ndarray:
     return np.ones(aval.shape, aval.dtype)
 
 
+# @title More of autodidax.numpy, from the primitives we have (no sqrt: see exercise 2)
+@numpy_function
+def numpy_square(x: ArrayLike) -> ArrayLike:
+    return integer_pow(x, 2)
+
+
+def _sign(x: ArrayLike) -> ArrayLike:
+    """-1, 0 or 1 with x's dtype; a constant to differentiation (comparisons)."""
+    dtype = get_aval(x).dtype
+    one = lambda b: convert_element_type(b, dtype)  # noqa: E731
+    return sub(one(greater(x, zeros_like(x))), one(less(x, zeros_like(x))))
+
+
+@numpy_function
+def numpy_sign(x: ArrayLike) -> ArrayLike:
+    return _sign(_as_input(x, "sign"))
+
+
+@numpy_function
+def numpy_abs(x: ArrayLike) -> ArrayLike:
+    """|x|; its derivative at 0 is 1, as JAX's (and -0.0 becomes 0.0)."""
+    x = _as_input(x, "abs")
+    return select(less(x, zeros_like(x)), neg(x), add(x, zeros_like(x)))
+
+
+@numpy_function
+def numpy_round(x: ArrayLike, decimals: int = 0) -> ArrayLike:
+    """Round half to even, as NumPy and JAX; its derivative is zero."""
+    x = _as_input(x, "round")
+    if get_aval(x).dtype.kind != "f":
+        return x
+    scale = 10.0**decimals
+    y = mul(x, scale) if decimals else x
+    dtype = get_aval(y).dtype
+    whole = convert_element_type(convert_element_type(y, np.int64), dtype)
+    sign = _sign(y)
+    away = mul(sub(y, whole), sign)  # distance from whole, toward y
+    odd = _equal(numpy_abs(sub(whole, mul(_trunc_half(whole), 2.0))), 1.0)
+    up = _or(greater(away, 0.5), _and(_equal(away, 0.5), odd))
+    step = select(up, sign, zeros_like(sign))
+    out = stop_gradient(add(whole, step))
+    return div(out, scale) if decimals else out
+
+
+def _equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    x, y = _operands_alike("equal", x, y)
+    false = np.zeros(get_aval(x).shape, np.bool_)
+    return select(greater(x, y), false, select(less(x, y), false, ~false))
+
+
+def _and(p: ArrayLike, q: ArrayLike) -> ArrayLike:
+    return select(p, q, np.zeros(get_aval(q).shape, np.bool_))
+
+
+def _or(p: ArrayLike, q: ArrayLike) -> ArrayLike:
+    return select(p, np.ones(get_aval(q).shape, np.bool_), q)
+
+
+def _trunc_half(w: ArrayLike) -> ArrayLike:
+    """w / 2 rounded toward zero, for whole numbers w."""
+    dtype = get_aval(w).dtype
+    return convert_element_type(convert_element_type(div(w, 2.0), np.int64), dtype)
+
+
+@numpy_function
+def numpy_clip(x: ArrayLike, min: Any = None, max: Any = None) -> ArrayLike:
+    """``x`` limited to [min, max], as JAX: minimum(max, maximum(min, x))."""
+    if min is not None:
+        x = numpy_maximum(min, x)
+    if max is not None:
+        x = numpy_minimum(max, x)
+    return x
+
+
+@numpy_function
+def numpy_vdot(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """The dot product of ``x`` and ``y`` flattened (real arrays)."""
+    x, y = _as_input(x, "vdot"), _as_input(y, "vdot")
+    if get_aval(x).size != get_aval(y).size:
+        raise TypeError(
+            f"vdot: the arrays must have the same size, got "
+            f"{get_aval(x).str_short()} and {get_aval(y).str_short()}"
+        )
+    return reduce_sum(mul(*_operands_alike("vdot", reshape(x, -1), reshape(y, -1))))
+
+
+@numpy_function
+def numpy_arange(start, stop=None, step=None, dtype=None) -> np.ndarray:
+    """A constant, as NumPy's arange."""
+    return np.arange(start, stop, step, dtype)
+
+
+@numpy_function
+def numpy_eye(n: int, m: int | None = None, k: int = 0, dtype=np.float64):
+    """A constant identity (or shifted diagonal) matrix."""
+    return np.eye(n, m, k, dtype)
+
+
+@numpy_function
+def numpy_concatenate(arrays: Sequence[ArrayLike], axis: int = 0) -> ArrayLike:
+    """``arrays`` joined along ``axis``. Without a concatenation primitive,
+    each array is broadcast along a new axis and the entries that belong at
+    each output position are selected and summed (one nonzero each)."""
+    arrays = [_as_input(a, "concatenate") for a in arrays]
+    avals = [get_aval(a) for a in arrays]
+    _check_concatenate(avals, axis)
+    axis = axis % avals[0].ndim
+    total = sum(a.shape[axis] for a in avals)
+    out, offset = None, 0
+    for x, aval in zip(arrays, avals):
+        n = aval.shape[axis]
+        shape = (*aval.shape[:axis], total, *aval.shape[axis:])
+        wide = broadcast(x, shape, [axis])  # axis: output position; axis+1: x's
+        eq = np.arange(total)[:, None] == np.arange(n)[None, :] + offset
+        mask = np.broadcast_to(
+            eq.reshape(eq.shape + (1,) * (aval.ndim - axis - 1)), shape
+        )
+        part = reduce_sum(select(mask, wide, np.zeros(shape, aval.dtype)), axis + 1)
+        out = part if out is None else add(out, part)
+        offset += n
+    return out
+
+
+def _check_concatenate(avals: list[ShapedArray], axis: Any) -> None:
+    if not avals:
+        raise ValueError("concatenate: need at least one array")
+    first = avals[0]
+    if first.ndim == 0:
+        raise ValueError("concatenate: zero-dimensional arrays cannot be joined")
+    if not isinstance(axis, int) or not -first.ndim <= axis < first.ndim:
+        raise ValueError(
+            f"concatenate: axis {axis!r} is out of range for {first.str_short()}"
+        )
+    ax = axis % first.ndim
+    for aval in avals[1:]:
+        same = aval.ndim == first.ndim and all(
+            d == e for i, (d, e) in enumerate(zip(aval.shape, first.shape)) if i != ax
+        )
+        if not same or aval.dtype != first.dtype:
+            raise TypeError(
+                f"concatenate: arrays must have one dtype and equal sizes off axis "
+                f"{axis}, got {first.str_short()} and {aval.str_short()}"
+            )
+
+
+@numpy_function
+def numpy_stack(arrays: Sequence[ArrayLike], axis: int = 0) -> ArrayLike:
+    """``arrays`` (one shape) joined along a new axis."""
+    arrays = [_as_input(a, "stack") for a in arrays]
+    if not arrays:
+        raise ValueError("stack: need at least one array")
+    ndim = get_aval(arrays[0]).ndim
+    if not isinstance(axis, int) or not -ndim - 1 <= axis <= ndim:
+        raise ValueError(f"stack: axis {axis!r} is out of range for {ndim + 1} axes")
+    axis = axis % (ndim + 1)
+    expanded = []
+    for a in arrays:
+        shape = get_aval(a).shape
+        expanded.append(reshape(a, (*shape[:axis], 1, *shape[axis:])))
+    return numpy_concatenate(expanded, axis)
+
+
 def _contract_last_axis(name: str, x: Any, y: Any) -> Any:
     """x's last axis against y's only axis, or y's second-to-last."""
     i, j = check_aligned(name, get_aval(x), get_aval(y))
