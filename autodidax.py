@@ -2755,7 +2755,7 @@ def grad(f: Callable, argnums=0, has_aux=False) -> Callable:
     return gradient
 
 
-# @title Checks: cotangents match the outputs; grad's input and output types; argnums and has_aux
+# @title Checks: cotangents, grad's input and output types; argnums, has_aux
 def _fix_other_args(f: Callable, args: tuple, argnums: Any, has_aux: bool):
     """``f`` as a function of the chosen argument (or tuple of them) only,
     returning ``(value, aux)``; ``aux`` is None without ``has_aux``."""
@@ -2844,7 +2844,10 @@ def jacrev_at(f: Callable, x: Any) -> Any:
     _check_float_inputs(x)
     y, f_vjp = vjp(f, x)
     aval = get_aval(y)
-    row = lambda ct: f_vjp(ct)[0]
+
+    def row(ct):
+        return f_vjp(ct)[0]
+
     for _ in range(aval.ndim):
         row = vmap(row, 0)
     return row(np.eye(aval.size, dtype=aval.dtype).reshape(aval.shape * 2))

@@ -986,7 +986,7 @@ def grad(f: Callable, argnums=0, has_aux=False) -> Callable:
 
 
 # %% tags=["export", "hide-input"]
-# @title Checks: cotangents match the outputs; grad's input and output types; argnums and has_aux
+# @title Checks: cotangents, grad's input and output types; argnums, has_aux
 def _fix_other_args(f: Callable, args: tuple, argnums: Any, has_aux: bool):
     """``f`` as a function of the chosen argument (or tuple of them) only,
     returning ``(value, aux)``; ``aux`` is None without ``has_aux``."""
@@ -1099,7 +1099,10 @@ def jacrev_at(f: Callable, x: Any) -> Any:
     _check_float_inputs(x)
     y, f_vjp = vjp(f, x)
     aval = get_aval(y)
-    row = lambda ct: f_vjp(ct)[0]
+
+    def row(ct):
+        return f_vjp(ct)[0]
+
     for _ in range(aval.ndim):
         row = vmap(row, 0)
     return row(np.eye(aval.size, dtype=aval.dtype).reshape(aval.shape * 2))
@@ -1112,7 +1115,7 @@ def hessian(f: Callable, argnums: int | tuple[int, ...] = 0) -> Callable:
 # %%
 x0 = np.array([0.3, 1.1, -2.0])
 print(np.allclose(jacrev(lambda x: sin(x) * x)(x0), jacfwd(lambda x: sin(x) * x)(x0)))
-print(hessian(loss)(x0), 2 * np.cos(x0) - x0 * np.sin(x0))
+print(np.allclose(hessian(loss)(x0), np.diag(2 * np.cos(x0) - x0 * np.sin(x0))))
 
 
 # %% [markdown]

@@ -9,6 +9,7 @@ x64). The error tests at the end cover the new entry points (SPEC section 5).
 
 from __future__ import annotations
 
+import autodidax.numpy as anp
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +17,6 @@ import pytest
 from helpers import raises_clearly
 
 import autodidax as ad
-import autodidax.numpy as anp
 
 TOL = 1e-9
 
@@ -113,7 +113,9 @@ def prog_mlp_training(jax, jnp):
         return jnp.dot(x, w) + b
 
     def loss(params, x, y):
-        return jnp.mean((jnp.reshape(predict(params, x), (-1,)) - y) ** 2)  # no [:, 0] in ours
+        return jnp.mean(
+            (jnp.reshape(predict(params, x), (-1,)) - y) ** 2
+        )  # no [:, 0] in ours
 
     @jax.jit
     def step(params, x, y):
@@ -191,7 +193,9 @@ def prog_numpy_functions(jax, jnp):
         b = jnp.abs(x) + jnp.square(x)
         c = jnp.concatenate([a, b, jnp.round(x * 4.0) / 4.0])
         d = jnp.stack([a, b], axis=1)
-        return jnp.vdot(c, c) + jnp.sum(d * jnp.eye(3, 2)) + jnp.sum(jnp.arange(3.0) * x)
+        return (
+            jnp.vdot(c, c) + jnp.sum(d * jnp.eye(3, 2)) + jnp.sum(jnp.arange(3.0) * x)
+        )
 
     x = np.array([-1.3, 0.0, 0.4])
     return f(x), jax.grad(f)(x), jax.jacrev(jax.grad(f))(x)
@@ -215,7 +219,11 @@ def prog_higher_derivatives(jax, jnp):
 
 def prog_jacrev_of_jit_and_scalar_input(jax, jnp):
     f = jax.jit(lambda t: jnp.sin(t * D["v"]) * t)
-    return jax.jacrev(f)(0.7), jax.jacfwd(f)(0.7), jax.hessian(lambda t: jnp.sum(f(t)))(0.7)
+    return (
+        jax.jacrev(f)(0.7),
+        jax.jacfwd(f)(0.7),
+        jax.hessian(lambda t: jnp.sum(f(t)))(0.7),
+    )
 
 
 PROGRAMS = {
@@ -256,9 +264,10 @@ def test_tree_utilities_match_jax() -> None:
     for a, b in zip(ad.tree_leaves(ours), jax.tree_util.tree_leaves(theirs)):
         np.testing.assert_array_equal(a, b)
     assert ad.tree_structure(ours) == ad.tree_structure(tree)
-    assert ad.tree_structure(tree).num_leaves == jax.tree_util.tree_structure(
-        tree
-    ).num_leaves
+    assert (
+        ad.tree_structure(tree).num_leaves
+        == jax.tree_util.tree_structure(tree).num_leaves
+    )
     assert str(ad.tree_structure((1.0, [2.0]))) == "(*, [*])"
 
 
@@ -309,13 +318,16 @@ def test_argnums_out_of_range(entry) -> None:
 )
 @pytest.mark.parametrize("argnums", [1.0, "0", (0, "1"), (), True, [0]])
 def test_argnums_not_ints(entry, argnums) -> None:
-    with raises_clearly(TypeError, r"argnums must be an int or a non-empty tuple", usable):
+    with raises_clearly(
+        TypeError, r"argnums must be an int or a non-empty tuple", usable
+    ):
         entry(total, argnums=argnums)(VEC, 2.0)
 
 
 @pytest.mark.parametrize("entry", [ad.grad, ad.value_and_grad])
 @pytest.mark.parametrize(
-    "out", [lambda x: ad.reduce_sum(x), lambda x: (ad.reduce_sum(x),), lambda x: [1, 2, 3]],
+    "out",
+    [lambda x: ad.reduce_sum(x), lambda x: (ad.reduce_sum(x),), lambda x: [1, 2, 3]],
     ids=["scalar", "1-tuple", "3-list"],
 )
 def test_has_aux_without_a_pair(entry, out) -> None:
