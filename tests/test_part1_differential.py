@@ -763,7 +763,7 @@ def test_python_scalars_broadcast_in_every_interpreter():
     v = np.ones_like(x)
     assert_matches(ad.jvp(f, (x,), (v,)), jax.jvp(f, (x,), (v,)))
     assert_matches(ad.vmap(f, 1)(x), jax.vmap(f, 1)(x))
-    assert_matches(ad.jacfwd(lambda x: f(x)[4], x), jax.jacfwd(lambda x: f(x)[4])(x))
+    assert_matches(ad.jacfwd(lambda x: f(x)[4])(x), jax.jacfwd(lambda x: f(x)[4])(x))
     x32, v32 = x.astype(np.float32), v.astype(np.float32)  # numbers keep float32
     assert_matches(ad.jvp(f, (x32,), (v32,)), jax.jvp(f, (x32,), (v32,)))
     assert_matches(ad.vmap(f)(x32), jax.vmap(f)(x32))
@@ -813,8 +813,8 @@ def test_outputs_that_are_inputs_or_constants():
         ours = ad.vmap(f, in_axes, -1)(*args)
         assert_matches(ours, jax.vmap(f, in_axes, -1)(*args))
     identity, constant = (lambda v: v), (lambda v: np.ones((2, 3)))
-    assert_matches(ad.jacfwd(identity, x), jax.jacfwd(identity)(x))
-    assert_matches(ad.jacfwd(constant, x), jax.jacfwd(constant)(x))
+    assert_matches(ad.jacfwd(identity)(x), jax.jacfwd(identity)(x))
+    assert_matches(ad.jacfwd(constant)(x), jax.jacfwd(constant)(x))
 
 
 square_p = ad.Primitive("test_square")
@@ -846,7 +846,7 @@ def test_user_defined_primitive():
     assert_matches(f(x), f_jax(x))
     assert_matches(ad.jvp(f, (x,), (v,)), jax.jvp(f_jax, (x,), (v,)))
     assert_matches(ad.vmap(f, 1)(x), jax.vmap(f_jax, 1)(x))
-    assert_matches(ad.jacfwd(f, x), jax.jacfwd(f_jax)(x))
+    assert_matches(ad.jacfwd(f)(x), jax.jacfwd(f_jax)(x))
     hessian = ad.jacfwd(ad.jacfwd(f))(x[0])
     assert_matches(hessian, jax.hessian(f_jax)(x[0]))
 
