@@ -1165,9 +1165,9 @@ def _check_batch_axes(args: list, axes: list[BatchAxis]) -> list[BatchAxis]:
     return checked
 
 
-def jacfwd(f: Callable, argnums: int | tuple[int, ...] = 0) -> Callable:
-    """``jacfwd(f)(x)``: the Jacobian at ``x``, shape ``f(x).shape + x.shape``."""
-    return lambda *args: jacobian_per_leaf(jacfwd_at, f, args, argnums, "jacfwd")
+def jacfwd(f: Callable, argnums=0) -> Callable:
+    """Curried: ``jacfwd(f)(x)`` has shape ``f(x).shape + x.shape``."""
+    return jacobian_per_leaf(jacfwd_at, f, argnums)
 
 
 def jacfwd_at(f: Callable, x: Any) -> Any:
@@ -1177,13 +1177,16 @@ def jacfwd_at(f: Callable, x: Any) -> Any:
     def column(tangent):
         return _single_output(jvp(f, (x,), (tangent,))[1])
 
-    for _ in range(aval.ndim):
-        column = vmap(column, 0)
-    basis = np.eye(aval.size, dtype=aval.dtype).reshape(aval.shape * 2)
-    jac = column(basis)  # input axes first, then output axes
+    jac = map_over_basis(column, aval)  # input axes first, then output axes
     n_in, n_out = aval.ndim, get_aval(jac).ndim - aval.ndim
     perm = (*range(n_in, n_in + n_out), *range(n_in))
     return transpose(jac, perm) if perm else jac
+
+
+def map_over_basis(fn: Callable, aval: ShapedArray) -> Any:
+    for _ in range(aval.ndim):
+        fn = vmap(fn, 0)
+    return fn(np.eye(aval.size, dtype=aval.dtype).reshape(aval.shape * 2))
 
 
 # @title Checks and pytrees: argnums, one Jacobian per input and output leaf
@@ -1205,10 +1208,23 @@ def _check_argnums(argnums: Any, nargs: int, name: str) -> tuple[int, ...]:
     return tuple(i % nargs for i in nums)
 
 
-def jacobian_per_leaf(jac_at, f, args, argnums, name):
-    """JAX's pytree layout from a one-array Jacobian ``jac_at(g, x)``: the
-    output's structure, each leaf holding the chosen arguments' structure."""
+def jacobian_per_leaf(jac_at: Callable, f: Callable, argnums: Any) -> Callable:
+    """The Jacobian function in JAX's pytree layout from a one-array Jacobian
+    ``jac_at(g, x)``: the output's structure, each leaf holding the chosen
+    arguments' structure."""
+    name = jac_at.__name__.removesuffix("_at")
+    return lambda *args: _jacobian_per_leaf(jac_at, f, args, argnums, name)
+
+
+def _jacobian_per_leaf(jac_at, f, args, argnums, name):
     nums = _check_argnums(argnums, len(args), name)
+    for i in nums:
+        for leaf in tree_flatten(args[i])[0]:
+            if get_aval(_as_input(leaf, name)).dtype.kind != "f":
+                raise TypeError(
+                    f"{name}: the input must be a float array, got "
+                    f"{get_aval(leaf).str_short()}"
+                )
     out_leaves, out_tree = tree_flatten(f(*args))
 
     def jac_of(k, i, j):
@@ -2731,26 +2747,16 @@ def vjp(f: Callable, *primals: Any) -> tuple[Any, Callable]:
     return tree_unflatten(out_tree, primals_out), f_vjp
 
 
-def value_and_grad(f: Callable, argnums=0, has_aux=False) -> Callable:
-    """``f``'s value and its gradient with respect to the argument(s) ``argnums``."""
-
-    def value_and_gradient(*args: Any) -> tuple[Any, Any]:
-        f_x, x = _fix_other_args(f, args, argnums, has_aux)  # f_x(x) -> (y, aux)
-        _check_float_inputs(x)
-        y, aux, f_vjp = _vjp_with_aux(f_x, x)
-        _check_scalar_float_output(y)
-        (x_bar,) = f_vjp(np.ones((), get_aval(y).dtype))
-        return ((y, aux) if has_aux else y), x_bar
-
-    return value_and_gradient
-
-
 def grad(f: Callable, argnums=0, has_aux=False) -> Callable:
     """The gradient of a scalar-output ``f`` with respect to argument(s) ``argnums``."""
 
     def gradient(*args: Any) -> Any:
-        value, x_bar = value_and_grad(f, argnums, has_aux)(*args)
-        return (x_bar, value[1]) if has_aux else x_bar
+        f_x, x = _fix_other_args(f, args, argnums, has_aux)
+        _check_float_inputs(x)
+        y, aux, f_vjp = _vjp_with_aux(f_x, x)
+        _check_scalar_float_output(y)
+        (x_bar,) = f_vjp(np.ones((), get_aval(y).dtype))
+        return (x_bar, aux) if has_aux else x_bar
 
     return gradient
 
@@ -2777,6 +2783,20 @@ def _fix_other_args(f: Callable, args: tuple, argnums: Any, has_aux: bool):
 
     chosen = tuple(args[i] for i in nums)
     return f_x, chosen if isinstance(argnums, tuple) else chosen[0]
+
+
+def value_and_grad(f: Callable, argnums=0, has_aux=False) -> Callable:
+    """``f``'s value (with ``aux``) and ``grad(f, argnums, has_aux)``'s gradient."""
+
+    def value_and_gradient(*args: Any) -> tuple[Any, Any]:
+        f_x, x = _fix_other_args(f, args, argnums, has_aux)
+        _check_float_inputs(x)
+        y, aux, f_vjp = _vjp_with_aux(f_x, x)
+        _check_scalar_float_output(y)
+        (x_bar,) = f_vjp(np.ones((), get_aval(y).dtype))
+        return ((y, aux) if has_aux else y), x_bar
+
+    return value_and_gradient
 
 
 def _vjp_with_aux(f_x: Callable, x: Any):
@@ -2835,25 +2855,17 @@ def _check_scalar_float_output(y: Any) -> None:
         )
 
 
-def jacrev(f: Callable, argnums: int | tuple[int, ...] = 0) -> Callable:
-    """``jacrev(f)(x)``: the Jacobian at ``x``, one VJP per output element."""
-    return lambda *args: jacobian_per_leaf(jacrev_at, f, args, argnums, "jacrev")
+def jacrev(f: Callable, argnums=0) -> Callable:
+    """Curried, as ``jacfwd``; one VJP per row."""
+    return jacobian_per_leaf(jacrev_at, f, argnums)
 
 
 def jacrev_at(f: Callable, x: Any) -> Any:
-    _check_float_inputs(x)
     y, f_vjp = vjp(f, x)
-    aval = get_aval(y)
-
-    def row(ct):
-        return f_vjp(ct)[0]
-
-    for _ in range(aval.ndim):
-        row = vmap(row, 0)
-    return row(np.eye(aval.size, dtype=aval.dtype).reshape(aval.shape * 2))
+    return map_over_basis(lambda ct: f_vjp(ct)[0], get_aval(y))
 
 
-def hessian(f: Callable, argnums: int | tuple[int, ...] = 0) -> Callable:
+def hessian(f: Callable, argnums=0) -> Callable:
     return jacfwd(jacrev(f, argnums), argnums)
 
 

@@ -1912,7 +1912,13 @@ show_error(lambda: jit(lambda a: a @ 2.0)(a))
 #   exactly.
 # - **Many more functions.** `jax.numpy` implements most of NumPy's API on top of
 #   a few hundred primitives, and jit-compiles many of its functions
-#   internally; ours is a dozen functions, enough for the example above.
+#   internally; ours is a couple of dozen functions, enough for the example
+#   above. Programs written for JAX that ran here with only their imports
+#   changed still missed: indexing and slicing of traced arrays (`x[:, 0]`,
+#   `x.at[...]`), `jax.lax` and `jax.tree_util`/`jax.tree` as namespaces (ours
+#   has `stop_gradient` and the tree functions at the top level), `jax.random`,
+#   `jax.nn`, `sqrt` (exercise 2 below), `jnp.linalg`, and the methods of arrays
+#   (`x.sum()`, `x.T`, `x.reshape`).
 #
 # ## Summary
 #

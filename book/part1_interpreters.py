@@ -1818,9 +1818,9 @@ print(out.shape, np.array_equal(out, np.transpose(mats, (2, 0, 1))))
 
 
 # %% tags=["export"]
-def jacfwd(f: Callable, argnums: int | tuple[int, ...] = 0) -> Callable:
-    """``jacfwd(f)(x)``: the Jacobian at ``x``, shape ``f(x).shape + x.shape``."""
-    return lambda *args: jacobian_per_leaf(jacfwd_at, f, args, argnums, "jacfwd")
+def jacfwd(f: Callable, argnums=0) -> Callable:
+    """Curried: ``jacfwd(f)(x)`` has shape ``f(x).shape + x.shape``."""
+    return jacobian_per_leaf(jacfwd_at, f, argnums)
 
 
 def jacfwd_at(f: Callable, x: Any) -> Any:
@@ -1830,13 +1830,16 @@ def jacfwd_at(f: Callable, x: Any) -> Any:
     def column(tangent):
         return _single_output(jvp(f, (x,), (tangent,))[1])
 
-    for _ in range(aval.ndim):
-        column = vmap(column, 0)
-    basis = np.eye(aval.size, dtype=aval.dtype).reshape(aval.shape * 2)
-    jac = column(basis)  # input axes first, then output axes
+    jac = map_over_basis(column, aval)  # input axes first, then output axes
     n_in, n_out = aval.ndim, get_aval(jac).ndim - aval.ndim
     perm = (*range(n_in, n_in + n_out), *range(n_in))
     return transpose(jac, perm) if perm else jac
+
+
+def map_over_basis(fn: Callable, aval: ShapedArray) -> Any:
+    for _ in range(aval.ndim):
+        fn = vmap(fn, 0)
+    return fn(np.eye(aval.size, dtype=aval.dtype).reshape(aval.shape * 2))
 
 
 # %% tags=["export", "hide-input"]
@@ -1859,10 +1862,23 @@ def _check_argnums(argnums: Any, nargs: int, name: str) -> tuple[int, ...]:
     return tuple(i % nargs for i in nums)
 
 
-def jacobian_per_leaf(jac_at, f, args, argnums, name):
-    """JAX's pytree layout from a one-array Jacobian ``jac_at(g, x)``: the
-    output's structure, each leaf holding the chosen arguments' structure."""
+def jacobian_per_leaf(jac_at: Callable, f: Callable, argnums: Any) -> Callable:
+    """The Jacobian function in JAX's pytree layout from a one-array Jacobian
+    ``jac_at(g, x)``: the output's structure, each leaf holding the chosen
+    arguments' structure."""
+    name = jac_at.__name__.removesuffix("_at")
+    return lambda *args: _jacobian_per_leaf(jac_at, f, args, argnums, name)
+
+
+def _jacobian_per_leaf(jac_at, f, args, argnums, name):
     nums = _check_argnums(argnums, len(args), name)
+    for i in nums:
+        for leaf in tree_flatten(args[i])[0]:
+            if get_aval(_as_input(leaf, name)).dtype.kind != "f":
+                raise TypeError(
+                    f"{name}: the input must be a float array, got "
+                    f"{get_aval(leaf).str_short()}"
+                )
     out_leaves, out_tree = tree_flatten(f(*args))
 
     def jac_of(k, i, j):

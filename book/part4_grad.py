@@ -939,7 +939,10 @@ figure
 # `vjp` linearizes and hands back the transpose of the linear map. `grad` asks for
 # the cotangent 1 of a scalar output. Both check what the user gives them, in the
 # folded cell after them: cotangents must match the outputs' structure, shapes and
-# dtypes; `grad` needs a float input and a scalar float output.
+# dtypes; `grad` needs a float input and a scalar float output. As in JAX,
+# `grad` differentiates the argument (or tuple of arguments) named by `argnums`,
+# and with `has_aux` lets `f` return `(value, aux)`; that plumbing and
+# `value_and_grad` are folded there too.
 
 
 # %% tags=["export"]
@@ -961,26 +964,16 @@ def vjp(f: Callable, *primals: Any) -> tuple[Any, Callable]:
     return tree_unflatten(out_tree, primals_out), f_vjp
 
 
-def value_and_grad(f: Callable, argnums=0, has_aux=False) -> Callable:
-    """``f``'s value and its gradient with respect to the argument(s) ``argnums``."""
-
-    def value_and_gradient(*args: Any) -> tuple[Any, Any]:
-        f_x, x = _fix_other_args(f, args, argnums, has_aux)  # f_x(x) -> (y, aux)
-        _check_float_inputs(x)
-        y, aux, f_vjp = _vjp_with_aux(f_x, x)
-        _check_scalar_float_output(y)
-        (x_bar,) = f_vjp(np.ones((), get_aval(y).dtype))
-        return ((y, aux) if has_aux else y), x_bar
-
-    return value_and_gradient
-
-
 def grad(f: Callable, argnums=0, has_aux=False) -> Callable:
     """The gradient of a scalar-output ``f`` with respect to argument(s) ``argnums``."""
 
     def gradient(*args: Any) -> Any:
-        value, x_bar = value_and_grad(f, argnums, has_aux)(*args)
-        return (x_bar, value[1]) if has_aux else x_bar
+        f_x, x = _fix_other_args(f, args, argnums, has_aux)
+        _check_float_inputs(x)
+        y, aux, f_vjp = _vjp_with_aux(f_x, x)
+        _check_scalar_float_output(y)
+        (x_bar,) = f_vjp(np.ones((), get_aval(y).dtype))
+        return (x_bar, aux) if has_aux else x_bar
 
     return gradient
 
@@ -1008,6 +1001,20 @@ def _fix_other_args(f: Callable, args: tuple, argnums: Any, has_aux: bool):
 
     chosen = tuple(args[i] for i in nums)
     return f_x, chosen if isinstance(argnums, tuple) else chosen[0]
+
+
+def value_and_grad(f: Callable, argnums=0, has_aux=False) -> Callable:
+    """``f``'s value (with ``aux``) and ``grad(f, argnums, has_aux)``'s gradient."""
+
+    def value_and_gradient(*args: Any) -> tuple[Any, Any]:
+        f_x, x = _fix_other_args(f, args, argnums, has_aux)
+        _check_float_inputs(x)
+        y, aux, f_vjp = _vjp_with_aux(f_x, x)
+        _check_scalar_float_output(y)
+        (x_bar,) = f_vjp(np.ones((), get_aval(y).dtype))
+        return ((y, aux) if has_aux else y), x_bar
+
+    return value_and_gradient
 
 
 def _vjp_with_aux(f_x: Callable, x: Any):
@@ -1090,32 +1097,23 @@ print(grad(loss)(w), np.cos(w) * w + np.sin(w))
 
 
 # %% tags=["export"]
-def jacrev(f: Callable, argnums: int | tuple[int, ...] = 0) -> Callable:
-    """``jacrev(f)(x)``: the Jacobian at ``x``, one VJP per output element."""
-    return lambda *args: jacobian_per_leaf(jacrev_at, f, args, argnums, "jacrev")
+def jacrev(f: Callable, argnums=0) -> Callable:
+    """Curried, as ``jacfwd``; one VJP per row."""
+    return jacobian_per_leaf(jacrev_at, f, argnums)
 
 
 def jacrev_at(f: Callable, x: Any) -> Any:
-    _check_float_inputs(x)
     y, f_vjp = vjp(f, x)
-    aval = get_aval(y)
-
-    def row(ct):
-        return f_vjp(ct)[0]
-
-    for _ in range(aval.ndim):
-        row = vmap(row, 0)
-    return row(np.eye(aval.size, dtype=aval.dtype).reshape(aval.shape * 2))
+    return map_over_basis(lambda ct: f_vjp(ct)[0], get_aval(y))
 
 
-def hessian(f: Callable, argnums: int | tuple[int, ...] = 0) -> Callable:
+def hessian(f: Callable, argnums=0) -> Callable:
     return jacfwd(jacrev(f, argnums), argnums)
 
 
 # %%
-x0 = np.array([0.3, 1.1, -2.0])
-print(np.allclose(jacrev(lambda x: sin(x) * x)(x0), jacfwd(lambda x: sin(x) * x)(x0)))
-print(np.allclose(hessian(loss)(x0), np.diag(2 * np.cos(x0) - x0 * np.sin(x0))))
+print(np.allclose(jacrev(loss)(w), grad(loss)(w)))
+print(np.allclose(hessian(loss)(w), np.diag(2 * np.cos(w) - w * np.sin(w))))
 
 
 # %% [markdown]
