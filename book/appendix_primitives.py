@@ -70,22 +70,12 @@ book_setup.load_book(globals(), before="appendix_primitives")
 
 # %% [markdown]
 # The second folded cell imports JAX, against which the appendix checks its
-# answers, and a helper that prints an error message instead of stopping.
+# answers.
 
 # %% tags=["hide-input"]
-# @title A helper that prints an error message instead of stopping
-import textwrap
-
+# @title JAX, to check the answers against
 import jax
 import jax.numpy as jnp
-
-
-def show_error(fn, *args):
-    try:
-        fn(*args)
-    except Exception as e:
-        print(textwrap.fill(f"{type(e).__name__}: {e}", 80, subsequent_indent="  "))
-
 
 # %% [markdown]
 # ## What a primitive needs

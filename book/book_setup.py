@@ -10,6 +10,8 @@ a notebook on its own) and calls ``load_book``:
 - it imports ``autodidax``: installed, from the repository checkout around the
   notebook (Binder, a clone), or downloaded next to the notebook;
 - it fetches ``figures.py``, the pages' drawing code, when it is missing;
+- it gives the notebook ``show_error``, which the pages use to print an
+  error message instead of stopping;
 - it runs the library code of the chapters before this one in the notebook's
   own namespace (``autodidax.load_chapters``), so that a chapter which
   replaces a function changes the earlier code that calls it, as when the
@@ -24,6 +26,7 @@ import importlib
 import importlib.metadata
 import subprocess
 import sys
+import textwrap
 import urllib.request
 from pathlib import Path
 from types import ModuleType
@@ -78,9 +81,18 @@ def import_autodidax() -> ModuleType:
     return importlib.import_module("autodidax")
 
 
+def show_error(fn, *args) -> None:
+    """Call ``fn(*args)`` and print the error it raises, instead of stopping."""
+    try:
+        fn(*args)
+    except Exception as e:
+        print(textwrap.fill(f"{type(e).__name__}: {e}", 80, subsequent_indent="  "))
+
+
 def load_book(namespace: dict, *, before: str) -> None:
     """Prepare a chapter notebook (returns nothing, so the cell shows nothing)."""
     fetch_if_missing("figures.py", "book/figures.py")
+    namespace["show_error"] = show_error  # the pages' demos of error messages
     if before == FIRST_CHAPTER:
         import numpy as np
 

@@ -2006,20 +2006,8 @@ print(np.array_equal(vmap(scale, (1,))(batch.T), batch * 2.0 + 1.0))
 #
 # A learner will hand these functions all sorts of things. Each mistake should
 # produce an error that says what was wrong in the user's terms. A few examples,
-# each printed by `show_error`, which calls a function and prints the error it
-# raises:
-
-# %% tags=["hide-input"]
-# @title show_error(thunk): call thunk() and print the error it raises
-import textwrap
-
-
-def show_error(thunk):
-    try:
-        thunk()
-    except Exception as e:
-        print(textwrap.fill(f"{type(e).__name__}: {e}", 80, subsequent_indent="  "))
-
+# each printed by `show_error` (from the setup cell), which calls a function and
+# prints the error it raises:
 
 # %%
 show_error(lambda: sin("three"))

@@ -491,20 +491,8 @@ print(typecheck_jaxpr(hand_made))
 
 # %% [markdown]
 # Now some broken jaxprs. Each one is rejected with an error that points at the
-# offending equation and variable. (`show_error`, in the folded cell, prints an
+# offending equation and variable. (`show_error`, from the setup cell, prints an
 # exception's type and message instead of a traceback.)
-
-# %% tags=["hide-input"]
-# @title show_error: print an error's type and message, not its traceback
-import textwrap
-
-
-def show_error(fn, *args):
-    try:
-        fn(*args)
-    except Exception as e:
-        print(textwrap.fill(f"{type(e).__name__}: {e}", 80, subsequent_indent="  "))
-
 
 # %%
 a, b, c, stray = (Var(ShapedArray((), np.float64)) for _ in range(4))

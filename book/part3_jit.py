@@ -793,20 +793,8 @@ print(str(lower_jaxpr(call_eqn.params["jaxpr"])).rstrip())
 # operands whose shapes do not match, are caught under `jit` while tracing, before
 # anything runs.
 #
-# The folded cell defines `show_error`, which calls a function and prints the
-# error it raises.
-
-# %% tags=["hide-input"]
-# @title show_error: print an exception instead of stopping
-import textwrap
-
-
-def show_error(fn, *args):
-    try:
-        fn(*args)
-    except Exception as e:
-        print(textwrap.fill(f"{type(e).__name__}: {e}", 80, subsequent_indent="  "))
-
+# `show_error`, from the setup cell, calls a function and prints the error it
+# raises.
 
 # %%
 show_error(jit(lambda x: x if x > 0.0 else -x), 1.0)

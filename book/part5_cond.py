@@ -72,23 +72,13 @@ except ImportError:  # Colab opens a notebook on its own: fetch the helper first
 
 book_setup.load_book(globals(), before="part5_cond")
 
+
 # %% [markdown]
 # ## Where Python's `if` stops working
 #
 # Here is a function with a jump at zero: $x \sin x$ on one side,
 # $3 \cos x$ on the other. Written with a Python `if`, it evaluates and differentiates, but it
 # cannot be compiled, and it cannot be batched over inputs with different signs.
-
-# %% tags=["hide-input"]
-# @title A helper that prints an error message instead of stopping
-import textwrap
-
-
-def show_error(fn, *args):
-    try:
-        fn(*args)
-    except Exception as e:
-        print(textwrap.fill(f"{type(e).__name__}: {e}", 80, subsequent_indent="  "))
 
 
 # %%

@@ -65,16 +65,7 @@ except ImportError:  # Colab opens a notebook on its own: fetch the helper first
 book_setup.load_book(globals(), before="part6_loops")
 
 # %% tags=["hide-input"]
-# @title A helper that prints an error instead of stopping
-import textwrap
-
-
-def show_error(fn, *args):
-    try:
-        fn(*args)
-    except Exception as e:
-        print(textwrap.fill(f"{type(e).__name__}: {e}", 80, subsequent_indent="  "))
-
+# @title A scalar type for the examples
 
 scalar = ShapedArray((), np.float64)
 

@@ -69,18 +69,9 @@ except ImportError:  # Colab opens a notebook on its own: fetch the helper first
 book_setup.load_book(globals(), before="part7_scan")
 
 # %% tags=["hide-input"]
-# @title A helper that prints an error instead of stopping; JAX, to compare with
-import textwrap
-
+# @title JAX, to compare with; a scalar type for the examples
 import jax
 import jax.numpy as jnp
-
-
-def show_error(fn, *args):
-    try:
-        fn(*args)
-    except Exception as e:
-        print(textwrap.fill(f"{type(e).__name__}: {e}", 80, subsequent_indent="  "))
 
 
 scalar = ShapedArray((), np.float64)

@@ -68,16 +68,7 @@ except ImportError:  # Colab opens a notebook on its own: fetch the helper first
 book_setup.load_book(globals(), before="part8_custom_rules")
 
 # %% tags=["hide-input"]
-# @title A helper that prints an error instead of stopping
-import textwrap
-
-
-def show_error(fn, *args):
-    try:
-        fn(*args)
-    except Exception as e:
-        print(textwrap.fill(f"{type(e).__name__}: {e}", 80, subsequent_indent="  "))
-
+# @title A scalar type; NumPy quiet about the overflows the examples cause
 
 scalar = ShapedArray((), np.float64)
 saved_errors = np.seterr(over="ignore", invalid="ignore")  # overflows are the point

@@ -185,6 +185,7 @@ def test_part1_in_colab_needs_no_jax_and_no_module(monkeypatch, in_colab_dir) ->
     assert world.fetched() == {"book_setup.py", "figures.py"}
     assert namespace["np"].get_printoptions()["precision"] == 6
     assert "bind" not in namespace
+    namespace["show_error"](lambda: 1 / 0)  # the pages' error printer is there
 
 
 def test_colab_without_jax_installs_it(monkeypatch, in_colab_dir) -> None:
