@@ -147,6 +147,16 @@ def lookup_axis(name: Hashable, who: str = "collective") -> AxisFrame:
 
 # %% tags=["export", "hide-input"]
 # @title Checks: the unbound-axis error
+def check_replicas(ctx: LoweringContext, name: Hashable) -> int:
+    if ctx.replicas is None:
+        raise UnboundAxisError(
+            f"a collective over axis {name!r} reached XLA outside pmap: only "
+            "pmap compiles for several replicas (under vmap, a collective "
+            "becomes an operation on the batch axis before compilation)"
+        )
+    return ctx.replicas
+
+
 def unbound_axis_error(name: Hashable, who: str) -> UnboundAxisError:
     bound = [frame.name for frame in _axes.frames]
     where = f"the names bound here are {bound}" if bound else "no axis is bound here"
@@ -207,12 +217,12 @@ def batch_axis_name() -> Hashable | None:
     return None
 
 
-def vmap_flat(f, in_axes, args, out_axis=0, axis_name=INHERIT):
+def vmap_flat(f, in_axes, args, out_axis=0, axis_name=INHERIT, size=None):
     """Batch ``f`` (flat lists in and out); ``in_axes`` are already checked."""
     if axis_name is INHERIT:  # a rule batching a sub-jaxpr over its own axis
         axis_name = batch_axis_name()
     sizes = {get_aval(x).shape[ax] for x, ax in zip(args, in_axes) if ax is not None}
-    (axis_size,) = sizes
+    (axis_size,) = sizes or {size}  # new: a size for a batch with no batched input
     with new_level(BatchTrace, axis_size) as level:
         with bind_axis(axis_name, axis_size, level):  # new
             trace = BatchTrace(level)
@@ -272,8 +282,12 @@ def _vmap_jaxpr_uncached(jaxpr, axis_size, batched, axis_name):
         ShapedArray((axis_size, *t.shape), t.dtype) if b else t
         for t, b in zip(in_types, batched)
     ]
-    in_axes = tuple(0 if b else None for b in batched)
-    batched_fun = vmap(jaxpr_as_fun(jaxpr), in_axes, axis_name=axis_name)
+    in_axes = [0 if b else None for b in batched]
+
+    def batched_fun(*args):
+        fun = jaxpr_as_fun(jaxpr)
+        return vmap_flat(fun, in_axes, list(args), 0, axis_name, axis_size)
+
     new_jaxpr, consts, _ = make_jaxpr(batched_fun, *batched_types)
     return new_jaxpr, [device_put(c) for c in consts]
 
@@ -304,6 +318,36 @@ def run_batched(jaxpr, axis_size, args, batched, out_batched):
                 move_batch_axis(axis_size, t.batch_axis, 0, t.val) if b else t.val
                 for t, b in zip(outs, out_batched)
             ]
+
+
+# A call whose inputs are all unbatched may still depend on the batch through
+# a collective over this axis (jit(lambda: psum(1.0, "i"))): batch it anyway.
+def _batches_through_collective(dims: list, jaxpr: Jaxpr) -> bool:
+    unbatched = all(d is None for d in dims)
+    return unbatched and batch_axis_name() in free_axis_names(jaxpr)
+
+
+_xla_call_vmap_unnamed = xla_call_p.rule("vmap")
+_custom_jvp_call_vmap_unnamed = custom_jvp_call_p.rule("vmap")
+
+
+@xla_call_p.def_rule("vmap")
+def _xla_call_vmap(axis_size, vals, dims, *, jaxpr):
+    if not _batches_through_collective(dims, jaxpr):
+        return _xla_call_vmap_unnamed(axis_size, vals, dims, jaxpr=jaxpr)
+    new_jaxpr, consts = vmap_jaxpr(jaxpr, axis_size, (False,) * len(vals))
+    outs = bind(xla_call_p, *consts, *vals, jaxpr=new_jaxpr)
+    return outs, [0] * len(outs)
+
+
+@custom_jvp_call_p.def_rule("vmap")
+def _custom_jvp_call_vmap(axis_size, vals, dims, *, call_jaxpr, **params):
+    if _batches_through_collective(dims, call_jaxpr):
+        vals = [move_batch_axis(axis_size, None, 0, x) for x in vals]
+        dims = [0] * len(vals)
+    return _custom_jvp_call_vmap_unnamed(
+        axis_size, vals, dims, call_jaxpr=call_jaxpr, **params
+    )
 
 
 # %% [markdown]
@@ -369,7 +413,8 @@ def _psum_vmap(axis_size, vals, dims, *, axis_name):
     if not batches_axis(axis_name):  # another axis: the batch rides along
         return [psum(x, axis_name)], [d]
     if d is None:  # the same value in every member: the sum is N times it
-        return [mul(x, np.array(axis_size, get_aval(x).dtype))], [None]
+        aval = get_aval(x)
+        return [mul(x, np.full(aval.shape, axis_size, aval.dtype))], [None]
     return [reduce_sum(x, d)], [None]
 
 
@@ -537,7 +582,6 @@ def devices() -> list:
 # %%
 devices()
 
-
 # %% [markdown]
 # `pmap(f)` runs `f` once per row of its inputs, each row on its own device. XLA
 # calls this SPMD, a single program on multiple data: we compile **one**
@@ -552,11 +596,13 @@ devices()
 # - `axis_index` is `stablehlo.replica_id`, an unsigned 32-bit integer that we
 #   convert to `int32`.
 
-
 # %% tags=["export"]
+LoweringContext.replicas = None  # pmap's lowering sets the number of replicas
+
+
 def replica_groups(ctx: LoweringContext, name: Hashable) -> ir.Attribute:
     """All replicas in one group: the collective spans every device."""
-    n = ctx.replicas
+    n = check_replicas(ctx, name)
     groups = np.arange(n, dtype=np.int64).reshape(1, n)
     return ir.DenseIntElementsAttr.get(groups)
 
