@@ -100,13 +100,14 @@ with jax.enable_x64(True):  # float64, as ours, in this cell only
 # collectives over it. `vmap(..., axis_name="i")` pushes a frame while it runs;
 # `pmap` will push one while it traces. A collective looks its name up,
 # innermost first, and fails if nothing binds it. JAX raises `NameError` for
-# an unbound axis name; ours is a subclass of it.
+# an unbound axis name; ours subclasses it (and `ValueError`, like the book's
+# other errors about bad arguments).
 
 # %% tags=["export"]
 from collections.abc import Iterable
 
 
-class UnboundAxisError(NameError):
+class UnboundAxisError(NameError, ValueError):
     """A collective names an axis that no enclosing vmap or pmap binds."""
 
 
@@ -680,7 +681,7 @@ class CompiledPmap:
     def __init__(self, jaxpr: Jaxpr, n: int) -> None:
         from jax._src.lib import xla_client
 
-        self.devices = devices()[:n]
+        self.devices = tuple(devices()[:n])
         self.module_text = str(lower_pmap(jaxpr, n))
         options = xla_client.CompileOptions()
         options.num_replicas = n
@@ -723,31 +724,33 @@ class ShardedArray(Array):
 
     @staticmethod
     def from_rows(rows: list, aval: ShapedArray) -> ShardedArray:
-        sharding = rows_sharding([r.device for r in rows])
+        sharding = rows_sharding(tuple(r.device for r in rows))
         buffer = jax.make_array_from_single_device_arrays(aval.shape, sharding, rows)
         return ShardedArray(buffer)
 
-    @property
-    def devices(self) -> list:
-        return [s.device for s in self._buffer.addressable_shards]
+
+# Where an array lives, as JAX says it: the set of its devices, and its pieces
+Array.devices = lambda self: self._buffer.devices()
+Array.addressable_shards = property(lambda self: self._buffer.addressable_shards)
 
 
-def rows_sharding(devices: list) -> Any:
+@functools.cache
+def rows_sharding(devices: tuple) -> jax.sharding.Sharding:
     """Axis 0 split across ``devices``, one row on each."""
     mesh = jax.sharding.Mesh(np.array(devices), ("rows",))
     return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("rows"))
 
 
-def shard_rows(x: Any, devices: list) -> Any:
+def shard_rows(x: Any, devices: tuple) -> Any:
     """``x`` as one array of ``len(devices)`` shards, row ``i`` on device ``i``."""
-    if isinstance(x, ShardedArray) and x.devices == devices:
-        return x._buffer  # already there: no copy
+    sharding = rows_sharding(devices)
+    if isinstance(x, ShardedArray) and x._buffer.sharding == sharding:
+        return x._buffer  # already in place: no copy
     from jaxlib import _jax
 
     x = np.asarray(x)
     aval = jax.core.ShapedArray(x.shape, x.dtype)
     rows = [x[i : i + 1] for i in range(len(devices))]
-    sharding = rows_sharding(devices)
     return _jax.batched_device_put(aval, sharding, rows, devices, True, enable_x64=True)
 
 
@@ -887,7 +890,7 @@ def check_pmap_rows(args: list, axes: list) -> int:
 # %%
 y = pmap(normalize, axis_name="i")(x)
 print(y)
-print(y.devices)
+print([shard.device.id for shard in y.addressable_shards])
 
 # %% [markdown]
 # Here is the jaxpr of one row, with the `psum` staged as an equation, and the
