@@ -6128,10 +6128,22 @@ class CompiledPmap:
         arrays = [shard_rows(x, self.devices) for x in args]
         results = self.executable.execute_sharded(arrays)
         per_output = results.disassemble_into_single_device_arrays()
+        wait_until_ready(per_output)
         return [
             ShardedArray.from_rows(rows, aval)
             for rows, aval in zip(per_output, self.out_avals)
         ]
+
+
+def wait_until_ready(per_output: list) -> None:
+    # On XLA's CPU devices, a collective waits until every replica of its run
+    # has arrived. With many runs in flight on few cores, one run's replicas can
+    # wait behind another's until XLA gives up and aborts the process (real JAX's
+    # pmap does, on the 2-core machine that builds this book), so we let each
+    # run finish before starting the next.
+    for rows in per_output:
+        for row in rows:
+            row.block_until_ready()
 
 
 _compiled_pmaps: dict[tuple[Jaxpr, int], CompiledPmap] = {}
