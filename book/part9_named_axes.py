@@ -798,7 +798,7 @@ AXIS_USERS[pmap_p] = lambda params: (
 def pmap(f: Callable, axis_name: Hashable = None, in_axes: Any = 0, out_axes: int = 0):
     """Run ``f`` on every row of the mapped inputs, one row per device, with
     collectives over ``axis_name`` communicating between the devices."""
-    traces: dict[int, Traces] = {}  # per number of rows
+    traces: dict[tuple, tuple] = {}
 
     def pmapped(*args: Any) -> Any:
         args_flat, axes_flat, in_tree = _flatten_pmap_args(in_axes, args)
@@ -806,14 +806,12 @@ def pmap(f: Callable, axis_name: Hashable = None, in_axes: Any = 0, out_axes: in
         rows = [move_batch_axis(n, ax, 0, x) for x, ax in zip(args_flat, axes_flat)]
         one_row = [ShapedArray(get_aval(x).shape[1:], get_aval(x).dtype) for x in rows]
         body = with_axis(f, axis_name, n)
-        jaxpr, consts, out_tree = trace_for_call(
-            body, traces.setdefault(n, {}), one_row, in_tree
-        )
+        jaxpr, consts, out_tree = trace_for_pmap(body, traces, n, one_row, in_tree)
         consts = [move_batch_axis(n, None, 0, c) for c in consts]  # a copy per row
         outs = bind(
             pmap_p, *consts, *rows, jaxpr=jaxpr, axis_name=axis_name, axis_size=n
         )
-        outs = [move_batch_axis(n, 0, out_axes, out) for out in outs]
+        outs = [move_batch_axis(n, 0, pmap_out_axis(out_axes, x), x) for x in outs]
         return tree_unflatten(out_tree, outs)
 
     return pmapped
@@ -878,8 +876,34 @@ for _prim in PRIMITIVES.values():
 def _flatten_pmap_args(in_axes: Any, args: tuple) -> tuple[list, list, PyTreeDef]:
     try:
         return _flatten_vmap_args(in_axes, args)
-    except (TypeError, ValueError) as e:
-        raise type(e)(str(e).replace("vmap:", "pmap:", 1)) from None
+    except (TypeError, ValueError) as e:  # vmap's checks, in pmap's name
+        raise type(e)(str(e).replace("vmap", "pmap")) from None
+
+
+def pmap_out_axis(out_axes: Any, out: Any) -> int:
+    ndim = get_aval(out).ndim
+    if not _is_axis(out_axes) or not -ndim <= out_axes < ndim:
+        raise ValueError(
+            f"pmap: out_axes must be an int in [{-ndim}, {ndim}) for an output "
+            f"of shape {get_aval(out).shape} (including the device axis), "
+            f"got {out_axes!r}"
+        )
+    return out_axes % ndim
+
+
+def trace_for_pmap(f, traces: dict, n: int, one_row: list, in_tree: PyTreeDef):
+    """As jit's trace_for_call: one jaxpr per row type (and number of rows)."""
+    key = (n, in_tree, tuple(one_row))
+    if key not in traces:
+        for aval in one_row:
+            check_xla_dtype(aval.dtype, "pmap")
+        args = tree_unflatten(in_tree, one_row)
+        traced = _trace_to_jaxpr(f, args, dynamic=True, who="pmap")
+        jaxpr, consts, out_tree = traced
+        if any(isinstance(c, Tracer) for c in consts):
+            return traced  # valid for this call only
+        traces[key] = (jaxpr, [device_put(c) for c in consts], out_tree)
+    return traces[key]
 
 
 def check_pmap_rows(args: list, axes: list) -> int:
@@ -1063,8 +1087,10 @@ def _pmap_partial_eval_jaxpr(unks_in, eqn):
 @pmap_p.def_rule("lower")
 def _pmap_lower(ctx, avals_in, avals_out, *args, jaxpr, axis_name, axis_size):
     raise NotImplementedError(
-        "pmap inside jit is not supported: a jitted program runs on one device; "
-        "put jit inside pmap instead (pmap compiles its function anyway)"
+        "pmap inside jit (or inside another pmap) is not supported: the "
+        "enclosing program is compiled for one device (or one row per device); "
+        "put jit inside pmap instead (pmap compiles its function anyway), and "
+        "use vmap for a second mapped axis"
     )
 
 
