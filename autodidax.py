@@ -5664,8 +5664,6 @@ NOT_LINEAR = NOT_LINEAR | {"custom_vjp_call"}
 
 # ==== chapter: part9_named_axes ====
 
-from collections.abc import Iterable
-
 
 class UnboundAxisError(NameError, ValueError):
     """A collective names an axis that no enclosing vmap or pmap binds."""
@@ -5726,7 +5724,7 @@ def unbound_axis_error(name: Hashable, who: str) -> UnboundAxisError:
     )
 
 
-AXIS_USERS: dict[Primitive, Callable[[dict], Iterable]] = {}  # prim -> names it uses
+AXIS_USERS: dict[Primitive, Callable[[dict], Any]] = {}  # prim -> names it uses
 
 
 def bind(prim: Primitive, *args: Any, **params: Any) -> Any:
@@ -5741,7 +5739,7 @@ def bind(prim: Primitive, *args: Any, **params: Any) -> Any:
     return outs if prim.multiple_results else outs[0]
 
 
-def reach_axes(trace: Trace, names: Iterable, who: str) -> Trace:
+def reach_axes(trace: Trace, names: Any, who: str) -> Trace:
     """The higher of ``trace`` and the levels that bound ``names``."""
     for name in names:
         level = lookup_axis(name, who).level
@@ -5750,6 +5748,26 @@ def reach_axes(trace: Trace, names: Iterable, who: str) -> Trace:
     return trace
 
 
+def _batch_process_primitive(self, prim, tracers, params):
+    vals = [t.val for t in tracers]
+    dims = [t.batch_axis for t in tracers]
+    previous, _axes.rule_level = _axes.rule_level, self.level  # new
+    try:
+        outs, out_dims = prim.rule("vmap")(self.axis_size, vals, dims, **params)
+    finally:
+        _axes.rule_level = previous
+    return [BatchTracer(self, x, d) for x, d in zip(outs, out_dims)]
+
+
+BatchTrace.process_primitive = _batch_process_primitive
+
+
+def batches_axis(name: Hashable) -> bool:
+    """Is the running batching rule the one that bound ``name``?"""
+    return lookup_axis(name).level is _axes.rule_level
+
+
+# @title vmap_flat and vmap again: the batch axis gets a name (new lines marked)
 INHERIT = object()  # vmap_flat's default: the name of the running batching rule
 
 
@@ -5797,25 +5815,6 @@ def vmap(
         return tree_unflatten(flat_f.out_tree, outs)
 
     return batched_f
-
-
-def _batch_process_primitive(self, prim, tracers, params):
-    vals = [t.val for t in tracers]
-    dims = [t.batch_axis for t in tracers]
-    previous, _axes.rule_level = _axes.rule_level, self.level  # new
-    try:
-        outs, out_dims = prim.rule("vmap")(self.axis_size, vals, dims, **params)
-    finally:
-        _axes.rule_level = previous
-    return [BatchTracer(self, x, d) for x, d in zip(outs, out_dims)]
-
-
-BatchTrace.process_primitive = _batch_process_primitive
-
-
-def batches_axis(name: Hashable) -> bool:
-    """Is the running batching rule the one that bound ``name``?"""
-    return lookup_axis(name).level is _axes.rule_level
 
 
 # @title Batching a sub-jaxpr keeps the axis name (vmap_jaxpr, run_batched)
@@ -5926,10 +5925,6 @@ def axis_index(axis_name: Hashable) -> ArrayLike:
     return bind(axis_index_p, axis_name=axis_name)
 
 
-def axis_size(axis_name: Hashable, who: str = "pmean") -> int:
-    return lookup_axis(axis_name, who).size
-
-
 @psum_p.def_rule("vmap")
 def _psum_vmap(axis_size, vals, dims, *, axis_name):
     (x,), (d,) = vals, dims
@@ -5941,6 +5936,12 @@ def _psum_vmap(axis_size, vals, dims, *, axis_name):
     return [reduce_sum(x, d)], [None]
 
 
+@axis_index_p.def_rule("vmap")
+def _axis_index_vmap(axis_size, vals, dims, *, axis_name):
+    return [np.arange(axis_size, dtype=np.int32)], [0]
+
+
+# @title The batching rules of pmax and all_gather, in the same two cases; axis_size
 @pmax_p.def_rule("vmap")
 def _pmax_vmap(axis_size, vals, dims, *, axis_name):
     (x,), (d,) = vals, dims
@@ -5960,9 +5961,8 @@ def _all_gather_vmap(batch_size, vals, dims, *, axis_name, axis_size):
     return [move_batch_axis(axis_size, d, 0, x)], [None]
 
 
-@axis_index_p.def_rule("vmap")
-def _axis_index_vmap(axis_size, vals, dims, *, axis_name):
-    return [np.arange(axis_size, dtype=np.int32)], [0]
+def axis_size(axis_name: Hashable, who: str = "pmean") -> int:
+    return lookup_axis(axis_name, who).size
 
 
 # @title The collectives' other rules: types, derivatives, transposes
@@ -6069,19 +6069,20 @@ psum_p.def_rule("lower")(_all_reduce_lower(hlo.add))
 pmax_p.def_rule("lower")(_all_reduce_lower(hlo.maximum))
 
 
+@axis_index_p.def_rule("lower")
+def _axis_index_lower(ctx, avals_in, avals_out, *, axis_name):
+    replica_groups(ctx, axis_name)  # refuses a collective outside pmap
+    index = hlo.ReplicaIdOp().result  # a 32-bit unsigned integer
+    return [hlo.convert(ir_type(avals_out[0]), index)]
+
+
+# @title Lowering all_gather: each replica's row, gathered along a new axis 0
 @all_gather_p.def_rule("lower")
 def _all_gather_lower(ctx, avals_in, avals_out, x, *, axis_name, axis_size):
     (x_aval,), (out_aval,) = avals_in, avals_out
     row = hlo.reshape(ir_type(ShapedArray((1, *x_aval.shape), x_aval.dtype)), x)
     groups = replica_groups(ctx, axis_name)
     return [hlo.AllGatherOp([ir_type(out_aval)], [row], 0, groups).result]
-
-
-@axis_index_p.def_rule("lower")
-def _axis_index_lower(ctx, avals_in, avals_out, *, axis_name):
-    replica_groups(ctx, axis_name)  # refuses a collective outside pmap
-    index = hlo.ReplicaIdOp().result  # a 32-bit unsigned integer
-    return [hlo.convert(ir_type(avals_out[0]), index)]
 
 
 def lower_pmap(jaxpr: Jaxpr, n: int) -> ir.Module:
@@ -6135,6 +6136,7 @@ class CompiledPmap:
         ]
 
 
+# @title Waiting for each run; one executable per (jaxpr, number of rows)
 def wait_until_ready(per_output: list) -> None:
     # On XLA's CPU devices, a collective waits until every replica of its run
     # has arrived. With many runs in flight on few cores, one run's replicas can
@@ -6165,18 +6167,6 @@ class ShardedArray(Array):
         return ShardedArray(buffer)
 
 
-# Where an array lives, as JAX says it: the set of its devices, and its pieces
-Array.devices = lambda self: self._buffer.devices()
-Array.addressable_shards = property(lambda self: self._buffer.addressable_shards)
-
-
-@functools.cache
-def rows_sharding(devices: tuple) -> jax.sharding.Sharding:
-    """Axis 0 split across ``devices``, one row on each."""
-    mesh = jax.sharding.Mesh(np.array(devices), ("rows",))
-    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("rows"))
-
-
 def shard_rows(x: Any, devices: tuple) -> Any:
     """``x`` as one array of ``len(devices)`` shards, row ``i`` on device ``i``."""
     sharding = rows_sharding(devices)
@@ -6190,6 +6180,7 @@ def shard_rows(x: Any, devices: tuple) -> Any:
     return _jax.batched_device_put(aval, sharding, rows, devices, True, enable_x64=True)
 
 
+# @title A ShardedArray passed to jit: gathered, then copied to the first device
 def _as_buffer(x: Any) -> Any:
     """The device buffer for an argument of a (one-device) compiled call."""
     if isinstance(x, ShardedArray):
@@ -6199,10 +6190,20 @@ def _as_buffer(x: Any) -> Any:
     return device_put(x)._buffer
 
 
+# @title Where an array lives (devices(), addressable_shards); a sharding by rows
+# Where an array lives, as JAX says it: the set of its devices, and its pieces
+Array.devices = lambda self: self._buffer.devices()
+Array.addressable_shards = property(lambda self: self._buffer.addressable_shards)
+
+
+@functools.cache
+def rows_sharding(devices: tuple) -> jax.sharding.Sharding:
+    """Axis 0 split across ``devices``, one row on each."""
+    mesh = jax.sharding.Mesh(np.array(devices), ("rows",))
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("rows"))
+
+
 pmap_p = Primitive("pmap", multiple_results=True)
-AXIS_USERS[pmap_p] = lambda params: (
-    free_axis_names(params["jaxpr"]) - {params["axis_name"]}
-)
 
 
 def pmap(f: Callable, axis_name: Hashable = None, in_axes: Any = 0, out_axes: int = 0):
@@ -6237,19 +6238,12 @@ def with_axis(f: Callable, axis_name: Hashable, size: int) -> Callable:
     return f_with_axis
 
 
-@pmap_p.def_rule("abstract_eval")
-def _pmap_abstract_eval(*avals_in, jaxpr, axis_name, axis_size):
-    return [
-        ShapedArray((axis_size, *t.shape), t.dtype) for t in jaxpr_type(jaxpr).out_types
-    ]
-
-
 @pmap_p.def_rule("impl")
 def _pmap_impl(*args, jaxpr, axis_name, axis_size):
     return compile_pmap(jaxpr, axis_size)(*args)
 
 
-# @title The axis names a jaxpr's collectives use and do not bind themselves
+# @title The axis names a call uses and does not bind; pmap's output types
 def free_axis_names(jaxpr: Jaxpr) -> frozenset:
     if jaxpr not in _free_names:
         names = set()
@@ -6278,6 +6272,18 @@ for _prim in PRIMITIVES.values():
         "custom_vjp_call",
     ):
         AXIS_USERS[_prim] = _names_in_jaxpr_params
+
+
+AXIS_USERS[pmap_p] = lambda params: (
+    free_axis_names(params["jaxpr"]) - {params["axis_name"]}
+)
+
+
+@pmap_p.def_rule("abstract_eval")
+def _pmap_abstract_eval(*avals_in, jaxpr, axis_name, axis_size):
+    return [
+        ShapedArray((axis_size, *t.shape), t.dtype) for t in jaxpr_type(jaxpr).out_types
+    ]
 
 
 # @title Checks: pmap's in_axes, row counts and device count
@@ -6349,6 +6355,7 @@ def _pmap_jvp(primals, tangents, *, jaxpr, axis_name, axis_size):
     return outs[:n], outs[n:]
 
 
+# @title pmap's batching and transpose rules
 @pmap_p.def_rule("vmap")
 def _pmap_vmap(batch_size, vals, dims, *, jaxpr, axis_name, axis_size):
     # Axis 0 is the devices' axis, so each row's batch goes to axis 1.

@@ -87,6 +87,7 @@ with jax.enable_x64(True):  # float64, as ours, in this cell only
     print(jax.vmap(lambda row: jax.lax.psum(3.0, "i"), axis_name="i")(x))
     print(jax.vmap(lambda row: jax.lax.axis_index("i"), axis_name="i")(x))
 
+
 # %% [markdown]
 # The second line is the interesting one. `psum(3.0, "i")` adds up the value
 # `3.0` held by each of the four members: 12. Nothing about `3.0` says it
@@ -103,10 +104,8 @@ with jax.enable_x64(True):  # float64, as ours, in this cell only
 # an unbound axis name; ours subclasses it (and `ValueError`, like the book's
 # other errors about bad arguments).
 
+
 # %% tags=["export"]
-from collections.abc import Iterable
-
-
 class UnboundAxisError(NameError, ValueError):
     """A collective names an axis that no enclosing vmap or pmap binds."""
 
@@ -174,7 +173,7 @@ def unbound_axis_error(name: Hashable, who: str) -> UnboundAxisError:
 # does what it did before.
 
 # %% tags=["export"]
-AXIS_USERS: dict[Primitive, Callable[[dict], Iterable]] = {}  # prim -> names it uses
+AXIS_USERS: dict[Primitive, Callable[[dict], Any]] = {}  # prim -> names it uses
 
 
 def bind(prim: Primitive, *args: Any, **params: Any) -> Any:
@@ -189,7 +188,7 @@ def bind(prim: Primitive, *args: Any, **params: Any) -> Any:
     return outs if prim.multiple_results else outs[0]
 
 
-def reach_axes(trace: Trace, names: Iterable, who: str) -> Trace:
+def reach_axes(trace: Trace, names: Any, who: str) -> Trace:
     """The higher of ``trace`` and the levels that bound ``names``."""
     for name in names:
         level = lookup_axis(name, who).level
@@ -206,7 +205,29 @@ def reach_axes(trace: Trace, names: Iterable, who: str) -> Trace:
 # loop's body) start its inner `vmap` under the same name, so a `psum` inside a
 # `jit` inside a named `vmap` still reaches an interpreter that knows the name.
 
+
 # %% tags=["export"]
+def _batch_process_primitive(self, prim, tracers, params):
+    vals = [t.val for t in tracers]
+    dims = [t.batch_axis for t in tracers]
+    previous, _axes.rule_level = _axes.rule_level, self.level  # new
+    try:
+        outs, out_dims = prim.rule("vmap")(self.axis_size, vals, dims, **params)
+    finally:
+        _axes.rule_level = previous
+    return [BatchTracer(self, x, d) for x, d in zip(outs, out_dims)]
+
+
+BatchTrace.process_primitive = _batch_process_primitive
+
+
+def batches_axis(name: Hashable) -> bool:
+    """Is the running batching rule the one that bound ``name``?"""
+    return lookup_axis(name).level is _axes.rule_level
+
+
+# %% tags=["export", "hide-input"]
+# @title vmap_flat and vmap again: the batch axis gets a name (new lines marked)
 INHERIT = object()  # vmap_flat's default: the name of the running batching rule
 
 
@@ -254,25 +275,6 @@ def vmap(
         return tree_unflatten(flat_f.out_tree, outs)
 
     return batched_f
-
-
-def _batch_process_primitive(self, prim, tracers, params):
-    vals = [t.val for t in tracers]
-    dims = [t.batch_axis for t in tracers]
-    previous, _axes.rule_level = _axes.rule_level, self.level  # new
-    try:
-        outs, out_dims = prim.rule("vmap")(self.axis_size, vals, dims, **params)
-    finally:
-        _axes.rule_level = previous
-    return [BatchTracer(self, x, d) for x, d in zip(outs, out_dims)]
-
-
-BatchTrace.process_primitive = _batch_process_primitive
-
-
-def batches_axis(name: Hashable) -> bool:
-    """Is the running batching rule the one that bound ``name``?"""
-    return lookup_axis(name).level is _axes.rule_level
 
 
 # %% tags=["export", "hide-input"]
@@ -392,10 +394,6 @@ def axis_index(axis_name: Hashable) -> ArrayLike:
     return bind(axis_index_p, axis_name=axis_name)
 
 
-def axis_size(axis_name: Hashable, who: str = "pmean") -> int:
-    return lookup_axis(axis_name, who).size
-
-
 # %% [markdown]
 # Each batching rule has two cases. If this `vmap` bound the name, the
 # collective is an operation on the batch axis: `psum` is a `reduce_sum` over
@@ -419,6 +417,13 @@ def _psum_vmap(axis_size, vals, dims, *, axis_name):
     return [reduce_sum(x, d)], [None]
 
 
+@axis_index_p.def_rule("vmap")
+def _axis_index_vmap(axis_size, vals, dims, *, axis_name):
+    return [np.arange(axis_size, dtype=np.int32)], [0]
+
+
+# %% tags=["export", "hide-input"]
+# @title The batching rules of pmax and all_gather, in the same two cases; axis_size
 @pmax_p.def_rule("vmap")
 def _pmax_vmap(axis_size, vals, dims, *, axis_name):
     (x,), (d,) = vals, dims
@@ -438,9 +443,8 @@ def _all_gather_vmap(batch_size, vals, dims, *, axis_name, axis_size):
     return [move_batch_axis(axis_size, d, 0, x)], [None]
 
 
-@axis_index_p.def_rule("vmap")
-def _axis_index_vmap(axis_size, vals, dims, *, axis_name):
-    return [np.arange(axis_size, dtype=np.int32)], [0]
+def axis_size(axis_name: Hashable, who: str = "pmean") -> int:
+    return lookup_axis(axis_name, who).size
 
 
 # %% [markdown]
@@ -624,19 +628,21 @@ psum_p.def_rule("lower")(_all_reduce_lower(hlo.add))
 pmax_p.def_rule("lower")(_all_reduce_lower(hlo.maximum))
 
 
+@axis_index_p.def_rule("lower")
+def _axis_index_lower(ctx, avals_in, avals_out, *, axis_name):
+    replica_groups(ctx, axis_name)  # refuses a collective outside pmap
+    index = hlo.ReplicaIdOp().result  # a 32-bit unsigned integer
+    return [hlo.convert(ir_type(avals_out[0]), index)]
+
+
+# %% tags=["export", "hide-input"]
+# @title Lowering all_gather: each replica's row, gathered along a new axis 0
 @all_gather_p.def_rule("lower")
 def _all_gather_lower(ctx, avals_in, avals_out, x, *, axis_name, axis_size):
     (x_aval,), (out_aval,) = avals_in, avals_out
     row = hlo.reshape(ir_type(ShapedArray((1, *x_aval.shape), x_aval.dtype)), x)
     groups = replica_groups(ctx, axis_name)
     return [hlo.AllGatherOp([ir_type(out_aval)], [row], 0, groups).result]
-
-
-@axis_index_p.def_rule("lower")
-def _axis_index_lower(ctx, avals_in, avals_out, *, axis_name):
-    replica_groups(ctx, axis_name)  # refuses a collective outside pmap
-    index = hlo.ReplicaIdOp().result  # a 32-bit unsigned integer
-    return [hlo.convert(ir_type(avals_out[0]), index)]
 
 
 # %% [markdown]
@@ -701,6 +707,8 @@ class CompiledPmap:
         ]
 
 
+# %% tags=["export", "hide-input"]
+# @title Waiting for each run; one executable per (jaxpr, number of rows)
 def wait_until_ready(per_output: list) -> None:
     # On XLA's CPU devices, a collective waits until every replica of its run
     # has arrived. With many runs in flight on few cores, one run's replicas can
@@ -741,18 +749,6 @@ class ShardedArray(Array):
         return ShardedArray(buffer)
 
 
-# Where an array lives, as JAX says it: the set of its devices, and its pieces
-Array.devices = lambda self: self._buffer.devices()
-Array.addressable_shards = property(lambda self: self._buffer.addressable_shards)
-
-
-@functools.cache
-def rows_sharding(devices: tuple) -> jax.sharding.Sharding:
-    """Axis 0 split across ``devices``, one row on each."""
-    mesh = jax.sharding.Mesh(np.array(devices), ("rows",))
-    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("rows"))
-
-
 def shard_rows(x: Any, devices: tuple) -> Any:
     """``x`` as one array of ``len(devices)`` shards, row ``i`` on device ``i``."""
     sharding = rows_sharding(devices)
@@ -766,6 +762,8 @@ def shard_rows(x: Any, devices: tuple) -> Any:
     return _jax.batched_device_put(aval, sharding, rows, devices, True, enable_x64=True)
 
 
+# %% tags=["export", "hide-input"]
+# @title A ShardedArray passed to jit: gathered, then copied to the first device
 def _as_buffer(x: Any) -> Any:
     """The device buffer for an argument of a (one-device) compiled call."""
     if isinstance(x, ShardedArray):
@@ -773,6 +771,20 @@ def _as_buffer(x: Any) -> Any:
     if isinstance(x, Array):
         return x._buffer
     return device_put(x)._buffer
+
+
+# %% tags=["export", "hide-input"]
+# @title Where an array lives (devices(), addressable_shards); a sharding by rows
+# Where an array lives, as JAX says it: the set of its devices, and its pieces
+Array.devices = lambda self: self._buffer.devices()
+Array.addressable_shards = property(lambda self: self._buffer.addressable_shards)
+
+
+@functools.cache
+def rows_sharding(devices: tuple) -> jax.sharding.Sharding:
+    """Axis 0 split across ``devices``, one row on each."""
+    mesh = jax.sharding.Mesh(np.array(devices), ("rows",))
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("rows"))
 
 
 # %% [markdown]
@@ -790,9 +802,6 @@ def _as_buffer(x: Any) -> Any:
 
 # %% tags=["export"]
 pmap_p = Primitive("pmap", multiple_results=True)
-AXIS_USERS[pmap_p] = lambda params: (
-    free_axis_names(params["jaxpr"]) - {params["axis_name"]}
-)
 
 
 def pmap(f: Callable, axis_name: Hashable = None, in_axes: Any = 0, out_axes: int = 0):
@@ -827,20 +836,13 @@ def with_axis(f: Callable, axis_name: Hashable, size: int) -> Callable:
     return f_with_axis
 
 
-@pmap_p.def_rule("abstract_eval")
-def _pmap_abstract_eval(*avals_in, jaxpr, axis_name, axis_size):
-    return [
-        ShapedArray((axis_size, *t.shape), t.dtype) for t in jaxpr_type(jaxpr).out_types
-    ]
-
-
 @pmap_p.def_rule("impl")
 def _pmap_impl(*args, jaxpr, axis_name, axis_size):
     return compile_pmap(jaxpr, axis_size)(*args)
 
 
 # %% tags=["export", "hide-input"]
-# @title The axis names a jaxpr's collectives use and do not bind themselves
+# @title The axis names a call uses and does not bind; pmap's output types
 def free_axis_names(jaxpr: Jaxpr) -> frozenset:
     if jaxpr not in _free_names:
         names = set()
@@ -869,6 +871,18 @@ for _prim in PRIMITIVES.values():
         "custom_vjp_call",
     ):
         AXIS_USERS[_prim] = _names_in_jaxpr_params
+
+
+AXIS_USERS[pmap_p] = lambda params: (
+    free_axis_names(params["jaxpr"]) - {params["axis_name"]}
+)
+
+
+@pmap_p.def_rule("abstract_eval")
+def _pmap_abstract_eval(*avals_in, jaxpr, axis_name, axis_size):
+    return [
+        ShapedArray((axis_size, *t.shape), t.dtype) for t in jaxpr_type(jaxpr).out_types
+    ]
 
 
 # %% tags=["export", "hide-input"]
@@ -992,6 +1006,8 @@ def _pmap_jvp(primals, tangents, *, jaxpr, axis_name, axis_size):
     return outs[:n], outs[n:]
 
 
+# %% tags=["export", "hide-input"]
+# @title pmap's batching and transpose rules
 @pmap_p.def_rule("vmap")
 def _pmap_vmap(batch_size, vals, dims, *, jaxpr, axis_name, axis_size):
     # Axis 0 is the devices' axis, so each row's batch goes to axis 1.
