@@ -5987,6 +5987,8 @@ def _unreachable_impl(prim: Primitive) -> None:
         # so plain evaluation never sees one; if it does, the axis is unbound
         raise unbound_axis_error(axis_name, prim.name)
 
+    rule.only_raises = True  # the rule table says so
+
 
 for _prim in COLLECTIVES:
     _unreachable_impl(_prim)
@@ -6446,15 +6448,21 @@ def _pmap_partial_eval_jaxpr(unks_in, eqn):
 
 
 # @title Lowering pmap inside jit: refused
+class PmapInsideJitError(TypeError):
+    """pmap was staged into a program compiled for one device."""
+
+
 @pmap_p.def_rule("lower")
 def _pmap_lower(ctx, avals_in, avals_out, *args, jaxpr, axis_name, axis_size):
-    raise NotImplementedError(
+    raise PmapInsideJitError(
         "pmap inside jit (or inside another pmap) is not supported: the "
         "enclosing program is compiled for one device (or one row per device); "
         "put jit inside pmap instead (pmap compiles its function anyway), and "
         "use vmap for a second mapped axis"
     )
 
+
+_pmap_lower.only_raises = True  # the rule table says so
 
 # ==== chapter: performance ====
 
