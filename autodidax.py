@@ -5662,6 +5662,755 @@ def _custom_jvp_call_transpose(cts, *args, call_jaxpr, **params):
 
 NOT_LINEAR = NOT_LINEAR | {"custom_vjp_call"}
 
+# ==== chapter: part9_named_axes ====
+
+from collections.abc import Iterable
+
+
+class UnboundAxisError(NameError, ValueError):
+    """A collective names an axis that no enclosing vmap or pmap binds."""
+
+
+class AxisFrame(NamedTuple):
+    name: Hashable  # what collectives call the axis
+    size: int
+    level: Level  # the interpreter that handles collectives over it
+
+
+class _AxisEnv(threading.local):
+    def __init__(self) -> None:
+        self.frames: list[AxisFrame] = []  # innermost last
+        self.rule_level: Level | None = None  # whose batching rule is running
+
+
+_axes = _AxisEnv()
+
+
+@contextmanager
+def bind_axis(name: Hashable, size: int, level: Level) -> Iterator[None]:
+    """Make ``name`` refer to an axis of ``size`` handled by ``level``."""
+    if name is None:
+        yield
+        return
+    _axes.frames.append(AxisFrame(name, size, level))
+    try:
+        yield
+    finally:
+        _axes.frames.pop()
+
+
+def lookup_axis(name: Hashable, who: str = "collective") -> AxisFrame:
+    for frame in reversed(_axes.frames):
+        if frame.name == name:
+            return frame
+    raise unbound_axis_error(name, who)
+
+
+# @title Checks: the unbound-axis error
+def check_replicas(ctx: LoweringContext, name: Hashable) -> int:
+    if ctx.replicas is None:
+        raise UnboundAxisError(
+            f"a collective over axis {name!r} reached XLA outside pmap: only "
+            "pmap compiles for several replicas (under vmap, a collective "
+            "becomes an operation on the batch axis before compilation)"
+        )
+    return ctx.replicas
+
+
+def unbound_axis_error(name: Hashable, who: str) -> UnboundAxisError:
+    bound = [frame.name for frame in _axes.frames]
+    where = f"the names bound here are {bound}" if bound else "no axis is bound here"
+    return UnboundAxisError(
+        f"{who}: unbound axis name {name!r}: no enclosing vmap(..., "
+        f"axis_name=...) or pmap(..., axis_name=...) binds it ({where})"
+    )
+
+
+AXIS_USERS: dict[Primitive, Callable[[dict], Iterable]] = {}  # prim -> names it uses
+
+
+def bind(prim: Primitive, *args: Any, **params: Any) -> Any:
+    """Apply a primitive: the single entry point of every operation."""
+    args = [x if isinstance(x, Tracer) else as_array(x, prim.name) for x in args]
+    trace = find_top_trace(args)
+    if prim in AXIS_USERS:  # new: reach the interpreters that bound its axes
+        trace = reach_axes(trace, AXIS_USERS[prim](params), prim.name)
+    tracers = [trace.full_raise(x) for x in args]
+    outs = trace.process_primitive(prim, tracers, params)
+    outs = [full_lower(out) for out in outs]
+    return outs if prim.multiple_results else outs[0]
+
+
+def reach_axes(trace: Trace, names: Iterable, who: str) -> Trace:
+    """The higher of ``trace`` and the levels that bound ``names``."""
+    for name in names:
+        level = lookup_axis(name, who).level
+        if level.number > trace.level.number:
+            trace = level.trace_type(level)
+    return trace
+
+
+INHERIT = object()  # vmap_flat's default: the name of the running batching rule
+
+
+def batch_axis_name() -> Hashable | None:
+    """The axis name of the BatchTrace whose rule is running, if any."""
+    for frame in reversed(_axes.frames):
+        if frame.level is _axes.rule_level:
+            return frame.name
+    return None
+
+
+def vmap_flat(f, in_axes, args, out_axis=0, axis_name=INHERIT, size=None):
+    """Batch ``f`` (flat lists in and out); ``in_axes`` are already checked."""
+    if axis_name is INHERIT:  # a rule batching a sub-jaxpr over its own axis
+        axis_name = batch_axis_name()
+    sizes = {get_aval(x).shape[ax] for x, ax in zip(args, in_axes) if ax is not None}
+    (axis_size,) = sizes or {size}  # new: a size for a batch with no batched input
+    with new_level(BatchTrace, axis_size) as level:
+        with bind_axis(axis_name, axis_size, level):  # new
+            trace = BatchTrace(level)
+            tracers_in = [
+                x if ax is None else BatchTracer(trace, x, ax)
+                for x, ax in zip(args, in_axes)
+            ]
+            outs = _check_outputs("vmap", f(*tracers_in))
+            tracers_out = [trace.full_raise(out) for out in outs]
+    return [
+        move_batch_axis(axis_size, t.batch_axis, _out_axis(out_axis, t), t.val)
+        for t in tracers_out
+    ]
+
+
+def vmap(
+    f: Callable, in_axes: Any = 0, out_axes: int = 0, axis_name: Hashable = None
+) -> Callable:
+    """Vectorize ``f`` over the batch axes ``in_axes`` of its arguments; the
+    batch axis of every output goes to ``out_axes``; collectives may refer
+    to the batch axis as ``axis_name``."""
+    _check_out_axes(out_axes)
+
+    def batched_f(*args: Any) -> Any:
+        args_flat, axes_flat, in_tree = _flatten_vmap_args(in_axes, args)
+        flat_f = flatten_fun(f, in_tree)
+        outs = vmap_flat(flat_f, axes_flat, args_flat, out_axes, axis_name)
+        return tree_unflatten(flat_f.out_tree, outs)
+
+    return batched_f
+
+
+def _batch_process_primitive(self, prim, tracers, params):
+    vals = [t.val for t in tracers]
+    dims = [t.batch_axis for t in tracers]
+    previous, _axes.rule_level = _axes.rule_level, self.level  # new
+    try:
+        outs, out_dims = prim.rule("vmap")(self.axis_size, vals, dims, **params)
+    finally:
+        _axes.rule_level = previous
+    return [BatchTracer(self, x, d) for x, d in zip(outs, out_dims)]
+
+
+BatchTrace.process_primitive = _batch_process_primitive
+
+
+def batches_axis(name: Hashable) -> bool:
+    """Is the running batching rule the one that bound ``name``?"""
+    return lookup_axis(name).level is _axes.rule_level
+
+
+# @title Batching a sub-jaxpr keeps the axis name (vmap_jaxpr, run_batched)
+def _vmap_jaxpr_uncached(jaxpr, axis_size, batched, axis_name):
+    in_types = jaxpr_type(jaxpr).in_types
+    batched_types = [
+        ShapedArray((axis_size, *t.shape), t.dtype) if b else t
+        for t, b in zip(in_types, batched)
+    ]
+    in_axes = [0 if b else None for b in batched]
+
+    def batched_fun(*args):
+        fun = jaxpr_as_fun(jaxpr)
+        return vmap_flat(fun, in_axes, list(args), 0, axis_name, axis_size)
+
+    new_jaxpr, consts, _ = make_jaxpr(batched_fun, *batched_types)
+    return new_jaxpr, [device_put(c) for c in consts]
+
+
+_vmap_jaxpr_cached = functools.cache(_vmap_jaxpr_uncached)
+
+
+def vmap_jaxpr(jaxpr: Jaxpr, axis_size: int, batched: tuple[bool, ...]):
+    """A jaxpr computing ``jaxpr`` on a batch (axis 0) of the batched inputs."""
+    return _vmap_jaxpr_cached(jaxpr, axis_size, batched, batch_axis_name())
+
+
+vmap_jaxpr.__wrapped__ = lambda jaxpr, axis_size, batched: _vmap_jaxpr_uncached(
+    jaxpr, axis_size, batched, batch_axis_name()
+)
+
+
+def run_batched(jaxpr, axis_size, args, batched, out_batched):
+    """``jaxpr`` on ``args`` (batched along axis 0 where ``batched``); the
+    outputs batched along axis 0 where ``out_batched``, else unbatched."""
+    axis_name = batch_axis_name()
+    with new_level(BatchTrace, axis_size) as level:
+        with bind_axis(axis_name, axis_size, level):
+            trace = BatchTrace(level)
+            ins = [BatchTracer(trace, x, 0) if b else x for x, b in zip(args, batched)]
+            outs = [trace.full_raise(x) for x in eval_jaxpr(jaxpr, ins)]
+            return [
+                move_batch_axis(axis_size, t.batch_axis, 0, t.val) if b else t.val
+                for t, b in zip(outs, out_batched)
+            ]
+
+
+# A call whose inputs are all unbatched may still depend on the batch through
+# a collective over this axis (jit(lambda: psum(1.0, "i"))): batch it anyway.
+def _batches_through_collective(dims: list, jaxpr: Jaxpr) -> bool:
+    unbatched = all(d is None for d in dims)
+    return unbatched and batch_axis_name() in free_axis_names(jaxpr)
+
+
+_xla_call_vmap_unnamed = xla_call_p.rule("vmap")
+_custom_jvp_call_vmap_unnamed = custom_jvp_call_p.rule("vmap")
+
+
+@xla_call_p.def_rule("vmap")
+def _xla_call_vmap(axis_size, vals, dims, *, jaxpr):
+    if not _batches_through_collective(dims, jaxpr):
+        return _xla_call_vmap_unnamed(axis_size, vals, dims, jaxpr=jaxpr)
+    new_jaxpr, consts = vmap_jaxpr(jaxpr, axis_size, (False,) * len(vals))
+    outs = bind(xla_call_p, *consts, *vals, jaxpr=new_jaxpr)
+    return outs, [0] * len(outs)
+
+
+@custom_jvp_call_p.def_rule("vmap")
+def _custom_jvp_call_vmap(axis_size, vals, dims, *, call_jaxpr, **params):
+    if _batches_through_collective(dims, call_jaxpr):
+        vals = [move_batch_axis(axis_size, None, 0, x) for x in vals]
+        dims = [0] * len(vals)
+    return _custom_jvp_call_vmap_unnamed(
+        axis_size, vals, dims, call_jaxpr=call_jaxpr, **params
+    )
+
+
+psum_p = Primitive("psum")
+pmax_p = Primitive("pmax")
+all_gather_p = Primitive("all_gather")
+axis_index_p = Primitive("axis_index")
+COLLECTIVES = (psum_p, pmax_p, all_gather_p, axis_index_p)
+for _prim in COLLECTIVES:
+    AXIS_USERS[_prim] = lambda params: (params["axis_name"],)
+
+
+def psum(x: ArrayLike, axis_name: Hashable) -> ArrayLike:
+    """Sum ``x`` over the axis ``axis_name``: every member gets the total."""
+    return bind(psum_p, x, axis_name=axis_name)
+
+
+def pmax(x: ArrayLike, axis_name: Hashable) -> ArrayLike:
+    return bind(pmax_p, x, axis_name=axis_name)
+
+
+def pmean(x: ArrayLike, axis_name: Hashable) -> ArrayLike:
+    return psum(x, axis_name) / axis_size(axis_name)
+
+
+def all_gather(x: ArrayLike, axis_name: Hashable) -> ArrayLike:
+    """Every member's ``x``, stacked along a new leading axis."""
+    size = axis_size(axis_name, "all_gather")
+    return bind(all_gather_p, x, axis_name=axis_name, axis_size=size)
+
+
+def axis_index(axis_name: Hashable) -> ArrayLike:
+    """This member's position along ``axis_name`` (an int32 scalar)."""
+    return bind(axis_index_p, axis_name=axis_name)
+
+
+def axis_size(axis_name: Hashable, who: str = "pmean") -> int:
+    return lookup_axis(axis_name, who).size
+
+
+@psum_p.def_rule("vmap")
+def _psum_vmap(axis_size, vals, dims, *, axis_name):
+    (x,), (d,) = vals, dims
+    if not batches_axis(axis_name):  # another axis: the batch rides along
+        return [psum(x, axis_name)], [d]
+    if d is None:  # the same value in every member: the sum is N times it
+        aval = get_aval(x)
+        return [mul(x, np.full(aval.shape, axis_size, aval.dtype))], [None]
+    return [reduce_sum(x, d)], [None]
+
+
+@pmax_p.def_rule("vmap")
+def _pmax_vmap(axis_size, vals, dims, *, axis_name):
+    (x,), (d,) = vals, dims
+    if not batches_axis(axis_name):
+        return [pmax(x, axis_name)], [d]
+    if d is None:
+        return [x], [None]
+    return [reduce_max(x, d)], [None]
+
+
+@all_gather_p.def_rule("vmap")
+def _all_gather_vmap(batch_size, vals, dims, *, axis_name, axis_size):
+    (x,), (d,) = vals, dims
+    if not batches_axis(axis_name):
+        out_dim = None if d is None else d + 1
+        return [all_gather(x, axis_name)], [out_dim]
+    return [move_batch_axis(axis_size, d, 0, x)], [None]
+
+
+@axis_index_p.def_rule("vmap")
+def _axis_index_vmap(axis_size, vals, dims, *, axis_name):
+    return [np.arange(axis_size, dtype=np.int32)], [0]
+
+
+# @title The collectives' other rules: types, derivatives, transposes
+for _prim in (psum_p, pmax_p):
+    _prim.def_rule("abstract_eval")(lambda x, *, axis_name: [x])
+
+
+@all_gather_p.def_rule("abstract_eval")
+def _all_gather_abstract_eval(x, *, axis_name, axis_size):
+    return [ShapedArray((axis_size, *x.shape), x.dtype)]
+
+
+@axis_index_p.def_rule("abstract_eval")
+def _axis_index_abstract_eval(*, axis_name):
+    return [ShapedArray((), np.dtype(np.int32))]
+
+
+def _unreachable_impl(prim: Primitive) -> None:
+    @prim.def_rule("impl")
+    def rule(*args, axis_name, **params):
+        # bind always raises a collective to the level that bound its axis,
+        # so plain evaluation never sees one; if it does, the axis is unbound
+        raise unbound_axis_error(axis_name, prim.name)
+
+
+for _prim in COLLECTIVES:
+    _unreachable_impl(_prim)
+
+
+@psum_p.def_rule("jvp")
+def _psum_jvp(primals, tangents, *, axis_name):
+    return [psum(primals[0], axis_name)], [psum(tangents[0], axis_name)]
+
+
+@all_gather_p.def_rule("jvp")
+def _all_gather_jvp(primals, tangents, **params):
+    return [bind(all_gather_p, primals[0], **params)], [
+        bind(all_gather_p, tangents[0], **params)
+    ]
+
+
+@pmax_p.def_rule("jvp")
+def _pmax_jvp(primals, tangents, *, axis_name):
+    (x,), (t,) = primals, tangents
+    out = pmax(x, axis_name)
+    at_max = convert_element_type(_equal(x, out), get_aval(x).dtype)
+    return [out], [psum(t * at_max, axis_name) / psum(at_max, axis_name)]
+
+
+@axis_index_p.def_rule("jvp")
+def _axis_index_jvp(primals, tangents, *, axis_name):
+    out = axis_index(axis_name)
+    return [out], [zeros_like(out)]
+
+
+@psum_p.def_rule("transpose")
+def _psum_transpose(cts, x, *, axis_name):
+    (ct,) = cts
+    return [None if ct is None else psum(ct, axis_name)]
+
+
+@all_gather_p.def_rule("transpose")
+def _all_gather_transpose(cts, x, *, axis_name, axis_size):
+    (ct,) = cts
+    if ct is None:
+        return [None]
+    total = psum(ct, axis_name)  # my row of the gathered sum is my cotangent
+    mine = _equal(np.arange(axis_size, dtype=np.int32), axis_index(axis_name))
+    zeros = np.zeros(get_aval(total).shape, get_aval(total).dtype)
+    return [reduce_sum(select(per_example(mine, total), total, zeros), 0)]
+
+
+NOT_LINEAR = NOT_LINEAR | {"pmax", "axis_index"}
+
+
+def devices() -> list:
+    """The devices XLA's CPU client offers (8 with the book's XLA_FLAGS)."""
+    return runtime().client.local_devices()
+
+
+LoweringContext.replicas = None  # pmap's lowering sets the number of replicas
+
+
+def replica_groups(ctx: LoweringContext, name: Hashable) -> ir.Attribute:
+    """All replicas in one group: the collective spans every device."""
+    n = check_replicas(ctx, name)
+    groups = np.arange(n, dtype=np.int64).reshape(1, n)
+    return ir.DenseIntElementsAttr.get(groups)
+
+
+def _all_reduce_lower(combine: Callable) -> Callable:
+    def rule(ctx, avals_in, avals_out, x, *, axis_name):
+        op = hlo.AllReduceOp([x.type], [x], replica_groups(ctx, axis_name))
+        scalar = ir_type(ShapedArray((), avals_in[0].dtype))
+        body = op.regions[0].blocks.append(scalar, scalar)
+        with ir.InsertionPoint(body):
+            hlo.ReturnOp([combine(*body.arguments)])
+        return [op.result]
+
+    return rule
+
+
+psum_p.def_rule("lower")(_all_reduce_lower(hlo.add))
+pmax_p.def_rule("lower")(_all_reduce_lower(hlo.maximum))
+
+
+@all_gather_p.def_rule("lower")
+def _all_gather_lower(ctx, avals_in, avals_out, x, *, axis_name, axis_size):
+    (x_aval,), (out_aval,) = avals_in, avals_out
+    row = hlo.reshape(ir_type(ShapedArray((1, *x_aval.shape), x_aval.dtype)), x)
+    groups = replica_groups(ctx, axis_name)
+    return [hlo.AllGatherOp([ir_type(out_aval)], [row], 0, groups).result]
+
+
+@axis_index_p.def_rule("lower")
+def _axis_index_lower(ctx, avals_in, avals_out, *, axis_name):
+    replica_groups(ctx, axis_name)  # refuses a collective outside pmap
+    index = hlo.ReplicaIdOp().result  # a 32-bit unsigned integer
+    return [hlo.convert(ir_type(avals_out[0]), index)]
+
+
+def lower_pmap(jaxpr: Jaxpr, n: int) -> ir.Module:
+    """A module for one replica: ``main`` takes and returns one row per input
+    and output (shape ``(1, ...)``) and calls the lowered ``jaxpr`` on them."""
+    with mlir_context(), ir.Location.unknown():
+        ctx = LoweringContext()
+        ctx.replicas = n  # new: collectives span n replicas
+        body = ctx.function_for(jaxpr)
+        row = lambda aval: ir_type(ShapedArray((1, *aval.shape), aval.dtype))  # noqa: E731
+        ins = [row(v.aval) for v in jaxpr.in_binders]
+        outs = [row(x.aval) for x in jaxpr.outs]
+        with ir.InsertionPoint(ctx.module.body):
+            main = mlir_func.FuncOp("main", ir.FunctionType.get(ins, outs))
+        block = main.add_entry_block()
+        with ir.InsertionPoint(block):
+            args = [
+                hlo.reshape(ir_type(v.aval), a)
+                for v, a in zip(jaxpr.in_binders, block.arguments)
+            ]
+            out_types = [ir_type(x.aval) for x in jaxpr.outs]
+            call = mlir_func.CallOp(out_types, ir.FlatSymbolRefAttr.get(body), args)
+            mlir_func.ReturnOp([hlo.reshape(t, r) for t, r in zip(outs, call.results)])
+        ctx.module.operation.verify()
+    return ctx.module
+
+
+class CompiledPmap:
+    """One XLA executable for ``n`` replicas, one per device."""
+
+    def __init__(self, jaxpr: Jaxpr, n: int) -> None:
+        from jax._src.lib import xla_client
+
+        self.devices = tuple(devices()[:n])
+        self.module_text = str(lower_pmap(jaxpr, n))
+        options = xla_client.CompileOptions()
+        options.num_replicas = n
+        self.executable = runtime().client.compile_and_load(
+            self.module_text, xla_client.DeviceList(tuple(self.devices)), options
+        )
+        self.out_avals = _pmap_abstract_eval(jaxpr=jaxpr, axis_name=None, axis_size=n)
+
+    def __call__(self, *args: Any) -> list[ShardedArray]:
+        arrays = [shard_rows(x, self.devices) for x in args]
+        results = self.executable.execute_sharded(arrays)
+        per_output = results.disassemble_into_single_device_arrays()
+        return [
+            ShardedArray.from_rows(rows, aval)
+            for rows, aval in zip(per_output, self.out_avals)
+        ]
+
+
+_compiled_pmaps: dict[tuple[Jaxpr, int], CompiledPmap] = {}
+
+
+def compile_pmap(jaxpr: Jaxpr, n: int) -> CompiledPmap:
+    if (jaxpr, n) not in _compiled_pmaps:
+        _compiled_pmaps[jaxpr, n] = CompiledPmap(jaxpr, n)
+    return _compiled_pmaps[jaxpr, n]
+
+
+class ShardedArray(Array):
+    """An array whose rows live on different devices: row ``i`` on device ``i``."""
+
+    @staticmethod
+    def from_rows(rows: list, aval: ShapedArray) -> ShardedArray:
+        sharding = rows_sharding(tuple(r.device for r in rows))
+        buffer = jax.make_array_from_single_device_arrays(aval.shape, sharding, rows)
+        return ShardedArray(buffer)
+
+
+# Where an array lives, as JAX says it: the set of its devices, and its pieces
+Array.devices = lambda self: self._buffer.devices()
+Array.addressable_shards = property(lambda self: self._buffer.addressable_shards)
+
+
+@functools.cache
+def rows_sharding(devices: tuple) -> jax.sharding.Sharding:
+    """Axis 0 split across ``devices``, one row on each."""
+    mesh = jax.sharding.Mesh(np.array(devices), ("rows",))
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("rows"))
+
+
+def shard_rows(x: Any, devices: tuple) -> Any:
+    """``x`` as one array of ``len(devices)`` shards, row ``i`` on device ``i``."""
+    sharding = rows_sharding(devices)
+    if isinstance(x, ShardedArray) and x._buffer.sharding == sharding:
+        return x._buffer  # already in place: no copy
+    from jaxlib import _jax
+
+    x = np.asarray(x)
+    aval = jax.core.ShapedArray(x.shape, x.dtype)
+    rows = [x[i : i + 1] for i in range(len(devices))]
+    return _jax.batched_device_put(aval, sharding, rows, devices, True, enable_x64=True)
+
+
+def _as_buffer(x: Any) -> Any:
+    """The device buffer for an argument of a (one-device) compiled call."""
+    if isinstance(x, ShardedArray):
+        x = np.asarray(x)  # gather the rows, then copy to the first device
+    if isinstance(x, Array):
+        return x._buffer
+    return device_put(x)._buffer
+
+
+pmap_p = Primitive("pmap", multiple_results=True)
+AXIS_USERS[pmap_p] = lambda params: (
+    free_axis_names(params["jaxpr"]) - {params["axis_name"]}
+)
+
+
+def pmap(f: Callable, axis_name: Hashable = None, in_axes: Any = 0, out_axes: int = 0):
+    """Run ``f`` on every row of the mapped inputs, one row per device, with
+    collectives over ``axis_name`` communicating between the devices."""
+    traces: dict[int, Traces] = {}  # per number of rows
+
+    def pmapped(*args: Any) -> Any:
+        args_flat, axes_flat, in_tree = _flatten_pmap_args(in_axes, args)
+        n = check_pmap_rows(args_flat, axes_flat)
+        rows = [move_batch_axis(n, ax, 0, x) for x, ax in zip(args_flat, axes_flat)]
+        one_row = [ShapedArray(get_aval(x).shape[1:], get_aval(x).dtype) for x in rows]
+        body = with_axis(f, axis_name, n)
+        jaxpr, consts, out_tree = trace_for_call(
+            body, traces.setdefault(n, {}), one_row, in_tree
+        )
+        consts = [move_batch_axis(n, None, 0, c) for c in consts]  # a copy per row
+        outs = bind(
+            pmap_p, *consts, *rows, jaxpr=jaxpr, axis_name=axis_name, axis_size=n
+        )
+        outs = [move_batch_axis(n, 0, out_axes, out) for out in outs]
+        return tree_unflatten(out_tree, outs)
+
+    return pmapped
+
+
+def with_axis(f: Callable, axis_name: Hashable, size: int) -> Callable:
+    """``f``, with ``axis_name`` bound to the interpreter that traces it."""
+
+    def f_with_axis(*args):
+        with bind_axis(axis_name, size, _state.dynamic):
+            return f(*args)
+
+    return f_with_axis
+
+
+@pmap_p.def_rule("abstract_eval")
+def _pmap_abstract_eval(*avals_in, jaxpr, axis_name, axis_size):
+    return [
+        ShapedArray((axis_size, *t.shape), t.dtype) for t in jaxpr_type(jaxpr).out_types
+    ]
+
+
+@pmap_p.def_rule("impl")
+def _pmap_impl(*args, jaxpr, axis_name, axis_size):
+    return compile_pmap(jaxpr, axis_size)(*args)
+
+
+# @title The axis names a jaxpr's collectives use and do not bind themselves
+def free_axis_names(jaxpr: Jaxpr) -> frozenset:
+    if jaxpr not in _free_names:
+        names = set()
+        for eqn in jaxpr.eqns:
+            if eqn.primitive in AXIS_USERS:
+                names |= set(AXIS_USERS[eqn.primitive](eqn.params))
+        _free_names[jaxpr] = frozenset(names)
+    return _free_names[jaxpr]
+
+
+_free_names: weakref.WeakKeyDictionary[Jaxpr, frozenset] = weakref.WeakKeyDictionary()
+
+
+def _names_in_jaxpr_params(params: dict) -> frozenset:
+    jaxprs = [v for v in params.values() if isinstance(v, Jaxpr)]
+    return frozenset().union(*map(free_axis_names, jaxprs))
+
+
+for _prim in PRIMITIVES.values():
+    if _prim.name in (
+        "xla_call",
+        "cond",
+        "while",
+        "scan",
+        "custom_jvp_call",
+        "custom_vjp_call",
+    ):
+        AXIS_USERS[_prim] = _names_in_jaxpr_params
+
+
+# @title Checks: pmap's in_axes, row counts and device count
+def _flatten_pmap_args(in_axes: Any, args: tuple) -> tuple[list, list, PyTreeDef]:
+    try:
+        return _flatten_vmap_args(in_axes, args)
+    except (TypeError, ValueError) as e:
+        raise type(e)(str(e).replace("vmap:", "pmap:", 1)) from None
+
+
+def check_pmap_rows(args: list, axes: list) -> int:
+    """The number of rows (one per device), checked against the devices."""
+    (n,) = {get_aval(x).shape[ax] for x, ax in zip(args, axes) if ax is not None}
+    available = len(devices())
+    if n > available:
+        raise ValueError(
+            f"pmap: the mapped axis has {n} rows but there are only {available} "
+            f"devices; map over at most {available} rows (e.g. reshape to "
+            f"({available}, -1, ...) and vmap inside each device)"
+        )
+    return n
+
+
+def rows_of(n: int, consts: list) -> list:
+    """Constants of a new body, one copy per device (pmap maps every input)."""
+    return [move_batch_axis(n, None, 0, c) for c in consts]
+
+
+@pmap_p.def_rule("jvp")
+def _pmap_jvp(primals, tangents, *, jaxpr, axis_name, axis_size):
+    with bind_axis(axis_name, axis_size, _state.dynamic):
+        new_jaxpr, consts = jvp_jaxpr(jaxpr)
+    params = dict(axis_name=axis_name, axis_size=axis_size)
+    outs = bind(
+        pmap_p,
+        *rows_of(axis_size, consts),
+        *primals,
+        *tangents,
+        jaxpr=new_jaxpr,
+        **params,
+    )
+    n = len(outs) // 2
+    return outs[:n], outs[n:]
+
+
+@pmap_p.def_rule("vmap")
+def _pmap_vmap(batch_size, vals, dims, *, jaxpr, axis_name, axis_size):
+    # Axis 0 is the devices' axis, so each row's batch goes to axis 1.
+    vals = [
+        v if d is None else move_batch_axis(batch_size, d, 1, v)
+        for v, d in zip(vals, dims)
+    ]
+    batched = tuple(d is not None for d in dims)
+    with bind_axis(axis_name, axis_size, _state.dynamic):
+        new_jaxpr, consts = vmap_jaxpr(jaxpr, batch_size, batched)
+    params = dict(axis_name=axis_name, axis_size=axis_size)
+    outs = bind(pmap_p, *rows_of(axis_size, consts), *vals, jaxpr=new_jaxpr, **params)
+    return outs, [1] * len(outs)
+
+
+@pmap_p.def_rule("transpose")
+def _pmap_transpose(cts, *args, jaxpr, axis_name, axis_size):
+    undefined = tuple(_is_undef(x) for x in args)
+    with bind_axis(axis_name, axis_size, _state.dynamic):
+        new_jaxpr, consts = transpose_jaxpr(jaxpr, undefined)
+    defined = [x for x in args if not _is_undef(x)]
+    out_types = _pmap_abstract_eval(
+        jaxpr=jaxpr, axis_name=axis_name, axis_size=axis_size
+    )
+    cts = [zeros_like_aval(t) if ct is None else ct for ct, t in zip(cts, out_types)]
+    params = dict(axis_name=axis_name, axis_size=axis_size)
+    cts_in = iter(
+        bind(
+            pmap_p,
+            *rows_of(axis_size, consts),
+            *defined,
+            *cts,
+            jaxpr=new_jaxpr,
+            **params,
+        )
+    )
+    return [next(cts_in) if u else None for u in undefined]
+
+
+# @title pmap's partial evaluation: known rows now, unknown rows staged (as xla_call's)
+@pmap_p.def_rule("partial_eval")
+def _pmap_partial_eval(trace, tracers, *, jaxpr, **params):
+    in_unknowns = [not t.pval.is_known for t in tracers]
+    jaxpr_known, jaxpr_unknown, out_unknowns, num_res = split_call_jaxpr(
+        jaxpr, tuple(in_unknowns)
+    )
+    known_vals = [t.pval.const for t in tracers if t.pval.is_known]
+    known_outs_and_res = bind(pmap_p, *known_vals, jaxpr=jaxpr_known, **params)
+    split = len(known_outs_and_res) - num_res
+    known_outs, residuals = known_outs_and_res[:split], known_outs_and_res[split:]
+    residual_tracers = [trace.instantiate_const(trace.pure(r)) for r in residuals]
+    unknown_tracers = [t for t in tracers if not t.pval.is_known]
+    unknown_outs = trace.stage(
+        pmap_p, residual_tracers + unknown_tracers, dict(jaxpr=jaxpr_unknown, **params)
+    )
+    known_iter, unknown_iter = iter(known_outs), iter(unknown_outs)
+    return [
+        next(unknown_iter) if unk else trace.pure(next(known_iter))
+        for unk in out_unknowns
+    ]
+
+
+@pmap_p.def_rule("partial_eval_jaxpr")
+def _pmap_partial_eval_jaxpr(unks_in, eqn):
+    params = {k: v for k, v in eqn.params.items() if k != "jaxpr"}
+    jaxpr_known, jaxpr_unknown, out_unknowns, num_res = split_call_jaxpr(
+        eqn.params["jaxpr"], tuple(unks_in)
+    )
+    known_outs = [v for v, u in zip(eqn.out_binders, out_unknowns) if not u]
+    unknown_outs = [v for v, u in zip(eqn.out_binders, out_unknowns) if u]
+    n = params["axis_size"]
+    residuals = [
+        Var(ShapedArray((n, *v.aval.shape), v.aval.dtype))
+        for v in jaxpr_known.outs[len(known_outs) :]
+    ]
+    known_ins = [x for x, u in zip(eqn.inputs, unks_in) if not u]
+    unknown_ins = [x for x, u in zip(eqn.inputs, unks_in) if u]
+    eqn_known = JaxprEqn(
+        pmap_p, known_ins, dict(jaxpr=jaxpr_known, **params), known_outs + residuals
+    )
+    eqn_unknown = JaxprEqn(
+        pmap_p,
+        residuals + unknown_ins,
+        dict(jaxpr=jaxpr_unknown, **params),
+        unknown_outs,
+    )
+    return eqn_known, eqn_unknown, out_unknowns, residuals
+
+
+# @title Lowering pmap inside jit: refused
+@pmap_p.def_rule("lower")
+def _pmap_lower(ctx, avals_in, avals_out, *args, jaxpr, axis_name, axis_size):
+    raise NotImplementedError(
+        "pmap inside jit is not supported: a jitted program runs on one device; "
+        "put jit inside pmap instead (pmap compiles its function anyway)"
+    )
+
+
 # ==== chapter: performance ====
 
 

@@ -15,7 +15,10 @@ a notebook on its own) and calls ``load_book``:
 - it runs the library code of the chapters before this one in the notebook's
   own namespace (``autodidax.load_chapters``), so that a chapter which
   replaces a function changes the earlier code that calls it, as when the
-  whole book runs in one kernel.
+  whole book runs in one kernel;
+- for a chapter that runs on several devices (Part 9), it asks XLA for that
+  many CPU devices before JAX starts, or says what to do if JAX has already
+  started with fewer.
 
 Part 1 needs only NumPy: for it, nothing is installed or imported.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import os
 import subprocess
 import sys
 import textwrap
@@ -34,6 +38,8 @@ from types import ModuleType
 BOOK_JAX = "0.10.2"  # the JAX and jaxlib release this book is tested with
 BOOK_URL = "https://raw.githubusercontent.com/autodidax-book/autodidax/main/"
 FIRST_CHAPTER = "part1_interpreters"
+HOST_DEVICES = {"part9_named_axes": 8}  # chapters that need several devices
+DEVICE_FLAG = "--xla_force_host_platform_device_count"
 
 
 def installed_version(package: str) -> str | None:
@@ -89,8 +95,38 @@ def show_error(fn, *args) -> None:
         print(textwrap.fill(f"{type(e).__name__}: {e}", 80, subsequent_indent="  "))
 
 
+def jax_backend_started() -> bool:
+    if "jax" not in sys.modules:
+        return False
+    from jax._src import xla_bridge
+
+    return xla_bridge.backends_are_initialized()
+
+
+def use_host_devices(count: int) -> None:
+    """Ask XLA for ``count`` CPU devices; this works only before JAX starts
+    its backend, so if it has started with fewer, say how to start afresh."""
+    if jax_backend_started():
+        import jax
+
+        found = jax.local_device_count("cpu")
+        if found < count:
+            print(
+                f"This chapter runs on {count} devices, but JAX has already "
+                f"started with {found}, and the number is fixed once it starts. "
+                "Restart the runtime (Colab: Runtime > Restart session; "
+                "Jupyter: Kernel > Restart) and run this chapter first."
+            )
+        return
+    flags = os.environ.get("XLA_FLAGS", "")
+    if DEVICE_FLAG not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {DEVICE_FLAG}={count}".strip()
+
+
 def load_book(namespace: dict, *, before: str) -> None:
     """Prepare a chapter notebook (returns nothing, so the cell shows nothing)."""
+    if before in HOST_DEVICES:
+        use_host_devices(HOST_DEVICES[before])
     fetch_if_missing("figures.py", "book/figures.py")
     namespace["show_error"] = show_error  # the pages' demos of error messages
     if before == FIRST_CHAPTER:
