@@ -223,6 +223,21 @@ def test_collective_of_an_unbatched_value():
     np.testing.assert_allclose(host(build(OURS)(X5)[0]), np.full((5, 3), 15.0))
 
 
+def test_jit_with_unbatched_inputs_under_named_vmap():
+    """A jitted function whose inputs do not depend on the batch still sees
+    the vmap's name: its collective runs over the batch axis."""
+
+    def build(lib):
+        def f(x):
+            total = lib.jit(lambda c: lib.psum(c, AXIS))(C3)
+            index = lib.jit(lambda: lib.axis_index(AXIS))()
+            return total + x * lib.to_float(index)
+
+        return lib.vmap(f, axis_name=AXIS)
+
+    both(build, X5)
+
+
 def test_vmap_pytrees_and_unmapped_operand():
     both(
         lambda lib: lib.vmap(tree_program(lib), in_axes=(0, None), axis_name=AXIS),
