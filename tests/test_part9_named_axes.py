@@ -436,6 +436,18 @@ def test_pmap_of_grad_with_pmean():
     both(build, w, X8)
 
 
+@pytest.mark.parametrize("mapper", ["vmap", "pmap"])
+def test_grad_of_a_psum_inside_the_map(mapper):
+    """grad of psum(g(x)) with respect to this row's x: psum's transpose
+    sums the rows' cotangents (all 1), so it is the number of rows * g'(x)."""
+
+    def build(lib):
+        f = lambda x: lib.psum(lib.total(lib.sin(x) * x), AXIS)  # noqa: E731
+        return getattr(lib, mapper)(lib.grad(f), axis_name=AXIS)
+
+    both(build, X8)
+
+
 def test_jit_of_pmap_agrees_or_refuses_clearly():
     """pmap inside jit: JAX runs it; autodidax may refuse with a clear error
     (its pmap is compiled on its own, not lowered into another program)."""
