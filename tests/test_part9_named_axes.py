@@ -346,6 +346,13 @@ def test_each_collective_under_pmap(which):
     pmap_both(which, X8)
 
 
+def test_pmap_without_a_name_integers_and_scalar_rows():
+    def build(lib):
+        return lib.pmap(lambda x, n: (lib.sin(x) * 2.0, lib.total(x), n * 3))
+
+    both(build, X8, np.arange(N, dtype=np.int32))
+
+
 def test_fewer_rows_than_devices():
     ours, _ = pmap_both("psum", X3)
     assert len(ours.devices()) == 3
@@ -385,6 +392,33 @@ def test_pmap_result_goes_back_into_pmap():
     ours = pmapped("ours", "pmean")(pmapped("ours", "psum")(X8))
     theirs = pmapped("jax", "pmean")(pmapped("jax", "psum")(X8))
     close(ours, theirs)
+
+
+@pytest.mark.parametrize("rows", [N, 3])
+def test_collectives_lower_to_stablehlo_collectives(rows):
+    """One pmap equation carrying the per-device jaxpr; lowered with one
+    replica per row, psum and pmax are all_reduce over every replica (with an
+    add or a maximum region), all_gather is all_gather, axis_index is
+    replica_id."""
+
+    def f(x):
+        index = ad.convert_element_type(ad.axis_index(AXIS), x.dtype)
+        gathered = ad.reduce_sum(ad.all_gather(x, AXIS), 0)
+        return ad.psum(x, AXIS) + ad.pmax(x, AXIS) * index + gathered
+
+    jaxpr, _, _ = ad.make_jaxpr(ad.pmap(f, axis_name=AXIS), X8[:rows])
+    (eqn,) = jaxpr.eqns
+    assert eqn.primitive.name == "pmap"
+    body = eqn.params["jaxpr"]
+    names = [e.primitive.name for e in body.eqns]
+    for name in ("psum", "pmax", "all_gather", "axis_index"):
+        assert name in names
+    text = str(ad.lower_pmap(body, rows))
+    groups = f"replica_groups = dense<[[{', '.join(map(str, range(rows)))}]]>"
+    assert text.count('"stablehlo.all_reduce"') == 2
+    assert text.count(groups) == 3  # two all_reduce, one all_gather
+    assert "stablehlo.add" in text and "stablehlo.maximum" in text
+    assert '"stablehlo.all_gather"' in text and "stablehlo.replica_id" in text
 
 
 def test_pmap_traces_once_per_shape():
