@@ -67,6 +67,7 @@ JAX = SimpleNamespace(
     jit=jax.jit,
     grad=jax.grad,
     jvp=jax.jvp,
+    vjp=jax.vjp,
     psum=jax.lax.psum,
     pmean=jax.lax.pmean,
     pmax=jax.lax.pmax,
@@ -356,6 +357,80 @@ def test_pmap_without_a_name_integers_and_scalar_rows():
         return lib.pmap(lambda x, n: (lib.sin(x) * 2.0, lib.total(x), n * 3))
 
     both(build, X8, np.arange(N, dtype=np.int32))
+
+
+def test_pmap_outputs_that_are_inputs_or_constants():
+    """An output that is the input itself, one that does not depend on the
+    input, and an unmapped input returned: each still has a row per device."""
+
+    def build(lib):
+        return lib.pmap(
+            lambda x, c: (x, 1.5, c, lib.psum(2.0, AXIS)),
+            axis_name=AXIS,
+            in_axes=(0, None),
+        )
+
+    both(build, X8, C3)
+
+
+def test_collectives_of_integers_and_scalars():
+    def per_row(lib):
+        def f(x):
+            index = lib.axis_index(AXIS)
+            scalar = lib.total(x)
+            return (
+                lib.psum(index, AXIS),
+                lib.pmax(index * 3 - 2, AXIS),
+                lib.psum(scalar, AXIS),
+                lib.all_gather(scalar, AXIS),
+            )
+
+        return f
+
+    both(lambda lib: lib.pmap(per_row(lib), axis_name=AXIS), X8)
+    both(lambda lib: lib.vmap(per_row(lib), axis_name=AXIS), X5)
+
+
+def test_pmap_closing_over_constants_and_jit_constants():
+    def build(lib):
+        inner = lib.jit(lambda x: x * C3 + 1.0)
+        return lib.pmap(lambda x: inner(x) * C3 + lib.psum(x, AXIS), axis_name=AXIS)
+
+    both(build, X8)
+
+
+def test_grad_of_pmap_closing_over_the_differentiated_value():
+    """w is not an argument of the pmapped function: it is closed over, a
+    tracer of grad's trace inside pmap's body."""
+    w = np.array([0.3, -0.7, 1.1])
+
+    def build(lib):
+        def loss(w):
+            def row(x):
+                return lib.psum(lib.sin(w * x), AXIS) * w
+
+            return lib.total(lib.pmap(row, axis_name=AXIS)(X8))
+
+        return lib.grad(loss)
+
+    both(build, w)
+
+
+def test_vjp_through_pmap():
+    ct = np.random.default_rng(6).normal(size=(N, 3))
+
+    def build(lib):
+        def f(x, ct):
+            out, pullback = lib.vjp(pmapped_program(lib), x)
+            return out, pullback(ct)
+
+        return f
+
+    both(build, X8, ct)
+
+
+def pmapped_program(lib):
+    return lib.pmap(per_example(lib, "pmean"), axis_name=AXIS)
 
 
 def test_fewer_rows_than_devices():
