@@ -13,6 +13,10 @@ Runs, for autodidax and for JAX on the same programs (float64 throughout):
   small array, and ``vmap`` of a jitted function;
 - ``loops``, from ``bench_loops.py``: a jitted ``while_loop`` of 100,000
   steps next to ``jax.lax.while_loop``.
+- ``pmap``, from ``bench_pmap.py``: ``pmap`` of a small function with a
+  ``psum`` over 8 host CPU devices, next to ``jax.pmap`` (importing
+  ``bench_pmap`` asks XLA for the 8 devices, before anything starts JAX's
+  backend; the other benchmarks run on device 0 as before).
 
 It prints one table of the headline numbers (autodidax's time, JAX's time, and
 their ratio, the number the targets of SPEC section 6 are about) and writes a
@@ -63,6 +67,7 @@ import bench_jit  # noqa: E402
 import bench_loops  # noqa: E402
 import bench_make_jaxpr  # noqa: E402
 import bench_overhead  # noqa: E402
+import bench_pmap  # noqa: E402  (sets XLA_FLAGS: 8 host devices; JAX starts later)
 import benchlib  # noqa: E402
 
 import autodidax  # noqa: E402
@@ -175,6 +180,17 @@ def run_loops(variants: dict[str, ModuleType], quick: bool) -> dict:
         "scan": bench_loops.measure_scan(libs, steps, repeats),
         "scan_grad": bench_loops.measure_scan_grad(libs, grad_steps, repeats),
     }
+
+
+def run_pmap(variants: dict[str, ModuleType], quick: bool) -> dict | None:
+    """bench_pmap's dispatch (None if a variant predates Part 9's pmap)."""
+    if not all(bench_pmap.has_pmap(m) for m in variants.values()):
+        return None
+    config = dict(bench_pmap.QUICK if quick else bench_pmap.FULL)
+    libs = [bench_pmap.autodidax_library(m, name) for name, m in variants.items()]
+    libs.append(bench_pmap.jax_library())
+    row = bench_pmap.measure(libs, config["calls"], config["rounds"], bench_pmap.WIDTH)
+    return {"config": config, "pmap": row}
 
 
 @contextlib.contextmanager
@@ -372,6 +388,23 @@ def headline(results: dict, names: list[str]) -> tuple[list[dict], list[dict]]:
             bench_loops.TARGET_RATIO,
         )
     )
+    if results.get("pmap"):
+        pmap = results["pmap"]["pmap"]
+        values = per_call(pmap["sharded"], "median_us")
+        target = bench_pmap.TARGET_RATIO
+        rows.append(
+            _row(
+                "pmap_dispatch",
+                "pmap dispatch",
+                f"{pmap['devices']} devices",
+                pmap["program"] + ", input already on the devices; each call waits",
+                "µs/call",
+                values,
+                f"≤ {target}×",
+                values["autodidax"] / values["jax"] <= target,
+                target,
+            )
+        )
     return rows, growth
 
 
@@ -391,6 +424,7 @@ def max_abs_errors(results: dict) -> dict[str, float]:
         *(row["max_abs_error"] for row in overhead["eager"].values()),
         overhead["vmap_of_jit"]["max_abs_error"],
         results["loops"]["while_loop"]["max_abs_error"],
+        *([results["pmap"]["pmap"]["max_abs_error"]] if results.get("pmap") else []),
     ]
     worst: dict[str, float] = {}
     for errors in sources:
@@ -465,6 +499,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             ("grad", run_grad),
             ("overhead", run_overhead),
             ("loops", run_loops),
+            ("pmap", run_pmap),
         ):
             print(f"running {key} ...", flush=True)
             with frozen_heap():

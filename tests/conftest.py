@@ -1,10 +1,26 @@
 """Shared test setup: float64 JAX, Hypothesis profiles, an interpreter-stack check."""
 
+# ---- Part 9: eight host CPU devices (keep this block first) --------------------
+# XLA reads XLA_FLAGS once, when JAX starts its CPU backend, so the flag is set
+# here, before anything imports jax: every test process (xdist workers too) and
+# every kernel a test starts (it inherits the environment) sees 8 devices. Other
+# flags already in XLA_FLAGS are kept; a different device count is replaced.
+# Nothing else changes: jax.devices()[0] stays the default device.
 import os
 
-import jax
-import pytest
-from hypothesis import HealthCheck, settings
+HOST_DEVICES = 8
+_flags = [
+    flag
+    for flag in os.environ.get("XLA_FLAGS", "").split()
+    if not flag.startswith("--xla_force_host_platform_device_count=")
+]
+_flags.append(f"--xla_force_host_platform_device_count={HOST_DEVICES}")
+os.environ["XLA_FLAGS"] = " ".join(_flags)
+# ---- end of Part 9's block -----------------------------------------------------
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 # The reference computations in the differential tests run in float64. Only the
 # test process switches this on; autodidax itself must never do it.

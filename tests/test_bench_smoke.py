@@ -24,6 +24,7 @@ BENCH_JIT = REPO_ROOT / "bench" / "bench_jit.py"
 BENCH_GRAD = REPO_ROOT / "bench" / "bench_grad.py"
 BENCH_OVERHEAD = REPO_ROOT / "bench" / "bench_overhead.py"
 BENCH_LOOPS = REPO_ROOT / "bench" / "bench_loops.py"
+BENCH_PMAP = REPO_ROOT / "bench" / "bench_pmap.py"
 RUN_ALL = REPO_ROOT / "bench" / "run_all.py"
 RESULTS = REPO_ROOT / "bench" / "results.json"
 SCRIPTS = {
@@ -32,6 +33,7 @@ SCRIPTS = {
     "grad": BENCH_GRAD,
     "overhead": BENCH_OVERHEAD,
     "loops": BENCH_LOOPS,
+    "pmap": BENCH_PMAP,
     "run_all": RUN_ALL,
 }
 
@@ -119,8 +121,9 @@ def run_command_line(script: Path, out_file: Path, *flags: str) -> tuple[dict, s
         ("grad", ["--repeats", "0"]),
         ("overhead", ["--rounds", "0"]),
         ("run_all", ["--sizes", "10"]),
+        ("pmap", ["--calls", "0"]),
     ],
-    ids=["make_jaxpr", "jit", "grad", "overhead", "run_all"],
+    ids=["make_jaxpr", "jit", "grad", "overhead", "run_all", "pmap"],
 )
 def test_bad_arguments_are_rejected(benchmark, argv, capsys):
     with pytest.raises(SystemExit):
@@ -448,17 +451,22 @@ def check_all_report(
     report: dict, libraries: list[str], quick: bool, loops_optional: bool = False
 ) -> None:
     """What every report of run_all.py holds, quick or not. ``loops_optional``:
-    a report written before bench_loops.py joined run_all.py may lack it."""
+    a report written before bench_loops.py (or bench_pmap.py) joined
+    run_all.py may lack it."""
     assert report["benchmark"] == "all" and report["quick"] is quick
     assert report["libraries"] == libraries
     assert report["command"].startswith("python bench/run_all.py")
     results = report["results"]
     with_loops = "loops" in results or not loops_optional
-    assert set(results) == BENCHMARKS | ({"loops"} if with_loops else set())
+    with_pmap = "pmap" in results or not loops_optional
+    assert set(results) == BENCHMARKS | ({"loops"} if with_loops else set()) | (
+        {"pmap"} if with_pmap else set()
+    )
     sizes = {key: results[key]["sizes"] for key in ("make_jaxpr", "grad")}
     assert sizes["make_jaxpr"][-1] == 4 * sizes["make_jaxpr"][0]
     assert sizes["grad"][-1] == 4 * sizes["grad"][0]
     ids = HEADLINE_IDS | ({"while_loop"} if with_loops else set())
+    ids |= {"pmap_dispatch"} if with_pmap else set()
     ids |= {f"make_jaxpr_{n}" for n in sizes["make_jaxpr"]}
     ids |= {f"grad_{n}" for n in sizes["grad"]}
     rows = report["headline"]
@@ -481,6 +489,14 @@ def check_all_report(
         loop = results["loops"]["while_loop"]
         assert loop["top_level_eqns"]["autodidax"] == 1
         assert by_id["while_loop"]["values"]["jax"] == loop["jax"]["median_ms"]
+    if with_pmap:
+        assert by_id["pmap_dispatch"]["target_ratio"] == 2.0
+        pmap = results["pmap"]["pmap"]
+        assert pmap["devices"] == 8
+        assert (
+            by_id["pmap_dispatch"]["values"]["jax"]
+            == (pmap["sharded"]["jax"]["median_us"])
+        )
     dispatch = results["jit"]["dispatch"]
     assert by_id["jit_dispatch"]["values"]["jax"] == dispatch["jax"]["median_us"]
     for growth in report["growth"]:
@@ -510,6 +526,7 @@ def test_run_all_quick_in_process(tmp_path, capsys):
     check_all_report(report, ["autodidax", "jax"], quick=True)
     assert report["modules"]["autodidax"]["file"] == "autodidax.py"
     expected = ("jit dispatch", "make_jaxpr", "grad", "vmap of jit", "while_loop")
+    expected += ("pmap dispatch",)
     for words in (*expected, "growth"):
         assert words in printed
     assert "targets not judged" in printed
@@ -551,3 +568,68 @@ def test_committed_results_are_a_full_run():
     assert report["results"]["grad"]["sizes"] == [500, 2000]
     assert report["results"]["jit"]["compute"]["size"] == 4_000_000
     assert report["modules"]["autodidax"]["file"] == "autodidax.py"
+
+
+# ---------------------------------------------------------------------------
+# bench_pmap.py
+# ---------------------------------------------------------------------------
+
+
+def check_pmap_report(report: dict, libraries: list[str]) -> None:
+    assert report["benchmark"] == "pmap"
+    assert report["libraries"] == libraries
+    config, row = report["config"], report["results"]["pmap"]
+    assert row["devices"] == 8  # the tests' processes and the script ask for 8
+    for case in ("sharded", "numpy"):
+        for library in libraries:
+            check_per_call(
+                row[case][library], config["calls_per_round"] * config["rounds"]
+            )
+        if "jax" in libraries:
+            assert math.isclose(
+                row[case]["ratio"],
+                row[case]["autodidax"]["median_us"] / row[case]["jax"]["median_us"],
+            )
+        else:
+            assert "ratio" not in row[case]
+    for library in libraries:
+        assert row["max_abs_error"][library] < 1e-12  # against NumPy
+    summary = report["summary"]
+    assert summary["target_ratio"] == 2.0
+    assert summary["met"] == (
+        None if summary["ratio"] is None else summary["ratio"] <= 2.0
+    )
+    check_machine(report)
+
+
+def test_pmap_quick_run_in_process(tmp_path, capsys):
+    module = load("pmap")
+    report, printed = run_quick_in_process(module, tmp_path / "pmap.json", capsys)
+    check_pmap_report(report, ["autodidax", "jax"])
+    assert report["quick"] is True and report["summary"]["meaningful"] is False
+    assert "sharded" in printed and "ours/jax" in printed and "quick run" in printed
+
+
+def test_pmap_without_jax(capsys):
+    report = load("pmap").main(["--no-jax", "--calls", "3", "--rounds", "1"])
+    check_pmap_report(report, ["autodidax"])
+    capsys.readouterr()
+
+
+def test_pmap_command_line_asks_for_eight_devices(tmp_path):
+    """As a script in a fresh process whose environment has no XLA_FLAGS:
+    the script itself asks XLA for the 8 host devices."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out_file = tmp_path / "cli.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH_PMAP), "--quick", "--json", str(out_file)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    check_pmap_report(json.loads(out_file.read_text()), ["autodidax", "jax"])

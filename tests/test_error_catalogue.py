@@ -1126,3 +1126,51 @@ def test_16_bwd_returning_the_wrong_structure():
             # forward pass has been compiled and run
             with in_mode(mode if mode != "grad-of-jit" else "eager"):
                 under(mode, g)(V3)
+
+
+# ---------------------------------------------------------------------------
+# 17. Named axes and pmap (Part 9): a collective naming an axis that no
+#     enclosing vmap or pmap binds, pmap over more rows than devices, pmap
+#     over arguments whose leading sizes differ
+# ---------------------------------------------------------------------------
+
+COLLECTIVES = {
+    "psum": lambda x: ad.psum(x, "j"),
+    "pmean": lambda x: ad.pmean(x, "j"),
+    "pmax": lambda x: ad.pmax(x, "j"),
+    "all_gather": lambda x: ad.all_gather(x, "j"),
+    "axis_index": lambda x: x * ad.convert_element_type(ad.axis_index("j"), x.dtype),
+}
+
+
+@pytest.mark.parametrize("mode", [*MODES, "vmap-named-i", "pmap-named-i"])
+@pytest.mark.parametrize("which", COLLECTIVES, ids=list(COLLECTIVES))
+def test_17_collective_with_an_unbound_axis_name(which, mode):
+    """The error names the collective and the axis, is raised while tracing
+    (under jit: before anything is lowered), and is a NameError as in JAX."""
+    f = COLLECTIVES[which]
+    if mode == "vmap-named-i":
+        run = lambda x: ad.vmap(f, axis_name="i")(np.stack([x, x]))  # noqa: E731
+    elif mode == "pmap-named-i":
+        run = lambda x: ad.pmap(f, axis_name="i")(np.stack([x, x]))  # noqa: E731
+    else:
+        run = under(mode, f)
+    with clear_error(ad.UnboundAxisError, rf"{which}.*'j'") as info:
+        with in_mode(mode):
+            run(V3)
+    assert isinstance(info.value, NameError)
+    assert issubclass(ad.UnboundAxisError, NameError)
+
+
+def test_17_pmap_over_more_rows_than_devices():
+    rows = len(ad.devices()) + 1
+    match = rf"(?s)(?=.*\b{rows}\b)(?=.*\b{rows - 1}\b)(?=.*device)"
+    with clear_error(ValueError, match):
+        ad.pmap(lambda x: x * 2.0)(np.zeros((rows, 3)))
+
+
+def test_17_pmap_over_mismatched_leading_sizes():
+    with clear_error(ValueError, r"(?s)(?=.*\b3\b)(?=.*\b4\b)"):
+        ad.pmap(lambda x, y: x + y)(V3, V4)
+    with clear_error(ValueError, r"(?s)(?=.*\b2\b)(?=.*\b3\b)"):
+        ad.pmap(lambda x, y: x * y, in_axes=(0, 1))(M23, M23)
