@@ -167,10 +167,11 @@ def unbound_axis_error(name: Hashable, who: str) -> UnboundAxisError:
 
 
 # %% [markdown]
-# `bind` changes in one line. A primitive that uses axis names (the collectives
-# now; later, calls whose jaxprs contain collectives) is handled at least as
-# high up as the levels that bound its names. For every other primitive `bind`
-# does what it did before.
+# `bind` changes in one line. It still picks the highest level among its
+# inputs' tracers; for a primitive that uses axis names (the collectives now;
+# later, calls whose jaxprs contain collectives), the levels that bound those
+# names join the contest. For every other primitive `bind` does what it did
+# before.
 
 # %% tags=["export"]
 AXIS_USERS: dict[Primitive, Callable[[dict], Any]] = {}  # prim -> names it uses
@@ -352,6 +353,19 @@ def _custom_jvp_call_vmap(axis_size, vals, dims, *, call_jaxpr, **params):
         axis_size, vals, dims, call_jaxpr=call_jaxpr, **params
     )
 
+
+# %% [markdown]
+# While a named `vmap` runs, its frame is on the axis stack, pointing at the
+# `vmap`'s own level:
+
+
+# %%
+def show_frames(row):
+    print(_axes.frames)
+    return row
+
+
+_ = vmap(vmap(show_frames, axis_name="cols"), axis_name="rows")(x)
 
 # %% [markdown]
 # ## The collectives
@@ -576,8 +590,8 @@ show_error(vmap(lambda row: psum(row, "j"), axis_name="i"), x)
 # ## Several devices
 #
 # With `XLA_FLAGS=--xla_force_host_platform_device_count=8` set before JAX
-# starts, XLA's CPU client offers eight devices. They share one processor,
-# but to XLA they are separate devices with separate memory, so the programs
+# starts, XLA's CPU client offers eight devices. They share the machine's
+# processor cores, but to XLA they are separate devices with separate memory, so the programs
 # below are the ones that would run on eight accelerators.
 
 
@@ -1120,9 +1134,14 @@ def _pmap_lower(ctx, avals_in, avals_out, *args, jaxpr, axis_name, axis_size):
 _pmap_lower.only_raises = True  # the rule table says so
 
 # %% [markdown]
-# So `grad` goes through a `pmap` with a `psum` in it, and agrees with JAX:
+# A `jit` inside the `pmap`ped function is an ordinary call in the body: its
+# jaxpr, `psum` and all, is staged as an `xla_call` equation and lowered to a
+# function that every replica calls. And `grad` goes through a `pmap` with a
+# `psum` in it, and agrees with JAX:
 
 # %%
+print(pmap(jit(normalize), axis_name="i")(x))
+
 w = np.array([0.5, -0.3, 0.2])
 
 
@@ -1213,7 +1232,10 @@ with jax.enable_x64(True):
 #   collectives itself. [`shard_map`](https://docs.jax.dev/en/latest/notebooks/shard_map.html)
 #   is the explicit form, where the user writes the per-device program and its
 #   collectives, as in this chapter. Ours compiles for replicas; JAX compiles
-#   one partitioned program with `num_partitions`.
+#   one program for `num_partitions` partitions (`jax.pmap(f).lower(x)` shows
+#   `mhlo.num_partitions = 4`, `mhlo.num_replicas = 1` for four rows), and its
+#   `all_reduce` carries a channel handle, as collectives across partitions
+#   must.
 # - **Multi-host.** On a cluster, each process sees only its local devices, and
 #   collectives cross the network; JAX's
 #   [multi-process guide](https://docs.jax.dev/en/latest/multi_process.html)
@@ -1297,7 +1319,7 @@ print(np.cumsum(x, axis=0))
 
 # %% [markdown]
 # **3. Blocks of rows.** `pmap` takes at most one row per device. Write
-# `pmap_blocks(f, name)`, which reshapes `(k * 8, ...)` inputs into
+# `pmap_blocks(f)`, which reshapes `(k * 8, ...)` inputs into
 # `(8, k, ...)`, runs `vmap(f)` inside `pmap`, and reshapes back, so that `f`
 # sees one example at a time. Which axis name should a `psum` over *all*
 # examples use? (Both: sum over the examples of the block, then over devices.)
