@@ -952,12 +952,18 @@ def check_pmap_rows(args: list, axes: list) -> int:
 
 # %% [markdown]
 # The same `normalize`, now on four devices. The result's rows are still on
-# the devices that computed them:
+# the devices that computed them, as the picture after the output shows:
 
 # %%
 y = pmap(normalize, axis_name="i")(x)
 print(y)
 print([shard.device.id for shard in y.addressable_shards])
+
+# %% mystnb={"image": {"alt": "Four lanes, one per device. On the left, the input rows [1, 2, 3] to [10, 11, 12], each with an arrow to its device box, device 0 to device 3, each running the same program. One vertical band crosses all four boxes: the psum, an all_reduce with add, which gives every replica the total. On the right, each device box points to its output row, which stays on that device."}} tags=["hide-input"]
+# @title Drawing the rows on their devices (the code is in figures.py)
+from figures import draw_rows_on_devices
+
+draw_rows_on_devices(x, y)
 
 # %% [markdown]
 # Here is the jaxpr of one row, with the `psum` staged as an equation, and the
