@@ -5901,24 +5901,29 @@ for _prim in COLLECTIVES:
     AXIS_USERS[_prim] = lambda params: (params["axis_name"],)
 
 
-def psum(x: ArrayLike, axis_name: Hashable) -> ArrayLike:
-    """Sum ``x`` over the axis ``axis_name``: every member gets the total."""
-    return bind(psum_p, x, axis_name=axis_name)
+def psum(x: Any, axis_name: Any) -> Any:
+    """Sum every leaf of ``x`` over the axis ``axis_name`` (or over each axis
+    of a tuple of names): every member gets the total."""
+    return on_leaves_and_names(psum_p, x, axis_name)
 
 
-def pmax(x: ArrayLike, axis_name: Hashable) -> ArrayLike:
-    return bind(pmax_p, x, axis_name=axis_name)
+def pmax(x: Any, axis_name: Any) -> Any:
+    return on_leaves_and_names(pmax_p, x, axis_name)
 
 
-def pmean(x: ArrayLike, axis_name: Hashable) -> ArrayLike:
-    size = axis_size(axis_name, "pmean")  # first: an unbound name says pmean
-    return psum(x, axis_name) / size
+def pmean(x: Any, axis_name: Any) -> Any:
+    size = np.prod([axis_size(name, "pmean") for name in names_of(axis_name)])
+    return tree_map(lambda total: total / int(size), psum(x, axis_name))
 
 
-def all_gather(x: ArrayLike, axis_name: Hashable) -> ArrayLike:
-    """Every member's ``x``, stacked along a new leading axis."""
+def all_gather(x: Any, axis_name: Hashable) -> Any:
+    """Every member's ``x`` (each leaf), stacked along a new leading axis."""
     size = axis_size(axis_name, "all_gather")
-    return bind(all_gather_p, x, axis_name=axis_name, axis_size=size)
+
+    def gather(leaf):
+        return bind(all_gather_p, leaf, axis_name=axis_name, axis_size=size)
+
+    return tree_map(gather, x)
 
 
 def axis_index(axis_name: Hashable) -> ArrayLike:
@@ -5942,7 +5947,7 @@ def _axis_index_vmap(axis_size, vals, dims, *, axis_name):
     return [np.arange(axis_size, dtype=np.int32)], [0]
 
 
-# @title The batching rules of pmax and all_gather, in the same two cases; axis_size
+# @title The batching rules of pmax and all_gather; pytrees and tuples of names
 @pmax_p.def_rule("vmap")
 def _pmax_vmap(axis_size, vals, dims, *, axis_name):
     (x,), (d,) = vals, dims
@@ -5964,6 +5969,21 @@ def _all_gather_vmap(batch_size, vals, dims, *, axis_name, axis_size):
 
 def axis_size(axis_name: Hashable, who: str = "pmean") -> int:
     return lookup_axis(axis_name, who).size
+
+
+def names_of(axis_name: Any) -> tuple:
+    return axis_name if isinstance(axis_name, tuple) else (axis_name,)
+
+
+def on_leaves_and_names(prim: Primitive, x: Any, axis_name: Any) -> Any:
+    """``prim`` on every leaf of ``x``, over each axis that ``axis_name`` names."""
+
+    def on_leaf(leaf):
+        for name in names_of(axis_name):
+            leaf = bind(prim, leaf, axis_name=name)
+        return leaf
+
+    return tree_map(on_leaf, x)
 
 
 # @title The collectives' other rules: types, derivatives, transposes

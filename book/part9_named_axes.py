@@ -372,7 +372,10 @@ _ = vmap(vmap(show_frames, axis_name="cols"), axis_name="rows")(x)
 #
 # Four primitives, plus `pmean`, which is a `psum` divided by the axis size
 # (JAX defines it the same way). `all_gather` carries the axis size as a
-# parameter, because its output type depends on it.
+# parameter, because its output type depends on it. As in JAX, the wrappers
+# apply to every leaf of a pytree (a model's gradients are usually a dict of
+# arrays), and `psum`, `pmax` and `pmean` also take a tuple of names, binding
+# one primitive per name.
 
 # %% tags=["export"]
 psum_p = Primitive("psum")
@@ -384,24 +387,29 @@ for _prim in COLLECTIVES:
     AXIS_USERS[_prim] = lambda params: (params["axis_name"],)
 
 
-def psum(x: ArrayLike, axis_name: Hashable) -> ArrayLike:
-    """Sum ``x`` over the axis ``axis_name``: every member gets the total."""
-    return bind(psum_p, x, axis_name=axis_name)
+def psum(x: Any, axis_name: Any) -> Any:
+    """Sum every leaf of ``x`` over the axis ``axis_name`` (or over each axis
+    of a tuple of names): every member gets the total."""
+    return on_leaves_and_names(psum_p, x, axis_name)
 
 
-def pmax(x: ArrayLike, axis_name: Hashable) -> ArrayLike:
-    return bind(pmax_p, x, axis_name=axis_name)
+def pmax(x: Any, axis_name: Any) -> Any:
+    return on_leaves_and_names(pmax_p, x, axis_name)
 
 
-def pmean(x: ArrayLike, axis_name: Hashable) -> ArrayLike:
-    size = axis_size(axis_name, "pmean")  # first: an unbound name says pmean
-    return psum(x, axis_name) / size
+def pmean(x: Any, axis_name: Any) -> Any:
+    size = np.prod([axis_size(name, "pmean") for name in names_of(axis_name)])
+    return tree_map(lambda total: total / int(size), psum(x, axis_name))
 
 
-def all_gather(x: ArrayLike, axis_name: Hashable) -> ArrayLike:
-    """Every member's ``x``, stacked along a new leading axis."""
+def all_gather(x: Any, axis_name: Hashable) -> Any:
+    """Every member's ``x`` (each leaf), stacked along a new leading axis."""
     size = axis_size(axis_name, "all_gather")
-    return bind(all_gather_p, x, axis_name=axis_name, axis_size=size)
+
+    def gather(leaf):
+        return bind(all_gather_p, leaf, axis_name=axis_name, axis_size=size)
+
+    return tree_map(gather, x)
 
 
 def axis_index(axis_name: Hashable) -> ArrayLike:
@@ -438,7 +446,7 @@ def _axis_index_vmap(axis_size, vals, dims, *, axis_name):
 
 
 # %% tags=["export", "hide-input"]
-# @title The batching rules of pmax and all_gather, in the same two cases; axis_size
+# @title The batching rules of pmax and all_gather; pytrees and tuples of names
 @pmax_p.def_rule("vmap")
 def _pmax_vmap(axis_size, vals, dims, *, axis_name):
     (x,), (d,) = vals, dims
@@ -460,6 +468,21 @@ def _all_gather_vmap(batch_size, vals, dims, *, axis_name, axis_size):
 
 def axis_size(axis_name: Hashable, who: str = "pmean") -> int:
     return lookup_axis(axis_name, who).size
+
+
+def names_of(axis_name: Any) -> tuple:
+    return axis_name if isinstance(axis_name, tuple) else (axis_name,)
+
+
+def on_leaves_and_names(prim: Primitive, x: Any, axis_name: Any) -> Any:
+    """``prim`` on every leaf of ``x``, over each axis that ``axis_name`` names."""
+
+    def on_leaf(leaf):
+        for name in names_of(axis_name):
+            leaf = bind(prim, leaf, axis_name=name)
+        return leaf
+
+    return tree_map(on_leaf, x)
 
 
 # %% [markdown]
@@ -1237,8 +1260,8 @@ with jax.enable_x64(True):
 
 # %% [markdown]
 # - **Under `vmap`, JAX's `axis_index` is an `iota` primitive**, not a
-#   constant, and its `psum` takes a tuple of axis names, so one `psum` can sum
-#   over several axes at once.
+#   constant. And its `psum` over a tuple of axis names is one primitive with
+#   `axes=(...)`, where ours binds one `psum` per name.
 # - **Shardings instead of replicas.** Modern JAX programs usually do not call
 #   `pmap`: they `jit` a function of arrays that carry a
 #   [sharding](https://docs.jax.dev/en/latest/sharded-computation.html) (how
