@@ -6347,6 +6347,8 @@ def check_pmap_rows(args: list, axes: list) -> int:
     """The number of rows (one per device), checked against the devices."""
     (n,) = {get_aval(x).shape[ax] for x, ax in zip(args, axes) if ax is not None}
     available = len(devices())
+    if n == 0:
+        raise ValueError("pmap: the mapped axis has 0 rows: nothing to run")
     if n > available:
         raise ValueError(
             f"pmap: the mapped axis has {n} rows but there are only {available} "
