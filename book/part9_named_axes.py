@@ -1261,6 +1261,16 @@ with jax.enable_x64(True):
 
 
 # %% [markdown]
+# - **No levels, no frames pointing at them.** JAX's tracing no longer keeps
+#   an interpreter stack of levels (it became "stackless"): `bind` goes to the
+#   *current*, innermost trace, and a trace passes an operation it does not
+#   own to its parent trace. The axis sizes live in the tracing context
+#   (`jax._src.core.AxisEnv`, whose lookup raises `NameError` for an unbound
+#   name), and each batching trace carries its axis name (`AxisData.name`); a
+#   collective's batching rule reduces if the name is its own and otherwise
+#   hands the collective on. So JAX finds a collective's interpreter by name
+#   walking *down* from the top, where ours raises it *up* to the level that
+#   bound the name; the answers are the same.
 # - **Under `vmap`, JAX's `axis_index` is an `iota` primitive**, not a
 #   constant. And its `psum` over a tuple of axis names is one primitive with
 #   `axes=(...)`, where ours binds one `psum` per name.
