@@ -6146,29 +6146,42 @@ class CompiledPmap:
         self.executable = runtime().client.compile_and_load(
             self.module_text, xla_client.DeviceList(tuple(self.devices)), options
         )
-        self.out_avals = _pmap_abstract_eval(jaxpr=jaxpr, axis_name=None, axis_size=n)
+        out_avals = _pmap_abstract_eval(jaxpr=jaxpr, axis_name=None, axis_size=n)
+        self.handlers = row_result_handlers(out_avals, self.devices)
 
     def __call__(self, *args: Any) -> list[ShardedArray]:
         arrays = [shard_rows(x, self.devices) for x in args]
         results = self.executable.execute_sharded(arrays)
-        per_output = results.disassemble_into_single_device_arrays()
-        wait_until_ready(per_output)
-        return [
-            ShardedArray.from_rows(rows, aval)
-            for rows, aval in zip(per_output, self.out_avals)
-        ]
+        outs = results.consume_with_handlers(self.handlers)  # n pieces -> 1 array
+        wait_until_ready(outs)
+        return [ShardedArray(out) for out in outs]
 
 
-# @title Waiting for each run; one executable per (jaxpr, number of rows)
-def wait_until_ready(per_output: list) -> None:
+# @title Result handlers; waiting for each run; one executable per (jaxpr, rows)
+def row_result_handlers(avals: list, devices: tuple) -> list:
+    """Per output, jaxlib's handler that joins its pieces into one array."""
+    from jaxlib import _jax
+
+    sharding = rows_sharding(devices)
+    return [
+        _jax.array_result_handler(
+            jax.core.ShapedArray(aval.shape, aval.dtype),
+            sharding,
+            committed=True,
+            _skip_checks=True,
+        )
+        for aval in avals
+    ]
+
+
+def wait_until_ready(outs: list) -> None:
     # On XLA's CPU devices, a collective waits until every replica of its run
     # has arrived. With many runs in flight on few cores, one run's replicas can
     # wait behind another's until XLA gives up and aborts the process (real JAX's
     # pmap does, on the 2-core machine that builds this book), so we let each
     # run finish before starting the next.
-    for rows in per_output:
-        for row in rows:
-            row.block_until_ready()
+    for out in outs:
+        out.block_until_ready()
 
 
 _compiled_pmaps: dict[tuple[Jaxpr, int], CompiledPmap] = {}
@@ -6182,12 +6195,6 @@ def compile_pmap(jaxpr: Jaxpr, n: int) -> CompiledPmap:
 
 class ShardedArray(Array):
     """An array whose rows live on different devices: row ``i`` on device ``i``."""
-
-    @staticmethod
-    def from_rows(rows: list, aval: ShapedArray) -> ShardedArray:
-        sharding = rows_sharding(tuple(r.device for r in rows))
-        buffer = jax.make_array_from_single_device_arrays(aval.shape, sharding, rows)
-        return ShardedArray(buffer)
 
 
 def shard_rows(x: Any, devices: tuple) -> Any:

@@ -734,30 +734,43 @@ class CompiledPmap:
         self.executable = runtime().client.compile_and_load(
             self.module_text, xla_client.DeviceList(tuple(self.devices)), options
         )
-        self.out_avals = _pmap_abstract_eval(jaxpr=jaxpr, axis_name=None, axis_size=n)
+        out_avals = _pmap_abstract_eval(jaxpr=jaxpr, axis_name=None, axis_size=n)
+        self.handlers = row_result_handlers(out_avals, self.devices)
 
     def __call__(self, *args: Any) -> list[ShardedArray]:
         arrays = [shard_rows(x, self.devices) for x in args]
         results = self.executable.execute_sharded(arrays)
-        per_output = results.disassemble_into_single_device_arrays()
-        wait_until_ready(per_output)
-        return [
-            ShardedArray.from_rows(rows, aval)
-            for rows, aval in zip(per_output, self.out_avals)
-        ]
+        outs = results.consume_with_handlers(self.handlers)  # n pieces -> 1 array
+        wait_until_ready(outs)
+        return [ShardedArray(out) for out in outs]
 
 
 # %% tags=["export", "hide-input"]
-# @title Waiting for each run; one executable per (jaxpr, number of rows)
-def wait_until_ready(per_output: list) -> None:
+# @title Result handlers; waiting for each run; one executable per (jaxpr, rows)
+def row_result_handlers(avals: list, devices: tuple) -> list:
+    """Per output, jaxlib's handler that joins its pieces into one array."""
+    from jaxlib import _jax
+
+    sharding = rows_sharding(devices)
+    return [
+        _jax.array_result_handler(
+            jax.core.ShapedArray(aval.shape, aval.dtype),
+            sharding,
+            committed=True,
+            _skip_checks=True,
+        )
+        for aval in avals
+    ]
+
+
+def wait_until_ready(outs: list) -> None:
     # On XLA's CPU devices, a collective waits until every replica of its run
     # has arrived. With many runs in flight on few cores, one run's replicas can
     # wait behind another's until XLA gives up and aborts the process (real JAX's
     # pmap does, on the 2-core machine that builds this book), so we let each
     # run finish before starting the next.
-    for rows in per_output:
-        for row in rows:
-            row.block_until_ready()
+    for out in outs:
+        out.block_until_ready()
 
 
 _compiled_pmaps: dict[tuple[Jaxpr, int], CompiledPmap] = {}
@@ -772,21 +785,18 @@ def compile_pmap(jaxpr: Jaxpr, n: int) -> CompiledPmap:
 # %% [markdown]
 # Running it takes each input as **one** array of `n` pieces, row `k` on device
 # `k`. (`execute_sharded` refuses a list of `n` separate one-device arrays:
-# it expects each argument to have `n` shards.) The outputs come back the same
-# way, and stay where they are: a `ShardedArray` is an `Array` whose rows live
-# on different devices. Printing it, or `np.asarray`, gathers the rows; passing
-# it to the same `pmap` again reuses the pieces where they are.
+# it expects each argument to have `n` shards.) Each output comes back as `n`
+# pieces, one per device; a jaxlib *result handler* joins them into one array
+# of shape `(n, ...)`, split by rows as the inputs were, without moving any
+# data (`disassemble_into_single_device_arrays` would hand us the pieces
+# instead). The rows stay where they are: a `ShardedArray` is an `Array` whose
+# rows live on different devices. Printing it, or `np.asarray`, gathers the
+# rows; passing it to the same `pmap` again reuses the pieces where they are.
 
 
 # %% tags=["export"]
 class ShardedArray(Array):
     """An array whose rows live on different devices: row ``i`` on device ``i``."""
-
-    @staticmethod
-    def from_rows(rows: list, aval: ShapedArray) -> ShardedArray:
-        sharding = rows_sharding(tuple(r.device for r in rows))
-        buffer = jax.make_array_from_single_device_arrays(aval.shape, sharding, rows)
-        return ShardedArray(buffer)
 
 
 def shard_rows(x: Any, devices: tuple) -> Any:
