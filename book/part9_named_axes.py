@@ -1262,7 +1262,9 @@ with jax.enable_x64(True):
 # - **`pmap` is built from other parts.** In JAX 0.10.2, `jax.pmap` is `jit`
 #   of `shard_map`: the printed jaxpr shows a `jit` equation whose body is a
 #   `shard_map` over a one-axis mesh, with the collectives inside written as
-#   `psum[axes=('i',) ...]`. There is no `pmap` primitive any more.
+#   `psum[axes=('i',) ...]`. There is no `pmap` primitive any more. Its body
+#   receives each device's block as `f64[1,3]` and squeezes it to a row, as
+#   our `main` does with a reshape.
 
 # %%
 with jax.enable_x64(True):
