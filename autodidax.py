@@ -5664,8 +5664,6 @@ NOT_LINEAR = NOT_LINEAR | {"custom_vjp_call"}
 
 # ==== chapter: part9_named_axes ====
 
-from collections.abc import Iterable
-
 
 class UnboundAxisError(NameError, ValueError):
     """A collective names an axis that no enclosing vmap or pmap binds."""
@@ -5726,7 +5724,7 @@ def unbound_axis_error(name: Hashable, who: str) -> UnboundAxisError:
     )
 
 
-AXIS_USERS: dict[Primitive, Callable[[dict], Iterable]] = {}  # prim -> names it uses
+AXIS_USERS: dict[Primitive, Callable[[dict], Any]] = {}  # prim -> names it uses
 
 
 def bind(prim: Primitive, *args: Any, **params: Any) -> Any:
@@ -5741,7 +5739,7 @@ def bind(prim: Primitive, *args: Any, **params: Any) -> Any:
     return outs if prim.multiple_results else outs[0]
 
 
-def reach_axes(trace: Trace, names: Iterable, who: str) -> Trace:
+def reach_axes(trace: Trace, names: Any, who: str) -> Trace:
     """The higher of ``trace`` and the levels that bound ``names``."""
     for name in names:
         level = lookup_axis(name, who).level
@@ -5750,6 +5748,26 @@ def reach_axes(trace: Trace, names: Iterable, who: str) -> Trace:
     return trace
 
 
+def _batch_process_primitive(self, prim, tracers, params):
+    vals = [t.val for t in tracers]
+    dims = [t.batch_axis for t in tracers]
+    previous, _axes.rule_level = _axes.rule_level, self.level  # new
+    try:
+        outs, out_dims = prim.rule("vmap")(self.axis_size, vals, dims, **params)
+    finally:
+        _axes.rule_level = previous
+    return [BatchTracer(self, x, d) for x, d in zip(outs, out_dims)]
+
+
+BatchTrace.process_primitive = _batch_process_primitive
+
+
+def batches_axis(name: Hashable) -> bool:
+    """Is the running batching rule the one that bound ``name``?"""
+    return lookup_axis(name).level is _axes.rule_level
+
+
+# @title vmap_flat and vmap again: the batch axis gets a name (new lines marked)
 INHERIT = object()  # vmap_flat's default: the name of the running batching rule
 
 
@@ -5797,25 +5815,6 @@ def vmap(
         return tree_unflatten(flat_f.out_tree, outs)
 
     return batched_f
-
-
-def _batch_process_primitive(self, prim, tracers, params):
-    vals = [t.val for t in tracers]
-    dims = [t.batch_axis for t in tracers]
-    previous, _axes.rule_level = _axes.rule_level, self.level  # new
-    try:
-        outs, out_dims = prim.rule("vmap")(self.axis_size, vals, dims, **params)
-    finally:
-        _axes.rule_level = previous
-    return [BatchTracer(self, x, d) for x, d in zip(outs, out_dims)]
-
-
-BatchTrace.process_primitive = _batch_process_primitive
-
-
-def batches_axis(name: Hashable) -> bool:
-    """Is the running batching rule the one that bound ``name``?"""
-    return lookup_axis(name).level is _axes.rule_level
 
 
 # @title Batching a sub-jaxpr keeps the axis name (vmap_jaxpr, run_batched)
@@ -5926,10 +5925,6 @@ def axis_index(axis_name: Hashable) -> ArrayLike:
     return bind(axis_index_p, axis_name=axis_name)
 
 
-def axis_size(axis_name: Hashable, who: str = "pmean") -> int:
-    return lookup_axis(axis_name, who).size
-
-
 @psum_p.def_rule("vmap")
 def _psum_vmap(axis_size, vals, dims, *, axis_name):
     (x,), (d,) = vals, dims
@@ -5941,6 +5936,12 @@ def _psum_vmap(axis_size, vals, dims, *, axis_name):
     return [reduce_sum(x, d)], [None]
 
 
+@axis_index_p.def_rule("vmap")
+def _axis_index_vmap(axis_size, vals, dims, *, axis_name):
+    return [np.arange(axis_size, dtype=np.int32)], [0]
+
+
+# @title The batching rules of pmax and all_gather, in the same two cases; axis_size
 @pmax_p.def_rule("vmap")
 def _pmax_vmap(axis_size, vals, dims, *, axis_name):
     (x,), (d,) = vals, dims
@@ -5960,9 +5961,8 @@ def _all_gather_vmap(batch_size, vals, dims, *, axis_name, axis_size):
     return [move_batch_axis(axis_size, d, 0, x)], [None]
 
 
-@axis_index_p.def_rule("vmap")
-def _axis_index_vmap(axis_size, vals, dims, *, axis_name):
-    return [np.arange(axis_size, dtype=np.int32)], [0]
+def axis_size(axis_name: Hashable, who: str = "pmean") -> int:
+    return lookup_axis(axis_name, who).size
 
 
 # @title The collectives' other rules: types, derivatives, transposes
@@ -5986,6 +5986,8 @@ def _unreachable_impl(prim: Primitive) -> None:
         # bind always raises a collective to the level that bound its axis,
         # so plain evaluation never sees one; if it does, the axis is unbound
         raise unbound_axis_error(axis_name, prim.name)
+
+    rule.only_raises = True  # the rule table says so
 
 
 for _prim in COLLECTIVES:
@@ -6069,19 +6071,20 @@ psum_p.def_rule("lower")(_all_reduce_lower(hlo.add))
 pmax_p.def_rule("lower")(_all_reduce_lower(hlo.maximum))
 
 
+@axis_index_p.def_rule("lower")
+def _axis_index_lower(ctx, avals_in, avals_out, *, axis_name):
+    replica_groups(ctx, axis_name)  # refuses a collective outside pmap
+    index = hlo.ReplicaIdOp().result  # a 32-bit unsigned integer
+    return [hlo.convert(ir_type(avals_out[0]), index)]
+
+
+# @title Lowering all_gather: each replica's row, gathered along a new axis 0
 @all_gather_p.def_rule("lower")
 def _all_gather_lower(ctx, avals_in, avals_out, x, *, axis_name, axis_size):
     (x_aval,), (out_aval,) = avals_in, avals_out
     row = hlo.reshape(ir_type(ShapedArray((1, *x_aval.shape), x_aval.dtype)), x)
     groups = replica_groups(ctx, axis_name)
     return [hlo.AllGatherOp([ir_type(out_aval)], [row], 0, groups).result]
-
-
-@axis_index_p.def_rule("lower")
-def _axis_index_lower(ctx, avals_in, avals_out, *, axis_name):
-    replica_groups(ctx, axis_name)  # refuses a collective outside pmap
-    index = hlo.ReplicaIdOp().result  # a 32-bit unsigned integer
-    return [hlo.convert(ir_type(avals_out[0]), index)]
 
 
 def lower_pmap(jaxpr: Jaxpr, n: int) -> ir.Module:
@@ -6128,10 +6131,23 @@ class CompiledPmap:
         arrays = [shard_rows(x, self.devices) for x in args]
         results = self.executable.execute_sharded(arrays)
         per_output = results.disassemble_into_single_device_arrays()
+        wait_until_ready(per_output)
         return [
             ShardedArray.from_rows(rows, aval)
             for rows, aval in zip(per_output, self.out_avals)
         ]
+
+
+# @title Waiting for each run; one executable per (jaxpr, number of rows)
+def wait_until_ready(per_output: list) -> None:
+    # On XLA's CPU devices, a collective waits until every replica of its run
+    # has arrived. With many runs in flight on few cores, one run's replicas can
+    # wait behind another's until XLA gives up and aborts the process (real JAX's
+    # pmap does, on the 2-core machine that builds this book), so we let each
+    # run finish before starting the next.
+    for rows in per_output:
+        for row in rows:
+            row.block_until_ready()
 
 
 _compiled_pmaps: dict[tuple[Jaxpr, int], CompiledPmap] = {}
@@ -6153,18 +6169,6 @@ class ShardedArray(Array):
         return ShardedArray(buffer)
 
 
-# Where an array lives, as JAX says it: the set of its devices, and its pieces
-Array.devices = lambda self: self._buffer.devices()
-Array.addressable_shards = property(lambda self: self._buffer.addressable_shards)
-
-
-@functools.cache
-def rows_sharding(devices: tuple) -> jax.sharding.Sharding:
-    """Axis 0 split across ``devices``, one row on each."""
-    mesh = jax.sharding.Mesh(np.array(devices), ("rows",))
-    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("rows"))
-
-
 def shard_rows(x: Any, devices: tuple) -> Any:
     """``x`` as one array of ``len(devices)`` shards, row ``i`` on device ``i``."""
     sharding = rows_sharding(devices)
@@ -6178,6 +6182,7 @@ def shard_rows(x: Any, devices: tuple) -> Any:
     return _jax.batched_device_put(aval, sharding, rows, devices, True, enable_x64=True)
 
 
+# @title A ShardedArray passed to jit: gathered, then copied to the first device
 def _as_buffer(x: Any) -> Any:
     """The device buffer for an argument of a (one-device) compiled call."""
     if isinstance(x, ShardedArray):
@@ -6187,16 +6192,26 @@ def _as_buffer(x: Any) -> Any:
     return device_put(x)._buffer
 
 
+# @title Where an array lives (devices(), addressable_shards); a sharding by rows
+# Where an array lives, as JAX says it: the set of its devices, and its pieces
+Array.devices = lambda self: self._buffer.devices()
+Array.addressable_shards = property(lambda self: self._buffer.addressable_shards)
+
+
+@functools.cache
+def rows_sharding(devices: tuple) -> jax.sharding.Sharding:
+    """Axis 0 split across ``devices``, one row on each."""
+    mesh = jax.sharding.Mesh(np.array(devices), ("rows",))
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("rows"))
+
+
 pmap_p = Primitive("pmap", multiple_results=True)
-AXIS_USERS[pmap_p] = lambda params: (
-    free_axis_names(params["jaxpr"]) - {params["axis_name"]}
-)
 
 
 def pmap(f: Callable, axis_name: Hashable = None, in_axes: Any = 0, out_axes: int = 0):
     """Run ``f`` on every row of the mapped inputs, one row per device, with
     collectives over ``axis_name`` communicating between the devices."""
-    traces: dict[int, Traces] = {}  # per number of rows
+    traces: dict[tuple, tuple] = {}
 
     def pmapped(*args: Any) -> Any:
         args_flat, axes_flat, in_tree = _flatten_pmap_args(in_axes, args)
@@ -6204,14 +6219,12 @@ def pmap(f: Callable, axis_name: Hashable = None, in_axes: Any = 0, out_axes: in
         rows = [move_batch_axis(n, ax, 0, x) for x, ax in zip(args_flat, axes_flat)]
         one_row = [ShapedArray(get_aval(x).shape[1:], get_aval(x).dtype) for x in rows]
         body = with_axis(f, axis_name, n)
-        jaxpr, consts, out_tree = trace_for_call(
-            body, traces.setdefault(n, {}), one_row, in_tree
-        )
+        jaxpr, consts, out_tree = trace_for_pmap(body, traces, n, one_row, in_tree)
         consts = [move_batch_axis(n, None, 0, c) for c in consts]  # a copy per row
         outs = bind(
             pmap_p, *consts, *rows, jaxpr=jaxpr, axis_name=axis_name, axis_size=n
         )
-        outs = [move_batch_axis(n, 0, out_axes, out) for out in outs]
+        outs = [move_batch_axis(n, 0, pmap_out_axis(out_axes, x), x) for x in outs]
         return tree_unflatten(out_tree, outs)
 
     return pmapped
@@ -6227,19 +6240,12 @@ def with_axis(f: Callable, axis_name: Hashable, size: int) -> Callable:
     return f_with_axis
 
 
-@pmap_p.def_rule("abstract_eval")
-def _pmap_abstract_eval(*avals_in, jaxpr, axis_name, axis_size):
-    return [
-        ShapedArray((axis_size, *t.shape), t.dtype) for t in jaxpr_type(jaxpr).out_types
-    ]
-
-
 @pmap_p.def_rule("impl")
 def _pmap_impl(*args, jaxpr, axis_name, axis_size):
     return compile_pmap(jaxpr, axis_size)(*args)
 
 
-# @title The axis names a jaxpr's collectives use and do not bind themselves
+# @title The axis names a call uses and does not bind; pmap's output types
 def free_axis_names(jaxpr: Jaxpr) -> frozenset:
     if jaxpr not in _free_names:
         names = set()
@@ -6270,12 +6276,50 @@ for _prim in PRIMITIVES.values():
         AXIS_USERS[_prim] = _names_in_jaxpr_params
 
 
+AXIS_USERS[pmap_p] = lambda params: (
+    free_axis_names(params["jaxpr"]) - {params["axis_name"]}
+)
+
+
+@pmap_p.def_rule("abstract_eval")
+def _pmap_abstract_eval(*avals_in, jaxpr, axis_name, axis_size):
+    return [
+        ShapedArray((axis_size, *t.shape), t.dtype) for t in jaxpr_type(jaxpr).out_types
+    ]
+
+
 # @title Checks: pmap's in_axes, row counts and device count
 def _flatten_pmap_args(in_axes: Any, args: tuple) -> tuple[list, list, PyTreeDef]:
     try:
         return _flatten_vmap_args(in_axes, args)
-    except (TypeError, ValueError) as e:
-        raise type(e)(str(e).replace("vmap:", "pmap:", 1)) from None
+    except (TypeError, ValueError) as e:  # vmap's checks, in pmap's name
+        raise type(e)(str(e).replace("vmap", "pmap")) from None
+
+
+def pmap_out_axis(out_axes: Any, out: Any) -> int:
+    ndim = get_aval(out).ndim
+    if not _is_axis(out_axes) or not -ndim <= out_axes < ndim:
+        raise ValueError(
+            f"pmap: out_axes must be an int in [{-ndim}, {ndim}) for an output "
+            f"of shape {get_aval(out).shape} (including the device axis), "
+            f"got {out_axes!r}"
+        )
+    return out_axes % ndim
+
+
+def trace_for_pmap(f, traces: dict, n: int, one_row: list, in_tree: PyTreeDef):
+    """As jit's trace_for_call: one jaxpr per row type (and number of rows)."""
+    key = (n, in_tree, tuple(one_row))
+    if key not in traces:
+        for aval in one_row:
+            check_xla_dtype(aval.dtype, "pmap")
+        args = tree_unflatten(in_tree, one_row)
+        traced = _trace_to_jaxpr(f, args, dynamic=True, who="pmap")
+        jaxpr, consts, out_tree = traced
+        if any(isinstance(c, Tracer) for c in consts):
+            return traced  # valid for this call only
+        traces[key] = (jaxpr, [device_put(c) for c in consts], out_tree)
+    return traces[key]
 
 
 def check_pmap_rows(args: list, axes: list) -> int:
@@ -6313,6 +6357,7 @@ def _pmap_jvp(primals, tangents, *, jaxpr, axis_name, axis_size):
     return outs[:n], outs[n:]
 
 
+# @title pmap's batching and transpose rules
 @pmap_p.def_rule("vmap")
 def _pmap_vmap(batch_size, vals, dims, *, jaxpr, axis_name, axis_size):
     # Axis 0 is the devices' axis, so each row's batch goes to axis 1.
@@ -6403,13 +6448,21 @@ def _pmap_partial_eval_jaxpr(unks_in, eqn):
 
 
 # @title Lowering pmap inside jit: refused
+class PmapInsideJitError(TypeError):
+    """pmap was staged into a program compiled for one device."""
+
+
 @pmap_p.def_rule("lower")
 def _pmap_lower(ctx, avals_in, avals_out, *args, jaxpr, axis_name, axis_size):
-    raise NotImplementedError(
-        "pmap inside jit is not supported: a jitted program runs on one device; "
-        "put jit inside pmap instead (pmap compiles its function anyway)"
+    raise PmapInsideJitError(
+        "pmap inside jit (or inside another pmap) is not supported: the "
+        "enclosing program is compiled for one device (or one row per device); "
+        "put jit inside pmap instead (pmap compiles its function anyway), and "
+        "use vmap for a second mapped axis"
     )
 
+
+_pmap_lower.only_raises = True  # the rule table says so
 
 # ==== chapter: performance ====
 

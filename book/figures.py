@@ -605,3 +605,17 @@ def benchmark_tables(report):
             numeric={2, 3},
         )
     )
+
+
+# ---------------------------------------------------------------- Part 9
+
+_rule_status_before_part9 = rule_status
+
+
+def rule_status(prim, kind, not_linear):
+    """As above, and "refused" for a rule that exists only to raise a clear
+    error: Part 9's lowering of pmap inside jit, and the evaluation of a
+    collective (which bind never allows: it has no axis to reduce over)."""
+    if getattr(prim.rules.get(kind), "only_raises", False):
+        return "refused"
+    return _rule_status_before_part9(prim, kind, not_linear)

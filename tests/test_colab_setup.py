@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import os
 import re
 import shutil
 import subprocess
@@ -236,3 +237,46 @@ def test_repository_checkout_uses_its_module(monkeypatch, tmp_path) -> None:
     assert world.downloads == [] and world.pip_calls == []
     assert sys.path[0] == ".."
     assert callable(namespace["bind"])
+
+
+def load_book_setup(monkeypatch) -> types.ModuleType:
+    monkeypatch.syspath_prepend(str(BOOK))
+    monkeypatch.delitem(sys.modules, "book_setup", raising=False)
+    return importlib.import_module("book_setup")
+
+
+def test_part9_asks_xla_for_host_devices_before_jax_starts(monkeypatch) -> None:
+    book_setup = load_book_setup(monkeypatch)
+    assert book_setup.HOST_DEVICES == {"part9_named_axes": 8}
+    monkeypatch.setattr(book_setup, "jax_backend_started", lambda: False)
+    flag = "--xla_force_host_platform_device_count"
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    book_setup.use_host_devices(8)
+    assert os.environ["XLA_FLAGS"] == f"{flag}=8"
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+    book_setup.use_host_devices(8)  # other flags are kept
+    assert os.environ["XLA_FLAGS"].split() == [
+        "--xla_cpu_enable_fast_math=false",
+        f"{flag}=8",
+    ]
+    monkeypatch.setenv("XLA_FLAGS", f"{flag}=4")
+    book_setup.use_host_devices(8)  # the user's own choice is left alone
+    assert os.environ["XLA_FLAGS"] == f"{flag}=4"
+
+
+def test_part9_says_to_restart_when_jax_started_with_fewer_devices(
+    monkeypatch, capsys
+) -> None:
+    import jax
+
+    book_setup = load_book_setup(monkeypatch)
+    monkeypatch.setattr(book_setup, "jax_backend_started", lambda: True)
+    monkeypatch.setattr(jax, "local_device_count", lambda backend=None: 1)
+    monkeypatch.setenv("XLA_FLAGS", "")
+    book_setup.use_host_devices(8)
+    out = capsys.readouterr().out
+    assert "8 devices" in out and "started with 1" in out and "Restart" in out
+    assert os.environ["XLA_FLAGS"] == ""  # too late to change
+    monkeypatch.setattr(jax, "local_device_count", lambda backend=None: 8)
+    book_setup.use_host_devices(8)
+    assert capsys.readouterr().out == ""
