@@ -659,16 +659,22 @@ def test_grad_of_a_psum_inside_the_map(mapper):
     both(build, X8)
 
 
-def test_jit_of_pmap_agrees_or_refuses_clearly():
-    """pmap inside jit: JAX runs it; autodidax may refuse with a clear error
-    (its pmap is compiled on its own, not lowered into another program)."""
-    theirs = jax.jit(pmapped("jax", "psum"))(X8)
-    try:
-        ours = ad.jit(pmapped("ours", "psum"))(X8)
-    except (TypeError, ValueError, NotImplementedError) as error:
-        assert "pmap" in str(error) and "jit" in str(error), error
+@pytest.mark.parametrize("outer", ["jit", "pmap"])
+def test_pmap_inside_jit_or_pmap_is_refused_clearly(outer):
+    """JAX runs jit(pmap(f)); autodidax compiles pmap on its own, so a pmap
+    inside another compiled program is a clear TypeError saying what to do."""
+    inner = pmapped("ours", "psum")
+    if outer == "jit":
+        run = lambda: ad.jit(inner)(X8[:2])  # noqa: E731
     else:
-        close(ours, theirs)
+        run = lambda: ad.pmap(inner, axis_name="j")(np.stack([X8[:2], X8[:2]]))  # noqa: E731
+    with pytest.raises(
+        ad.PmapInsideJitError, match=r"pmap inside jit.*jit inside pmap"
+    ):
+        run()
+    assert issubclass(ad.PmapInsideJitError, TypeError)
+    # the other way round works
+    close(pmapped("ours", "jit-inside")(X8), pmapped("jax", "jit-inside")(X8))
 
 
 # ---------------------------------------------------------------------------
