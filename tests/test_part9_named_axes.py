@@ -12,14 +12,20 @@ collective of an unbatched value; pytrees in and out, ``in_axes=(0, None)``,
 (two ``vmap``s, ``pmap`` of ``vmap``, ``vmap`` of ``pmap``, a collective over
 the outer name inside the inner map); ``jit`` inside ``pmap`` and a named
 ``vmap``, ``jit`` outside them; ``jvp`` and ``grad`` through both;
-``pmap(grad(loss))`` with ``pmean``; three steps of data-parallel SGD on a
-small MLP; where the result's rows live, printing and ``np.asarray``;
+``pmap(grad(loss))`` with ``pmean``; ``vjp``; closures over constants and
+over an outer tracer; collectives inside ``cond``, ``scan``, ``fori_loop``
+and ``while_loop`` (and their derivatives); integer and scalar collectives;
+three steps of data-parallel SGD on a small MLP; the StableHLO collectives
+pmap lowers to; where the result's rows live, printing and ``np.asarray``;
 ``devices()``; tracing once; and the errors of SPEC section 5 (more rows than
-devices, mismatched leading sizes, a mapped-nothing ``pmap``, an unbound axis
-name under eval, ``jit``, ``vmap``, ``pmap`` and ``grad``).
+devices, mismatched leading sizes, a mapped-nothing ``pmap``, ``pmap`` inside
+``jit`` or ``pmap``, an unbound axis name under eval, ``jit``, ``vmap``,
+``pmap`` and ``grad``).
 
-The ``pmap`` programs are built once per module (``functools.cache``) and
-called with few distinct shapes, so each is traced and compiled once.
+JAX's side is jitted (``jax.jit`` of the same function: the same values, and
+much faster than JAX's eager ``vmap``). The ``pmap`` programs used by several
+tests are built once per module (``functools.cache``) and called with few
+distinct shapes, so each is traced and compiled once.
 """
 
 from __future__ import annotations
