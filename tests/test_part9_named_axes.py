@@ -604,6 +604,19 @@ def test_collectives_lower_to_stablehlo_collectives(rows):
     assert '"stablehlo.all_gather"' in text and "stablehlo.replica_id" in text
 
 
+def test_pmap_result_goes_back_without_a_host_copy(monkeypatch):
+    """Rows already on their devices are passed as they are."""
+    first = pmapped("ours", "psum")(X8)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a pmap result was copied to the host")
+
+    monkeypatch.setattr(type(first), "__array__", refuse)
+    again = pmapped("ours", "pmean")(first)
+    monkeypatch.undo()
+    close(again, pmapped("jax", "pmean")(pmapped("jax", "psum")(X8)))
+
+
 def test_pmap_traces_once_per_shape():
     traced = []
 
