@@ -5911,7 +5911,8 @@ def pmax(x: ArrayLike, axis_name: Hashable) -> ArrayLike:
 
 
 def pmean(x: ArrayLike, axis_name: Hashable) -> ArrayLike:
-    return psum(x, axis_name) / axis_size(axis_name)
+    size = axis_size(axis_name, "pmean")  # first: an unbound name says pmean
+    return psum(x, axis_name) / size
 
 
 def all_gather(x: ArrayLike, axis_name: Hashable) -> ArrayLike:

@@ -96,11 +96,13 @@ def show_error(fn, *args) -> None:
 
 
 def jax_backend_started() -> bool:
+    """Has JAX created its devices yet? (Importing jax alone does not.)"""
     if "jax" not in sys.modules:
         return False
-    from jax._src import xla_bridge
+    from jax._src import xla_bridge  # no public API says this
 
-    return xla_bridge.backends_are_initialized()
+    started = getattr(xla_bridge, "backends_are_initialized", None)
+    return started() if started else bool(getattr(xla_bridge, "_backends", {}))
 
 
 def use_host_devices(count: int) -> None:

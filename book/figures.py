@@ -619,3 +619,54 @@ def rule_status(prim, kind, not_linear):
     if getattr(prim.rules.get(kind), "only_raises", False):
         return "refused"
     return _rule_status_before_part9(prim, kind, not_linear)
+
+
+def draw_rows_on_devices(x, y, collective="psum: all_reduce (add)"):
+    """Part 9: ``y = pmap(f)(x)`` as lanes, one per device: row ``k`` of ``x``
+    goes to device ``k``, every device runs the same program, the collective
+    joins them in the middle, and row ``k`` of ``y`` stays on device ``k``."""
+    import numpy as np
+    from IPython.display import SVG
+
+    def row_text(values):
+        return "[" + ", ".join(f"{v:.3g}" for v in values) + "]"
+
+    shards = y.addressable_shards
+    lane_h, top, n = 46, 56, len(shards)
+    height = top + n * lane_h + 30
+    mid = 400
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="760" height="{height}"'
+        ' font-family="sans-serif" font-size="13">',
+        f"<title>pmap over {n} devices: one row per device, one collective</title>",
+        '<defs><marker id="rows-arrow" markerWidth="8" markerHeight="8" refX="6" '
+        'refY="4" orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#333"/>'
+        "</marker></defs>",
+        '<text x="20" y="24" font-weight="bold">input row</text>',
+        f'<text x="{mid - 90}" y="24" font-weight="bold">one replica per device</text>',
+        '<text x="590" y="24" font-weight="bold">output row, still there</text>',
+    ]
+    for k, shard in enumerate(shards):
+        y0 = top + k * lane_h
+        out = np.asarray(shard.data)[0]
+        parts.append(
+            f'<text x="20" y="{y0 + 24}">{row_text(np.asarray(x)[k])}</text>'
+            f'<rect x="{mid - 150}" y="{y0}" width="300" height="{lane_h - 12}" '
+            'rx="6" fill="#dbe9f6" stroke="#555"/>'
+            f'<text x="{mid - 138}" y="{y0 + 22}">device {shard.device.id}: the '
+            "same program</text>"
+            f'<text x="590" y="{y0 + 24}">{row_text(out)}</text>'
+        )
+        for x0, x1 in [(160, mid - 156), (mid + 152, 584)]:
+            parts.append(
+                f'<line x1="{x0}" y1="{y0 + 17}" x2="{x1}" y2="{y0 + 17}" '
+                'stroke="#333" marker-end="url(#rows-arrow)"/>'
+            )
+    band_top, band_bottom = top - 8, top + n * lane_h - 4
+    parts.append(
+        f'<rect x="{mid + 60}" y="{band_top}" width="28" '
+        f'height="{band_bottom - band_top}" rx="4" fill="#fde2c8" stroke="#b45309"/>'
+        f'<text x="{mid + 20}" y="{band_bottom + 22}" fill="#b45309">{collective}: '
+        "every replica gets the total</text></svg>"
+    )
+    return SVG("".join(parts))

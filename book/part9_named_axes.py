@@ -167,10 +167,11 @@ def unbound_axis_error(name: Hashable, who: str) -> UnboundAxisError:
 
 
 # %% [markdown]
-# `bind` changes in one line. A primitive that uses axis names (the collectives
-# now; later, calls whose jaxprs contain collectives) is handled at least as
-# high up as the levels that bound its names. For every other primitive `bind`
-# does what it did before.
+# `bind` changes in one line. It still picks the highest level among its
+# inputs' tracers; for a primitive that uses axis names (the collectives now;
+# later, calls whose jaxprs contain collectives), the levels that bound those
+# names join the contest. For every other primitive `bind` does what it did
+# before.
 
 # %% tags=["export"]
 AXIS_USERS: dict[Primitive, Callable[[dict], Any]] = {}  # prim -> names it uses
@@ -354,6 +355,19 @@ def _custom_jvp_call_vmap(axis_size, vals, dims, *, call_jaxpr, **params):
 
 
 # %% [markdown]
+# While a named `vmap` runs, its frame is on the axis stack, pointing at the
+# `vmap`'s own level:
+
+
+# %%
+def show_frames(row):
+    print(_axes.frames)
+    return row
+
+
+_ = vmap(vmap(show_frames, axis_name="cols"), axis_name="rows")(x)
+
+# %% [markdown]
 # ## The collectives
 #
 # Four primitives, plus `pmean`, which is a `psum` divided by the axis size
@@ -380,7 +394,8 @@ def pmax(x: ArrayLike, axis_name: Hashable) -> ArrayLike:
 
 
 def pmean(x: ArrayLike, axis_name: Hashable) -> ArrayLike:
-    return psum(x, axis_name) / axis_size(axis_name)
+    size = axis_size(axis_name, "pmean")  # first: an unbound name says pmean
+    return psum(x, axis_name) / size
 
 
 def all_gather(x: ArrayLike, axis_name: Hashable) -> ArrayLike:
@@ -575,8 +590,8 @@ show_error(vmap(lambda row: psum(row, "j"), axis_name="i"), x)
 # ## Several devices
 #
 # With `XLA_FLAGS=--xla_force_host_platform_device_count=8` set before JAX
-# starts, XLA's CPU client offers eight devices. They share one processor,
-# but to XLA they are separate devices with separate memory, so the programs
+# starts, XLA's CPU client offers eight devices. They share the machine's
+# processor cores, but to XLA they are separate devices with separate memory, so the programs
 # below are the ones that would run on eight accelerators.
 
 
@@ -937,12 +952,18 @@ def check_pmap_rows(args: list, axes: list) -> int:
 
 # %% [markdown]
 # The same `normalize`, now on four devices. The result's rows are still on
-# the devices that computed them:
+# the devices that computed them, as the picture after the output shows:
 
 # %%
 y = pmap(normalize, axis_name="i")(x)
 print(y)
 print([shard.device.id for shard in y.addressable_shards])
+
+# %% mystnb={"image": {"alt": "Four lanes, one per device. On the left, the input rows [1, 2, 3] to [10, 11, 12], each with an arrow to its device box, device 0 to device 3, each running the same program. One vertical band crosses all four boxes: the psum, an all_reduce with add, which gives every replica the total. On the right, each device box points to its output row, which stays on that device."}} tags=["hide-input"]
+# @title Drawing the rows on their devices (the code is in figures.py)
+from figures import draw_rows_on_devices
+
+draw_rows_on_devices(x, y)
 
 # %% [markdown]
 # Here is the jaxpr of one row, with the `psum` staged as an equation, and the
@@ -1119,9 +1140,14 @@ def _pmap_lower(ctx, avals_in, avals_out, *args, jaxpr, axis_name, axis_size):
 _pmap_lower.only_raises = True  # the rule table says so
 
 # %% [markdown]
-# So `grad` goes through a `pmap` with a `psum` in it, and agrees with JAX:
+# A `jit` inside the `pmap`ped function is an ordinary call in the body: its
+# jaxpr, `psum` and all, is staged as an `xla_call` equation and lowered to a
+# function that every replica calls. And `grad` goes through a `pmap` with a
+# `psum` in it, and agrees with JAX (in the folded cell below):
 
 # %%
+print(pmap(jit(normalize), axis_name="i")(x))
+
 w = np.array([0.5, -0.3, 0.2])
 
 
@@ -1133,6 +1159,11 @@ def loss(w):
     return reduce_sum(pmap(per_device, axis_name="i", in_axes=(None, 0))(w, x))
 
 
+print(grad(loss)(w))
+
+
+# %% tags=["hide-input"]
+# @title The same gradient with JAX
 def jax_loss(w):
     def per_device(w, row):
         return jax.numpy.sin(row * w) / jax.lax.psum(row * row, "i")
@@ -1140,7 +1171,6 @@ def jax_loss(w):
     return jax.pmap(per_device, axis_name="i", in_axes=(None, 0))(w, x).sum()
 
 
-print(grad(loss)(w))
 with jax.enable_x64(True):
     print(jax.grad(jax_loss)(w))
 
@@ -1150,7 +1180,8 @@ with jax.enable_x64(True):
 # Finally the program this chapter set out to run: a linear model, a batch of
 # 64 examples split over 8 devices, each device computing the gradient on its
 # 8 examples, and `pmean` averaging the gradients so that every device takes
-# the same step. Three steps, next to JAX's:
+# the same step. Three steps (JAX's, in the folded cell after them, are the
+# same):
 
 # %%
 rng = np.random.default_rng(0)
@@ -1167,21 +1198,25 @@ def sgd_step(w, xs, ys):
     return w - 0.1 * pmean(grad(mse)(w, xs, ys), "batch")
 
 
-def jax_sgd_step(w, xs, ys):
-    g = jax.grad(lambda w: jax.numpy.mean((xs @ w - ys) ** 2))(w)
-    return w - 0.1 * jax.lax.pmean(g, "batch")
-
-
 ws = np.zeros((8, 3))  # one copy of the parameters per device
 for step in range(3):
     ws = pmap(sgd_step, axis_name="batch")(ws, features, targets)
     print(step, np.asarray(ws)[0])
 
+
+# %% tags=["hide-input"]
+# @title The same three steps with JAX, and the largest difference
+def jax_sgd_step(w, xs, ys):
+    g = jax.grad(lambda w: jax.numpy.mean((xs @ w - ys) ** 2))(w)
+    return w - 0.1 * jax.lax.pmean(g, "batch")
+
+
 with jax.enable_x64(True):
     jax_ws = np.zeros((8, 3))
     for step in range(3):
         jax_ws = jax.pmap(jax_sgd_step, axis_name="batch")(jax_ws, features, targets)
-    print("largest difference from JAX:", np.abs(np.asarray(ws) - jax_ws).max())
+        print(step, jax_ws[0])
+    print("largest difference from ours:", np.abs(np.asarray(ws) - jax_ws).max())
 
 # %% [markdown]
 # Every device holds the same parameters after each step (row 0 is printed),
@@ -1212,7 +1247,10 @@ with jax.enable_x64(True):
 #   collectives itself. [`shard_map`](https://docs.jax.dev/en/latest/notebooks/shard_map.html)
 #   is the explicit form, where the user writes the per-device program and its
 #   collectives, as in this chapter. Ours compiles for replicas; JAX compiles
-#   one partitioned program with `num_partitions`.
+#   one program for `num_partitions` partitions (`jax.pmap(f).lower(x)` shows
+#   `mhlo.num_partitions = 4`, `mhlo.num_replicas = 1` for four rows), and its
+#   `all_reduce` carries a channel handle, as collectives across partitions
+#   must.
 # - **Multi-host.** On a cluster, each process sees only its local devices, and
 #   collectives cross the network; JAX's
 #   [multi-process guide](https://docs.jax.dev/en/latest/multi_process.html)
@@ -1296,7 +1334,7 @@ print(np.cumsum(x, axis=0))
 
 # %% [markdown]
 # **3. Blocks of rows.** `pmap` takes at most one row per device. Write
-# `pmap_blocks(f, name)`, which reshapes `(k * 8, ...)` inputs into
+# `pmap_blocks(f)`, which reshapes `(k * 8, ...)` inputs into
 # `(8, k, ...)`, runs `vmap(f)` inside `pmap`, and reshapes back, so that `f`
 # sees one example at a time. Which axis name should a `psum` over *all*
 # examples use? (Both: sum over the examples of the block, then over devices.)
