@@ -545,6 +545,23 @@ def test_pmap_pytrees_and_unmapped_operand():
     pmap_both("tree", *tree_args(N))
 
 
+def test_pmap_in_axes_as_a_pytree_prefix():
+    def build(lib):
+        def f(d):
+            return d["a"] * d["b"] + lib.psum(d["a"], AXIS)
+
+        return lib.pmap(f, axis_name=AXIS, in_axes=({"a": 0, "b": None},))
+
+    both(build, {"a": X8, "b": C3})
+
+
+def test_pmap_in_axes_of_the_wrong_structure():
+    with pytest.raises(ValueError, match=r"in_axes"):
+        ad.pmap(lambda x: x * 2.0, in_axes=(0, 0))(X8)
+    with pytest.raises(ValueError, match=r"in_axes"):
+        ad.pmap(lambda d: d["a"], in_axes=({"b": 0},))({"a": X8})
+
+
 def test_pmap_in_axes_and_out_axes():
     ours, _ = pmap_both("axes", X8.T)
     assert ours.shape == (3, N)
