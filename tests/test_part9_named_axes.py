@@ -398,6 +398,23 @@ def test_jvp_and_grad_through_named_vmap():
     both(lambda lib: lib.jit(build_grad(lib)), w)
 
 
+@pytest.mark.parametrize("mapper", ["vmap", "pmap"])
+def test_derivatives_of_pmax_against_numpy(mapper):
+    """JAX has no derivative rule for pmax; autodidax's is the tangent (or
+    cotangent) of the row holding the maximum (no ties in this data)."""
+    x = X8
+    t = np.cos(3.0 * X8)
+    mapped = getattr(ad, mapper)(lambda v: ad.pmax(v, AXIS), axis_name=AXIS)
+    winner = x.argmax(axis=0)  # per column
+    _, tangent = ad.jvp(mapped, (x,), (t,))
+    expected = np.broadcast_to(t[winner, np.arange(3)], x.shape)
+    np.testing.assert_allclose(host(tangent), expected, rtol=TOL, atol=TOL)
+    gradient = ad.grad(lambda v: ad.reduce_sum(mapped(v) * x))(x)
+    expected = np.zeros_like(x)
+    expected[winner, np.arange(3)] = x.sum(axis=0)
+    np.testing.assert_allclose(host(gradient), expected, rtol=TOL, atol=TOL)
+
+
 def test_per_example_gradients_averaged_with_pmean_under_vmap():
     w = np.array([0.3, -0.7, 1.1])
 
