@@ -86,24 +86,42 @@ class Library:
     """What this benchmark needs from one library."""
 
     def __init__(
-        self, name: str, pmap: Callable, psum: Callable, sin: Callable
+        self,
+        name: str,
+        pmap: Callable,
+        psum: Callable,
+        sin: Callable,
+        block: Callable[[Any], Any],
     ) -> None:
         self.name = name
         self.pmap = pmap
         self.psum = psum
         self.sin = sin
+        self.block = block  # wait until a result is computed, on the devices
 
 
 def autodidax_library(module: ModuleType = ad, name: str = "autodidax") -> Library:
     """autodidax (this checkout's, or ``module``, e.g. an older version)."""
-    return Library(name, pmap=module.pmap, psum=module.psum, sin=module.sin)
+    return Library(
+        name,
+        pmap=module.pmap,
+        psum=module.psum,
+        sin=module.sin,
+        block=lambda out: out._buffer.block_until_ready(),
+    )
 
 
 def jax_library() -> Library:
     import jax
     from jax import lax
 
-    return Library("jax", pmap=jax.pmap, psum=lax.psum, sin=lax.sin)
+    return Library(
+        "jax",
+        pmap=jax.pmap,
+        psum=lax.psum,
+        sin=lax.sin,
+        block=lambda out: out.block_until_ready(),
+    )
 
 
 def has_pmap(module: ModuleType) -> bool:
@@ -131,28 +149,12 @@ def reference(x: np.ndarray) -> np.ndarray:
     return np.sin(x) * 2.0 + x.sum(axis=0)
 
 
-def call_and_wait(f: Callable, x: Any) -> Any:
-    """``f(x)``, returned when every device has finished its row."""
+def call_and_wait(f: Callable, block: Callable, x: Any) -> Any:
+    """``f(x)``, returned when every device has finished its row (no copy
+    to the host)."""
     out = f(x)
-    for leaf in jax_leaves(out):
-        wait(leaf)
+    block(out)
     return out
-
-
-def jax_leaves(tree: Any) -> list:
-    import jax
-
-    return jax.tree_util.tree_leaves(tree)
-
-
-def wait(x: Any) -> None:
-    """Block until ``x`` is computed: JAX's ``block_until_ready`` where the
-    array has it, otherwise a copy to the host."""
-    block = getattr(x, "block_until_ready", None)
-    if block is not None:
-        block()
-    else:
-        np.asarray(x)
 
 
 def measure(libs: list[Library], calls: int, rounds: int, width: int) -> dict:
@@ -162,6 +164,7 @@ def measure(libs: list[Library], calls: int, rounds: int, width: int) -> dict:
     expected = reference(x_host)
     runners: dict[str, tuple] = {}
     errors: dict[str, float] = {}
+    blocks = {lib.name: lib.block for lib in libs}
     for lib in libs:
         f = lib.pmap(program(lib), axis_name=AXIS)
         sharded = lib.pmap(lambda x: x * 1.0)(x_host)  # rows on their devices
@@ -175,7 +178,9 @@ def measure(libs: list[Library], calls: int, rounds: int, width: int) -> dict:
     for case, arg in (("sharded", lambda r: r[1]), ("numpy", lambda r: x_host)):
         times = benchlib.per_call_times(
             {
-                name: functools.partial(call_and_wait, runner[0], arg(runner))
+                name: functools.partial(
+                    call_and_wait, runner[0], blocks[name], arg(runner)
+                )
                 for name, runner in runners.items()
             },
             calls,

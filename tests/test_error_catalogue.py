@@ -1174,3 +1174,17 @@ def test_17_pmap_over_mismatched_leading_sizes():
         ad.pmap(lambda x, y: x + y)(V3, V4)
     with clear_error(ValueError, r"(?s)(?=.*\b2\b)(?=.*\b3\b)"):
         ad.pmap(lambda x, y: x * y, in_axes=(0, 1))(M23, M23)
+
+
+@pytest.mark.parametrize("outer", ["jit", "pmap"])
+def test_17_pmap_inside_jit_or_another_pmap(outer):
+    """Refused when the enclosing program is lowered, with what to do instead."""
+    inner = ad.pmap(lambda x: ad.psum(x, "i"), axis_name="i")
+    rows = np.stack([V3, V3])
+    run = {
+        "jit": lambda: ad.jit(inner)(rows),
+        "pmap": lambda: ad.pmap(inner, axis_name="j")(np.stack([rows, rows])),
+    }[outer]
+    with clear_error(ad.PmapInsideJitError, r"pmap inside jit.*put jit inside pmap"):
+        run()
+    assert issubclass(ad.PmapInsideJitError, TypeError)
