@@ -199,6 +199,12 @@ def reach_axes(trace: Trace, names: Any, who: str) -> Trace:
 
 
 # %% [markdown]
+# So `psum(3.0, "i")` under `vmap(..., axis_name="i")` goes to the `vmap`'s
+# `BatchTrace` although `3.0` is a plain number: `full_raise` boxes it as a
+# `BatchTracer` with no batch axis, and the batching rule of `psum` (below)
+# makes it `3.0 * 4`. An `axis_index("i")` with no inputs at all arrives at
+# the same interpreter the same way.
+#
 # A `BatchTrace` now needs to know whether a collective's axis is *its* axis.
 # `vmap` binds the name to its own level; while a batching rule runs, we note
 # whose rule it is, so that a collective's rule can ask `batches_axis(name)`.
