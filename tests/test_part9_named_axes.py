@@ -369,6 +369,49 @@ def test_two_nested_vmaps_with_two_names():
     both(build, x)
 
 
+def pytree_collectives(lib):
+    def f(x):
+        tree = {"w": x, "b": (lib.sin(x), lib.total(x))}
+        return (
+            lib.pmean(tree, AXIS),
+            lib.psum(tree, AXIS),
+            lib.pmax(tree, AXIS),
+            lib.all_gather(tree, AXIS),
+        )
+
+    return f
+
+
+@pytest.mark.parametrize("mapper", ["vmap", "pmap"])
+def test_collectives_of_pytrees(mapper):
+    x = X8 if mapper == "pmap" else X5
+    both(lambda lib: getattr(lib, mapper)(pytree_collectives(lib), axis_name=AXIS), x)
+
+
+def two_names(lib):
+    def g(x):
+        both_names = ("i", "j")
+        return (
+            lib.psum(x, both_names),
+            lib.pmean(x * x, both_names),
+            lib.pmax(lib.sin(x), both_names),
+            lib.psum(x, ("j",)),
+        )
+
+    return g
+
+
+@pytest.mark.parametrize("outer", ["vmap", "pmap"])
+def test_collectives_over_a_tuple_of_names(outer):
+    x = np.random.default_rng(7).normal(size=(N if outer == "pmap" else 4, 3, 2))
+
+    def build(lib):
+        inner = lib.vmap(two_names(lib), axis_name="j")
+        return getattr(lib, outer)(inner, axis_name="i")
+
+    both(build, x)
+
+
 def test_the_same_name_rebinds_innermost():
     """An inner vmap may reuse the outer's name; a collective then means the
     innermost binding (as in JAX)."""
@@ -884,6 +927,13 @@ def test_unbound_axis_name(which, run):
         UNBOUND_RUNS[run](f)
     assert isinstance(info.value, NameError)
     assert not isinstance(info.value, (AssertionError, KeyError, AttributeError))
+
+
+def test_an_unbound_name_in_a_tuple_of_names():
+    with pytest.raises(ad.UnboundAxisError, match=r"psum.*'j'"):
+        ad.vmap(lambda x: ad.psum(x, ("i", "j")), axis_name="i")(X5)
+    with pytest.raises(ad.UnboundAxisError, match=r"pmean.*'j'"):
+        ad.pmap(lambda x: ad.pmean(x, ("j", "i")), axis_name="i")(X3)
 
 
 def test_a_name_is_unbound_again_after_its_map():
