@@ -50,7 +50,7 @@ from benchlib import CYCLE  # noqa: E402
 
 import autodidax as ad  # noqa: E402
 
-DEFAULT_SIZES = (500, 2000)
+DEFAULT_SIZES = (500, 1000, 1500, 2000)
 QUICK_SIZES = (20, 80)
 VECTOR_SIZE = 8
 MAX_ABS_ERROR = 1e-9  # both gradients must match the NumPy reference

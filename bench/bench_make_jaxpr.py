@@ -45,7 +45,7 @@ from benchlib import CYCLE  # noqa: E402
 
 import autodidax as ad  # noqa: E402
 
-DEFAULT_SIZES = (1000, 4000)
+DEFAULT_SIZES = (1000, 2000, 3000, 4000)
 QUICK_SIZES = (20, 80)
 VECTOR_SIZE = 8
 TARGET_US_PER_PRIMITIVE = 30.0

@@ -58,6 +58,7 @@ BENCH_DIR = str(Path(__file__).resolve().parent)
 if BENCH_DIR not in sys.path:  # find the scripts also when loaded by path (tests)
     sys.path.insert(0, BENCH_DIR)
 
+import bench_dispatch  # noqa: E402
 import bench_grad  # noqa: E402
 import bench_jit  # noqa: E402
 import bench_loops  # noqa: E402
@@ -111,6 +112,12 @@ def run_jit(variants: dict[str, ModuleType], quick: bool) -> dict:
         "compute": bench_jit.measure_compute(libs, config["size"], config["repeats"]),
         "first_call": bench_jit.measure_first_call(libs, config["first_calls"]),
     }
+
+
+def run_dispatch(variants: dict[str, ModuleType], quick: bool) -> dict:
+    """bench_dispatch's whole calls per kind of argument, and the steps of a call."""
+    config = dict(bench_dispatch.QUICK if quick else bench_dispatch.FULL)
+    return {"config": config, **bench_dispatch.run(variants, True, config)}
 
 
 def run_make_jaxpr(variants: dict[str, ModuleType], quick: bool) -> dict:
@@ -242,13 +249,35 @@ def headline(results: dict, names: list[str]) -> tuple[list[dict], list[dict]]:
     def per_call(r: dict, key: str) -> dict[str, float]:
         return {name: r[name][key] for name in names}
 
+    calls = results["dispatch"]["calls"]
+    for kind, case in (
+        ("python float", "Python float"),
+        ("numpy scalar", "NumPy scalar"),
+        ("numpy array", f"NumPy float64[{bench_dispatch.VECTOR_SIZE}]"),
+    ):
+        values = per_call(calls[kind], "median_us")
+        allowed = bench_dispatch.TARGET_RATIOS[kind]
+        rows.append(
+            _row(
+                "jit_dispatch_" + kind.replace(" ", "_"),
+                "jit dispatch",
+                case,
+                f"sin(x) * 2.0 + x, compiled, x a {case}",
+                "µs/call",
+                values,
+                f"≤ {allowed}×",
+                values["autodidax"] / values["jax"] <= allowed,
+                allowed,
+            )
+        )
     dispatch = per_call(jit["dispatch"], "median_us")
     rows.append(
         _row(
             "jit_dispatch",
             "jit dispatch",
+            f"device float64[{bench_jit.DISPATCH_SIZE}]",
+            f"sin(x) * 2.0 + x, compiled, x a device array "
             f"float64[{bench_jit.DISPATCH_SIZE}]",
-            f"sin(x) * 2.0 + x on float64[{bench_jit.DISPATCH_SIZE}], compiled",
             "µs/call",
             dispatch,
             f"≤ {bench_jit.TARGET_DISPATCH_RATIO}×",
@@ -297,6 +326,8 @@ def headline(results: dict, names: list[str]) -> tuple[list[dict], list[dict]]:
     ):
         sizes = data["sizes"]
         for i, n in enumerate(sizes):
+            if i not in (0, len(sizes) - 1):
+                continue  # the sizes between are drawn, not tabled
             values = {
                 name: data["results"][name][i]["us_per_primitive"] for name in names
             }
@@ -357,21 +388,27 @@ def headline(results: dict, names: list[str]) -> tuple[list[dict], list[dict]]:
             per_call(overhead["vmap_of_jit"], "median_us"),
         )
     )
-    loop = results["loops"]["while_loop"]
-    values = per_call(loop, "median_ms")
-    rows.append(
-        _row(
-            "while_loop",
-            "jit while_loop",
-            f"{loop['steps']:_} steps",
-            loop["program"],
-            "ms/call",
-            values,
-            f"≤ {bench_loops.TARGET_RATIO}×",
-            values["autodidax"] / values["jax"] <= bench_loops.TARGET_RATIO,
-            bench_loops.TARGET_RATIO,
+    loops = results["loops"]
+    for key, benchmark, allowed in (
+        ("while_loop", "jit while_loop", bench_loops.TARGET_RATIO),
+        ("scan", "jit scan", bench_loops.TARGET_RATIO),
+        ("scan_grad", "jit(grad) of scan", bench_loops.GRAD_TARGET_RATIO),
+    ):
+        loop = loops[key]
+        values = per_call(loop, "median_ms")
+        rows.append(
+            _row(
+                key,
+                benchmark,
+                f"{loop['steps']:_} steps",
+                loop["program"],
+                "ms/call",
+                values,
+                f"≤ {allowed}×",
+                values["autodidax"] / values["jax"] <= allowed,
+                allowed,
+            )
         )
-    )
     return rows, growth
 
 
@@ -382,7 +419,7 @@ def targets(rows: list[dict], growth: list[dict], quick: bool) -> dict:
     return {"meaningful": not quick, "met": met, "all_met": all(met.values())}
 
 
-def max_abs_errors(results: dict) -> dict[str, float]:
+def max_abs_errors(results: dict, names: list[str]) -> dict[str, float]:
     """The largest difference from the NumPy references, per library."""
     jit, overhead = results["jit"], results["overhead"]
     sources = [
@@ -391,6 +428,11 @@ def max_abs_errors(results: dict) -> dict[str, float]:
         *(row["max_abs_error"] for row in overhead["eager"].values()),
         overhead["vmap_of_jit"]["max_abs_error"],
         results["loops"]["while_loop"]["max_abs_error"],
+        results["loops"]["scan"]["max_abs_error"],
+        *(
+            {k: e for k, e in row["max_abs_error"].items() if k in names}
+            for row in results["dispatch"]["calls"].values()
+        ),
     ]
     worst: dict[str, float] = {}
     for errors in sources:
@@ -461,6 +503,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         results: dict[str, Any] = {}
         for key, run in (
             ("jit", run_jit),
+            ("dispatch", run_dispatch),
             ("make_jaxpr", run_make_jaxpr),
             ("grad", run_grad),
             ("overhead", run_overhead),
@@ -482,7 +525,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "headline": rows,
         "growth": growth,
         "targets": targets(rows, growth, args.quick),
-        "max_abs_error": max_abs_errors(results),
+        "max_abs_error": max_abs_errors(results, names),
         "results": results,
         "machine": machine,
     }

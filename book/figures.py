@@ -605,3 +605,212 @@ def benchmark_tables(report):
             numeric={2, 3},
         )
     )
+
+
+_STEP_COLORS = {
+    "arguments": "#9e9e9e",
+    "signature": "#f9a825",
+    "bind": "#c62828",
+    "copy": "#6a1b9a",
+    "execute": "#1f5fa8",
+    "outputs": "#2e7d32",
+}
+_DISPATCH_KINDS = {
+    "python float": "Python float",
+    "numpy scalar": "NumPy scalar",
+    "numpy array": "NumPy array",
+    "device array": "device Array",
+}
+
+
+def dispatch_profile_chart(dispatch):
+    """Stacked bars: the median of every step of one call, per kind of
+    argument, Part 3's jit above the fast path; a tick at jax.jit's call."""
+    steps, calls, labels = dispatch["steps"], dispatch["calls"], dispatch["step_labels"]
+    longest = max(row["full_path"]["sum_us"] for row in steps.values())
+    jax_times = [calls[kind]["jax"]["median_us"] for kind in steps if "jax" in calls[kind]]
+    scale_max = max([longest, *jax_times]) * 1.05
+    left, right, top, bar, gap = 150, 600, 70, 18, 26
+    width = 820
+    height = top + len(steps) * (2 * bar + gap) + 40
+
+    def x(us):
+        return left + us / scale_max * (right - left)
+
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
+        f'height="{height}" font-family="sans-serif" font-size="13">',
+        "<title>The steps of one jitted call, before and after the fast path</title>",
+    ]
+    for i, (step, label) in enumerate(labels.items()):
+        column, line = i % 3, i // 3
+        lx, ly = 10 + 265 * column, 16 + 20 * line
+        parts.append(
+            f'<rect x="{lx}" y="{ly - 10}" width="12" height="12" '
+            f'fill="{_STEP_COLORS[step]}"/>'
+            f'<text x="{lx + 18}" y="{ly}">{escape(label)}</text>'
+        )
+    y = top
+    for kind, row in steps.items():
+        parts.append(
+            f'<text x="10" y="{y + bar + 4}" font-weight="bold">'
+            f"{escape(_DISPATCH_KINDS.get(kind, kind))}</text>"
+        )
+        for path, name in (("full_path", "Part 3's jit"), ("fast_path", "fast path")):
+            if path not in row:
+                continue
+            start = 0.0
+            for step, us in row[path]["steps_us"].items():
+                parts.append(
+                    f'<rect x="{x(start):.1f}" y="{y}" width="{x(start + us) - x(start):.1f}" '
+                    f'height="{bar - 2}" fill="{_STEP_COLORS[step]}">'
+                    f"<title>{escape(labels[step])}: {us:.2f} µs</title></rect>"
+                )
+                start += us
+            whole = calls[kind].get(
+                "autodidax" if path == "fast_path" else "full_path", {}
+            ).get("median_us")
+            text = f"{name}: {start:.1f} µs"
+            if whole is not None:
+                text += f" (whole call {whole:.1f})"
+            parts.append(f'<text x="{x(start) + 6:.1f}" y="{y + bar - 5}">{text}</text>')
+            y += bar
+        if "jax" in calls[kind]:
+            jx = x(calls[kind]["jax"]["median_us"])
+            parts.append(
+                f'<line x1="{jx:.1f}" y1="{y - 2 * bar - 3}" x2="{jx:.1f}" y2="{y + 1}" '
+                'stroke="#000000" stroke-width="2.5"/>'
+            )
+        y += gap
+    parts.append(
+        f'<line x1="{left}" y1="{top - 6}" x2="{left}" y2="{y - gap + 4}" stroke="#333333"/>'
+    )
+    for tick in range(0, int(scale_max) + 1, 10 if scale_max > 40 else 5):
+        parts.append(
+            f'<text x="{x(tick):.1f}" y="{y}" text-anchor="middle" fill="#555555">'
+            f"{tick}</text>"
+        )
+    parts.append(
+        f'<text x="{(left + right) / 2}" y="{y + 22}" text-anchor="middle">'
+        "µs per call (medians); black tick: a jax.jit call with the same argument"
+        "</text></svg>"
+    )
+    return SVG("".join(parts))
+
+
+def dispatch_kinds_table(dispatch):
+    """HTML table: median µs per call per kind of argument, three ways."""
+    rows = []
+    for kind, row in dispatch["calls"].items():
+        ratio = row["ratios"]["autodidax"]
+        target = dispatch["target_ratios"][kind]
+        full = row.get("full_path", {}).get("median_us")
+        rows.append(
+            [
+                escape(_DISPATCH_KINDS.get(kind, kind)),
+                "" if full is None else _bench_number(full),
+                _bench_number(row["autodidax"]["median_us"]),
+                _bench_number(row["jax"]["median_us"]),
+                f"{ratio:.2f}",
+                _bench_verdict(f"≤ {target}×", ratio <= target),
+            ]
+        )
+    return HTML(
+        _bench_html_table(
+            "jit dispatch, median µs per call of sin(x) * 2.0 + x",
+            [
+                "argument",
+                "Part 3's jit",
+                "fast path",
+                "jax.jit",
+                "fast path / JAX",
+                "target",
+            ],
+            rows,
+            numeric={1, 2, 3, 4},
+        )
+    )
+
+
+def scaling_chart(report):
+    """Two panels, make_jaxpr and grad: time per call against program size
+    for both libraries, with the line through zero that linear cost follows."""
+    panels = [
+        ("make_jaxpr", "make_jaxpr of a chain"),
+        ("grad", "eager grad of a chain"),
+    ]
+    colors = {"autodidax": _BENCH_GREEN, "jax": _BENCH_BLUE}
+    panel_w, panel_h, margin = 330, 230, 60
+    width, height = 2 * (panel_w + margin) + 20, panel_h + 110
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
+        f'height="{height}" font-family="sans-serif" font-size="13">',
+        "<title>Time against program size for make_jaxpr and grad</title>",
+    ]
+    for i, (name, color) in enumerate(colors.items()):
+        parts.append(
+            f'<circle cx="{margin + 8 + 120 * i}" cy="14" r="5" fill="{color}"/>'
+            f'<text x="{margin + 18 + 120 * i}" y="18">{name}</text>'
+        )
+    parts.append(
+        f'<line x1="{margin + 250}" y1="14" x2="{margin + 280}" y2="14" '
+        f'stroke="{_BENCH_GREY}" stroke-dasharray="4,3"/>'
+        f'<text x="{margin + 288}" y="18">time proportional to size</text>'
+    )
+    for p, (key, title) in enumerate(panels):
+        data = report["results"][key]
+        x0, y0 = margin + p * (panel_w + margin), 50
+        n_max = max(data["sizes"])
+        t_max = max(
+            row["median_s"] * 1e3 for rows in data["results"].values() for row in rows
+        )
+        t_max *= 1.1
+
+        def px(n, x0=x0, n_max=n_max):
+            return x0 + n / n_max * panel_w
+
+        def py(ms, y0=y0, t_max=t_max):
+            return y0 + panel_h - ms / t_max * panel_h
+
+        parts.append(
+            f'<text x="{x0 + panel_w / 2}" y="{y0 - 8}" text-anchor="middle" '
+            f'font-weight="bold">{escape(title)}</text>'
+            f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y0 + panel_h}" stroke="#333"/>'
+            f'<line x1="{x0}" y1="{y0 + panel_h}" x2="{x0 + panel_w}" '
+            f'y2="{y0 + panel_h}" stroke="#333"/>'
+        )
+        for n in data["sizes"]:
+            parts.append(
+                f'<text x="{px(n):.1f}" y="{y0 + panel_h + 16}" text-anchor="middle" '
+                f'fill="#555555">{n}</text>'
+            )
+        for frac in (0.0, 0.5, 1.0):
+            ms = t_max / 1.1 * frac
+            parts.append(
+                f'<text x="{x0 - 6}" y="{py(ms) + 4:.1f}" text-anchor="end" '
+                f'fill="#555555">{ms:.3g}</text>'
+            )
+        parts.append(
+            f'<text x="{x0 + panel_w / 2}" y="{y0 + panel_h + 36}" '
+            'text-anchor="middle">primitives in the program</text>'
+            f'<text x="{x0 - 44}" y="{y0 + panel_h / 2}" text-anchor="middle" '
+            f'transform="rotate(-90 {x0 - 44} {y0 + panel_h / 2})">ms per call</text>'
+        )
+        for library, rows in data["results"].items():
+            color = colors.get(library, _BENCH_GREY)
+            last = rows[-1]
+            slope = last["median_s"] * 1e3 / last["n"]
+            parts.append(
+                f'<line x1="{px(0):.1f}" y1="{py(0):.1f}" x2="{px(n_max):.1f}" '
+                f'y2="{py(slope * n_max):.1f}" stroke="{color}" stroke-opacity="0.6" '
+                'stroke-dasharray="4,3"/>'
+            )
+            for row in rows:
+                ms = row["median_s"] * 1e3
+                parts.append(
+                    f'<circle cx="{px(row["n"]):.1f}" cy="{py(ms):.1f}" r="5" '
+                    f'fill="{color}"><title>{library}, N={row["n"]}: '
+                    f"{ms:.2f} ms</title></circle>"
+                )
+    parts.append("</svg>")
+    return SVG("".join(parts))
