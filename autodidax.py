@@ -5701,11 +5701,12 @@ def result_handlers(jaxpr: Jaxpr) -> list[Any]:
     return handlers
 
 
-# What NumPy makes of a Python number (the full path's np.asarray): its key.
-SCALAR_KEYS = {kind: ((), np.asarray(kind()).dtype) for kind in (bool, int, float)}
-INT64 = np.iinfo(np.int64)
-# NumPy's scalar types of booleans, integers and floats of up to 64 bits.
-NUMPY_SCALAR_TYPES = frozenset(np.dtype(code).type for code in "?bhilqBHILQefd")
+# The key of a number, by its type: the shape and dtype that np.asarray (the
+# full path's conversion) gives it. Python's numbers, and NumPy's scalars of
+# booleans, integers and floats of up to 64 bits.
+NUMBER_TYPES = (bool, int, float, *(np.dtype(c).type for c in "?bhilqBHILQefd"))
+SCALAR_KEYS = {kind: ((), np.asarray(kind()).dtype) for kind in NUMBER_TYPES}
+INT64_MIN, INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 
 
 class FastCall:
@@ -5738,13 +5739,14 @@ def input_signature(args: tuple) -> tuple | None:
         kind = type(x)
         if kind is Array:
             x = x._buffer  # jaxlib's array: shape and dtype are read in C++
-        elif kind in SCALAR_KEYS:
-            if kind is int and not INT64.min <= x <= INT64.max:
+        elif kind is not np.ndarray:
+            key = SCALAR_KEYS.get(kind)
+            if key is None:
+                return None  # a tracer, a container, a string...: the full path
+            if kind is int and not INT64_MIN <= x <= INT64_MAX:
                 return None  # not an int64 for NumPy: the full path decides
-            signature.append(SCALAR_KEYS[kind])
+            signature.append(key)
             continue
-        elif kind is not np.ndarray and kind not in NUMPY_SCALAR_TYPES:
-            return None  # a tracer, a container, a string...: the full path
         signature.append((x.shape, x.dtype))
     return tuple(signature)
 

@@ -119,9 +119,7 @@ def measure_calls(
     results = {}
     for kind in KINDS:
         thunks, errors = {}, {}
-        expected = np.sin(argument(kind, np.asarray)) * 2.0 + argument(
-            kind, np.asarray
-        )
+        expected = np.sin(argument(kind, np.asarray)) * 2.0 + argument(kind, np.asarray)
         for name, (f, put) in functions.items():
             x = argument(kind, put)
             out = f(x)  # trace and compile (or find the trace)
@@ -226,7 +224,9 @@ def measure_steps(m: ModuleType, calls: int) -> dict:
         out, _ = full_path_steps(m, f, traces, (x,))  # trace and compile
         row = {
             "full_path": median_steps(
-                lambda: full_path_steps(m, f, traces, (x,)), FULL_STEPS, calls
+                lambda f=f, t=traces, x=x: full_path_steps(m, f, t, (x,)),
+                FULL_STEPS,
+                calls,
             )
         }
         errors = [float(np.max(np.abs(np.asarray(out) - expected)))]
@@ -236,7 +236,9 @@ def measure_steps(m: ModuleType, calls: int) -> dict:
             out, _ = fast_path_steps(m, jitted.fast_calls, (x,))
             errors.append(float(np.max(np.abs(np.asarray(out) - expected))))
             row["fast_path"] = median_steps(
-                lambda: fast_path_steps(m, jitted.fast_calls, (x,)), FAST_STEPS, calls
+                lambda table=jitted.fast_calls, x=x: fast_path_steps(m, table, (x,)),
+                FAST_STEPS,
+                calls,
             )
         row["max_abs_error"] = max(errors)
         results[kind] = row
@@ -263,7 +265,9 @@ def run(variants: dict[str, ModuleType], with_jax: bool, config: dict) -> dict:
 def print_report(report: dict) -> None:
     results = report["results"]
     calls, steps = results["calls"], results["steps"]
-    names = [name for name in calls[KINDS[0]] if name not in ("max_abs_error", "ratios")]
+    names = [
+        name for name in calls[KINDS[0]] if name not in ("max_abs_error", "ratios")
+    ]
     print(f"jit dispatch per kind of argument: {results['program']}, median µs/call")
     header = f"{'argument':<14}" + "".join(f" {n:>11}" for n in names)
     header += f" {'ours/jax':>9}  target"

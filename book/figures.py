@@ -628,7 +628,9 @@ def dispatch_profile_chart(dispatch):
     argument, Part 3's jit above the fast path; a tick at jax.jit's call."""
     steps, calls, labels = dispatch["steps"], dispatch["calls"], dispatch["step_labels"]
     longest = max(row["full_path"]["sum_us"] for row in steps.values())
-    jax_times = [calls[kind]["jax"]["median_us"] for kind in steps if "jax" in calls[kind]]
+    jax_times = [
+        calls[kind]["jax"]["median_us"] for kind in steps if "jax" in calls[kind]
+    ]
     scale_max = max([longest, *jax_times]) * 1.05
     left, right, top, bar, gap = 150, 600, 70, 18, 26
     width = 820
@@ -667,13 +669,17 @@ def dispatch_profile_chart(dispatch):
                     f"<title>{escape(labels[step])}: {us:.2f} µs</title></rect>"
                 )
                 start += us
-            whole = calls[kind].get(
-                "autodidax" if path == "fast_path" else "full_path", {}
-            ).get("median_us")
+            whole = (
+                calls[kind]
+                .get("autodidax" if path == "fast_path" else "full_path", {})
+                .get("median_us")
+            )
             text = f"{name}: {start:.1f} µs"
             if whole is not None:
                 text += f" (whole call {whole:.1f})"
-            parts.append(f'<text x="{x(start) + 6:.1f}" y="{y + bar - 5}">{text}</text>')
+            parts.append(
+                f'<text x="{x(start) + 6:.1f}" y="{y + bar - 5}">{text}</text>'
+            )
             y += bar
         if "jax" in calls[kind]:
             jx = x(calls[kind]["jax"]["median_us"])

@@ -155,10 +155,11 @@ dispatch_profile_chart(report["results"]["dispatch"])
 # lists or dicts around it), the input signature is the tuple of each
 # argument's shape and dtype. Both are cheap to read: a NumPy array or NumPy
 # scalar has them as attributes, and so does the jaxlib array inside an `Array`,
-# which keeps them in C++. For a Python number, the full path asks NumPy what it
+# which keeps them in C++. For a number, the full path asks NumPy what it
 # becomes (`np.asarray(3.0)` is a 0-d `float64` array, `np.asarray(True)` a
-# `bool`, `np.asarray(3)` an `int64`), so the key for it is that same shape and
-# dtype, looked up by the number's type. A Python float, `np.float64(3.0)` and
+# `bool`, `np.asarray(3)` an `int64`, `np.asarray(np.float32(3))` a `float32`),
+# so the key for it is that same shape and dtype, found in a table by the
+# number's type, which is quicker than asking the number. A Python float, `np.float64(3.0)` and
 # `np.array(3.0)` therefore share one entry, as they share one trace. One
 # exception: NumPy makes an integer beyond the range of `int64` a `uint64` or
 # an object array, so such an integer takes the full path, which says what it
@@ -245,11 +246,12 @@ def result_handlers(jaxpr: Jaxpr) -> list[Any]:
     return handlers
 
 
-# What NumPy makes of a Python number (the full path's np.asarray): its key.
-SCALAR_KEYS = {kind: ((), np.asarray(kind()).dtype) for kind in (bool, int, float)}
-INT64 = np.iinfo(np.int64)
-# NumPy's scalar types of booleans, integers and floats of up to 64 bits.
-NUMPY_SCALAR_TYPES = frozenset(np.dtype(code).type for code in "?bhilqBHILQefd")
+# The key of a number, by its type: the shape and dtype that np.asarray (the
+# full path's conversion) gives it. Python's numbers, and NumPy's scalars of
+# booleans, integers and floats of up to 64 bits.
+NUMBER_TYPES = (bool, int, float, *(np.dtype(c).type for c in "?bhilqBHILQefd"))
+SCALAR_KEYS = {kind: ((), np.asarray(kind()).dtype) for kind in NUMBER_TYPES}
+INT64_MIN, INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 
 
 # %% [markdown]
@@ -289,13 +291,14 @@ def input_signature(args: tuple) -> tuple | None:
         kind = type(x)
         if kind is Array:
             x = x._buffer  # jaxlib's array: shape and dtype are read in C++
-        elif kind in SCALAR_KEYS:
-            if kind is int and not INT64.min <= x <= INT64.max:
+        elif kind is not np.ndarray:
+            key = SCALAR_KEYS.get(kind)
+            if key is None:
+                return None  # a tracer, a container, a string...: the full path
+            if kind is int and not INT64_MIN <= x <= INT64_MAX:
                 return None  # not an int64 for NumPy: the full path decides
-            signature.append(SCALAR_KEYS[kind])
+            signature.append(key)
             continue
-        elif kind is not np.ndarray and kind not in NUMPY_SCALAR_TYPES:
-            return None  # a tracer, a container, a string...: the full path
         signature.append((x.shape, x.dtype))
     return tuple(signature)
 
