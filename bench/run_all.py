@@ -5,14 +5,18 @@ Runs, for autodidax and for JAX on the same programs (float64 throughout):
 - ``jit``, from ``bench_jit.py``: steady-state dispatch of a small jitted
   function; a compute-bound jitted call on 4 million elements with
   device-resident inputs; the first call (trace + lower + compile + run);
-- ``make_jaxpr``, from ``bench_make_jaxpr.py``: tracing a chain of 1000 and of
-  4000 primitives (cost per primitive, and how it grows);
-- ``grad``, from ``bench_grad.py``: eager ``grad`` of a chain of 500 and of
-  2000 primitives (cost per primitive, and how it grows);
+- ``dispatch``, from ``bench_dispatch.py``: ``jit`` dispatch with a Python
+  float, a NumPy scalar, a NumPy array and a device array, next to Part 3's
+  ``jit`` and ``jax.jit``, and the median of every step of one call;
+- ``make_jaxpr``, from ``bench_make_jaxpr.py``: tracing a chain of 1000, 2000,
+  3000 and 4000 primitives (cost per primitive, and how it grows);
+- ``grad``, from ``bench_grad.py``: eager ``grad`` of a chain of 500, 1000,
+  1500 and 2000 primitives (cost per primitive, and how it grows);
 - ``overhead``, from ``bench_overhead.py``: eager ``sin`` and ``add`` on a
   small array, and ``vmap`` of a jitted function;
-- ``loops``, from ``bench_loops.py``: a jitted ``while_loop`` of 100,000
-  steps next to ``jax.lax.while_loop``.
+- ``loops``, from ``bench_loops.py``: a jitted ``while_loop`` and ``scan`` of
+  100,000 steps next to ``jax.lax``, and ``jit(grad)`` through a 1,000-step
+  ``scan``.
 
 It prints one table of the headline numbers (autodidax's time, JAX's time, and
 their ratio, the number the targets of SPEC section 6 are about) and writes a
@@ -22,7 +26,7 @@ it?" draws its chart and table from the committed ``bench/results.json``.
 
 Run it from the repository root:
 
-    python bench/run_all.py                   # full sizes, about a minute;
+    python bench/run_all.py                   # full sizes, a minute or two;
                                               # writes bench/results.json
     python bench/run_all.py --quick           # tiny sizes, a smoke run (CI)
     python bench/run_all.py --json PATH       # write the report to PATH

@@ -122,8 +122,11 @@ print(f"autodidax: commit {commit}{changes}")
 # `bench/bench_dispatch.py` does this for Part 3's `jit` (the *full path*), for
 # the fast path built below, and for four kinds of argument, then times whole
 # calls of both and of `jax.jit` on the same function, `sin(x) * 2.0 + x`. The
-# sum of the steps comes close to the time of a whole call, which tells us
-# that no step was left out. The chart shows the medians of that report.
+# chart shows the medians of that report. Compare each bar's sum of steps with
+# the whole call written next to it: the sum is a little smaller, because the
+# written-out steps skip the Python calls that connect them in the real code
+# (entering the jitted function, `bind`, the `impl` rule, the compiled call),
+# but no large piece of time is missing.
 
 # %% mystnb={"image": {"alt": "Stacked horizontal bars, two per kind of argument (Python float, NumPy scalar, NumPy array, device Array), the upper one for Part 3's jit and the lower one for the fast path. Each bar is split into the steps of one call (find the trace, check and convert the arguments, bind and type checks, copy to the device, run the executable, wrap the outputs), and a black tick marks the time of a jax.jit call with the same argument."}} tags=["hide-input"]
 # @title Chart: the steps of one call, before and after the fast path
@@ -139,8 +142,9 @@ dispatch_profile_chart(report["results"]["dispatch"])
 # is built for the cache key; `bind` finds the top trace, boxes the argument and
 # calls the `impl` rule, which checks the types against the jaxpr again; and
 # `device_put` converts the number to an array once more, builds JAX's aval
-# for it and copies it to the device. A NumPy scalar takes the same way, plus a
-# conversion NumPy makes slowly. A device `Array` skips the copy, so its bar is
+# for it, copies it to the device and wraps it in an `Array`; after the run,
+# every output is split out of the results and wrapped again. A NumPy scalar
+# or array takes the same way. A device `Array` skips the copy, so its bar is
 # the shortest. In every bar, only one step does work that differs from call to
 # call: running the executable (and, for a host argument, copying its value).
 # Every other step recomputes an answer that the first call already found,
@@ -370,12 +374,26 @@ for signature in scaled.fast_calls:
 # %% [markdown]
 # Reading the lower bar of each pair in the chart above: what remains of a fast
 # call is running the executable, the copy of a host argument, making the
-# output array in C++, and about a microsecond of Python: entering `f_jitted`,
-# reading the interpreter state, the loop that builds the signature, hashing
-# it, calling the `FastCall`, and calling our `Array` class for the output.
-# `jax.jit` does these same steps, but all of them in C++ (see below): a
-# repeated call never runs a line of Python. That, not a different algorithm, is
-# the remaining gap. The folded cell prints the medians behind the chart, and
+# output array in C++, and one or two microseconds of Python: entering
+# `f_jitted`, reading the interpreter state, the loop that builds the
+# signature, hashing it, calling the `FastCall`, and calling our `Array` class
+# for the output. `jax.jit` does these same steps, but all of them in C++ (see
+# below): a repeated call never runs a line of Python. With a device `Array`,
+# that is the whole gap.
+#
+# With a host argument, the largest piece left is the copy, and the run that
+# follows it. Our copy goes through jaxlib's Python API, `batched_device_put`,
+# which builds a complete jaxlib array object for the argument (with its aval and
+# sharding), only for the executable to take the buffer out of it again; and an
+# execution on a buffer that was made a moment ago costs more than one on a
+# buffer that has been on the device for a while. JAX's C++ dispatch hands the
+# argument's memory to the runtime without any Python object in between. Trying
+# the other ways of copying that jaxlib offers (each kind of host buffer
+# semantics, forcing a copy, aligned memory, DLPack) changed little or made
+# it slower, so the copy sets a floor of about one and a half times JAX's whole
+# call: a NumPy array argument stays near twice JAX's time, short of the 1.5×
+# we aimed for. Python numbers and NumPy scalars, whose target allows for the
+# copy, meet theirs. The folded cell prints the medians behind the chart, and
 # the ratio to `jax.jit` that the targets are about.
 
 # %% tags=["hide-input"]
@@ -458,13 +476,8 @@ for row in report["headline"]:
 # executable and back, which {ref}`the first sections <performance-fast-path>`
 # took apart. With a device array, what remains after the fast path is XLA's own
 # launch and the creation of the output array (the same calls JAX makes), plus
-# about a microsecond of Python. With a host argument, each call also copies it
-# to the device. We make that copy with jaxlib's `batched_device_put`, which
-# builds a complete jaxlib array object for the argument, with its aval and
-# sharding, only for the executable to take the buffer out of it again; and the
-# execution that follows costs more than with an argument already on the device.
-# JAX's C++ dispatch hands the argument's memory to the runtime directly, with
-# no Python object in between, so its copy is cheaper than ours.
+# a microsecond or two of Python. With a host argument, each call also copies
+# it to the device, through a Python API that costs more than JAX's C++ copy.
 #
 # **Compute-bound `jit`.** With four million elements, a call spends its time in
 # XLA's loop over the data; both libraries hand XLA the same twenty elementwise
@@ -534,8 +547,17 @@ scaling_chart(report)
 #   (`PjitFunction` in jaxlib's
 #   [`pjit.cc`](https://github.com/jax-ml/jax/blob/main/jaxlib/pjit.cc)). Its
 #   signature covers more than ours (weak types, shardings, static arguments,
-#   and configuration such as the x64 switch), and on a hit no Python runs at
-#   all. That is the whole remaining gap in `jit` dispatch.
+#   and configuration such as the x64 switch), on a hit no Python runs at all,
+#   and host arguments are copied to the device in C++ too. That is the whole
+#   remaining gap in `jit` dispatch.
+# - **Weak types.** JAX remembers that an argument was a Python number: its
+#   type is *weak*, and gives way to the other operand's dtype, so
+#   `jax.jit(lambda x, y: x * y)(np.ones(3, np.float32), 2.0)` computes in
+#   `float32`. We have no weak types: the `2.0` is a `float64`, as `np.asarray`
+#   makes it, and the mixed dtypes are an error, on both paths alike. Weak
+#   types are part of JAX's signature, so a Python float and a NumPy `float64`
+#   scalar are two entries of JAX's cache (two traces), where they are one
+#   here.
 # - **Asynchronous dispatch.** A JAX call returns as soon as the computation is
 #   enqueued, before it has run ([asynchronous
 #   dispatch](https://docs.jax.dev/en/latest/async_dispatch.html)). We use the
@@ -559,7 +581,7 @@ scaling_chart(report)
 # From the repository root, with the pinned requirements installed:
 #
 # ```bash
-# python bench/run_all.py          # about a minute; writes bench/results.json
+# python bench/run_all.py          # a minute or two; writes bench/results.json
 # python bench/run_all.py --quick  # tiny sizes: checks that everything runs
 # python bench/run_all.py --baseline old_autodidax.py --json compare.json
 # ```
