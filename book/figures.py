@@ -739,15 +739,16 @@ def dispatch_kinds_table(dispatch):
 
 
 def scaling_chart(report):
-    """Two panels, make_jaxpr and grad: time per call against program size
-    for both libraries, with the line through zero that linear cost follows."""
+    """Two panels, make_jaxpr and grad: each library's time per call against
+    program size, both relative to the largest size, so that linear cost is
+    the diagonal; bars from the fastest to the slowest run."""
     panels = [
         ("make_jaxpr", "make_jaxpr of a chain"),
         ("grad", "eager grad of a chain"),
     ]
     colors = {"autodidax": _BENCH_GREEN, "jax": _BENCH_BLUE}
-    panel_w, panel_h, margin = 330, 230, 60
-    width, height = 2 * (panel_w + margin) + 20, panel_h + 110
+    panel_w, panel_h, margin = 300, 240, 70
+    width, height = 2 * (panel_w + margin) + 30, panel_h + 120
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
         f'height="{height}" font-family="sans-serif" font-size="13">',
@@ -755,68 +756,73 @@ def scaling_chart(report):
     ]
     for i, (name, color) in enumerate(colors.items()):
         parts.append(
-            f'<circle cx="{margin + 8 + 120 * i}" cy="14" r="5" fill="{color}"/>'
-            f'<text x="{margin + 18 + 120 * i}" y="18">{name}</text>'
+            f'<circle cx="{margin + 8 + 110 * i}" cy="14" r="5" fill="{color}"/>'
+            f'<text x="{margin + 18 + 110 * i}" y="18">{name}</text>'
         )
     parts.append(
-        f'<line x1="{margin + 250}" y1="14" x2="{margin + 280}" y2="14" '
+        f'<line x1="{margin + 230}" y1="14" x2="{margin + 260}" y2="14" '
         f'stroke="{_BENCH_GREY}" stroke-dasharray="4,3"/>'
-        f'<text x="{margin + 288}" y="18">time proportional to size</text>'
+        f'<text x="{margin + 268}" y="18">linear: time in proportion to size</text>'
     )
     for p, (key, title) in enumerate(panels):
         data = report["results"][key]
-        x0, y0 = margin + p * (panel_w + margin), 50
+        x0, y0 = margin + p * (panel_w + margin), 56
         n_max = max(data["sizes"])
-        t_max = max(
-            row["median_s"] * 1e3 for rows in data["results"].values() for row in rows
-        )
-        t_max *= 1.1
+        y_top = 1.25
 
-        def px(n, x0=x0, n_max=n_max):
-            return x0 + n / n_max * panel_w
+        def px(share, x0=x0):
+            return x0 + share * panel_w
 
-        def py(ms, y0=y0, t_max=t_max):
-            return y0 + panel_h - ms / t_max * panel_h
+        def py(share, y0=y0, y_top=y_top):
+            return y0 + panel_h - share / y_top * panel_h
 
         parts.append(
-            f'<text x="{x0 + panel_w / 2}" y="{y0 - 8}" text-anchor="middle" '
+            f'<text x="{x0 + panel_w / 2}" y="{y0 - 10}" text-anchor="middle" '
             f'font-weight="bold">{escape(title)}</text>'
             f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y0 + panel_h}" stroke="#333"/>'
             f'<line x1="{x0}" y1="{y0 + panel_h}" x2="{x0 + panel_w}" '
             f'y2="{y0 + panel_h}" stroke="#333"/>'
+            f'<line x1="{px(0):.1f}" y1="{py(0):.1f}" x2="{px(1):.1f}" '
+            f'y2="{py(1):.1f}" stroke="{_BENCH_GREY}" stroke-dasharray="4,3"/>'
         )
         for n in data["sizes"]:
             parts.append(
-                f'<text x="{px(n):.1f}" y="{y0 + panel_h + 16}" text-anchor="middle" '
-                f'fill="#555555">{n}</text>'
+                f'<text x="{px(n / n_max):.1f}" y="{y0 + panel_h + 16}" '
+                f'text-anchor="middle" fill="#555555">{n}</text>'
             )
-        for frac in (0.0, 0.5, 1.0):
-            ms = t_max / 1.1 * frac
+        for share in (0.0, 0.5, 1.0):
             parts.append(
-                f'<text x="{x0 - 6}" y="{py(ms) + 4:.1f}" text-anchor="end" '
-                f'fill="#555555">{ms:.3g}</text>'
+                f'<text x="{x0 - 6}" y="{py(share) + 4:.1f}" text-anchor="end" '
+                f'fill="#555555">{share:g}</text>'
             )
         parts.append(
             f'<text x="{x0 + panel_w / 2}" y="{y0 + panel_h + 36}" '
             'text-anchor="middle">primitives in the program</text>'
-            f'<text x="{x0 - 44}" y="{y0 + panel_h / 2}" text-anchor="middle" '
-            f'transform="rotate(-90 {x0 - 44} {y0 + panel_h / 2})">ms per call</text>'
+            f'<text x="{x0 - 40}" y="{y0 + panel_h / 2}" text-anchor="middle" '
+            f'transform="rotate(-90 {x0 - 40} {y0 + panel_h / 2})">'
+            "time / time at the largest size</text>"
         )
-        for library, rows in data["results"].items():
+        for offset, (library, rows) in zip((-4, 4), data["results"].items()):
             color = colors.get(library, _BENCH_GREY)
-            last = rows[-1]
-            slope = last["median_s"] * 1e3 / last["n"]
-            parts.append(
-                f'<line x1="{px(0):.1f}" y1="{py(0):.1f}" x2="{px(n_max):.1f}" '
-                f'y2="{py(slope * n_max):.1f}" stroke="{color}" stroke-opacity="0.6" '
-                'stroke-dasharray="4,3"/>'
-            )
+            scale = rows[-1]["median_s"]
+            largest_ms = scale * 1e3
             for row in rows:
+                cx = px(row["n"] / n_max) + offset
+                low = min(row["min_s"] / scale, y_top)
+                high = min(row["max_s"] / scale, y_top)
                 ms = row["median_s"] * 1e3
                 parts.append(
-                    f'<circle cx="{px(row["n"]):.1f}" cy="{py(ms):.1f}" r="5" '
-                    f'fill="{color}"><title>{library}, N={row["n"]}: '
-                    f"{ms:.2f} ms</title></circle>"
+                    f'<line x1="{cx:.1f}" y1="{py(low):.1f}" x2="{cx:.1f}" '
+                    f'y2="{py(high):.1f}" stroke="{color}" stroke-opacity="0.5" '
+                    'stroke-width="2"/>'
+                    f'<circle cx="{cx:.1f}" cy="{py(row["median_s"] / scale):.1f}" '
+                    f'r="5" fill="{color}"><title>{library}, N={row["n"]}: '
+                    f"median {ms:.2f} ms</title></circle>"
                 )
+            parts.append(
+                f'<text x="{x0 + 8}" y="{y0 + 14 + 16 * (offset > 0)}" '
+                f'fill="{color}">{library}: {_bench_number(largest_ms)} ms at N={n_max}'
+                "</text>"
+            )
     parts.append("</svg>")
     return SVG("".join(parts))

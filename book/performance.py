@@ -505,10 +505,14 @@ for row in report["headline"]:
 # faster than this one.
 #
 # The chart below shows the growth for every size measured, not only for the
-# two in the table: the time of one call against the number of primitives, for
-# both libraries, with a dashed line from zero through the largest size. Linear
-# cost means the points lie on that line; cost that grew faster than the
-# program would bend the points below the line at the small sizes.
+# two in the table: the median time of one call against the number of
+# primitives, for both libraries, each divided by its own time at the largest
+# size (the absolute times are in the table), so that cost in proportion to the
+# program puts the points on the dashed diagonal. Cost that grew faster than the
+# program would bend the points below the diagonal at the small sizes. The bars
+# run from the fastest to the slowest of the repeats at each size: on a busy
+# machine a single median can sit well off the line (a garbage collection or
+# another process falling into a run), and the bars show how far.
 
 # %% mystnb={"image": {"alt": "Two scatter plots side by side, make_jaxpr and eager grad. Each shows milliseconds per call against the number of primitives in the program, for autodidax and for JAX, with a dashed line from zero through each library's largest size; the points lie close to their lines."}} tags=["hide-input"]
 # @title Chart: time against program size, make_jaxpr and grad
