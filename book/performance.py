@@ -56,7 +56,11 @@ book_setup.load_book(globals(), before="performance")
 # is committed with the code; the cells below only read it and draw it. Every
 # number is a median over many calls, and every comparison is a ratio:
 # **autodidax's time divided by JAX's**. Below 1, autodidax was faster; above 1,
-# JAX was.
+# JAX was. The committed report was measured on a small machine shared with
+# other work (the load average it printed is higher than its number of CPUs),
+# so the absolute times are noisy; the ratios are steadier, because the two
+# libraries take turns in the same process and share the machine's ups and
+# downs.
 
 # %% tags=["hide-input"]
 # @title Read the benchmark report
@@ -95,16 +99,18 @@ print(f"autodidax: commit {commit}{changes}")
 # The first call of a jitted function pays for tracing and for XLA's compiler:
 # tens of milliseconds. After that, a call with the same input signature should
 # cost little more than starting the executable. With Part 3's `jit` it costs
-# a lot more, and more still when the argument is a Python number or a NumPy
-# scalar, which is what a learner passes most of the time (`f(3.0)`,
-# `f(np.float64(0.5))`, `f(np.linspace(0, 1, 8))`).
+# a lot more, and more still when the argument lives on the host, a Python
+# number, a NumPy scalar or a NumPy array, which is what a learner passes most
+# of the time (`f(3.0)`, `f(np.float64(0.5))`, `f(np.linspace(0, 1, 8))`).
 #
 # To make something faster, first find out where its time goes. Python's
 # profiler, `cProfile`, is the first tool to reach for, and it names the
-# functions a call spends its time in. For a call that takes a few microseconds it
-# is too coarse: it adds about as much time to every function call as the small
-# functions it measures take, so its picture of a short call is mostly its own
-# overhead. Here the better tool is a stopwatch: write out the steps of one call
+# functions a call spends its time in. For a call that takes a few tens of
+# microseconds it is too coarse: one call of Part 3's `jit` makes about a
+# hundred Python function calls, most of them small, and the profiler's
+# bookkeeping for each is of the same order as the work of the small ones, so
+# it changes the very proportions we want to see. Here the better tool is a
+# stopwatch: write out the steps of one call
 # by hand, read `time.perf_counter_ns()` between every two steps, repeat that
 # many thousands of times, and take the median of each step. For the full path
 # of Part 3's `jit`, the timed steps look like this:
@@ -128,7 +134,7 @@ print(f"autodidax: commit {commit}{changes}")
 # (entering the jitted function, `bind`, the `impl` rule, the compiled call),
 # but no large piece of time is missing.
 
-# %% mystnb={"image": {"alt": "Stacked horizontal bars, two per kind of argument (Python float, NumPy scalar, NumPy array, device Array), the upper one for Part 3's jit and the lower one for the fast path. Each bar is split into the steps of one call (find the trace, check and convert the arguments, bind and type checks, copy to the device, run the executable, wrap the outputs), and a black tick marks the time of a jax.jit call with the same argument."}} tags=["hide-input"]
+# %% mystnb={"image": {"alt": "Stacked horizontal bars, two per kind of argument (Python float, NumPy scalar, NumPy array, device Array), the upper one for Part 3's jit and the lower one for the fast path. Each bar is split into the steps of one call (flatten and check the arguments, signature and cache lookup, bind and type checks, copy to the device, run the executable, wrap the outputs), and a black tick marks the time of a jax.jit call with the same argument."}} tags=["hide-input"]
 # @title Chart: the steps of one call, before and after the fast path
 from figures import dispatch_profile_chart
 
@@ -163,12 +169,12 @@ dispatch_profile_chart(report["results"]["dispatch"])
 # becomes (`np.asarray(3.0)` is a 0-d `float64` array, `np.asarray(True)` a
 # `bool`, `np.asarray(3)` an `int64`, `np.asarray(np.float32(3))` a `float32`),
 # so the key for it is that same shape and dtype, found in a table by the
-# number's type, which is quicker than asking the number. A Python float, `np.float64(3.0)` and
-# `np.array(3.0)` therefore share one entry, as they share one trace. One
-# exception: NumPy makes an integer beyond the range of `int64` a `uint64` or
-# an object array, so such an integer takes the full path, which says what it
-# thinks of it. No flattening is needed: "*n* arguments" is already said by the
-# length of the tuple.
+# number's type (quicker than converting the number to find out). A Python
+# float, `np.float64(3.0)` and `np.array(3.0)` therefore share one entry, as
+# they share one trace. One exception: NumPy makes an integer beyond the range
+# of `int64` a `uint64` or an object array, so such an integer takes the full
+# path, which converts or rejects it as before. No flattening is needed: "*n*
+# arguments" is already said by the length of the tuple.
 #
 # **When the shortcut may be taken.** `bind` hands an operation to the highest
 # level among the dynamic level and the levels of the arguments' tracers
@@ -469,7 +475,7 @@ for row in report["headline"]:
 #   should cost what JAX's does; the gradient through a 1,000-step `scan` is a
 #   forward loop that saves residuals and a backward loop over them.
 #
-# ## Where the time goes
+# ## Where the time goes, benchmark by benchmark
 #
 # **`jit` dispatch.** A call of a compiled function on eight numbers does almost
 # no arithmetic; what is measured is the way from the Python call to the
