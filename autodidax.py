@@ -5742,9 +5742,9 @@ def input_signature(args: tuple) -> tuple | None:
         elif kind is not np.ndarray:
             key = SCALAR_KEYS.get(kind)
             if key is None:
-                return None  # a tracer, a container, a string...: the full path
+                return None  # not a number: the full path
             if kind is int and not INT64_MIN <= x <= INT64_MAX:
-                return None  # not an int64 for NumPy: the full path decides
+                return None  # NumPy makes it no int64: the full path
             signature.append(key)
             continue
         signature.append((x.shape, x.dtype))

@@ -632,8 +632,8 @@ def dispatch_profile_chart(dispatch):
         calls[kind]["jax"]["median_us"] for kind in steps if "jax" in calls[kind]
     ]
     scale_max = max([longest, *jax_times]) * 1.05
-    left, right, top, bar, gap = 150, 600, 70, 18, 26
-    width = 820
+    left, right, top, bar, gap = 110, 470, 70, 18, 26
+    width = 690
     height = top + len(steps) * (2 * bar + gap) + 40
 
     def x(us):
@@ -646,7 +646,7 @@ def dispatch_profile_chart(dispatch):
     ]
     for i, (step, label) in enumerate(labels.items()):
         column, line = i % 3, i // 3
-        lx, ly = 10 + 265 * column, 16 + 20 * line
+        lx, ly = 10 + 225 * column, 16 + 20 * line
         parts.append(
             f'<rect x="{lx}" y="{ly - 10}" width="12" height="12" '
             f'fill="{_STEP_COLORS[step]}"/>'
@@ -674,9 +674,9 @@ def dispatch_profile_chart(dispatch):
                 .get("autodidax" if path == "fast_path" else "full_path", {})
                 .get("median_us")
             )
-            text = f"{name}: {start:.1f} µs"
+            text = f"{name}: {start:.1f}"
             if whole is not None:
-                text += f" (whole call {whole:.1f})"
+                text += f" (call {whole:.1f})"
             parts.append(
                 f'<text x="{x(start) + 6:.1f}" y="{y + bar - 5}">{text}</text>'
             )
@@ -698,7 +698,7 @@ def dispatch_profile_chart(dispatch):
         )
     parts.append(
         f'<text x="{(left + right) / 2}" y="{y + 22}" text-anchor="middle">'
-        "µs per call (medians); black tick: a jax.jit call with the same argument"
+        "µs (medians): sum of the steps (whole call); black tick: jax.jit's call"
         "</text></svg>"
     )
     return SVG("".join(parts))
