@@ -573,16 +573,21 @@ def benchmark_tables(report):
         ]
         for row in report["headline"]
     ]
-    growth_rows = [
-        [
-            escape(growth["benchmark"]),
-            f"{growth['sizes'][0]} → {growth['sizes'][-1]} primitives",
-            f"{growth['time_ratios']['autodidax']:.2f}×",
-            f"{growth['time_ratios']['jax']:.2f}×",
-            _bench_verdict(f"≤ {growth['max_time_ratio']:.1f}×", growth["met"]),
-        ]
-        for growth in report["growth"]
-    ]
+    growth_rows = []
+    for growth in report["growth"]:
+        kinds = [("time_ratios", "met", "")]
+        if "cpu_time_ratios" in growth:  # reports from before lack CPU times
+            kinds.append(("cpu_time_ratios", "cpu_met", " (CPU time)"))
+        for ratios, met, which in kinds:
+            growth_rows.append(
+                [
+                    escape(growth["benchmark"]) + which,
+                    f"{growth['sizes'][0]} → {growth['sizes'][-1]} primitives",
+                    f"{growth[ratios]['autodidax']:.2f}×",
+                    f"{growth[ratios]['jax']:.2f}×",
+                    _bench_verdict(f"≤ {growth['max_time_ratio']:.1f}×", growth[met]),
+                ]
+            )
     return HTML(
         _bench_html_table(
             "Medians per benchmark",
@@ -764,6 +769,14 @@ def scaling_chart(report):
         f'stroke="{_BENCH_GREY}" stroke-dasharray="4,3"/>'
         f'<text x="{margin + 268}" y="18">linear: time in proportion to size</text>'
     )
+    if any(
+        "median_cpu_s" in row for row in report["results"]["grad"]["results"]["jax"]
+    ):
+        parts.append(
+            f'<circle cx="{margin + 8}" cy="34" r="4" fill="white" '
+            f'stroke="{_BENCH_GREY}" stroke-width="2"/>'
+            f'<text x="{margin + 18}" y="38">CPU time (filled: wall-clock time)</text>'
+        )
     for p, (key, title) in enumerate(panels):
         data = report["results"][key]
         x0, y0 = margin + p * (panel_w + margin), 56
@@ -819,6 +832,14 @@ def scaling_chart(report):
                     f'r="5" fill="{color}"><title>{library}, N={row["n"]}: '
                     f"median {ms:.2f} ms</title></circle>"
                 )
+                if "median_cpu_s" in rows[-1] and "median_cpu_s" in row:
+                    share = row["median_cpu_s"] / rows[-1]["median_cpu_s"]
+                    parts.append(
+                        f'<circle cx="{cx:.1f}" cy="{py(min(share, y_top)):.1f}" '
+                        f'r="4" fill="white" stroke="{color}" stroke-width="2">'
+                        f"<title>{library}, N={row['n']}: CPU time, relative "
+                        f"{share:.2f}</title></circle>"
+                    )
             parts.append(
                 f'<text x="{x0 + 8}" y="{y0 + 14 + 16 * (offset > 0)}" '
                 f'fill="{color}">{library}: {_bench_number(largest_ms)} ms at N={n_max}'

@@ -626,6 +626,12 @@ def test_run_all_quick_in_process(tmp_path, capsys):
     report, printed = run_quick_in_process(module, tmp_path / "all.json", capsys)
     check_all_report(report, ["autodidax", "jax"], quick=True)
     assert report["modules"]["autodidax"]["file"] == "autodidax.py"
+    for key in ("make_jaxpr", "grad"):  # CPU times next to wall-clock times
+        for rows in report["results"][key]["results"].values():
+            assert all(row["median_cpu_s"] > 0 for row in rows)
+    for growth in report["growth"]:
+        assert set(growth["cpu_time_ratios"]) == {"autodidax", "jax"}
+        assert growth["cpu_met"] == (growth["cpu_time_ratios"]["autodidax"] <= 4.4)
     expected = ("jit dispatch", "make_jaxpr", "grad", "vmap of jit", "while_loop")
     for words in (*expected, "growth"):
         assert words in printed
