@@ -753,7 +753,7 @@ def scaling_chart(report):
     ]
     colors = {"autodidax": _BENCH_GREEN, "jax": _BENCH_BLUE}
     panel_w, panel_h, margin = 300, 240, 70
-    width, height = 2 * (panel_w + margin) + 30, panel_h + 120
+    width, height = 2 * (panel_w + margin) + 30, panel_h + 134
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
         f'height="{height}" font-family="sans-serif" font-size="13">',
@@ -779,7 +779,7 @@ def scaling_chart(report):
         )
     for p, (key, title) in enumerate(panels):
         data = report["results"][key]
-        x0, y0 = margin + p * (panel_w + margin), 56
+        x0, y0 = margin + p * (panel_w + margin), 70
         n_max = max(data["sizes"])
         y_top = 1.25
 
