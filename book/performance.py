@@ -494,8 +494,8 @@ for row in report["headline"]:
 # **Loops.** A jitted `while_loop` or `scan` is one `stablehlo.while` for
 # both libraries, so the time is XLA's loop, and the ratio is close to 1. The
 # gradient through `scan` is two loops, the forward one saving its residuals
-# and the backward one reading them. Both libraries build the same two, though
-# not in the same order of operations, so XLA may fuse them differently.
+# and the backward one reading them; JAX builds such a pair in the same way, by
+# `jvp`, partial evaluation and transposition, so here too the time is XLA's.
 #
 # **The first call.** Tracing and lowering a 20-primitive function take about a
 # millisecond; XLA's compiler takes the rest, for both libraries.
@@ -524,7 +524,10 @@ for row in report["headline"]:
 # hollow circles: the median CPU time of the process (`time.process_time`),
 # which other programs on a shared machine disturb much less than the wall
 # clock, and which is the better measure of the work itself; the growth table
-# then has a row for it.
+# then has a row for it. When the table reports a missed target for the
+# wall-clock growth while the points scatter on both sides of the diagonal, the
+# miss comes from the machine rather than from the program, and the CPU-time
+# row, when there is one, settles it.
 
 # %% mystnb={"image": {"alt": "Two scatter plots side by side, make_jaxpr and eager grad. Each shows, for autodidax and for JAX, the median time of one call divided by that library's time at the largest size, against the number of primitives in the program, with bars from the fastest to the slowest run, hollow circles for CPU time when the report has it, and a dashed diagonal from zero where cost in proportion to size would put the points."}} tags=["hide-input"]
 # @title Chart: time against program size, make_jaxpr and grad
