@@ -6497,7 +6497,23 @@ _pmap_lower.only_raises = True  # the rule table says so
 # ==== chapter: performance ====
 
 
-# @title Result handlers: jaxlib builds the output arrays
+# @title Copiers and result handlers: jaxlib moves the values, in C++
+def host_copiers(avals: Sequence[ShapedArray]) -> list[Callable[[Any], Any]]:
+    """Per aval, a function copying a Python number, NumPy scalar or NumPy
+    array of that type to the device as a jaxlib array."""
+    from jaxlib import _jax
+
+    sharding, devices = runtime().sharding, [runtime().device]
+
+    def copier(aval: ShapedArray) -> Callable[[Any], Any]:
+        jax_aval = jax.core.ShapedArray(aval.shape, aval.dtype)
+        return lambda x: _jax.batched_device_put(
+            jax_aval, sharding, [x], devices, True, enable_x64=True
+        )
+
+    return [copier(aval) for aval in avals]
+
+
 def result_handlers(jaxpr: Jaxpr) -> list[Any]:
     """Per output of ``jaxpr``, a jaxlib handler that turns an executable's
     output buffer into an ``Array``, building jaxlib's array object in C++."""
@@ -6517,25 +6533,36 @@ def result_handlers(jaxpr: Jaxpr) -> list[Any]:
     return handlers
 
 
+# The key of a number, by its type: the shape and dtype that np.asarray (the
+# full path's conversion) gives it. Python's numbers, and NumPy's scalars of
+# booleans, integers and floats of up to 64 bits.
+NUMBER_TYPES = (bool, int, float, *(np.dtype(c).type for c in "?bhilqBHILQefd"))
+SCALAR_KEYS = {kind: ((), np.asarray(kind()).dtype) for kind in NUMBER_TYPES}
+INT64_MIN, INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
+
+
 class FastCall:
     """What a call with a known signature needs, and nothing more."""
 
     def __init__(self, jaxpr: Jaxpr, consts: list[Array], out_tree: PyTreeDef):
         self.execute = compile_jaxpr(jaxpr).executable.execute_sharded
         self.const_buffers = [c._buffer for c in consts]
+        inputs = jaxpr.in_binders[len(consts) :]
+        self.copiers = host_copiers([v.aval for v in inputs])
         self.handlers = result_handlers(jaxpr)
         self.out_tree = out_tree
 
     def __call__(self, args: tuple) -> Any:
-        buffers = [x._buffer if type(x) is Array else _as_buffer(x) for x in args]
-        results = self.execute([*self.const_buffers, *buffers])
-        outs = results.consume_with_handlers(self.handlers)
+        buffers = list(self.const_buffers)
+        for x, to_device in zip(args, self.copiers):
+            buffers.append(x._buffer if type(x) is Array else to_device(x))
+        outs = self.execute(buffers).consume_with_handlers(self.handlers)
         if self.out_tree is LEAF:
             return outs[0]
         return tree_unflatten(self.out_tree, outs)
 
 
-def array_signature(args: tuple) -> tuple | None:
+def input_signature(args: tuple) -> tuple | None:
     """The (shape, dtype) of every argument, or None for the full path."""
     if _state.dynamic is not _state.stack[0]:
         return None  # make_jaxpr or an outer jit is recording: bind must see it
@@ -6545,20 +6572,29 @@ def array_signature(args: tuple) -> tuple | None:
         if kind is Array:
             x = x._buffer  # jaxlib's array: shape and dtype are read in C++
         elif kind is not np.ndarray:
-            return None  # a tracer, a number, a container...: the full path
+            key = SCALAR_KEYS.get(kind)
+            if key is None:
+                return None  # not a number: the full path
+            if kind is int and not INT64_MIN <= x <= INT64_MAX:
+                return None  # NumPy makes it no int64: the full path
+            signature.append(key)
+            continue
         signature.append((x.shape, x.dtype))
     return tuple(signature)
 
 
+full_path_jit = jit  # Part 3's jit
+
+
 def jit(f: Callable) -> Callable:
     """Compile ``f`` with XLA; trace once per input signature; repeated calls
-    on arrays skip the interpreters (the fast path)."""
+    on arrays and numbers skip the interpreters (the fast path)."""
     traces: Traces = {}
     fast_calls: dict[tuple, FastCall] = {}
 
     @functools.wraps(f)
     def f_jitted(*args: Any) -> Any:
-        signature = array_signature(args)
+        signature = input_signature(args)
         if signature is not None:
             fast_call = fast_calls.get(signature)
             if fast_call is not None:

@@ -50,7 +50,7 @@ from benchlib import CYCLE  # noqa: E402
 
 import autodidax as ad  # noqa: E402
 
-DEFAULT_SIZES = (500, 2000)
+DEFAULT_SIZES = (500, 1000, 1500, 2000)
 QUICK_SIZES = (20, 80)
 VECTOR_SIZE = 8
 MAX_ABS_ERROR = 1e-9  # both gradients must match the NumPy reference
@@ -135,19 +135,21 @@ def time_grad(
     eqns = lib.count_eqns(loss)
     expected = reference_gradient(n, x)
     error = float(np.max(np.abs(np.asarray(lib.grad(loss)(x)) - expected)))  # warm-up
-    times = []
+    times, cpu_times = [], []
     for _ in range(repeats):
         gc.collect()
         if gc_off:
             gc.disable()
         try:
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             result = lib.grad(loss)(x)
             times.append(time.perf_counter() - start)
+            cpu_times.append(time.process_time() - cpu_start)
         finally:
             gc.enable()
         error = max(error, float(np.max(np.abs(np.asarray(result) - expected))))
-    return {**benchlib.scaling_row(n, eqns, times), "max_abs_error": error}
+    row = benchlib.scaling_row(n, eqns, times, cpu_times)
+    return {**row, "max_abs_error": error}
 
 
 def summarize(results: dict[str, list[dict]], quick: bool) -> dict:

@@ -45,7 +45,7 @@ from benchlib import CYCLE  # noqa: E402
 
 import autodidax as ad  # noqa: E402
 
-DEFAULT_SIZES = (1000, 4000)
+DEFAULT_SIZES = (1000, 2000, 3000, 4000)
 QUICK_SIZES = (20, 80)
 VECTOR_SIZE = 8
 TARGET_US_PER_PRIMITIVE = 30.0
@@ -80,14 +80,15 @@ def jax_tracer() -> tuple[dict, Callable[[Callable], int]]:
 def time_tracing(ops: dict, trace: Callable, n: int, repeats: int) -> dict:
     """Median time of tracing a chain of ``n`` primitives (after one warm-up)."""
     eqns = trace(benchlib.chain(ops, n))  # warm-up; also checks the equation count
-    times = []
+    times, cpu_times = [], []
     for _ in range(repeats):
         f = benchlib.chain(ops, n)
         gc.collect()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         trace(f)
         times.append(time.perf_counter() - start)
-    return benchlib.scaling_row(n, eqns, times)
+        cpu_times.append(time.process_time() - cpu_start)
+    return benchlib.scaling_row(n, eqns, times, cpu_times)
 
 
 def summarize(results: dict[str, list[dict]], quick: bool) -> dict:

@@ -141,10 +141,16 @@ def per_call_times(
     return times
 
 
-def scaling_row(n: int, eqns: int, times: Sequence[float]) -> dict:
-    """One size's row of a scaling benchmark: its times and µs per primitive."""
+def scaling_row(
+    n: int, eqns: int, times: Sequence[float], cpu_times: Sequence[float] = ()
+) -> dict:
+    """One size's row of a scaling benchmark: its times and µs per primitive,
+    and the median CPU time of the process (``time.process_time``), which the
+    other programs on a shared machine disturb less than the wall clock."""
     row = {"n": n, "eqns": eqns, "repeats": len(times), **spread(times)}
     row["us_per_primitive"] = row["median_s"] / n * 1e6
+    if cpu_times:
+        row["median_cpu_s"] = statistics.median(cpu_times)
     return row
 
 

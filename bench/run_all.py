@@ -5,14 +5,18 @@ Runs, for autodidax and for JAX on the same programs (float64 throughout):
 - ``jit``, from ``bench_jit.py``: steady-state dispatch of a small jitted
   function; a compute-bound jitted call on 4 million elements with
   device-resident inputs; the first call (trace + lower + compile + run);
-- ``make_jaxpr``, from ``bench_make_jaxpr.py``: tracing a chain of 1000 and of
-  4000 primitives (cost per primitive, and how it grows);
-- ``grad``, from ``bench_grad.py``: eager ``grad`` of a chain of 500 and of
-  2000 primitives (cost per primitive, and how it grows);
+- ``dispatch``, from ``bench_dispatch.py``: ``jit`` dispatch with a Python
+  float, a NumPy scalar, a NumPy array and a device array, next to Part 3's
+  ``jit`` and ``jax.jit``, and the median of every step of one call;
+- ``make_jaxpr``, from ``bench_make_jaxpr.py``: tracing a chain of 1000, 2000,
+  3000 and 4000 primitives (cost per primitive, and how it grows);
+- ``grad``, from ``bench_grad.py``: eager ``grad`` of a chain of 500, 1000,
+  1500 and 2000 primitives (cost per primitive, and how it grows);
 - ``overhead``, from ``bench_overhead.py``: eager ``sin`` and ``add`` on a
   small array, and ``vmap`` of a jitted function;
-- ``loops``, from ``bench_loops.py``: a jitted ``while_loop`` of 100,000
-  steps next to ``jax.lax.while_loop``.
+- ``loops``, from ``bench_loops.py``: a jitted ``while_loop`` and ``scan`` of
+  100,000 steps next to ``jax.lax``, and ``jit(grad)`` through a 1,000-step
+  ``scan``.
 - ``pmap``, from ``bench_pmap.py``: ``pmap`` of a small function with a
   ``psum`` over 8 host CPU devices, next to ``jax.pmap`` (importing
   ``bench_pmap`` asks XLA for the 8 devices, before anything starts JAX's
@@ -26,7 +30,7 @@ it?" draws its chart and table from the committed ``bench/results.json``.
 
 Run it from the repository root:
 
-    python bench/run_all.py                   # full sizes, about a minute;
+    python bench/run_all.py                   # full sizes, a minute or two;
                                               # writes bench/results.json
     python bench/run_all.py --quick           # tiny sizes, a smoke run (CI)
     python bench/run_all.py --json PATH       # write the report to PATH
@@ -62,6 +66,7 @@ BENCH_DIR = str(Path(__file__).resolve().parent)
 if BENCH_DIR not in sys.path:  # find the scripts also when loaded by path (tests)
     sys.path.insert(0, BENCH_DIR)
 
+import bench_dispatch  # noqa: E402
 import bench_grad  # noqa: E402
 import bench_jit  # noqa: E402
 import bench_loops  # noqa: E402
@@ -116,6 +121,12 @@ def run_jit(variants: dict[str, ModuleType], quick: bool) -> dict:
         "compute": bench_jit.measure_compute(libs, config["size"], config["repeats"]),
         "first_call": bench_jit.measure_first_call(libs, config["first_calls"]),
     }
+
+
+def run_dispatch(variants: dict[str, ModuleType], quick: bool) -> dict:
+    """bench_dispatch's whole calls per kind of argument, and the steps of a call."""
+    config = dict(bench_dispatch.QUICK if quick else bench_dispatch.FULL)
+    return {"config": config, **bench_dispatch.run(variants, True, config)}
 
 
 def run_make_jaxpr(variants: dict[str, ModuleType], quick: bool) -> dict:
@@ -258,13 +269,35 @@ def headline(results: dict, names: list[str]) -> tuple[list[dict], list[dict]]:
     def per_call(r: dict, key: str) -> dict[str, float]:
         return {name: r[name][key] for name in names}
 
+    calls = results["dispatch"]["calls"]
+    for kind, case in (
+        ("python float", "Python float"),
+        ("numpy scalar", "NumPy scalar"),
+        ("numpy array", f"NumPy float64[{bench_dispatch.VECTOR_SIZE}]"),
+    ):
+        values = per_call(calls[kind], "median_us")
+        allowed = bench_dispatch.TARGET_RATIOS[kind]
+        rows.append(
+            _row(
+                "jit_dispatch_" + kind.replace(" ", "_"),
+                "jit dispatch",
+                case,
+                f"sin(x) * 2.0 + x, compiled, x a {case}",
+                "µs/call",
+                values,
+                f"≤ {allowed}×",
+                values["autodidax"] / values["jax"] <= allowed,
+                allowed,
+            )
+        )
     dispatch = per_call(jit["dispatch"], "median_us")
     rows.append(
         _row(
             "jit_dispatch",
             "jit dispatch",
+            f"device float64[{bench_jit.DISPATCH_SIZE}]",
+            f"sin(x) * 2.0 + x, compiled, x a device array "
             f"float64[{bench_jit.DISPATCH_SIZE}]",
-            f"sin(x) * 2.0 + x on float64[{bench_jit.DISPATCH_SIZE}], compiled",
             "µs/call",
             dispatch,
             f"≤ {bench_jit.TARGET_DISPATCH_RATIO}×",
@@ -313,6 +346,8 @@ def headline(results: dict, names: list[str]) -> tuple[list[dict], list[dict]]:
     ):
         sizes = data["sizes"]
         for i, n in enumerate(sizes):
+            if i not in (0, len(sizes) - 1):
+                continue  # the sizes between are drawn, not tabled
             values = {
                 name: data["results"][name][i]["us_per_primitive"] for name in names
             }
@@ -339,6 +374,11 @@ def headline(results: dict, names: list[str]) -> tuple[list[dict], list[dict]]:
             for name in names
         }
         allowed = size_ratio * benchlib.TARGET_SLACK
+        cpu_time_ratios = {
+            name: data["results"][name][-1]["median_cpu_s"]
+            / data["results"][name][0]["median_cpu_s"]
+            for name in names
+        }
         growth.append(
             {
                 "id": key,
@@ -346,8 +386,10 @@ def headline(results: dict, names: list[str]) -> tuple[list[dict], list[dict]]:
                 "sizes": sizes,
                 "size_ratio": size_ratio,
                 "time_ratios": time_ratios,
+                "cpu_time_ratios": cpu_time_ratios,
                 "max_time_ratio": allowed,
                 "met": time_ratios["autodidax"] <= allowed,
+                "cpu_met": cpu_time_ratios["autodidax"] <= allowed,
             }
         )
     for op, row in overhead["eager"].items():
@@ -373,21 +415,27 @@ def headline(results: dict, names: list[str]) -> tuple[list[dict], list[dict]]:
             per_call(overhead["vmap_of_jit"], "median_us"),
         )
     )
-    loop = results["loops"]["while_loop"]
-    values = per_call(loop, "median_ms")
-    rows.append(
-        _row(
-            "while_loop",
-            "jit while_loop",
-            f"{loop['steps']:_} steps",
-            loop["program"],
-            "ms/call",
-            values,
-            f"≤ {bench_loops.TARGET_RATIO}×",
-            values["autodidax"] / values["jax"] <= bench_loops.TARGET_RATIO,
-            bench_loops.TARGET_RATIO,
+    loops = results["loops"]
+    for key, benchmark, allowed in (
+        ("while_loop", "jit while_loop", bench_loops.TARGET_RATIO),
+        ("scan", "jit scan", bench_loops.TARGET_RATIO),
+        ("scan_grad", "jit(grad) of scan", bench_loops.GRAD_TARGET_RATIO),
+    ):
+        loop = loops[key]
+        values = per_call(loop, "median_ms")
+        rows.append(
+            _row(
+                key,
+                benchmark,
+                f"{loop['steps']:_} steps",
+                loop["program"],
+                "ms/call",
+                values,
+                f"≤ {allowed}×",
+                values["autodidax"] / values["jax"] <= allowed,
+                allowed,
+            )
         )
-    )
     if results.get("pmap"):
         pmap = results["pmap"]["pmap"]
         values = per_call(pmap["sharded"], "median_us")
@@ -415,7 +463,7 @@ def targets(rows: list[dict], growth: list[dict], quick: bool) -> dict:
     return {"meaningful": not quick, "met": met, "all_met": all(met.values())}
 
 
-def max_abs_errors(results: dict) -> dict[str, float]:
+def max_abs_errors(results: dict, names: list[str]) -> dict[str, float]:
     """The largest difference from the NumPy references, per library."""
     jit, overhead = results["jit"], results["overhead"]
     sources = [
@@ -424,6 +472,11 @@ def max_abs_errors(results: dict) -> dict[str, float]:
         *(row["max_abs_error"] for row in overhead["eager"].values()),
         overhead["vmap_of_jit"]["max_abs_error"],
         results["loops"]["while_loop"]["max_abs_error"],
+        results["loops"]["scan"]["max_abs_error"],
+        *(
+            {k: e for k, e in row["max_abs_error"].items() if k in names}
+            for row in results["dispatch"]["calls"].values()
+        ),
         *([results["pmap"]["pmap"]["max_abs_error"]] if results.get("pmap") else []),
     ]
     worst: dict[str, float] = {}
@@ -469,6 +522,13 @@ def print_report(report: dict) -> None:
             f"time(N={g['sizes'][0]}): {ratios}; target <= {g['max_time_ratio']:.2f}x: "
             f"{benchlib.verdict(g['met'])}"
         )
+        if "cpu_time_ratios" in g:
+            ratios = ", ".join(
+                f"{name} {r:.2f}x" for name, r in g["cpu_time_ratios"].items()
+            )
+            print(
+                f"    the same in CPU time: {ratios}: {benchlib.verdict(g['cpu_met'])}"
+            )
     errors = ", ".join(f"{name} {e:.1e}" for name, e in report["max_abs_error"].items())
     print(f"largest difference from NumPy: {errors}")
     summary = report["targets"]
@@ -495,6 +555,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         results: dict[str, Any] = {}
         for key, run in (
             ("jit", run_jit),
+            ("dispatch", run_dispatch),
             ("make_jaxpr", run_make_jaxpr),
             ("grad", run_grad),
             ("overhead", run_overhead),
@@ -517,7 +578,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "headline": rows,
         "growth": growth,
         "targets": targets(rows, growth, args.quick),
-        "max_abs_error": max_abs_errors(results),
+        "max_abs_error": max_abs_errors(results, names),
         "results": results,
         "machine": machine,
     }

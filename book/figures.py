@@ -573,16 +573,21 @@ def benchmark_tables(report):
         ]
         for row in report["headline"]
     ]
-    growth_rows = [
-        [
-            escape(growth["benchmark"]),
-            f"{growth['sizes'][0]} → {growth['sizes'][-1]} primitives",
-            f"{growth['time_ratios']['autodidax']:.2f}×",
-            f"{growth['time_ratios']['jax']:.2f}×",
-            _bench_verdict(f"≤ {growth['max_time_ratio']:.1f}×", growth["met"]),
-        ]
-        for growth in report["growth"]
-    ]
+    growth_rows = []
+    for growth in report["growth"]:
+        kinds = [("time_ratios", "met", "")]
+        if "cpu_time_ratios" in growth:  # reports from before lack CPU times
+            kinds.append(("cpu_time_ratios", "cpu_met", " (CPU time)"))
+        for ratios, met, which in kinds:
+            growth_rows.append(
+                [
+                    escape(growth["benchmark"]) + which,
+                    f"{growth['sizes'][0]} → {growth['sizes'][-1]} primitives",
+                    f"{growth[ratios]['autodidax']:.2f}×",
+                    f"{growth[ratios]['jax']:.2f}×",
+                    _bench_verdict(f"≤ {growth['max_time_ratio']:.1f}×", growth[met]),
+                ]
+            )
     return HTML(
         _bench_html_table(
             "Medians per benchmark",
@@ -605,6 +610,243 @@ def benchmark_tables(report):
             numeric={2, 3},
         )
     )
+
+
+_STEP_COLORS = {
+    "arguments": "#9e9e9e",
+    "signature": "#f9a825",
+    "bind": "#c62828",
+    "copy": "#6a1b9a",
+    "execute": "#1f5fa8",
+    "outputs": "#2e7d32",
+}
+_DISPATCH_KINDS = {
+    "python float": "Python float",
+    "numpy scalar": "NumPy scalar",
+    "numpy array": "NumPy array",
+    "device array": "device Array",
+}
+
+
+def dispatch_profile_chart(dispatch):
+    """Stacked bars: the median of every step of one call, per kind of
+    argument, Part 3's jit above the fast path; a tick at jax.jit's call."""
+    steps, calls, labels = dispatch["steps"], dispatch["calls"], dispatch["step_labels"]
+    longest = max(row["full_path"]["sum_us"] for row in steps.values())
+    jax_times = [
+        calls[kind]["jax"]["median_us"] for kind in steps if "jax" in calls[kind]
+    ]
+    scale_max = max([longest, *jax_times]) * 1.05
+    left, right, top, bar, gap = 110, 470, 70, 18, 26
+    width = 690
+    height = top + len(steps) * (2 * bar + gap) + 40
+
+    def x(us):
+        return left + us / scale_max * (right - left)
+
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
+        f'height="{height}" font-family="sans-serif" font-size="13">',
+        "<title>The steps of one jitted call, before and after the fast path</title>",
+    ]
+    for i, (step, label) in enumerate(labels.items()):
+        column, line = i % 3, i // 3
+        lx, ly = 10 + 225 * column, 16 + 20 * line
+        parts.append(
+            f'<rect x="{lx}" y="{ly - 10}" width="12" height="12" '
+            f'fill="{_STEP_COLORS[step]}"/>'
+            f'<text x="{lx + 18}" y="{ly}">{escape(label)}</text>'
+        )
+    y = top
+    for kind, row in steps.items():
+        parts.append(
+            f'<text x="10" y="{y + bar + 4}" font-weight="bold">'
+            f"{escape(_DISPATCH_KINDS.get(kind, kind))}</text>"
+        )
+        for path, name in (("full_path", "Part 3's jit"), ("fast_path", "fast path")):
+            if path not in row:
+                continue
+            start = 0.0
+            for step, us in row[path]["steps_us"].items():
+                parts.append(
+                    f'<rect x="{x(start):.1f}" y="{y}" width="{x(start + us) - x(start):.1f}" '
+                    f'height="{bar - 2}" fill="{_STEP_COLORS[step]}">'
+                    f"<title>{escape(labels[step])}: {us:.2f} µs</title></rect>"
+                )
+                start += us
+            whole = (
+                calls[kind]
+                .get("autodidax" if path == "fast_path" else "full_path", {})
+                .get("median_us")
+            )
+            text = f"{name}: {start:.1f}"
+            if whole is not None:
+                text += f" (call {whole:.1f})"
+            parts.append(
+                f'<text x="{x(start) + 6:.1f}" y="{y + bar - 5}">{text}</text>'
+            )
+            y += bar
+        if "jax" in calls[kind]:
+            jx = x(calls[kind]["jax"]["median_us"])
+            parts.append(
+                f'<line x1="{jx:.1f}" y1="{y - 2 * bar - 3}" x2="{jx:.1f}" y2="{y + 1}" '
+                'stroke="#000000" stroke-width="2.5"/>'
+            )
+        y += gap
+    parts.append(
+        f'<line x1="{left}" y1="{top - 6}" x2="{left}" y2="{y - gap + 4}" stroke="#333333"/>'
+    )
+    for tick in range(0, int(scale_max) + 1, 10 if scale_max > 40 else 5):
+        parts.append(
+            f'<text x="{x(tick):.1f}" y="{y}" text-anchor="middle" fill="#555555">'
+            f"{tick}</text>"
+        )
+    parts.append(
+        f'<text x="{(left + right) / 2}" y="{y + 22}" text-anchor="middle">'
+        "µs (medians): sum of the steps (whole call); black tick: jax.jit's call"
+        "</text></svg>"
+    )
+    return SVG("".join(parts))
+
+
+def dispatch_kinds_table(dispatch):
+    """HTML table: median µs per call per kind of argument, three ways."""
+    rows = []
+    for kind, row in dispatch["calls"].items():
+        ratio = row["ratios"]["autodidax"]
+        target = dispatch["target_ratios"][kind]
+        full = row.get("full_path", {}).get("median_us")
+        rows.append(
+            [
+                escape(_DISPATCH_KINDS.get(kind, kind)),
+                "" if full is None else _bench_number(full),
+                _bench_number(row["autodidax"]["median_us"]),
+                _bench_number(row["jax"]["median_us"]),
+                f"{ratio:.2f}",
+                _bench_verdict(f"≤ {target}×", ratio <= target),
+            ]
+        )
+    return HTML(
+        _bench_html_table(
+            "jit dispatch, median µs per call of sin(x) * 2.0 + x",
+            [
+                "argument",
+                "Part 3's jit",
+                "fast path",
+                "jax.jit",
+                "fast path / JAX",
+                "target",
+            ],
+            rows,
+            numeric={1, 2, 3, 4},
+        )
+    )
+
+
+def scaling_chart(report):
+    """Two panels, make_jaxpr and grad: each library's time per call against
+    program size, both relative to the largest size, so that linear cost is
+    the diagonal; bars from the fastest to the slowest run."""
+    panels = [
+        ("make_jaxpr", "make_jaxpr of a chain"),
+        ("grad", "eager grad of a chain"),
+    ]
+    colors = {"autodidax": _BENCH_GREEN, "jax": _BENCH_BLUE}
+    panel_w, panel_h, margin = 300, 240, 70
+    width, height = 2 * (panel_w + margin) + 30, panel_h + 134
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
+        f'height="{height}" font-family="sans-serif" font-size="13">',
+        "<title>Time against program size for make_jaxpr and grad</title>",
+    ]
+    for i, (name, color) in enumerate(colors.items()):
+        parts.append(
+            f'<circle cx="{margin + 8 + 110 * i}" cy="14" r="5" fill="{color}"/>'
+            f'<text x="{margin + 18 + 110 * i}" y="18">{name}</text>'
+        )
+    parts.append(
+        f'<line x1="{margin + 230}" y1="14" x2="{margin + 260}" y2="14" '
+        f'stroke="{_BENCH_GREY}" stroke-dasharray="4,3"/>'
+        f'<text x="{margin + 268}" y="18">linear: time in proportion to size</text>'
+    )
+    if any(
+        "median_cpu_s" in row for row in report["results"]["grad"]["results"]["jax"]
+    ):
+        parts.append(
+            f'<circle cx="{margin + 8}" cy="34" r="4" fill="white" '
+            f'stroke="{_BENCH_GREY}" stroke-width="2"/>'
+            f'<text x="{margin + 18}" y="38">CPU time (filled: wall-clock time)</text>'
+        )
+    for p, (key, title) in enumerate(panels):
+        data = report["results"][key]
+        x0, y0 = margin + p * (panel_w + margin), 70
+        n_max = max(data["sizes"])
+        y_top = 1.25
+
+        def px(share, x0=x0):
+            return x0 + share * panel_w
+
+        def py(share, y0=y0, y_top=y_top):
+            return y0 + panel_h - share / y_top * panel_h
+
+        parts.append(
+            f'<text x="{x0 + panel_w / 2}" y="{y0 - 10}" text-anchor="middle" '
+            f'font-weight="bold">{escape(title)}</text>'
+            f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y0 + panel_h}" stroke="#333"/>'
+            f'<line x1="{x0}" y1="{y0 + panel_h}" x2="{x0 + panel_w}" '
+            f'y2="{y0 + panel_h}" stroke="#333"/>'
+            f'<line x1="{px(0):.1f}" y1="{py(0):.1f}" x2="{px(1):.1f}" '
+            f'y2="{py(1):.1f}" stroke="{_BENCH_GREY}" stroke-dasharray="4,3"/>'
+        )
+        for n in data["sizes"]:
+            parts.append(
+                f'<text x="{px(n / n_max):.1f}" y="{y0 + panel_h + 16}" '
+                f'text-anchor="middle" fill="#555555">{n}</text>'
+            )
+        for share in (0.0, 0.5, 1.0):
+            parts.append(
+                f'<text x="{x0 - 6}" y="{py(share) + 4:.1f}" text-anchor="end" '
+                f'fill="#555555">{share:g}</text>'
+            )
+        parts.append(
+            f'<text x="{x0 + panel_w / 2}" y="{y0 + panel_h + 36}" '
+            'text-anchor="middle">primitives in the program</text>'
+            f'<text x="{x0 - 40}" y="{y0 + panel_h / 2}" text-anchor="middle" '
+            f'transform="rotate(-90 {x0 - 40} {y0 + panel_h / 2})">'
+            "time / time at the largest size</text>"
+        )
+        for offset, (library, rows) in zip((-4, 4), data["results"].items()):
+            color = colors.get(library, _BENCH_GREY)
+            scale = rows[-1]["median_s"]
+            largest_ms = scale * 1e3
+            for row in rows:
+                cx = px(row["n"] / n_max) + offset
+                low = min(row["min_s"] / scale, y_top)
+                high = min(row["max_s"] / scale, y_top)
+                ms = row["median_s"] * 1e3
+                parts.append(
+                    f'<line x1="{cx:.1f}" y1="{py(low):.1f}" x2="{cx:.1f}" '
+                    f'y2="{py(high):.1f}" stroke="{color}" stroke-opacity="0.5" '
+                    'stroke-width="2"/>'
+                    f'<circle cx="{cx:.1f}" cy="{py(row["median_s"] / scale):.1f}" '
+                    f'r="5" fill="{color}"><title>{library}, N={row["n"]}: '
+                    f"median {ms:.2f} ms</title></circle>"
+                )
+                if "median_cpu_s" in rows[-1] and "median_cpu_s" in row:
+                    share = row["median_cpu_s"] / rows[-1]["median_cpu_s"]
+                    parts.append(
+                        f'<circle cx="{cx:.1f}" cy="{py(min(share, y_top)):.1f}" '
+                        f'r="4" fill="white" stroke="{color}" stroke-width="2">'
+                        f"<title>{library}, N={row['n']}: CPU time, relative "
+                        f"{share:.2f}</title></circle>"
+                    )
+            parts.append(
+                f'<text x="{x0 + 8}" y="{y0 + 14 + 16 * (offset > 0)}" '
+                f'fill="{color}">{library}: {_bench_number(largest_ms)} ms at N={n_max}'
+                "</text>"
+            )
+    parts.append("</svg>")
+    return SVG("".join(parts))
 
 
 # ---------------------------------------------------------------- Part 9

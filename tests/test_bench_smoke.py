@@ -25,6 +25,7 @@ BENCH_GRAD = REPO_ROOT / "bench" / "bench_grad.py"
 BENCH_OVERHEAD = REPO_ROOT / "bench" / "bench_overhead.py"
 BENCH_LOOPS = REPO_ROOT / "bench" / "bench_loops.py"
 BENCH_PMAP = REPO_ROOT / "bench" / "bench_pmap.py"
+BENCH_DISPATCH = REPO_ROOT / "bench" / "bench_dispatch.py"
 RUN_ALL = REPO_ROOT / "bench" / "run_all.py"
 RESULTS = REPO_ROOT / "bench" / "results.json"
 SCRIPTS = {
@@ -34,6 +35,7 @@ SCRIPTS = {
     "overhead": BENCH_OVERHEAD,
     "loops": BENCH_LOOPS,
     "pmap": BENCH_PMAP,
+    "dispatch": BENCH_DISPATCH,
     "run_all": RUN_ALL,
 }
 
@@ -439,38 +441,132 @@ def test_loops_command_line_quick_run(tmp_path):
 
 
 # ---------------------------------------------------------------------------
+# bench_dispatch.py
+# ---------------------------------------------------------------------------
+
+DISPATCH_KINDS = ["python float", "numpy scalar", "numpy array", "device array"]
+
+
+def check_dispatch_results(results: dict, libraries: set[str], config: dict) -> None:
+    """Whole calls per kind of argument (ours, Part 3's jit, JAX) and the
+    steps of one call, full path and fast path."""
+    calls, steps = results["calls"], results["steps"]
+    assert list(calls) == list(steps) == DISPATCH_KINDS
+    assert results["target_ratios"] == {
+        "python float": 2.0,
+        "numpy scalar": 2.0,
+        "numpy array": 1.5,
+        "device array": 1.5,
+    }
+    for kind in DISPATCH_KINDS:
+        row = calls[kind]
+        assert set(row) - {"max_abs_error", "ratios"} == libraries
+        for library in libraries:
+            check_per_call(row[library], config["calls"] * config["rounds"])
+            assert row["max_abs_error"][library] < 1e-12  # against NumPy
+        if "jax" in libraries:
+            assert set(row["ratios"]) == libraries - {"jax"}
+            for name, ratio in row["ratios"].items():
+                assert math.isclose(
+                    ratio, row[name]["median_us"] / row["jax"]["median_us"]
+                )
+        else:
+            assert "ratios" not in row
+        profile = steps[kind]
+        assert profile["max_abs_error"] < 1e-12
+        for path, names in (
+            (
+                "full_path",
+                ["arguments", "signature", "bind", "copy", "execute", "outputs"],
+            ),
+            ("fast_path", ["signature", "copy", "execute", "outputs"]),
+        ):
+            assert list(profile[path]["steps_us"]) == names
+            assert all(v >= 0 for v in profile[path]["steps_us"].values())
+            assert math.isclose(
+                profile[path]["sum_us"], sum(profile[path]["steps_us"].values())
+            )
+            assert set(names) <= set(results["step_labels"])
+
+
+def test_dispatch_quick_run_in_process(tmp_path, capsys):
+    module = load("dispatch")
+    report, printed = run_quick_in_process(module, tmp_path / "dispatch.json", capsys)
+    assert report["benchmark"] == "dispatch" and report["quick"] is True
+    check_dispatch_results(
+        report["results"], {"autodidax", "full_path", "jax"}, report["config"]
+    )
+    check_machine(report)
+    assert "python float" in printed and "fast_path" in printed
+    assert "quick run" in printed
+
+
+def test_dispatch_without_jax(capsys):
+    report = load("dispatch").main(["--quick", "--no-jax"])
+    check_dispatch_results(
+        report["results"], {"autodidax", "full_path"}, report["config"]
+    )
+    capsys.readouterr()
+
+
+def test_dispatch_steps_are_the_calls_steps():
+    """The written-out steps of the benchmark compute what the calls compute:
+    Part 3's jit for the full path, the fast path's entry for the fast one."""
+    import numpy as np
+
+    import autodidax as ad
+
+    module = load("dispatch")
+    f = module.small_function(ad.sin)
+    for kind in DISPATCH_KINDS:
+        x = module.argument(kind, ad.device_put)
+        traces: dict = {}
+        out, steps = module.full_path_steps(ad, f, traces, (x,))
+        assert len(steps) == len(module.FULL_STEPS) and len(traces) == 1
+        expected = ad.full_path_jit(f)(x)
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(expected))
+        jitted = ad.jit(f)
+        jitted(x)
+        out, steps = module.fast_path_steps(ad, jitted.fast_calls, (x,))
+        assert len(steps) == len(module.FAST_STEPS)
+        assert type(out) is ad.Array and out.dtype == expected.dtype
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(expected))
+
+
+# ---------------------------------------------------------------------------
 # run_all.py: every benchmark, and the committed results file
 # ---------------------------------------------------------------------------
 
 HEADLINE_IDS = {"jit_dispatch", "jit_compute", "first_call_small", "first_call_chain"}
 HEADLINE_IDS |= {"eager_sin", "eager_add", "vmap_of_jit"}
-BENCHMARKS = {"jit", "make_jaxpr", "grad", "overhead"}
+HEADLINE_IDS |= {"while_loop", "scan", "scan_grad"}
+HEADLINE_IDS |= {
+    "jit_dispatch_python_float",
+    "jit_dispatch_numpy_scalar",
+    "jit_dispatch_numpy_array",
+}
+BENCHMARKS = {"jit", "dispatch", "make_jaxpr", "grad", "overhead", "loops"}
+# Rows that another benchmark may add (bench_pmap.py, with its own tests).
+OPTIONAL_IDS = {"pmap_dispatch"}
 
 
-def check_all_report(
-    report: dict, libraries: list[str], quick: bool, loops_optional: bool = False
-) -> None:
-    """What every report of run_all.py holds, quick or not. ``loops_optional``:
-    a report written before bench_loops.py (or bench_pmap.py) joined
-    run_all.py may lack it."""
+def check_all_report(report: dict, libraries: list[str], quick: bool) -> None:
+    """What every report of run_all.py holds, quick or not."""
     assert report["benchmark"] == "all" and report["quick"] is quick
     assert report["libraries"] == libraries
     assert report["command"].startswith("python bench/run_all.py")
     results = report["results"]
-    with_loops = "loops" in results or not loops_optional
-    with_pmap = "pmap" in results or not loops_optional
-    assert set(results) == BENCHMARKS | ({"loops"} if with_loops else set()) | (
-        {"pmap"} if with_pmap else set()
-    )
+    assert BENCHMARKS <= set(results) <= BENCHMARKS | {"pmap"}
     sizes = {key: results[key]["sizes"] for key in ("make_jaxpr", "grad")}
     assert sizes["make_jaxpr"][-1] == 4 * sizes["make_jaxpr"][0]
     assert sizes["grad"][-1] == 4 * sizes["grad"][0]
-    ids = HEADLINE_IDS | ({"while_loop"} if with_loops else set())
-    ids |= {"pmap_dispatch"} if with_pmap else set()
-    ids |= {f"make_jaxpr_{n}" for n in sizes["make_jaxpr"]}
-    ids |= {f"grad_{n}" for n in sizes["grad"]}
+    ids = set(HEADLINE_IDS)
+    for key in ("make_jaxpr", "grad"):  # table rows at the smallest and largest
+        ids |= {f"{key}_{sizes[key][0]}", f"{key}_{sizes[key][-1]}"}
+    ids |= {"pmap_dispatch"} if "pmap" in results else set()
     rows = report["headline"]
-    assert {row["id"] for row in rows} == ids and len(rows) == len(ids)
+    row_ids = {row["id"] for row in rows}
+    assert ids <= row_ids <= ids | OPTIONAL_IDS and len(rows) == len(row_ids)
     for row in rows:
         assert set(row["values"]) == set(libraries), row["id"]
         for value in row["values"].values():
@@ -484,12 +580,15 @@ def check_all_report(
     by_id = {row["id"]: row for row in rows}
     assert by_id["jit_dispatch"]["target_ratio"] == 1.5
     assert by_id["jit_compute"]["target_ratio"] == 1.02
-    if with_loops:
-        assert by_id["while_loop"]["target_ratio"] == 1.5
-        loop = results["loops"]["while_loop"]
-        assert loop["top_level_eqns"]["autodidax"] == 1
-        assert by_id["while_loop"]["values"]["jax"] == loop["jax"]["median_ms"]
-    if with_pmap:
+    for key, target in (("while_loop", 1.5), ("scan", 1.5), ("scan_grad", 2.0)):
+        assert by_id[key]["target_ratio"] == target
+        loop = results["loops"][key]
+        assert by_id[key]["values"]["jax"] == loop["jax"]["median_ms"]
+    assert results["loops"]["while_loop"]["top_level_eqns"]["autodidax"] == 1
+    assert results["loops"]["scan_grad"]["steps"] == (
+        100 if quick else 1000
+    )  # SPEC section 6: grad through a 1,000-step scan
+    if "pmap" in results:
         assert by_id["pmap_dispatch"]["target_ratio"] == 2.0
         pmap = results["pmap"]["pmap"]
         assert pmap["devices"] == 8
@@ -499,6 +598,20 @@ def check_all_report(
         )
     dispatch = results["jit"]["dispatch"]
     assert by_id["jit_dispatch"]["values"]["jax"] == dispatch["jax"]["median_us"]
+    for kind, target in (
+        ("python float", 2.0),
+        ("numpy scalar", 2.0),
+        ("numpy array", 1.5),
+    ):
+        row = by_id["jit_dispatch_" + kind.replace(" ", "_")]
+        assert row["target_ratio"] == target
+        calls = results["dispatch"]["calls"][kind]
+        assert row["values"]["jax"] == calls["jax"]["median_us"]
+    check_dispatch_results(
+        results["dispatch"],
+        {*libraries, "full_path"},
+        results["dispatch"]["config"],
+    )
     for growth in report["growth"]:
         assert growth["id"] in ("make_jaxpr", "grad")
         assert growth["size_ratio"] == 4.0
@@ -525,6 +638,12 @@ def test_run_all_quick_in_process(tmp_path, capsys):
     report, printed = run_quick_in_process(module, tmp_path / "all.json", capsys)
     check_all_report(report, ["autodidax", "jax"], quick=True)
     assert report["modules"]["autodidax"]["file"] == "autodidax.py"
+    for key in ("make_jaxpr", "grad"):  # CPU times next to wall-clock times
+        for rows in report["results"][key]["results"].values():
+            assert all(row["median_cpu_s"] > 0 for row in rows)
+    for growth in report["growth"]:
+        assert set(growth["cpu_time_ratios"]) == {"autodidax", "jax"}
+        assert growth["cpu_met"] == (growth["cpu_time_ratios"]["autodidax"] <= 4.4)
     expected = ("jit dispatch", "make_jaxpr", "grad", "vmap of jit", "while_loop")
     expected += ("pmap dispatch",)
     for words in (*expected, "growth"):
@@ -563,9 +682,10 @@ def test_committed_results_are_a_full_run():
     """bench/results.json, which the book's performance page draws, is the
     report of a full run of run_all.py on this checkout's autodidax."""
     report = json.loads(RESULTS.read_text(encoding="utf-8"))
-    check_all_report(report, ["autodidax", "jax"], quick=False, loops_optional=True)
-    assert report["results"]["make_jaxpr"]["sizes"] == [1000, 4000]
-    assert report["results"]["grad"]["sizes"] == [500, 2000]
+    check_all_report(report, ["autodidax", "jax"], quick=False)
+    assert report["results"]["make_jaxpr"]["sizes"] == [1000, 2000, 3000, 4000]
+    assert report["results"]["grad"]["sizes"] == [500, 1000, 1500, 2000]
+    assert report["results"]["loops"]["config"]["steps"] == 100_000
     assert report["results"]["jit"]["compute"]["size"] == 4_000_000
     assert report["modules"]["autodidax"]["file"] == "autodidax.py"
 
