@@ -325,6 +325,13 @@ def input_signature(args: tuple) -> tuple | None:
 full_path_jit = jit  # Part 3's jit
 
 
+def stands_alone(jaxpr: Jaxpr, consts: list) -> bool:
+    """Whether a call needs nothing but its arguments: no tracer among its
+    constants, no collective over an axis an enclosing vmap binds (Part 9)."""
+    closed = not any(isinstance(c, Tracer) for c in consts)
+    return closed and not free_axis_names(jaxpr)
+
+
 def jit(f: Callable) -> Callable:
     """Compile ``f`` with XLA; trace once per input signature; repeated calls
     on arrays and numbers skip the interpreters (the fast path)."""
@@ -343,7 +350,7 @@ def jit(f: Callable) -> Callable:
         args_flat = [_as_input(x, "jit argument") for x in args_flat]
         jaxpr, consts, out_tree = trace_for_call(f, traces, args_flat, in_tree)
         outs = bind(xla_call_p, *consts, *args_flat, jaxpr=jaxpr)
-        if signature is not None and not any(isinstance(c, Tracer) for c in consts):
+        if signature is not None and stands_alone(jaxpr, consts):
             fast_calls[signature] = FastCall(jaxpr, consts, out_tree)
         return tree_unflatten(out_tree, outs)
 
