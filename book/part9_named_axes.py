@@ -30,7 +30,7 @@
 # model's parameters and a slice of the batch; it computes the gradient of the
 # loss on its slice; then every device needs the *average* of all the
 # gradients, so that all copies take the same step. That average is a
-# **collective**: an operation whose result on one member depends on the values
+# **{term}`collective`**: an operation whose result on one member depends on the values
 # of all members. JAX spells it `pmean(grads, axis_name="devices")`, and the
 # name says which group of members to average over.
 #
@@ -40,7 +40,7 @@
 # primitives whose batching rule reduces over the named batch axis; that is all
 # they need to run, and to be differentiated, on one device. Then `pmap`: the
 # same kind of function, traced once, compiled once by XLA for several
-# **replicas** (one copy of the program per device), with the collectives
+# **{term}`replicas <replica>`** (one copy of the program per device), with the collectives
 # lowered to StableHLO's cross-replica operations.
 #
 # The idea to take away: **a collective finds its interpreter by name, not by
@@ -94,6 +94,7 @@ with jax.enable_x64(True):  # float64, as ours, in this cell only
 # belongs to the batch, so data dependence would hand it to the evaluation
 # interpreter, which has never heard of `"i"`, and it would come back as 3.
 #
+# (part9-axis-env)=
 # ## An environment of axis names
 #
 # We keep, next to the interpreter stack, a stack of **axis frames**: a name,
@@ -374,6 +375,7 @@ def show_frames(row):
 _ = vmap(vmap(show_frames, axis_name="cols"), axis_name="rows")(x)
 
 # %% [markdown]
+# (part9-collectives)=
 # ## The collectives
 #
 # Four primitives, plus `pmean`, which is a `psum` divided by the axis size
@@ -616,6 +618,7 @@ show_error(vmap(lambda row: psum(row, "j"), axis_name="i"), x)
 
 
 # %% [markdown]
+# (part9-devices)=
 # ## Several devices
 #
 # With `XLA_FLAGS=--xla_force_host_platform_device_count=8` set before JAX
@@ -844,6 +847,7 @@ def rows_sharding(devices: tuple) -> jax.sharding.Sharding:
 
 
 # %% [markdown]
+# (part9-pmap)=
 # ## `pmap`
 #
 # `pmap_p` is a higher-order primitive, like `xla_call`, whose parameters are

@@ -29,8 +29,12 @@
 # A cell reads *not linear* where a transpose rule would make no sense, and
 # *generic* where {ref}`Part 4 <part4>`'s partial evaluation handles a primitive
 # without a rule of its own: every primitive except the loops and calls whose
-# jaxpr must be split in two (`xla_call`, `cond`, `while`, `scan`). Any other
-# missing rule would show up as a gap, and in the first line of output.
+# jaxpr must be split in two (`xla_call`, `cond`, `while`, `scan`, `pmap`). A
+# cell reads *refused* where the rule exists only to raise a clear error, because
+# the operation has no meaning there: evaluating a collective outside any
+# `vmap` or `pmap` that binds its axis, and lowering `pmap` inside `jit`
+# ({ref}`Part 9 <part9>`). Any other missing rule would show up as a gap, and in
+# the first line of output.
 
 # %% tags=["hide-input"]
 # @title Setup: the pinned JAX, the module `autodidax`, the earlier chapters
