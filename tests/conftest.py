@@ -86,3 +86,42 @@ def compilations(monkeypatch) -> list:
 
     monkeypatch.setattr(autodidax, "CompiledJaxpr", Counting)
     return made
+
+
+# Scheduling for `pytest -n 2 --dist loadgroup` (what `book.py test` runs): xdist
+# hands tests to whichever worker is free, in collection order, so the modules
+# whose tests take seconds each go first and the thousands of quick error tests
+# last; then both workers stay busy to the end instead of one finishing a long
+# test alone. (The browser tests, one xdist group, are scheduled before all of
+# these.) Order only: every test still runs, and each module keeps its order.
+LONG_TESTS_FIRST = [
+    "test_book_one_kernel.py",
+    "test_scale.py",
+    "test_hypothesis.py",
+    "test_bench_smoke.py",
+    "test_threads.py",
+    "test_part7_hypothesis.py",
+    "test_part6_hypothesis.py",
+]
+QUICK_TESTS_LAST = [
+    "test_part1_errors.py",
+    "test_part2_errors.py",
+    "test_part3_errors.py",
+    "test_part4_errors.py",
+    "test_part5_errors.py",
+    "test_appendix_errors.py",
+    "test_error_catalogue.py",
+    "test_colab_setup.py",
+]
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    def rank(item) -> tuple[int, int]:
+        name = item.path.name
+        if name in LONG_TESTS_FIRST:
+            return (0, LONG_TESTS_FIRST.index(name))
+        if name in QUICK_TESTS_LAST:
+            return (2, QUICK_TESTS_LAST.index(name))
+        return (1, 0)
+
+    items.sort(key=rank)  # stable: collection order within each rank
