@@ -102,6 +102,7 @@ LONG_TESTS_FIRST = [
     "test_threads.py",
     "test_part7_hypothesis.py",
     "test_part6_hypothesis.py",
+    "test_part9_hypothesis.py",
 ]
 QUICK_TESTS_LAST = [
     "test_part1_errors.py",
