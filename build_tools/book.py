@@ -230,7 +230,8 @@ def cmd_test(args: argparse.Namespace) -> None:
 
     reports = Path(tempfile.mkdtemp(prefix="autodidax-test-"))
     # loadgroup: the browser tests (one Chromium, marked with xdist_group) stay
-    # together on one worker; other tests spread over both cores. -rs prints
+    # together on one worker; other tests spread over both cores, one at a time
+    # to whichever is free, longest modules first (tests/conftest.py). -rs prints
     # each reason for skipping once, with the number of tests it skipped.
     pytest = [PYTHON, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-rs"]
     pytest += [f"--junitxml={reports / 'pytest.xml'}", "tests"]

@@ -49,6 +49,33 @@ if _EXAMPLES:
 else:
     settings.load_profile("autodidax-ci")
 
+# XLA compiles a few thousand small programs in this suite (JAX's references and
+# autodidax's jit); compiling, not running, was half of the suite's time. Two
+# flags make XLA's CPU compiler about 2.5x cheaper: no LLVM optimisation passes,
+# and XLA's older loop emitters instead of its fusion emitters. Both sides of a
+# comparison compile with them; no fast-math, but exp, log, tanh and the like
+# may round differently in the last bit or two from XLA's defaults (far inside
+# the tests' 1e-9). XLA reads XLA_FLAGS once per process, on its first use, so
+# this sets them, starts the backend, and puts XLA_FLAGS back: the kernels and
+# scripts that tests start, which print numbers compared with the notebooks'
+# stored outputs, run with XLA's defaults. AUTODIDAX_XLA_DEFAULTS=1 runs the
+# tests with XLA's defaults too.
+FAST_COMPILE_FLAGS = {
+    "--xla_backend_optimization_level": "0",
+    "--xla_cpu_use_fusion_emitters": "false",
+}
+if not os.environ.get("AUTODIDAX_XLA_DEFAULTS"):
+    _before = os.environ.get("XLA_FLAGS")
+    _given = (_before or "").split()
+    _names = {flag.split("=")[0] for flag in _given}
+    _given += [f"{k}={v}" for k, v in FAST_COMPILE_FLAGS.items() if k not in _names]
+    os.environ["XLA_FLAGS"] = " ".join(_given)
+    jax.jit(lambda x: x + 1)(0.0).block_until_ready()  # XLA reads the flags here
+    if _before is None:
+        del os.environ["XLA_FLAGS"]
+    else:
+        os.environ["XLA_FLAGS"] = _before
+
 
 @pytest.fixture
 def clean_interpreter_stack():
@@ -75,3 +102,43 @@ def compilations(monkeypatch) -> list:
 
     monkeypatch.setattr(autodidax, "CompiledJaxpr", Counting)
     return made
+
+
+# Scheduling for `pytest -n 2 --dist loadgroup` (what `book.py test` runs): xdist
+# hands tests to whichever worker is free, in collection order, so the modules
+# whose tests take seconds each go first and the thousands of quick error tests
+# last; then both workers stay busy to the end instead of one finishing a long
+# test alone. (The browser tests, one xdist group, are scheduled before all of
+# these.) Order only: every test still runs, and each module keeps its order.
+LONG_TESTS_FIRST = [
+    "test_book_one_kernel.py",
+    "test_scale.py",
+    "test_hypothesis.py",
+    "test_bench_smoke.py",
+    "test_threads.py",
+    "test_part7_hypothesis.py",
+    "test_part6_hypothesis.py",
+    "test_part9_hypothesis.py",
+]
+QUICK_TESTS_LAST = [
+    "test_part1_errors.py",
+    "test_part2_errors.py",
+    "test_part3_errors.py",
+    "test_part4_errors.py",
+    "test_part5_errors.py",
+    "test_appendix_errors.py",
+    "test_error_catalogue.py",
+    "test_colab_setup.py",
+]
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    def rank(item) -> tuple[int, int]:
+        name = item.path.name
+        if name in LONG_TESTS_FIRST:
+            return (0, LONG_TESTS_FIRST.index(name))
+        if name in QUICK_TESTS_LAST:
+            return (2, QUICK_TESTS_LAST.index(name))
+        return (1, 0)
+
+    items.sort(key=rank)  # stable: collection order within each rank
