@@ -545,9 +545,7 @@ HEADLINE_IDS |= {
     "jit_dispatch_numpy_scalar",
     "jit_dispatch_numpy_array",
 }
-BENCHMARKS = {"jit", "dispatch", "make_jaxpr", "grad", "overhead", "loops"}
-# Rows that another benchmark may add (bench_pmap.py, with its own tests).
-OPTIONAL_IDS = {"pmap_dispatch"}
+BENCHMARKS = {"jit", "dispatch", "make_jaxpr", "grad", "overhead", "loops", "pmap"}
 
 
 def check_all_report(report: dict, libraries: list[str], quick: bool) -> None:
@@ -556,17 +554,17 @@ def check_all_report(report: dict, libraries: list[str], quick: bool) -> None:
     assert report["libraries"] == libraries
     assert report["command"].startswith("python bench/run_all.py")
     results = report["results"]
-    assert BENCHMARKS <= set(results) <= BENCHMARKS | {"pmap"}
+    assert set(results) == BENCHMARKS
     sizes = {key: results[key]["sizes"] for key in ("make_jaxpr", "grad")}
     assert sizes["make_jaxpr"][-1] == 4 * sizes["make_jaxpr"][0]
     assert sizes["grad"][-1] == 4 * sizes["grad"][0]
     ids = set(HEADLINE_IDS)
     for key in ("make_jaxpr", "grad"):  # table rows at the smallest and largest
         ids |= {f"{key}_{sizes[key][0]}", f"{key}_{sizes[key][-1]}"}
-    ids |= {"pmap_dispatch"} if "pmap" in results else set()
+    ids |= {"pmap_dispatch"}
     rows = report["headline"]
     row_ids = {row["id"] for row in rows}
-    assert ids <= row_ids <= ids | OPTIONAL_IDS and len(rows) == len(row_ids)
+    assert row_ids == ids and len(rows) == len(row_ids)
     for row in rows:
         assert set(row["values"]) == set(libraries), row["id"]
         for value in row["values"].values():
@@ -588,14 +586,12 @@ def check_all_report(report: dict, libraries: list[str], quick: bool) -> None:
     assert results["loops"]["scan_grad"]["steps"] == (
         100 if quick else 1000
     )  # SPEC section 6: grad through a 1,000-step scan
-    if "pmap" in results:
-        assert by_id["pmap_dispatch"]["target_ratio"] == 2.0
-        pmap = results["pmap"]["pmap"]
-        assert pmap["devices"] == 8
-        assert (
-            by_id["pmap_dispatch"]["values"]["jax"]
-            == (pmap["sharded"]["jax"]["median_us"])
-        )
+    assert by_id["pmap_dispatch"]["target_ratio"] == 2.0
+    pmap = results["pmap"]["pmap"]
+    assert pmap["devices"] == 8
+    assert (
+        by_id["pmap_dispatch"]["values"]["jax"] == pmap["sharded"]["jax"]["median_us"]
+    )
     dispatch = results["jit"]["dispatch"]
     assert by_id["jit_dispatch"]["values"]["jax"] == dispatch["jax"]["median_us"]
     for kind, target in (
