@@ -75,7 +75,7 @@ book_setup.load_book(globals(), before="part9_named_axes")
 # ## What a collective means under `vmap`
 #
 # Here is the behaviour we want, shown with JAX itself. Each row of `x` is one
-# member of the axis `"i"`; dividing by `psum` normalizes every column;
+# member of the {term}`named axis` `"i"`; dividing by `psum` normalizes every column;
 # `axis_index` tells each member its position.
 
 # %%

@@ -1518,7 +1518,13 @@ NONLINEAR_WITNESSES = {
     "while": lambda x, y: ad.while_loop(
         lambda v: ad.reduce_sum(v, 0) < 100.0, lambda v: v * v + 1.0, x
     ),
+    # Part 9: collectives over an axis "i" whose members are the 5 entries of
+    # x (traced with the axis bound, evaluated under a named vmap). pmax is a
+    # maximum over the members; axis_index ignores x, so f(a + b) = f(a).
+    "pmax": lambda x, y: ad.pmax(x, "i"),
+    "axis_index": lambda x, y: ad.convert_element_type(ad.axis_index("i"), F64),
 }
+OVER_NAMED_AXIS = {"pmax", "axis_index"}
 
 
 # stop_gradient is the identity in value, but its JVP is zero, so it never
@@ -1536,7 +1542,14 @@ def test_not_linear_primitives_are_not_linear(name: str) -> None:
     b = [draw(rng, "pos", (5,)) for _ in range(2)]
     if name in ("greater", "less", "max"):
         b = [b[0], -b[0]]  # flips which operand is larger
-    jaxpr, _, _ = ad.make_jaxpr(fn, *(ad.get_aval(v) for v in a))
+    avals = [ad.get_aval(v) for v in a]
+    if name in OVER_NAMED_AXIS:  # one member's view: a scalar, axis "i" bound
+        traced = ad.with_axis(fn, "i", 5)
+        avals = [ad.ShapedArray((), F64)] * 2
+        fn = ad.vmap(fn, axis_name="i")
+    else:
+        traced = fn
+    jaxpr, _, _ = ad.make_jaxpr(traced, *avals)
     names = {eqn.primitive.name for eqn in jaxpr.eqns} - {"convert_element_type"}
     assert names == {name}
     total = fn(a[0] + b[0], a[1] + b[1])
@@ -1618,6 +1631,17 @@ _triple_vjp = ad.custom_vjp(lambda x: ad.mul(x, 3.0))
 _triple_vjp.defvjp(lambda x: (ad.mul(x, 3.0), None), lambda r, ct: (ad.mul(ct, 3.0),))
 LINEAR_FUNCTIONS["custom_lin"] = (_triple_vjp, [(2, 3)])
 FORWARD_OF = {"custom_lin": lambda x: ad.mul(x, 3.0)}
+# Part 9: pmap over 4 of the test process's 8 host devices; its transpose is
+# the pmap of the transposed body, which transposes the collectives in it.
+LINEAR_FUNCTIONS["pmap"] = (
+    ad.pmap(lambda x, y: ad.sub(ad.mul(x, 3.0), y)),
+    [(4, 2), (4, 2)],
+)
+LINEAR_FUNCTIONS["psum"] = (ad.pmap(lambda x: ad.psum(x, "i"), "i"), [(4, 3)])
+LINEAR_FUNCTIONS["all_gather"] = (
+    ad.pmap(lambda x: ad.all_gather(x, "i"), "i"),
+    [(4, 3)],
+)
 
 
 def test_every_transpose_rule_has_a_linear_function() -> None:
