@@ -86,33 +86,6 @@ def run(step: str, argv: Sequence[str], env: dict[str, str] | None = None) -> No
     print(f"    ({step}: ok, {elapsed:.1f}s)", flush=True)
 
 
-class Background:
-    """One external step running next to others; ``finish`` waits for it,
-    prints its output and its time, and raises StepFailed if it failed."""
-
-    def __init__(self, step: str, argv: Sequence[str], log: Path) -> None:
-        self.step, self.log, self.started = step, log, time.monotonic()
-        with open(log, "wb") as out:  # the child keeps its own handle
-            self.process = subprocess.Popen(
-                argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
-            )
-
-    def finish(self) -> None:
-        code = self.process.wait()
-        elapsed = time.monotonic() - self.started
-        banner(f"{self.step} (ran next to the step before)")
-        print(self.log.read_text(errors="replace"), end="", flush=True)
-        STEP_TIMES.append((self.step, elapsed))
-        if code != 0:
-            raise StepFailed(f"{self.step} failed (exit code {code})")
-        print(f"    ({self.step}: ok, {elapsed:.1f}s)", flush=True)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-
 def junit_counts(path: Path) -> str:
     """'N passed, M skipped' from a pytest JUnit XML report ('' if unreadable)."""
     import xml.etree.ElementTree as ElementTree
@@ -259,45 +232,31 @@ def cmd_test(args: argparse.Namespace) -> None:
     run("site build (warnings are errors)", SITE_BUILD)
 
     reports = Path(tempfile.mkdtemp(prefix="autodidax-test-"))
-    nbval_run = None
+    # loadgroup: the browser tests (one Chromium, marked with xdist_group) stay
+    # together on one worker; other tests spread over both cores, one at a time
+    # to whichever is free, longest modules first (tests/conftest.py). -rs prints
+    # each reason for skipping once, with the number of tests it skipped.
+    pytest = [PYTHON, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-rs"]
+    pytest += [f"--junitxml={reports / 'pytest.xml'}", "tests"]
+    env = {**os.environ, "AUTODIDAX_SITE_HTML": str(SITE_INDEX.parent)}
+    run("pytest tests/", pytest, env=env)
+    summary = [f"pytest {junit_counts(reports / 'pytest.xml')}"]
+
     if chapter_list:
         # One fresh kernel per notebook; --dist loadfile keeps all cells of a
-        # notebook on the same worker, in order. It runs next to pytest, not
-        # after it: while one of pytest's workers finishes its last tests and
-        # while kernels start, the cores would otherwise wait.
+        # notebook on the same worker, in order.
         workers = str(min(2, len(chapter_list)))
         nbval = [PYTHON, "-m", "pytest", "--nbval", "--nbval-current-env"]
         nbval += ["--nbval-cell-timeout=600", "-n", workers, "--dist", "loadfile"]
-        nbval += [f"--junitxml={reports / 'nbval.xml'}", "-p", "no:cacheprovider"]
+        nbval += [f"--junitxml={reports / 'nbval.xml'}"]
         nbval += [chapter.rel(chapter.ipynb) for chapter in chapter_list]
-        nbval_run = Background(
-            "nbval (re-execute every chapter, compare outputs)",
-            nbval,
-            reports / "nbval.log",
+        run("nbval (re-execute every chapter, compare outputs)", nbval)
+        summary.append(
+            f"nbval {len(chapter_list)} chapters, "
+            f"{junit_counts(reports / 'nbval.xml')} cells"
         )
     else:
         banner("nbval: no chapters yet, skipped")
-
-    try:
-        # loadgroup: the browser tests (one Chromium, marked with xdist_group)
-        # stay together on one worker; other tests spread over both cores, one
-        # at a time to whichever is free, longest modules first
-        # (tests/conftest.py). -rs prints each reason for skipping once, with
-        # the number of tests it skipped.
-        pytest = [PYTHON, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-rs"]
-        pytest += [f"--junitxml={reports / 'pytest.xml'}", "tests"]
-        env = {**os.environ, "AUTODIDAX_SITE_HTML": str(SITE_INDEX.parent)}
-        run("pytest tests/", pytest, env=env)
-        summary = [f"pytest {junit_counts(reports / 'pytest.xml')}"]
-        if nbval_run is not None:
-            nbval_run.finish()
-            summary.append(
-                f"nbval {len(chapter_list)} chapters, "
-                f"{junit_counts(reports / 'nbval.xml')} cells"
-            )
-    finally:
-        if nbval_run is not None:
-            nbval_run.stop()
 
     steps = ", ".join(f"{step.split(' (')[0]} {sec:.0f}s" for step, sec in STEP_TIMES)
     banner(
