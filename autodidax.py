@@ -1955,8 +1955,10 @@ def device_put(x: np.ndarray) -> Array:
     x = np.asarray(x)
     rt = runtime()
     aval = jax.core.ShapedArray(x.shape, x.dtype)
+    # Copy before returning: the buffer never shares the NumPy array's memory.
+    copy_now = _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL
     buffer = _jax.batched_device_put(
-        aval, rt.sharding, [x], [rt.device], True, enable_x64=True
+        aval, rt.sharding, [x], [rt.device], True, False, copy_now, True
     )
     return Array(buffer)
 
@@ -6204,10 +6206,13 @@ def shard_rows(x: Any, devices: tuple) -> Any:
         return x._buffer  # already in place: no copy
     from jaxlib import _jax
 
-    x = np.asarray(x)
+    x = np.ascontiguousarray(x)  # jaxlib refuses rows of a broadcast (stride-0) view
     aval = jax.core.ShapedArray(x.shape, x.dtype)
     rows = [x[i : i + 1] for i in range(len(devices))]
-    return _jax.batched_device_put(aval, sharding, rows, devices, True, enable_x64=True)
+    copy_now = _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL  # as device_put
+    return _jax.batched_device_put(
+        aval, sharding, rows, devices, True, False, copy_now, True
+    )
 
 
 # @title A ShardedArray passed to jit: gathered, then copied to the first device
@@ -6504,11 +6509,12 @@ def host_copiers(avals: Sequence[ShapedArray]) -> list[Callable[[Any], Any]]:
     from jaxlib import _jax
 
     sharding, devices = runtime().sharding, [runtime().device]
+    copy_now = _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL  # as device_put
 
     def copier(aval: ShapedArray) -> Callable[[Any], Any]:
         jax_aval = jax.core.ShapedArray(aval.shape, aval.dtype)
         return lambda x: _jax.batched_device_put(
-            jax_aval, sharding, [x], devices, True, enable_x64=True
+            jax_aval, sharding, [x], devices, True, False, copy_now, True
         )
 
     return [copier(aval) for aval in avals]

@@ -333,7 +333,9 @@ print(str(lower_jaxpr(jaxpr)).rstrip())
 # `jaxlib` buffer objects; `device_put`, in the same cell, copies a NumPy
 # array into one, keeping float64 as float64 (JAX's own front end would narrow it
 # to float32 unless its global x64 switch is on, a switch this module never
-# touches).
+# touches). It asks for the copy to be finished before the call returns. Left
+# to choose, jaxlib on CPU may let the buffer share the NumPy array's memory,
+# and an `Array` would then change whenever the NumPy array is written to.
 
 
 # %% tags=["export", "hide-input"]
@@ -359,8 +361,10 @@ def device_put(x: np.ndarray) -> Array:
     x = np.asarray(x)
     rt = runtime()
     aval = jax.core.ShapedArray(x.shape, x.dtype)
+    # Copy before returning: the buffer never shares the NumPy array's memory.
+    copy_now = _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL
     buffer = _jax.batched_device_put(
-        aval, rt.sharding, [x], [rt.device], True, enable_x64=True
+        aval, rt.sharding, [x], [rt.device], True, False, copy_now, True
     )
     return Array(buffer)
 
@@ -821,6 +825,11 @@ show_error(jit(lambda x, y: x * y), np.ones(3), np.ones(2))
 #   extra arguments, as we do; the size limit is the option
 #   `jax_embedded_constants_max_bytes` (see
 #   [the JAX docs on constants](https://docs.jax.dev/en/latest/internals/constants.html)).
+# - On CPU, `jax.device_put` and `jax.jit` in JAX 0.10.2 let a device array
+#   share a NumPy argument's memory when that memory is 64-byte aligned, so
+#   writing to the NumPy array afterwards changes the JAX array, an open bug
+#   ([jax-ml/jax#37830](https://github.com/jax-ml/jax/issues/37830)). Our
+#   `device_put` always copies.
 # - JAX can also donate argument buffers to the computation and can keep compiled
 #   programs in a [cache on disk](https://docs.jax.dev/en/latest/persistent_compilation_cache.html).
 # - JAX lowers with source locations attached to every operation, so compiler

@@ -203,7 +203,10 @@ dispatch_profile_chart(report["results"]["dispatch"])
 # both to jaxlib's `batched_device_put`, which copies the value to the device.
 # With the type fixed by the signature, the aval can be built once, when the
 # entry is made; jaxlib's copy accepts a Python number, a NumPy scalar or a NumPy
-# array as it is, so the conversion goes too. What remains per call is the copy.
+# array as it is, so the conversion goes too. What remains per call is the copy,
+# which, as in Part 3's `device_put`, is finished before the call returns, so
+# that the argument's memory is never shared (for small arrays this is no
+# slower than jaxlib's other options).
 #
 # **Building the outputs in C++.** The last step gets cheaper too.
 # `CompiledJaxpr` asks the execution's results to split into one jaxlib array
@@ -227,11 +230,12 @@ def host_copiers(avals: Sequence[ShapedArray]) -> list[Callable[[Any], Any]]:
     from jaxlib import _jax
 
     sharding, devices = runtime().sharding, [runtime().device]
+    copy_now = _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL  # as device_put
 
     def copier(aval: ShapedArray) -> Callable[[Any], Any]:
         jax_aval = jax.core.ShapedArray(aval.shape, aval.dtype)
         return lambda x: _jax.batched_device_put(
-            jax_aval, sharding, [x], devices, True, enable_x64=True
+            jax_aval, sharding, [x], devices, True, False, copy_now, True
         )
 
     return [copier(aval) for aval in avals]
@@ -398,16 +402,21 @@ for signature in scaled.fast_calls:
 # With a host argument, the largest piece left is the copy, and the run that
 # follows it. Our copy goes through jaxlib's Python API, `batched_device_put`,
 # which builds a complete jaxlib array object for the argument (with its aval and
-# sharding), only for the executable to take the buffer out of it again; and an
-# execution on a buffer that was made a moment ago costs more than one on a
-# buffer that has been on the device for a while. JAX's C++ dispatch hands the
-# argument's memory to the runtime without any Python object in between. Trying
-# the other ways of copying that jaxlib offers (each kind of host buffer
-# semantics, forcing a copy, aligned memory, DLPack) changed little or made
-# it slower, so the copy sets a floor of about one and a half times JAX's whole
-# call: a NumPy array argument stays near twice JAX's time, short of the 1.5×
-# we aimed for. Python numbers and NumPy scalars, whose target allows for the
-# copy, meet theirs. The folded cell prints the medians behind the chart, and
+# sharding), only for the executable to take the buffer out of it again. Timed
+# alone, the copy takes about 4 µs, and running the executable and wrapping its
+# output about 6 µs. Done one after the other, as a call does them, the two take
+# about 2 µs more than that sum, and they do so whether the run uses the buffer
+# just made or an older one: what costs is the two calls into jaxlib in a row,
+# not the new buffer. JAX's C++ dispatch copies and runs in one call into C++,
+# with no Python object for the argument. The other ways of copying that jaxlib
+# offers (each kind of host buffer semantics, forcing a copy, aligned memory,
+# DLPack) changed little or made it slower. The copy and the run alone, with no
+# line of our Python between them, come to about 1.4 times JAX's whole call,
+# and a call cut down to a single NumPy argument and nothing else to about 1.6
+# times. So a NumPy array argument stays near twice JAX's time, short of the
+# 1.5× we aimed for: reaching it would take a dispatch written in C++. Python
+# numbers and NumPy scalars, whose target allows for the copy, meet theirs. The
+# folded cell prints the medians behind the chart, and
 # the ratio to `jax.jit` that the targets are about.
 
 # %% tags=["hide-input"]
