@@ -11,6 +11,10 @@ NumPy ``float64`` scalar, a NumPy ``float64[8]`` array and a device array
     Median µs per call and the ratio autodidax / JAX. Targets (SPEC section
     6): within 2x of ``jax.jit`` for a Python float and a NumPy scalar, within
     1.5x for a NumPy array and a device array.
+(c) a floor: the jaxlib calls of one fast call alone (copy the argument, run
+    the executable, make the output), with no Python of ours between them,
+    timed in the same rounds as (a). No dispatch written in Python can be
+    faster than this; its ratio to ``jax.jit`` says how close a target can be.
 (b) the steps of one call: the steps of the full path (Part 3's ``jit``,
     ``bind`` and the ``impl`` rule of ``xla_call``) and of the fast path,
     written out here and timed with ``time.perf_counter_ns`` between every two
@@ -59,6 +63,7 @@ TARGET_RATIOS = {
     "device array": 1.5,
 }
 FULL_PATH = "full_path"  # Part 3's jit, as a library name in the report
+FLOOR = "jaxlib alone"  # (c), timed with the libraries, reported apart
 FULL_STEPS = ("arguments", "signature", "bind", "copy", "execute", "outputs")
 FAST_STEPS = ("signature", "copy", "execute", "outputs")
 STEP_LABELS = {
@@ -116,7 +121,7 @@ def measure_calls(
 ) -> dict:
     """(a): per kind of argument, whole calls of every library, alternating."""
     functions = jitted_functions(variants, with_jax)
-    results = {}
+    results, floors = {}, {}
     for kind in KINDS:
         thunks, errors = {}, {}
         expected = np.sin(argument(kind, np.asarray)) * 2.0 + argument(kind, np.asarray)
@@ -125,8 +130,17 @@ def measure_calls(
             out = f(x)  # trace and compile (or find the trace)
             errors[name] = float(np.max(np.abs(np.asarray(out) - expected)))
             thunks[name] = lambda f=f, x=x: f(x)
+        floor = jaxlib_calls_alone(variants["autodidax"], kind)
+        if floor is not None:
+            thunks[FLOOR] = floor
         times = benchlib.per_call_times(thunks, calls, rounds)
         row = {name: benchlib.per_call_stats(t) for name, t in times.items()}
+        if floor is not None:
+            floors[kind] = row.pop(FLOOR)
+            if "jax" in row:
+                floors[kind]["ratio"] = (
+                    floors[kind]["median_us"] / row["jax"]["median_us"]
+                )
         row["max_abs_error"] = errors
         if "jax" in row:
             row["ratios"] = {
@@ -135,7 +149,24 @@ def measure_calls(
                 if name != "jax"
             }
         results[kind] = row
-    return results
+    return results, floors
+
+
+def jaxlib_calls_alone(m: ModuleType, kind: str) -> Callable[[], Any] | None:
+    """(c): the copy, run and output of a fast call, nothing else (None when
+    the module has no fast path)."""
+    if not hasattr(m, "input_signature"):
+        return None
+    f = m.jit(small_function(m.sin))
+    x = argument(kind, m.device_put)
+    f(x)  # the full path makes the entry
+    fast_call = f.fast_calls[m.input_signature((x,))]
+    run, handlers = fast_call.execute, fast_call.handlers
+    consts, (copy,) = fast_call.const_buffers, fast_call.copiers
+    if kind == "device array":
+        buffer = x._buffer
+        return lambda: run([*consts, buffer]).consume_with_handlers(handlers)
+    return lambda: run([*consts, copy(x)]).consume_with_handlers(handlers)
 
 
 # ---------------------------------------------------------------------------
@@ -247,10 +278,12 @@ def measure_steps(m: ModuleType, calls: int) -> dict:
 
 def run(variants: dict[str, ModuleType], with_jax: bool, config: dict) -> dict:
     """Both measurements (the ``results`` of a report)."""
+    calls, floor = measure_calls(variants, with_jax, config["calls"], config["rounds"])
     return {
         "program": f"sin(x) * 2.0 + x, x a {' / '.join(KINDS)} "
         f"(arrays: float64[{VECTOR_SIZE}])",
-        "calls": measure_calls(variants, with_jax, config["calls"], config["rounds"]),
+        "calls": calls,
+        "floor": floor,
         "steps": measure_steps(variants["autodidax"], config["profile_calls"]),
         "step_labels": STEP_LABELS,
         "target_ratios": TARGET_RATIOS,
@@ -282,6 +315,14 @@ def print_report(report: dict) -> None:
             met = benchlib.verdict(ratio <= target)
             line += f" {ratio:>8.2f}x  <= {target}x: {met}"
         print(line)
+    if results["floor"]:
+        print()
+        print("jaxlib's calls alone (copy, run, output), median µs/call")
+        for kind, floor in results["floor"].items():
+            line = f"{kind:<14} {floor['median_us']:>11.2f}"
+            if "ratio" in floor:
+                line += f" {floor['ratio']:>8.2f}x of jax.jit"
+            print(line)
     print()
     print("the steps of one call, median µs per step")
     for kind in KINDS:

@@ -410,14 +410,15 @@ for signature in scaled.fast_calls:
 # not the new buffer. JAX's C++ dispatch copies and runs in one call into C++,
 # with no Python object for the argument. The other ways of copying that jaxlib
 # offers (each kind of host buffer semantics, forcing a copy, aligned memory,
-# DLPack) changed little or made it slower. The copy and the run alone, with no
-# line of our Python between them, come to about 1.4 times JAX's whole call,
-# and a call cut down to a single NumPy argument and nothing else to about 1.6
-# times. So a NumPy array argument stays near twice JAX's time, short of the
-# 1.5× we aimed for: reaching it would take a dispatch written in C++. Python
-# numbers and NumPy scalars, whose target allows for the copy, meet theirs. The
-# folded cell prints the medians behind the chart, and
-# the ratio to `jax.jit` that the targets are about.
+# DLPack) changed little or made it slower. The benchmark also times jaxlib's
+# three calls alone (copy, run, make the output), with no line of our Python
+# between them: the column *jaxlib alone / JAX* below. For a host argument that
+# floor is already about 1.4 times JAX's whole call, so a dispatch written in
+# Python cannot get a NumPy array within the 1.5× we aimed for; its call stays
+# near twice JAX's time. Reaching 1.5× would take a dispatch written in C++.
+# Python numbers and NumPy scalars, whose target allows for the copy, meet
+# theirs. The folded cell prints the medians behind the chart, the ratio to
+# `jax.jit` that the targets are about, and the floor.
 
 # %% tags=["hide-input"]
 # @title Table: median µs per call, Part 3's jit, the fast path and jax.jit
