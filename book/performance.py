@@ -410,7 +410,9 @@ for signature in scaled.fast_calls:
 # not the new buffer. JAX's C++ dispatch copies and runs in one call into C++,
 # with no Python object for the argument. The other ways of copying that jaxlib
 # offers (each kind of host buffer semantics, forcing a copy, aligned memory,
-# DLPack) changed little or made it slower. The benchmark also times jaxlib's
+# DLPack) changed little or made it slower.
+#
+# So how close can Python get? The benchmark also times jaxlib's
 # three calls alone (copy, run, make the output), with no line of our Python
 # between them: the column *jaxlib alone / JAX* below. For a host argument that
 # floor is already about 1.4 times JAX's whole call, so a dispatch written in
