@@ -210,10 +210,32 @@ def cmd_check(args: argparse.Namespace) -> None:
     print(f"check: {count} chapter(s) and {tangle.MODULE_FILE} are in sync")
 
 
+def share_bytecode(cache: Path) -> None:
+    """Let the steps' processes share one bytecode cache if none may be written.
+
+    With PYTHONDONTWRITEBYTECODE set (and ``install`` runs pip --no-compile),
+    every pytest worker, kernel and script would compile jax, numpy and the
+    rest from source on import, about 2 s each. Instead they write and reuse
+    .pyc files in ``cache``, outside the source tree; ``test`` deletes it.
+    """
+    if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
+        os.environ["PYTHONPYCACHEPREFIX"] = str(cache)
+
+
 def cmd_test(args: argparse.Namespace) -> None:
+    import shutil
     import tempfile
 
     started = time.monotonic()
+    scratch = Path(tempfile.mkdtemp(prefix="autodidax-test-"))
+    share_bytecode(scratch / "pycache")
+    try:
+        run_tests(args, started, scratch)
+    finally:
+        shutil.rmtree(scratch / "pycache", ignore_errors=True)
+
+
+def run_tests(args: argparse.Namespace, started: float, reports: Path) -> None:
     cmd_install(args)
     # A fresh interpreter for check: the packages were possibly just installed.
     run("check", [PYTHON, __file__, "check"])
@@ -231,7 +253,6 @@ def cmd_test(args: argparse.Namespace) -> None:
     # building the site a second time.
     run("site build (warnings are errors)", SITE_BUILD)
 
-    reports = Path(tempfile.mkdtemp(prefix="autodidax-test-"))
     # loadgroup: the browser tests (one Chromium, marked with xdist_group) stay
     # together on one worker; other tests spread over both cores, one at a time
     # to whichever is free, longest modules first (tests/conftest.py). -rs prints

@@ -52,7 +52,10 @@ else:
 # XLA compiles a few thousand small programs in this suite (JAX's references and
 # autodidax's jit); compiling, not running, was half of the suite's time. Two
 # flags make XLA's CPU compiler about 2.5x cheaper: no LLVM optimisation passes,
-# and XLA's older loop emitters instead of its fusion emitters. Both sides of a
+# and XLA's older loop emitters instead of its fusion emitters. A third compiles
+# each program as one LLVM module instead of splitting it for parallel threads,
+# which only adds work when both cores already run a test (6% less CPU on the
+# tests of Parts 3-5; it divides the same code differently). Both sides of a
 # comparison compile with them; no fast-math, but exp, log, tanh and the like
 # may round differently in the last bit or two from XLA's defaults (far inside
 # the tests' 1e-9). XLA reads XLA_FLAGS once per process, on its first use, so
@@ -63,6 +66,7 @@ else:
 FAST_COMPILE_FLAGS = {
     "--xla_backend_optimization_level": "0",
     "--xla_cpu_use_fusion_emitters": "false",
+    "--xla_cpu_parallel_codegen_split_count": "1",
 }
 if not os.environ.get("AUTODIDAX_XLA_DEFAULTS"):
     _before = os.environ.get("XLA_FLAGS")
