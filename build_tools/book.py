@@ -86,20 +86,28 @@ def run(step: str, argv: Sequence[str], env: dict[str, str] | None = None) -> No
     print(f"    ({step}: ok, {elapsed:.1f}s)", flush=True)
 
 
-def junit_counts(path: Path) -> str:
-    """'N passed, M skipped' from a pytest JUnit XML report ('' if unreadable)."""
+def junit_counts(path: Path, cells: bool) -> str:
+    """'N passed, M skipped' from a pytest JUnit XML report ('' if unreadable):
+    of the notebook cells nbval ran if ``cells``, else of the other tests."""
     import xml.etree.ElementTree as ElementTree
 
     try:
         suites = ElementTree.parse(path).getroot()
     except (OSError, ElementTree.ParseError):
         return ""
-    total = skipped = failed = 0
-    for suite in suites.iter("testsuite"):
-        total += int(suite.get("tests", 0))
-        skipped += int(suite.get("skipped", 0))
-        failed += int(suite.get("failures", 0)) + int(suite.get("errors", 0))
-    counts = f"{total - skipped - failed} passed"
+    passed = skipped = failed = 0
+    for case in suites.iter("testcase"):
+        # nbval names a cell's class after its notebook: book.part1_x.ipynb
+        if case.get("classname", "").endswith(".ipynb") != cells:
+            continue
+        outcomes = {child.tag for child in case}
+        if "skipped" in outcomes:
+            skipped += 1
+        elif outcomes & {"failure", "error"}:
+            failed += 1
+        else:
+            passed += 1
+    counts = f"{passed} passed"
     if failed:
         counts += f", {failed} failed"
     if skipped:
@@ -253,28 +261,29 @@ def run_tests(args: argparse.Namespace, started: float, reports: Path) -> None:
     # building the site a second time.
     run("site build (warnings are errors)", SITE_BUILD)
 
-    # loadgroup: the browser tests (one Chromium, marked with xdist_group) stay
-    # together on one worker; other tests spread over both cores, one at a time
-    # to whichever is free, longest modules first (tests/conftest.py). -rs prints
+    # One pytest session runs the tests and re-executes every chapter notebook
+    # (nbval: one fresh kernel per notebook, outputs compared with the stored
+    # ones); two sessions would start workers twice and leave a core idle at the
+    # end of each. loadgroup: the browser tests (one Chromium) and the cells of
+    # each notebook (in order) are xdist groups, each kept on one worker and
+    # scheduled first; other tests spread over both cores, one at a time to
+    # whichever is free, longest modules first (tests/conftest.py). -rs prints
     # each reason for skipping once, with the number of tests it skipped.
+    report = reports / "pytest.xml"
     pytest = [PYTHON, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-rs"]
-    pytest += [f"--junitxml={reports / 'pytest.xml'}", "tests"]
-    env = {**os.environ, "AUTODIDAX_SITE_HTML": str(SITE_INDEX.parent)}
-    run("pytest tests/", pytest, env=env)
-    summary = [f"pytest {junit_counts(reports / 'pytest.xml')}"]
-
+    pytest += [f"--junitxml={report}", "tests"]
+    step = "pytest tests/"
     if chapter_list:
-        # One fresh kernel per notebook; --dist loadfile keeps all cells of a
-        # notebook on the same worker, in order.
-        workers = str(min(2, len(chapter_list)))
-        nbval = [PYTHON, "-m", "pytest", "--nbval", "--nbval-current-env"]
-        nbval += ["--nbval-cell-timeout=600", "-n", workers, "--dist", "loadfile"]
-        nbval += [f"--junitxml={reports / 'nbval.xml'}"]
-        nbval += [chapter.rel(chapter.ipynb) for chapter in chapter_list]
-        run("nbval (re-execute every chapter, compare outputs)", nbval)
+        pytest += ["--nbval", "--nbval-current-env", "--nbval-cell-timeout=600"]
+        pytest += [chapter.rel(chapter.ipynb) for chapter in chapter_list]
+        step += " and nbval (re-execute every chapter, compare outputs)"
+    env = {**os.environ, "AUTODIDAX_SITE_HTML": str(SITE_INDEX.parent)}
+    run(step, pytest, env=env)
+    summary = [f"pytest {junit_counts(report, cells=False)}"]
+    if chapter_list:
         summary.append(
             f"nbval {len(chapter_list)} chapters, "
-            f"{junit_counts(reports / 'nbval.xml')} cells"
+            f"{junit_counts(report, cells=True)} cells"
         )
     else:
         banner("nbval: no chapters yet, skipped")

@@ -112,8 +112,33 @@ def compilations(monkeypatch) -> list:
 # hands tests to whichever worker is free, in collection order, so the modules
 # whose tests take seconds each go first and the thousands of quick error tests
 # last; then both workers stay busy to the end instead of one finishing a long
-# test alone. (The browser tests, one xdist group, are scheduled before all of
-# these.) Order only: every test still runs, and each module keeps its order.
+# test alone. Order only: every test still runs, and each module keeps its order.
+#
+# Before all of these, largest first, come the groups that must stay on one
+# worker: the browser tests (one Chromium and one site server for the module),
+# and, when the session also runs nbval (`book.py test` does), the cells of each
+# chapter notebook, which run in order in one kernel. xdist 3.8 would read them
+# from xdist_group marks, but it records a test's group in `item._nodeid`, which
+# pytest 9 no longer reads, and then runs every test on its own; so the
+# scheduler below forms the groups from the test ids.
+ONE_WORKER_MODULES = ["tests/test_site_browser.py"]
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class Groups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            if path.endswith(".ipynb") or path in ONE_WORKER_MODULES:
+                return path
+            return nodeid
+
+    return Groups(config, log)
+
+
 LONG_TESTS_FIRST = [
     "test_book_one_kernel.py",
     "test_scale.py",
