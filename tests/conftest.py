@@ -150,6 +150,7 @@ def compilations(monkeypatch) -> list:
 ONE_WORKER_MODULES = ["tests/test_site_browser.py"]
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: pytest may run without it
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadgroup":
         return None
