@@ -6,6 +6,7 @@
 # every kernel a test starts (it inherits the environment) sees 8 devices. Other
 # flags already in XLA_FLAGS are kept; a different device count is replaced.
 # Nothing else changes: jax.devices()[0] stays the default device.
+import gc
 import os
 import shutil
 import tempfile
@@ -198,3 +199,23 @@ def pytest_collection_modifyitems(items: list) -> None:
         return (1, 0)
 
     items.sort(key=rank)  # stable: collection order within each rank
+
+
+# Python's garbage collector, in a test process that lives for thousands of
+# tests: a full collection walks every object that survived so far (JAX, the
+# collected tests, the caches that grow with each jit), and ran often enough to
+# take a third of the CPU of the scale, Hypothesis and benchmark tests. So after
+# each test, once its garbage is collected, the survivors are frozen: later
+# collections skip them (cheap now: only the previous test's objects are new).
+# Reference counting still frees frozen objects; only a cycle among them that
+# becomes garbage later is never collected. No test relies on when the
+# collector runs.
+def pytest_collection_finish(session) -> None:
+    gc.collect()
+    gc.freeze()
+
+
+@pytest.hookimpl(trylast=True)  # after the test's fixtures are torn down
+def pytest_runtest_teardown(item, nextitem) -> None:
+    gc.collect()
+    gc.freeze()
