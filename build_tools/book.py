@@ -76,9 +76,17 @@ STEP_TIMES: list[tuple[str, float]] = []  # (step, seconds), for the summary
 
 def run(step: str, argv: Sequence[str], env: dict[str, str] | None = None) -> None:
     """Run one external step from the repository root; raise StepFailed if it fails."""
+    run_together(step, [argv], env)
+
+
+def run_together(
+    step: str, commands: Sequence[Sequence[str]], env: dict[str, str] | None = None
+) -> None:
+    """Run the commands of one step at the same time; StepFailed if one fails."""
     banner(step)
     started = time.monotonic()
-    code = subprocess.run(argv, cwd=ROOT, env=env, check=False).returncode
+    processes = [subprocess.Popen(argv, cwd=ROOT, env=env) for argv in commands]
+    code = max(process.wait() for process in processes)
     elapsed = time.monotonic() - started
     STEP_TIMES.append((step, elapsed))
     if code != 0:
@@ -86,20 +94,28 @@ def run(step: str, argv: Sequence[str], env: dict[str, str] | None = None) -> No
     print(f"    ({step}: ok, {elapsed:.1f}s)", flush=True)
 
 
-def junit_counts(path: Path) -> str:
-    """'N passed, M skipped' from a pytest JUnit XML report ('' if unreadable)."""
+def junit_counts(path: Path, cells: bool) -> str:
+    """'N passed, M skipped' from a pytest JUnit XML report ('' if unreadable):
+    of the notebook cells nbval ran if ``cells``, else of the other tests."""
     import xml.etree.ElementTree as ElementTree
 
     try:
         suites = ElementTree.parse(path).getroot()
     except (OSError, ElementTree.ParseError):
         return ""
-    total = skipped = failed = 0
-    for suite in suites.iter("testsuite"):
-        total += int(suite.get("tests", 0))
-        skipped += int(suite.get("skipped", 0))
-        failed += int(suite.get("failures", 0)) + int(suite.get("errors", 0))
-    counts = f"{total - skipped - failed} passed"
+    passed = skipped = failed = 0
+    for case in suites.iter("testcase"):
+        # nbval names a cell's class after its notebook: book.part1_x.ipynb
+        if case.get("classname", "").endswith(".ipynb") != cells:
+            continue
+        outcomes = {child.tag for child in case}
+        if "skipped" in outcomes:
+            skipped += 1
+        elif outcomes & {"failure", "error"}:
+            failed += 1
+        else:
+            passed += 1
+    counts = f"{passed} passed"
     if failed:
         counts += f", {failed} failed"
     if skipped:
@@ -114,6 +130,13 @@ def minutes(seconds: float) -> str:
 # ---------------------------------------------------------------- commands
 
 
+def requirement_lines(root: Path = ROOT) -> list[str]:
+    """The requirements of requirements.txt (``name==version``), no comments."""
+    text = (root / "requirements.txt").read_text(encoding="utf-8")
+    lines = (line.split("#", 1)[0].strip() for line in text.splitlines())
+    return [line for line in lines if line]
+
+
 def unmet_requirements(root: Path = ROOT) -> list[str]:
     """What ``install`` would change in this Python: [] when nothing.
 
@@ -125,10 +148,7 @@ def unmet_requirements(root: Path = ROOT) -> list[str]:
     import json
 
     unmet = []
-    for line in (root / "requirements.txt").read_text(encoding="utf-8").splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
+    for line in requirement_lines(root):
         name, _, version = line.partition("==")
         try:
             found = importlib.metadata.version(name)
@@ -161,11 +181,18 @@ def cmd_install(args: argparse.Namespace) -> None:
         )
         return
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    # requirements.txt pins every package (it is a pip freeze), so pip need not
+    # resolve dependencies (--no-deps), and two pips install half of the pins
+    # each, at the same time: most of pip's time goes into reading the package
+    # index, on one core. pip freeze leaves out wheel, which a pinned package
+    # requires. `pip check` then confirms that every requirement is met.
     # --no-compile: Python compiles the few modules it imports on first use,
     # instead of pip compiling every file of every package (about 15 s).
-    pip = [PYTHON, "-m", "pip", "install", "-q", "--no-compile"]
-    pip += ["-r", "requirements.txt", "-e", "."]
-    run(f"install into {PYTHON}", pip, env=env)
+    pins = requirement_lines(ROOT)
+    pip = [PYTHON, "-m", "pip", "install", "-q", "--no-compile", "--no-deps"]
+    halves = [pip + pins[0::2] + ["-e", "."], pip + pins[1::2] + ["wheel"]]
+    run_together(f"install into {PYTHON}", halves, env=env)
+    run("pip check", [PYTHON, "-m", "pip", "check"], env=env)
     importlib.invalidate_caches()  # later steps of this process import them
 
 
@@ -210,10 +237,32 @@ def cmd_check(args: argparse.Namespace) -> None:
     print(f"check: {count} chapter(s) and {tangle.MODULE_FILE} are in sync")
 
 
+def share_bytecode(cache: Path) -> None:
+    """Let the steps' processes share one bytecode cache if none may be written.
+
+    With PYTHONDONTWRITEBYTECODE set (and ``install`` runs pip --no-compile),
+    every pytest worker, kernel and script would compile jax, numpy and the
+    rest from source on import, about 2 s each. Instead they write and reuse
+    .pyc files in ``cache``, outside the source tree; ``test`` deletes it.
+    """
+    if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
+        os.environ["PYTHONPYCACHEPREFIX"] = str(cache)
+
+
 def cmd_test(args: argparse.Namespace) -> None:
+    import shutil
     import tempfile
 
     started = time.monotonic()
+    scratch = Path(tempfile.mkdtemp(prefix="autodidax-test-"))
+    share_bytecode(scratch / "pycache")
+    try:
+        run_tests(args, started, scratch)
+    finally:
+        shutil.rmtree(scratch / "pycache", ignore_errors=True)
+
+
+def run_tests(args: argparse.Namespace, started: float, reports: Path) -> None:
     cmd_install(args)
     # A fresh interpreter for check: the packages were possibly just installed.
     run("check", [PYTHON, __file__, "check"])
@@ -231,29 +280,29 @@ def cmd_test(args: argparse.Namespace) -> None:
     # building the site a second time.
     run("site build (warnings are errors)", SITE_BUILD)
 
-    reports = Path(tempfile.mkdtemp(prefix="autodidax-test-"))
-    # loadgroup: the browser tests (one Chromium, marked with xdist_group) stay
-    # together on one worker; other tests spread over both cores, one at a time
-    # to whichever is free, longest modules first (tests/conftest.py). -rs prints
+    # One pytest session runs the tests and re-executes every chapter notebook
+    # (nbval: one fresh kernel per notebook, outputs compared with the stored
+    # ones); two sessions would start workers twice and leave a core idle at the
+    # end of each. loadgroup: the browser tests (one Chromium) and the cells of
+    # each notebook (in order) are xdist groups, each kept on one worker and
+    # scheduled first; other tests spread over both cores, one at a time to
+    # whichever is free, longest modules first (tests/conftest.py). -rs prints
     # each reason for skipping once, with the number of tests it skipped.
+    report = reports / "pytest.xml"
     pytest = [PYTHON, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-rs"]
-    pytest += [f"--junitxml={reports / 'pytest.xml'}", "tests"]
-    env = {**os.environ, "AUTODIDAX_SITE_HTML": str(SITE_INDEX.parent)}
-    run("pytest tests/", pytest, env=env)
-    summary = [f"pytest {junit_counts(reports / 'pytest.xml')}"]
-
+    pytest += [f"--junitxml={report}", "tests"]
+    step = "pytest tests/"
     if chapter_list:
-        # One fresh kernel per notebook; --dist loadfile keeps all cells of a
-        # notebook on the same worker, in order.
-        workers = str(min(2, len(chapter_list)))
-        nbval = [PYTHON, "-m", "pytest", "--nbval", "--nbval-current-env"]
-        nbval += ["--nbval-cell-timeout=600", "-n", workers, "--dist", "loadfile"]
-        nbval += [f"--junitxml={reports / 'nbval.xml'}"]
-        nbval += [chapter.rel(chapter.ipynb) for chapter in chapter_list]
-        run("nbval (re-execute every chapter, compare outputs)", nbval)
+        pytest += ["--nbval", "--nbval-current-env", "--nbval-cell-timeout=600"]
+        pytest += [chapter.rel(chapter.ipynb) for chapter in chapter_list]
+        step += " and nbval (re-execute every chapter, compare outputs)"
+    env = {**os.environ, "AUTODIDAX_SITE_HTML": str(SITE_INDEX.parent)}
+    run(step, pytest, env=env)
+    summary = [f"pytest {junit_counts(report, cells=False)}"]
+    if chapter_list:
         summary.append(
             f"nbval {len(chapter_list)} chapters, "
-            f"{junit_counts(reports / 'nbval.xml')} cells"
+            f"{junit_counts(report, cells=True)} cells"
         )
     else:
         banner("nbval: no chapters yet, skipped")

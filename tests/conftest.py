@@ -6,7 +6,10 @@
 # every kernel a test starts (it inherits the environment) sees 8 devices. Other
 # flags already in XLA_FLAGS are kept; a different device count is replaced.
 # Nothing else changes: jax.devices()[0] stays the default device.
+import gc
 import os
+import shutil
+import tempfile
 
 HOST_DEVICES = 8
 _flags = [
@@ -52,7 +55,10 @@ else:
 # XLA compiles a few thousand small programs in this suite (JAX's references and
 # autodidax's jit); compiling, not running, was half of the suite's time. Two
 # flags make XLA's CPU compiler about 2.5x cheaper: no LLVM optimisation passes,
-# and XLA's older loop emitters instead of its fusion emitters. Both sides of a
+# and XLA's older loop emitters instead of its fusion emitters. A third compiles
+# each program as one LLVM module instead of splitting it for parallel threads,
+# which only adds work when both cores already run a test (6% less CPU on the
+# tests of Parts 3-5; it divides the same code differently). Both sides of a
 # comparison compile with them; no fast-math, but exp, log, tanh and the like
 # may round differently in the last bit or two from XLA's defaults (far inside
 # the tests' 1e-9). XLA reads XLA_FLAGS once per process, on its first use, so
@@ -60,9 +66,34 @@ else:
 # scripts that tests start, which print numbers compared with the notebooks'
 # stored outputs, run with XLA's defaults. AUTODIDAX_XLA_DEFAULTS=1 runs the
 # tests with XLA's defaults too.
+# JAX's compilation cache, for the references: the tests build fresh functions,
+# so jax.jit compiles the same program again in test after test (about a
+# quarter of the compiles in Parts 3-5's tests); with the cache, a repeat loads
+# the executable instead (6% less CPU there). One directory per run, made by the
+# first pytest process and shared by its xdist workers (they inherit
+# AUTODIDAX_JAX_CACHE), deleted at the end. Set here, not through JAX's
+# environment variables, so that kernels and scripts the tests start, which
+# compile with XLA's default flags, never load an executable compiled with the
+# flags below. autodidax compiles without JAX's caches, as always.
+_JAX_CACHE = os.environ.get("AUTODIDAX_JAX_CACHE")
+_OWN_JAX_CACHE = _JAX_CACHE is None
+if _OWN_JAX_CACHE:
+    _JAX_CACHE = os.environ["AUTODIDAX_JAX_CACHE"] = tempfile.mkdtemp(
+        prefix="autodidax-jax-cache-"
+    )
+jax.config.update("jax_compilation_cache_dir", _JAX_CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+def pytest_unconfigure(config) -> None:
+    if _OWN_JAX_CACHE:
+        shutil.rmtree(_JAX_CACHE, ignore_errors=True)
+
+
 FAST_COMPILE_FLAGS = {
     "--xla_backend_optimization_level": "0",
     "--xla_cpu_use_fusion_emitters": "false",
+    "--xla_cpu_parallel_codegen_split_count": "1",
 }
 if not os.environ.get("AUTODIDAX_XLA_DEFAULTS"):
     _before = os.environ.get("XLA_FLAGS")
@@ -108,8 +139,34 @@ def compilations(monkeypatch) -> list:
 # hands tests to whichever worker is free, in collection order, so the modules
 # whose tests take seconds each go first and the thousands of quick error tests
 # last; then both workers stay busy to the end instead of one finishing a long
-# test alone. (The browser tests, one xdist group, are scheduled before all of
-# these.) Order only: every test still runs, and each module keeps its order.
+# test alone. Order only: every test still runs, and each module keeps its order.
+#
+# Before all of these, largest first, come the groups that must stay on one
+# worker: the browser tests (one Chromium and one site server for the module),
+# and, when the session also runs nbval (`book.py test` does), the cells of each
+# chapter notebook, which run in order in one kernel. xdist 3.8 would read them
+# from xdist_group marks, but it records a test's group in `item._nodeid`, which
+# pytest 9 no longer reads, and then runs every test on its own; so the
+# scheduler below forms the groups from the test ids.
+ONE_WORKER_MODULES = ["tests/test_site_browser.py"]
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: pytest may run without it
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class Groups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            if path.endswith(".ipynb") or path in ONE_WORKER_MODULES:
+                return path
+            return nodeid
+
+    return Groups(config, log)
+
+
 LONG_TESTS_FIRST = [
     "test_book_one_kernel.py",
     "test_scale.py",
@@ -142,3 +199,23 @@ def pytest_collection_modifyitems(items: list) -> None:
         return (1, 0)
 
     items.sort(key=rank)  # stable: collection order within each rank
+
+
+# Python's garbage collector, in a test process that lives for thousands of
+# tests: a full collection walks every object that survived so far (JAX, the
+# collected tests, the caches that grow with each jit), and ran often enough to
+# take a third of the CPU of the scale, Hypothesis and benchmark tests. So after
+# each test, once its garbage is collected, the survivors are frozen: later
+# collections skip them (cheap now: only the previous test's objects are new).
+# Reference counting still frees frozen objects; only a cycle among them that
+# becomes garbage later is never collected. No test relies on when the
+# collector runs.
+def pytest_collection_finish(session) -> None:
+    gc.collect()
+    gc.freeze()
+
+
+@pytest.hookimpl(trylast=True)  # after the test's fixtures are torn down
+def pytest_runtest_teardown(item, nextitem) -> None:
+    gc.collect()
+    gc.freeze()
