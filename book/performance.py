@@ -407,7 +407,8 @@ for signature in scaled.fast_calls:
 # output about 6 µs. Done one after the other, as a call does them, the two take
 # about 2 µs more than that sum, and they do so whether the run uses the buffer
 # just made or an older one: what costs is the two calls into jaxlib in a row,
-# not the new buffer. JAX's C++ dispatch copies and runs in one call into C++,
+# not the new buffer (in the chart, measured inside whole calls, the copy step
+# is about that much longer). JAX's C++ dispatch copies and runs in one call into C++,
 # with no Python object for the argument. The other ways of copying that jaxlib
 # offers (each kind of host buffer semantics, forcing a copy, aligned memory,
 # DLPack) changed little or made it slower.

@@ -472,6 +472,14 @@ def check_dispatch_results(results: dict, libraries: set[str], config: dict) -> 
                 )
         else:
             assert "ratios" not in row
+        floor = results["floor"][kind]  # jaxlib's calls alone, same rounds
+        check_per_call(floor, config["calls"] * config["rounds"])
+        if "jax" in libraries:
+            assert math.isclose(
+                floor["ratio"], floor["median_us"] / row["jax"]["median_us"]
+            )
+        else:
+            assert "ratio" not in floor
         profile = steps[kind]
         assert profile["max_abs_error"] < 1e-12
         for path, names in (
