@@ -815,13 +815,11 @@ def shard_rows(x: Any, devices: tuple) -> Any:
         return x._buffer  # already in place: no copy
     from jaxlib import _jax
 
-    x = np.ascontiguousarray(x)  # jaxlib refuses rows of a broadcast (stride-0) view
+    x = np.asarray(x)
     aval = jax.core.ShapedArray(x.shape, x.dtype)
-    rows = [x[i : i + 1] for i in range(len(devices))]
-    copy_now = _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL  # as device_put
-    return _jax.batched_device_put(
-        aval, sharding, rows, devices, True, False, copy_now, True
-    )
+    # Fresh rows: a buffer may share a row's memory, and nothing else can write it.
+    rows = [x[i : i + 1].copy() for i in range(len(devices))]
+    return _jax.batched_device_put(aval, sharding, rows, devices, True, enable_x64=True)
 
 
 # %% tags=["export", "hide-input"]

@@ -5,8 +5,9 @@ On CPU, jaxlib's ``batched_device_put`` may let a device buffer share the NumPy
 array's memory when that memory is 64-byte aligned (the default, zero-copy
 semantics), and JAX 0.10.2's own ``device_put`` and ``jit`` do so
 (jax-ml/jax#37830). Ours asks for a copy finished before the call returns:
-in Part 3's ``device_put``, the performance page's fast-path copiers and Part
-9's ``shard_rows``. Each test writes to the NumPy array right after the call
+in Part 3's ``device_put`` and the performance page's fast-path copiers. Part
+9's ``shard_rows`` hands jaxlib fresh copies of the rows, which nothing else
+can write to. Each test writes to the NumPy array right after the call
 and compares with NumPy on a copy of the original values taken before.
 """
 
@@ -73,8 +74,17 @@ def test_pmap_rows_are_copies():
     np.testing.assert_array_equal(np.asarray(rows), original)
 
 
-def test_pmap_rows_of_a_broadcast_view():
-    """Rows of a stride-0 view (what ``vmap`` and ``pmap`` make of a constant)."""
-    devices = tuple(ad.devices()[:4])
-    x = np.broadcast_to(np.arange(3.0), (len(devices), 3))
+@pytest.mark.parametrize(
+    "x",
+    [
+        np.broadcast_to(np.arange(3.0), (4, 3)),  # vmap's and pmap's constants
+        np.zeros((4, 0)),  # rows with no elements
+        np.arange(12.0).reshape(3, 4).T,  # rows that are not contiguous
+    ],
+    ids=["broadcast", "empty-rows", "transposed"],
+)
+def test_pmap_rows_of_unusual_layouts(x):
+    devices = tuple(ad.devices()[: x.shape[0]])
     np.testing.assert_array_equal(np.asarray(ad.shard_rows(x, devices)), x)
+    out = ad.pmap(lambda row: row * 2.0)(x)
+    np.testing.assert_array_equal(np.asarray(out), x * 2.0)
