@@ -184,13 +184,14 @@ def cmd_install(args: argparse.Namespace) -> None:
     # requirements.txt pins every package (it is a pip freeze), so pip need not
     # resolve dependencies (--no-deps), and two pips install half of the pins
     # each, at the same time: most of pip's time goes into reading the package
-    # index, on one core. pip freeze leaves out wheel, which a pinned package
-    # requires. `pip check` then confirms that every requirement is met.
+    # index, on one core. (pip freeze leaves out wheel, which a pinned package
+    # requires; requirements.txt pins it by hand.) `pip check` then confirms
+    # that every requirement is met.
     # --no-compile: Python compiles the few modules it imports on first use,
     # instead of pip compiling every file of every package (about 15 s).
     pins = requirement_lines(ROOT)
     pip = [PYTHON, "-m", "pip", "install", "-q", "--no-compile", "--no-deps"]
-    halves = [pip + pins[0::2] + ["-e", "."], pip + pins[1::2] + ["wheel"]]
+    halves = [pip + pins[0::2] + ["-e", "."], pip + pins[1::2]]
     run_together(f"install into {PYTHON}", halves, env=env)
     run("pip check", [PYTHON, "-m", "pip", "check"], env=env)
     importlib.invalidate_caches()  # later steps of this process import them
