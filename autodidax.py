@@ -930,8 +930,15 @@ class BatchTracer(Tracer):
         return full_lower(self.val) if self.batch_axis is None else self
 
 
+class Axis(NamedTuple):
+    """The axis a vmap maps over: its size, and an optional name."""
+
+    size: int
+    name: Hashable = None
+
+
 class BatchTrace(Trace):
-    """The batching interpreter; its level's payload is the batch size."""
+    """The batching interpreter; its level's payload is its ``Axis``."""
 
     def pure(self, val: Any) -> BatchTracer:
         return BatchTracer(self, val, None)
@@ -939,13 +946,13 @@ class BatchTrace(Trace):
     lift = pure
 
     @property
-    def axis_size(self) -> int:
+    def axis(self) -> Axis:
         return self.level.payload
 
     def process_primitive(self, prim, tracers, params):
         vals = [t.val for t in tracers]
         dims = [t.batch_axis for t in tracers]
-        outs, out_dims = prim.rule("vmap")(self.axis_size, vals, dims, **params)
+        outs, out_dims = prim.rule("vmap")(self.axis, vals, dims, **params)
         return [BatchTracer(self, x, d) for x, d in zip(outs, out_dims)]
 
 
@@ -990,18 +997,18 @@ def move_batch_axis(axis_size: int, src: BatchAxis, dst: int, x: Any) -> Any:
 
 def _unary_vmap(prim: Primitive) -> None:
     @prim.def_rule("vmap")
-    def rule(axis_size, vals, dims):
+    def rule(axis, vals, dims):
         (x,), (ax,) = vals, dims
         return [bind(prim, x)], [ax]
 
 
 def _binary_vmap(prim: Primitive) -> None:
     @prim.def_rule("vmap")
-    def rule(axis_size, vals, dims):
+    def rule(axis, vals, dims):
         (x, y), (ax, ay) = vals, dims
         out_axis = ay if ax is None else ax
-        x = move_batch_axis(axis_size, ax, out_axis, x)
-        y = move_batch_axis(axis_size, ay, out_axis, y)
+        x = move_batch_axis(axis.size, ax, out_axis, x)
+        y = move_batch_axis(axis.size, ay, out_axis, y)
         return [bind(prim, x, y)], [out_axis]
 
 
@@ -1012,7 +1019,7 @@ for _prim in [add_p, mul_p, greater_p, less_p]:
 
 
 @reduce_sum_p.def_rule("vmap")
-def _reduce_sum_vmap(axis_size, vals, dims, *, axes):
+def _reduce_sum_vmap(axis, vals, dims, *, axes):
     (x,), (bdim,) = vals, dims
     full_axes = tuple(a if a < bdim else a + 1 for a in axes)
     out_bdim = bdim - sum(1 for a in axes if a < bdim)
@@ -1021,27 +1028,25 @@ def _reduce_sum_vmap(axis_size, vals, dims, *, axes):
 
 # @title The batching rules of transpose and broadcast
 @transpose_p.def_rule("vmap")
-def _transpose_vmap(axis_size, vals, dims, *, perm):
+def _transpose_vmap(axis, vals, dims, *, perm):
     (x,), (bdim,) = vals, dims
-    front = move_batch_axis(axis_size, bdim, 0, x)
+    front = move_batch_axis(axis.size, bdim, 0, x)
     full_perm = (0,) + tuple(p + 1 for p in perm)
     return [bind(transpose_p, front, perm=full_perm)], [0]
 
 
 @broadcast_p.def_rule("vmap")
-def _broadcast_vmap(axis_size, vals, dims, *, shape, axes):
+def _broadcast_vmap(axis, vals, dims, *, shape, axes):
     (x,), (bdim,) = vals, dims
-    front = move_batch_axis(axis_size, bdim, 0, x)
-    full_shape = (axis_size, *shape)
+    front = move_batch_axis(axis.size, bdim, 0, x)
+    full_shape = (axis.size, *shape)
     full_axes = tuple(a + 1 for a in axes)
     return [bind(broadcast_p, front, shape=full_shape, axes=full_axes)], [0]
 
 
-def vmap_flat(f, in_axes, args, out_axis=0):
-    """Batch ``f`` (flat lists in and out); ``in_axes`` are already checked."""
-    sizes = {get_aval(x).shape[ax] for x, ax in zip(args, in_axes) if ax is not None}
-    (axis_size,) = sizes
-    with new_level(BatchTrace, axis_size) as level:
+def vmap_flat(f, axis: Axis, in_axes, args, out_axis=0):
+    """Batch ``f`` (flat lists in and out) over ``axis``; ``in_axes`` are checked."""
+    with new_level(BatchTrace, axis) as level:
         trace = BatchTrace(level)
         tracers_in = [
             x if ax is None else BatchTracer(trace, x, ax)
@@ -1050,20 +1055,25 @@ def vmap_flat(f, in_axes, args, out_axis=0):
         outs = _check_outputs("vmap", f(*tracers_in))
         tracers_out = [trace.full_raise(out) for out in outs]
     return [
-        move_batch_axis(axis_size, t.batch_axis, _out_axis(out_axis, t), t.val)
+        move_batch_axis(axis.size, t.batch_axis, _out_axis(out_axis, t), t.val)
         for t in tracers_out
     ]
 
 
-def vmap(f: Callable, in_axes: Any = 0, out_axes: int = 0) -> Callable:
+def vmap(
+    f: Callable, in_axes: Any = 0, out_axes: int = 0, axis_name: Hashable = None
+) -> Callable:
     """Vectorize ``f`` over the batch axes ``in_axes`` of its arguments; the
     batch axis of every output goes to position ``out_axes``."""
     _check_out_axes(out_axes)
 
     def batched_f(*args: Any) -> Any:
         args_flat, axes_flat, in_tree = _flatten_vmap_args(in_axes, args)
+        (size,) = {
+            get_aval(x).shape[a] for x, a in zip(args_flat, axes_flat) if a is not None
+        }
         flat_f = flatten_fun(f, in_tree)
-        outs = vmap_flat(flat_f, axes_flat, args_flat, out_axes)
+        outs = vmap_flat(flat_f, Axis(size, axis_name), axes_flat, args_flat, out_axes)
         return tree_unflatten(flat_f.out_tree, outs)
 
     return batched_f
@@ -2162,30 +2172,31 @@ def _xla_call_jvp(primals, tangents, *, jaxpr):
 
 
 @functools.cache
-def vmap_jaxpr(jaxpr: Jaxpr, axis_size: int, batched: tuple[bool, ...]):
+def vmap_jaxpr(jaxpr: Jaxpr, axis: Axis, batched: tuple[bool, ...]):
     """A jaxpr computing ``jaxpr`` on a batch (axis 0) of the batched inputs."""
     in_types = jaxpr_type(jaxpr).in_types
     batched_types = [
-        ShapedArray((axis_size, *t.shape), t.dtype) if b else t
+        ShapedArray((axis.size, *t.shape), t.dtype) if b else t
         for t, b in zip(in_types, batched)
     ]
-    in_axes = tuple(0 if b else None for b in batched)
-    batched_fun = vmap(jaxpr_as_fun(jaxpr), in_axes)
+    in_axes = [0 if b else None for b in batched]
+
+    def batched_fun(*args):
+        return vmap_flat(jaxpr_as_fun(jaxpr), axis, in_axes, list(args))
+
     new_jaxpr, consts, _ = make_jaxpr(batched_fun, *batched_types)
     return new_jaxpr, [device_put(c) for c in consts]
 
 
 @xla_call_p.def_rule("vmap")
-def _xla_call_vmap(axis_size, vals, dims, *, jaxpr):
+def _xla_call_vmap(axis, vals, dims, *, jaxpr):
     vals = [
-        v if d is None else move_batch_axis(axis_size, d, 0, v)
+        v if d is None else move_batch_axis(axis.size, d, 0, v)
         for v, d in zip(vals, dims)
     ]
     batched = tuple(d is not None for d in dims)
     check_batched_call_types(jaxpr, vals, batched)
-    if not any(batched):
-        return bind(xla_call_p, *vals, jaxpr=jaxpr), [None] * len(jaxpr.outs)
-    new_jaxpr, consts = vmap_jaxpr(jaxpr, axis_size, batched)
+    new_jaxpr, consts = vmap_jaxpr(jaxpr, axis, batched)
     outs = bind(xla_call_p, *consts, *vals, jaxpr=new_jaxpr)
     return outs, [0] * len(outs)
 
@@ -3078,9 +3089,9 @@ def _select_jvp(primals, tangents):
 
 
 @select_p.def_rule("vmap")
-def _select_vmap(axis_size, vals, dims):
+def _select_vmap(axis, vals, dims):
     out_axis = next(d for d in dims if d is not None)
-    vals = [move_batch_axis(axis_size, d, out_axis, x) for x, d in zip(vals, dims)]
+    vals = [move_batch_axis(axis.size, d, out_axis, x) for x, d in zip(vals, dims)]
     return [bind(select_p, *vals)], [out_axis]
 
 
@@ -3102,28 +3113,28 @@ def _select_transpose(cts, pred, on_true, on_false):
 
 
 @cond_p.def_rule("vmap")
-def _cond_vmap(axis_size, vals, dims, **branches):
+def _cond_vmap(axis, vals, dims, **branches):
     (pred, *operands), (pred_dim, *operand_dims) = vals, dims
     batched = tuple(d is not None for d in operand_dims)
     operands = [
-        x if d is None else move_batch_axis(axis_size, d, 0, x)
+        x if d is None else move_batch_axis(axis.size, d, 0, x)
         for x, d in zip(operands, operand_dims)
     ]
     if pred_dim is None:  # one branch for the whole batch
-        consts, vmapped = transform_branches(vmap_jaxpr, branches, axis_size, batched)
+        consts, vmapped = transform_branches(vmap_jaxpr, branches, axis, batched)
         outs = bind(cond_p, pred, *consts, *operands, **vmapped)
         return outs, [0] * len(outs)
     # A predicate per example: run both branches, then choose per example.
-    pred = move_batch_axis(axis_size, pred_dim, 0, pred)
-    true_outs = _run_batched(branches["true_jaxpr"], axis_size, operands, batched)
-    false_outs = _run_batched(branches["false_jaxpr"], axis_size, operands, batched)
+    pred = move_batch_axis(axis.size, pred_dim, 0, pred)
+    true_outs = _run_batched(branches["true_jaxpr"], axis, operands, batched)
+    false_outs = _run_batched(branches["false_jaxpr"], axis, operands, batched)
     outs = [_select_per_example(pred, t, f) for t, f in zip(true_outs, false_outs)]
     return outs, [0] * len(outs)
 
 
 # @title Both branches for every example, then a select per example
 def _run_batched(
-    jaxpr: Jaxpr, axis_size: int, operands: list, batched: tuple[bool, ...]
+    jaxpr: Jaxpr, axis: Axis, operands: list, batched: tuple[bool, ...]
 ) -> list:
     """Every output of ``jaxpr`` for every example, batched along axis 0."""
     # An example also runs the branch it did not take, on values meant for the
@@ -3131,11 +3142,8 @@ def _run_batched(
     # a division by zero there is expected; select throws that result away.
     # Silence NumPy's warnings about it, as compiled code never warns.
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        if any(batched):
-            in_axes = [0 if b else None for b in batched]
-            return vmap_flat(jaxpr_as_fun(jaxpr), in_axes, operands)
-        outs = eval_jaxpr(jaxpr, operands)  # same for every example: broadcast
-    return [move_batch_axis(axis_size, None, 0, x) for x in outs]
+        in_axes = [0 if b else None for b in batched]
+        return vmap_flat(jaxpr_as_fun(jaxpr), axis, in_axes, operands)
 
 
 def _select_per_example(pred: Any, on_true: Any, on_false: Any) -> Any:
@@ -3258,10 +3266,8 @@ reshape_p = Primitive("reshape")
 reduce_max_p = Primitive("reduce_max")
 dot_general_p = Primitive("dot_general")
 
-NOT_LINEAR = frozenset(
-    ["sin", "cos", "greater", "less", "exp", "log", "tanh", "max"]
-    + ["integer_pow", "reduce_max"]
-)
+NOT_LINEAR = {"sin", "cos", "greater", "less", "exp", "log", "tanh", "max"}
+NOT_LINEAR |= {"integer_pow", "reduce_max"}
 
 
 def convert_element_type(x: ArrayLike, dtype: Any) -> ArrayLike:
@@ -3294,7 +3300,7 @@ def _convert_element_type_jvp(primals, tangents, *, new_dtype):
 
 def _elementwise_vmap_with_params(prim: Primitive) -> None:
     @prim.def_rule("vmap")
-    def rule(axis_size, vals, dims, **params):
+    def rule(axis, vals, dims, **params):
         (x,), (ax,) = vals, dims
         return [bind(prim, x, **params)], [ax]
 
@@ -3524,7 +3530,7 @@ _unary_vmap(stop_gradient_p)
 _lower_with(stop_gradient_p, lambda x: x)
 # No transpose rule: its JVP is zero, so stop_gradient never appears in a
 # linear jaxpr, and the table lists it with the non-linear primitives.
-NOT_LINEAR = NOT_LINEAR | {"stop_gradient"}
+NOT_LINEAR.update({"stop_gradient"})
 
 
 def integer_pow(x: ArrayLike, y: int) -> ArrayLike:
@@ -3680,10 +3686,10 @@ _linear_jvp(reshape_p)
 
 
 @reshape_p.def_rule("vmap")
-def _reshape_vmap(axis_size, vals, dims, *, new_sizes):
+def _reshape_vmap(axis, vals, dims, *, new_sizes):
     (x,), (bdim,) = vals, dims
-    front = move_batch_axis(axis_size, bdim, 0, x)
-    return [bind(reshape_p, front, new_sizes=(axis_size, *new_sizes))], [0]
+    front = move_batch_axis(axis.size, bdim, 0, x)
+    return [bind(reshape_p, front, new_sizes=(axis.size, *new_sizes))], [0]
 
 
 @reshape_p.def_rule("lower")
@@ -3730,7 +3736,7 @@ def check_reduce_max_types(x: ShapedArray, axes: Any) -> None:
 
 
 @reduce_max_p.def_rule("vmap")
-def _reduce_max_vmap(axis_size, vals, dims, *, axes):
+def _reduce_max_vmap(axis, vals, dims, *, axes):
     (x,), (bdim,) = vals, dims
     full_axes = tuple(a if a < bdim else a + 1 for a in axes)
     out_bdim = bdim - sum(1 for a in axes if a < bdim)
@@ -3877,7 +3883,7 @@ def _shift_axes(axes: tuple[int, ...], bdim: int) -> tuple[int, ...]:
 
 
 @dot_general_p.def_rule("vmap")
-def _dot_general_vmap(axis_size, vals, dims, *, dimension_numbers):
+def _dot_general_vmap(axis, vals, dims, *, dimension_numbers):
     (x, y), (bx, by) = vals, dims
     (xc, yc), (xb, yb) = dimension_numbers
     if bx is not None and by is not None:
@@ -4651,11 +4657,11 @@ def _fill_zeros(tangents: list, marked: list[bool], like: list) -> list:
 
 
 @while_p.def_rule("vmap")
-def _while_vmap(axis_size, vals, dims, **params):
+def _while_vmap(axis, vals, dims, **params):
     cond_jaxpr, body_jaxpr = params["cond_jaxpr"], params["body_jaxpr"]
     counts = (params["cond_nconsts"], params["body_nconsts"])
     vals = [
-        x if d is None else move_batch_axis(axis_size, d, 0, x)
+        x if d is None else move_batch_axis(axis.size, d, 0, x)
         for x, d in zip(vals, dims)
     ]
     cond_consts, body_consts, init = _split(vals, *counts)
@@ -4665,20 +4671,20 @@ def _while_vmap(axis_size, vals, dims, **params):
     if pred_b:  # examples stop after different trips: each needs its own carry
         carry_b = [True] * len(init)
     init = [
-        move_batch_axis(axis_size, None, 0, x) if b and not b0 else x
+        move_batch_axis(axis.size, None, 0, x) if b and not b0 else x
         for x, b, b0 in zip(init, carry_b, init_b)
     ]
 
     def running(carry):  # one predicate, or one per example
         args, batched = [*cond_consts, *carry], cond_b + carry_b
-        return run_batched(cond_jaxpr, axis_size, args, batched, [pred_b])[0]
+        return run_batched(cond_jaxpr, axis, args, batched, [pred_b])[0]
 
     def cond_fun(carry):
         return any_true(running(carry)) if pred_b else running(carry)
 
     def body_fun(carry):
         args, batched = [*body_consts, *carry], body_b + carry_b
-        new = run_batched(body_jaxpr, axis_size, args, batched, carry_b)
+        new = run_batched(body_jaxpr, axis, args, batched, carry_b)
         if not pred_b:
             return new
         still = running(carry)  # finished examples keep their old carry
@@ -4691,19 +4697,19 @@ def _while_vmap(axis_size, vals, dims, **params):
 # @title Helpers: a jaxpr on a batch; "any" of a boolean vector; a predicate per example
 def run_batched(
     jaxpr: Jaxpr,
-    axis_size: int,
+    axis: Axis,
     args: list,
     batched: list[bool],
     out_batched: list[bool],
 ) -> list:
     """``jaxpr`` on ``args`` (batched along axis 0 where ``batched``); the
     outputs batched along axis 0 where ``out_batched``, else unbatched."""
-    with new_level(BatchTrace, axis_size) as level:
+    with new_level(BatchTrace, axis) as level:
         trace = BatchTrace(level)
         ins = [BatchTracer(trace, x, 0) if b else x for x, b in zip(args, batched)]
         outs = [trace.full_raise(x) for x in eval_jaxpr(jaxpr, ins)]
         return [
-            move_batch_axis(axis_size, t.batch_axis, 0, t.val) if b else t.val
+            move_batch_axis(axis.size, t.batch_axis, 0, t.val) if b else t.val
             for t, b in zip(outs, out_batched)
         ]
 
@@ -4748,7 +4754,7 @@ def _while_partial_eval_jaxpr(unks_in, eqn):
     return None, eqn, [True] * len(eqn.out_binders), []
 
 
-NOT_LINEAR = NOT_LINEAR | {"while"}  # no transpose rule: see above
+NOT_LINEAR.update({"while"})  # no transpose rule: see above
 
 
 def fori_loop(lower: Any, upper: Any, body_fun: Callable, init_val: Any) -> Any:
@@ -5035,7 +5041,7 @@ def _scan_jvp(primals, tangents, *, jaxpr, num_consts, num_carry, length, revers
 
 # @title The vmap rule: batch the body; xs and ys batched at axis 1
 @scan_p.def_rule("vmap")
-def _scan_vmap(axis_size, vals, dims, *, jaxpr, num_consts, num_carry, length, reverse):
+def _scan_vmap(axis, vals, dims, *, jaxpr, num_consts, num_carry, length, reverse):
     batched = [d is not None for d in dims]
     consts_b, init_b, xs_b = _split(batched, num_consts, num_carry)
     carry_b = scan_fixed_point(
@@ -5043,19 +5049,19 @@ def _scan_vmap(axis_size, vals, dims, *, jaxpr, num_consts, num_carry, length, r
     )
     ys_b = reached_from(jaxpr, consts_b + carry_b + xs_b)[num_carry:]
     vals = [
-        x if d is None else move_batch_axis(axis_size, d, 0, x)
+        x if d is None else move_batch_axis(axis.size, d, 0, x)
         for x, d in zip(vals, dims)
     ]
     consts, init, xs = _split(vals, num_consts, num_carry)
     init = [
-        move_batch_axis(axis_size, None, 0, x) if b and not b0 else x
+        move_batch_axis(axis.size, None, 0, x) if b and not b0 else x
         for x, b, b0 in zip(init, carry_b, init_b)
     ]
-    xs = [move_batch_axis(axis_size, 0, 1, x) if b else x for x, b in zip(xs, xs_b)]
+    xs = [move_batch_axis(axis.size, 0, 1, x) if b else x for x, b in zip(xs, xs_b)]
 
     def body(carry, row):
         args, args_b = [*consts, *carry, *row], consts_b + carry_b + xs_b
-        outs = run_batched(jaxpr, axis_size, args, args_b, carry_b + ys_b)
+        outs = run_batched(jaxpr, axis, args, args_b, carry_b + ys_b)
         return outs[:num_carry], outs[num_carry:]
 
     carry, ys = scan(body, init, xs, length=length, reverse=reverse)
@@ -5465,7 +5471,7 @@ for _prim in [custom_jvp_call_p, custom_vjp_call_p]:
     _prim.def_rule("abstract_eval")(_custom_call_abstract_eval)
 
 
-def batch_rule(rule: Callable, batched: tuple[bool, ...]) -> Named:
+def batch_rule(rule: Callable, axis: Axis, batched: tuple[bool, ...]) -> Named:
     """``rule(primals, tangents)`` on a batch (axis 0) of the batched operands."""
 
     def batched_rule(primals: list, tangents: list) -> tuple[list, list]:
@@ -5477,34 +5483,24 @@ def batch_rule(rule: Callable, batched: tuple[bool, ...]) -> Named:
             return [*outs, *out_dots]
 
         in_axes = [0 if b else None for b in batched] * 2
-        both = vmap_flat(flat, in_axes, [*primals, *tangents])
+        both = vmap_flat(flat, axis, in_axes, [*primals, *tangents])
         return both[: n_out[0]], both[n_out[0] :]
 
     return Named(batched_rule, f"vmap({rule})")
 
 
 @custom_jvp_call_p.def_rule("vmap")
-def _custom_jvp_call_vmap(axis_size, vals, dims, *, call_jaxpr, num_consts, jvp, name):
-    if all(d is None for d in dims):  # nothing batched: the call as it was
-        outs = bind(
-            custom_jvp_call_p,
-            *vals,
-            call_jaxpr=call_jaxpr,
-            num_consts=num_consts,
-            jvp=jvp,
-            name=name,
-        )
-        return outs, [None] * len(outs)
+def _custom_jvp_call_vmap(axis, vals, dims, *, call_jaxpr, num_consts, jvp, name):
     batched = tuple(d is not None for d in dims)
     vals = [
-        x if d is None else move_batch_axis(axis_size, d, 0, x)
+        x if d is None else move_batch_axis(axis.size, d, 0, x)
         for x, d in zip(vals, dims)
     ]
-    new_jaxpr, new_consts = vmap_jaxpr(call_jaxpr, axis_size, batched)
+    new_jaxpr, new_consts = vmap_jaxpr(call_jaxpr, axis, batched)
     outs = bind(
         custom_jvp_call_p, *new_consts, *vals, name=name, call_jaxpr=new_jaxpr,
         num_consts=len(new_consts) + num_consts,
-        jvp=batch_rule(jvp, batched[num_consts:]),
+        jvp=batch_rule(jvp, axis, batched[num_consts:]),
     )  # fmt: skip
     return outs, [0] * len(outs)
 
@@ -5604,7 +5600,7 @@ for _kind in ["impl", "jvp", "lower"]:
     custom_lin_p.def_rule(_kind)(forward_mode_error)
 
 
-def batch_fwd(fwd: Callable, n_out: int) -> Named:
+def batch_fwd(fwd: Callable, axis: Axis, n_out: int) -> Named:
     """``fwd`` on a batch (axis 0) of every operand; outputs and residuals at 0."""
 
     def batched_fwd(*primals: Any) -> tuple[list, list]:
@@ -5612,47 +5608,47 @@ def batch_fwd(fwd: Callable, n_out: int) -> Named:
             outs, res = fwd(*p)
             return [*outs, *res]
 
-        both = vmap_flat(flat, [0] * len(primals), list(primals))
+        both = vmap_flat(flat, axis, [0] * len(primals), list(primals))
         return both[:n_out], both[n_out:]
 
     return Named(batched_fwd, f"vmap({fwd})")
 
 
-def batch_bwd(bwd: Callable) -> Named:
+def batch_bwd(bwd: Callable, axis: Axis) -> Named:
     """``bwd(residuals, cts)`` on a batch (axis 0) of all of them."""
 
     def batched_bwd(res: list, cts: list) -> list:
         k = len(res)
         return vmap_flat(
-            lambda *a: bwd(a[:k], a[k:]), [0] * (k + len(cts)), [*res, *cts]
+            lambda *a: bwd(a[:k], a[k:]), axis, [0] * (k + len(cts)), [*res, *cts]
         )
 
     return Named(batched_bwd, f"vmap({bwd})")
 
 
 @custom_vjp_call_p.def_rule("vmap")
-def _custom_vjp_call_vmap(
-    axis_size, vals, dims, *, call_jaxpr, num_consts, fwd, bwd, name
-):
+def _custom_vjp_call_vmap(axis, vals, dims, *, call_jaxpr, num_consts, fwd, bwd, name):
     consts, operands = vals[:num_consts], vals[num_consts:]
     operands = [
-        move_batch_axis(axis_size, d, 0, x) for x, d in zip(operands, dims[num_consts:])
+        move_batch_axis(axis.size, d, 0, x) for x, d in zip(operands, dims[num_consts:])
     ]
     batched = (False,) * num_consts + (True,) * len(operands)
-    new_jaxpr, new_consts = vmap_jaxpr(call_jaxpr, axis_size, batched)
+    new_jaxpr, new_consts = vmap_jaxpr(call_jaxpr, axis, batched)
     outs = bind(
         custom_vjp_call_p, *new_consts, *consts, *operands, name=name,
         call_jaxpr=new_jaxpr, num_consts=len(new_consts) + num_consts,
-        fwd=batch_fwd(fwd, len(call_jaxpr.outs)), bwd=batch_bwd(bwd),
+        fwd=batch_fwd(fwd, axis, len(call_jaxpr.outs)), bwd=batch_bwd(bwd, axis),
     )  # fmt: skip
     return outs, [0] * len(outs)
 
 
 @custom_lin_p.def_rule("vmap")
-def _custom_lin_vmap(axis_size, vals, dims, *, name, num_res, bwd, out_types):
-    vals = [move_batch_axis(axis_size, d, 0, x) for x, d in zip(vals, dims)]
-    out_types = Types(ShapedArray((axis_size, *t.shape), t.dtype) for t in out_types)
-    params = dict(name=name, num_res=num_res, bwd=batch_bwd(bwd), out_types=out_types)
+def _custom_lin_vmap(axis, vals, dims, *, name, num_res, bwd, out_types):
+    vals = [move_batch_axis(axis.size, d, 0, x) for x, d in zip(vals, dims)]
+    out_types = Types(ShapedArray((axis.size, *t.shape), t.dtype) for t in out_types)
+    params = dict(
+        name=name, num_res=num_res, bwd=batch_bwd(bwd, axis), out_types=out_types
+    )
     outs = bind(custom_lin_p, *vals, **params)
     return outs, [0] * len(outs)
 
@@ -5662,7 +5658,7 @@ def _custom_jvp_call_transpose(cts, *args, call_jaxpr, **params):
     return _xla_call_transpose(cts, *args, jaxpr=call_jaxpr)
 
 
-NOT_LINEAR = NOT_LINEAR | {"custom_vjp_call"}
+NOT_LINEAR.update({"custom_vjp_call"})
 
 # ==== chapter: part9_named_axes ====
 
@@ -5677,13 +5673,30 @@ class AxisFrame(NamedTuple):
     level: Level  # the interpreter that handles collectives over it
 
 
-class _AxisEnv(threading.local):
+def axis_frames() -> list[AxisFrame]:
+    """Every bound axis name, innermost last: named vmaps, then pmap's frames."""
+    vmaps = [
+        AxisFrame(level.payload.name, level.payload.size, level)
+        for level in _state.stack
+        if level.trace_type is BatchTrace and level.payload.name is not None
+    ]
+    return sorted(vmaps + _pmap_frames.frames, key=lambda f: f.level.number)
+
+
+def lookup_axis(name: Hashable, who: str = "collective") -> AxisFrame:
+    for frame in reversed(axis_frames()):
+        if frame.name == name:
+            return frame
+    raise unbound_axis_error(name, who)
+
+
+# @title pmap's frames (bind_axis); checks: the unbound-axis error
+class _PmapFrames(threading.local):
     def __init__(self) -> None:
         self.frames: list[AxisFrame] = []  # innermost last
-        self.rule_level: Level | None = None  # whose batching rule is running
 
 
-_axes = _AxisEnv()
+_pmap_frames = _PmapFrames()
 
 
 @contextmanager
@@ -5692,21 +5705,13 @@ def bind_axis(name: Hashable, size: int, level: Level) -> Iterator[None]:
     if name is None:
         yield
         return
-    _axes.frames.append(AxisFrame(name, size, level))
+    _pmap_frames.frames.append(AxisFrame(name, size, level))
     try:
         yield
     finally:
-        _axes.frames.pop()
+        _pmap_frames.frames.pop()
 
 
-def lookup_axis(name: Hashable, who: str = "collective") -> AxisFrame:
-    for frame in reversed(_axes.frames):
-        if frame.name == name:
-            return frame
-    raise unbound_axis_error(name, who)
-
-
-# @title Checks: the unbound-axis error
 def check_replicas(ctx: LoweringContext, name: Hashable) -> int:
     if ctx.replicas is None:
         raise UnboundAxisError(
@@ -5718,7 +5723,7 @@ def check_replicas(ctx: LoweringContext, name: Hashable) -> int:
 
 
 def unbound_axis_error(name: Hashable, who: str) -> UnboundAxisError:
-    bound = [frame.name for frame in _axes.frames]
+    bound = [frame.name for frame in axis_frames()]
     where = f"the names bound here are {bound}" if bound else "no axis is bound here"
     return UnboundAxisError(
         f"{who}: unbound axis name {name!r}: no enclosing vmap(..., "
@@ -5748,150 +5753,6 @@ def reach_axes(trace: Trace, names: Any, who: str) -> Trace:
         if level.number > trace.level.number:
             trace = level.trace_type(level)
     return trace
-
-
-def _batch_process_primitive(self, prim, tracers, params):
-    vals = [t.val for t in tracers]
-    dims = [t.batch_axis for t in tracers]
-    previous, _axes.rule_level = _axes.rule_level, self.level  # new
-    try:
-        outs, out_dims = prim.rule("vmap")(self.axis_size, vals, dims, **params)
-    finally:
-        _axes.rule_level = previous
-    return [BatchTracer(self, x, d) for x, d in zip(outs, out_dims)]
-
-
-BatchTrace.process_primitive = _batch_process_primitive
-
-
-def batches_axis(name: Hashable) -> bool:
-    """Is the running batching rule the one that bound ``name``?"""
-    return lookup_axis(name).level is _axes.rule_level
-
-
-# @title vmap_flat and vmap again: the batch axis gets a name (new lines marked)
-INHERIT = object()  # vmap_flat's default: the name of the running batching rule
-
-
-def batch_axis_name() -> Hashable | None:
-    """The axis name of the BatchTrace whose rule is running, if any."""
-    for frame in reversed(_axes.frames):
-        if frame.level is _axes.rule_level:
-            return frame.name
-    return None
-
-
-def vmap_flat(f, in_axes, args, out_axis=0, axis_name=INHERIT, size=None):
-    """Batch ``f`` (flat lists in and out); ``in_axes`` are already checked."""
-    if axis_name is INHERIT:  # a rule batching a sub-jaxpr over its own axis
-        axis_name = batch_axis_name()
-    sizes = {get_aval(x).shape[ax] for x, ax in zip(args, in_axes) if ax is not None}
-    (axis_size,) = sizes or {size}  # new: a size for a batch with no batched input
-    with new_level(BatchTrace, axis_size) as level:
-        with bind_axis(axis_name, axis_size, level):  # new
-            trace = BatchTrace(level)
-            tracers_in = [
-                x if ax is None else BatchTracer(trace, x, ax)
-                for x, ax in zip(args, in_axes)
-            ]
-            outs = _check_outputs("vmap", f(*tracers_in))
-            tracers_out = [trace.full_raise(out) for out in outs]
-    return [
-        move_batch_axis(axis_size, t.batch_axis, _out_axis(out_axis, t), t.val)
-        for t in tracers_out
-    ]
-
-
-def vmap(
-    f: Callable, in_axes: Any = 0, out_axes: int = 0, axis_name: Hashable = None
-) -> Callable:
-    """Vectorize ``f`` over the batch axes ``in_axes`` of its arguments; the
-    batch axis of every output goes to ``out_axes``; collectives may refer
-    to the batch axis as ``axis_name``."""
-    _check_out_axes(out_axes)
-
-    def batched_f(*args: Any) -> Any:
-        args_flat, axes_flat, in_tree = _flatten_vmap_args(in_axes, args)
-        flat_f = flatten_fun(f, in_tree)
-        outs = vmap_flat(flat_f, axes_flat, args_flat, out_axes, axis_name)
-        return tree_unflatten(flat_f.out_tree, outs)
-
-    return batched_f
-
-
-# @title Batching a sub-jaxpr keeps the axis name (vmap_jaxpr, run_batched)
-def _vmap_jaxpr_uncached(jaxpr, axis_size, batched, axis_name):
-    in_types = jaxpr_type(jaxpr).in_types
-    batched_types = [
-        ShapedArray((axis_size, *t.shape), t.dtype) if b else t
-        for t, b in zip(in_types, batched)
-    ]
-    in_axes = [0 if b else None for b in batched]
-
-    def batched_fun(*args):
-        fun = jaxpr_as_fun(jaxpr)
-        return vmap_flat(fun, in_axes, list(args), 0, axis_name, axis_size)
-
-    new_jaxpr, consts, _ = make_jaxpr(batched_fun, *batched_types)
-    return new_jaxpr, [device_put(c) for c in consts]
-
-
-_vmap_jaxpr_cached = functools.cache(_vmap_jaxpr_uncached)
-
-
-def vmap_jaxpr(jaxpr: Jaxpr, axis_size: int, batched: tuple[bool, ...]):
-    """A jaxpr computing ``jaxpr`` on a batch (axis 0) of the batched inputs."""
-    return _vmap_jaxpr_cached(jaxpr, axis_size, batched, batch_axis_name())
-
-
-vmap_jaxpr.__wrapped__ = lambda jaxpr, axis_size, batched: _vmap_jaxpr_uncached(
-    jaxpr, axis_size, batched, batch_axis_name()
-)
-
-
-def run_batched(jaxpr, axis_size, args, batched, out_batched):
-    """``jaxpr`` on ``args`` (batched along axis 0 where ``batched``); the
-    outputs batched along axis 0 where ``out_batched``, else unbatched."""
-    axis_name = batch_axis_name()
-    with new_level(BatchTrace, axis_size) as level:
-        with bind_axis(axis_name, axis_size, level):
-            trace = BatchTrace(level)
-            ins = [BatchTracer(trace, x, 0) if b else x for x, b in zip(args, batched)]
-            outs = [trace.full_raise(x) for x in eval_jaxpr(jaxpr, ins)]
-            return [
-                move_batch_axis(axis_size, t.batch_axis, 0, t.val) if b else t.val
-                for t, b in zip(outs, out_batched)
-            ]
-
-
-# A call whose inputs are all unbatched may still depend on the batch through
-# a collective over this axis (jit(lambda: psum(1.0, "i"))): batch it anyway.
-def _batches_through_collective(dims: list, jaxpr: Jaxpr) -> bool:
-    unbatched = all(d is None for d in dims)
-    return unbatched and batch_axis_name() in free_axis_names(jaxpr)
-
-
-_xla_call_vmap_unnamed = xla_call_p.rule("vmap")
-_custom_jvp_call_vmap_unnamed = custom_jvp_call_p.rule("vmap")
-
-
-@xla_call_p.def_rule("vmap")
-def _xla_call_vmap(axis_size, vals, dims, *, jaxpr):
-    if not _batches_through_collective(dims, jaxpr):
-        return _xla_call_vmap_unnamed(axis_size, vals, dims, jaxpr=jaxpr)
-    new_jaxpr, consts = vmap_jaxpr(jaxpr, axis_size, (False,) * len(vals))
-    outs = bind(xla_call_p, *consts, *vals, jaxpr=new_jaxpr)
-    return outs, [0] * len(outs)
-
-
-@custom_jvp_call_p.def_rule("vmap")
-def _custom_jvp_call_vmap(axis_size, vals, dims, *, call_jaxpr, **params):
-    if _batches_through_collective(dims, call_jaxpr):
-        vals = [move_batch_axis(axis_size, None, 0, x) for x in vals]
-        dims = [0] * len(vals)
-    return _custom_jvp_call_vmap_unnamed(
-        axis_size, vals, dims, call_jaxpr=call_jaxpr, **params
-    )
 
 
 psum_p = Primitive("psum")
@@ -5934,26 +5795,26 @@ def axis_index(axis_name: Hashable) -> ArrayLike:
 
 
 @psum_p.def_rule("vmap")
-def _psum_vmap(axis_size, vals, dims, *, axis_name):
+def _psum_vmap(axis, vals, dims, *, axis_name):
     (x,), (d,) = vals, dims
-    if not batches_axis(axis_name):  # another axis: the batch rides along
+    if axis.name != axis_name:  # another axis: the batch rides along
         return [psum(x, axis_name)], [d]
     if d is None:  # the same value in every member: the sum is N times it
         aval = get_aval(x)
-        return [mul(x, np.full(aval.shape, axis_size, aval.dtype))], [None]
+        return [mul(x, np.full(aval.shape, axis.size, aval.dtype))], [None]
     return [reduce_sum(x, d)], [None]
 
 
 @axis_index_p.def_rule("vmap")
-def _axis_index_vmap(axis_size, vals, dims, *, axis_name):
-    return [np.arange(axis_size, dtype=np.int32)], [0]
+def _axis_index_vmap(axis, vals, dims, *, axis_name):
+    return [np.arange(axis.size, dtype=np.int32)], [0]
 
 
 # @title The batching rules of pmax and all_gather; pytrees and tuples of names
 @pmax_p.def_rule("vmap")
-def _pmax_vmap(axis_size, vals, dims, *, axis_name):
+def _pmax_vmap(axis, vals, dims, *, axis_name):
     (x,), (d,) = vals, dims
-    if not batches_axis(axis_name):
+    if axis.name != axis_name:
         return [pmax(x, axis_name)], [d]
     if d is None:
         return [x], [None]
@@ -5961,9 +5822,9 @@ def _pmax_vmap(axis_size, vals, dims, *, axis_name):
 
 
 @all_gather_p.def_rule("vmap")
-def _all_gather_vmap(batch_size, vals, dims, *, axis_name, axis_size):
+def _all_gather_vmap(axis, vals, dims, *, axis_name, axis_size):
     (x,), (d,) = vals, dims
-    if not batches_axis(axis_name):
+    if axis.name != axis_name:
         out_dim = None if d is None else d + 1
         return [all_gather(x, axis_name)], [out_dim]
     return [move_batch_axis(axis_size, d, 0, x)], [None]
@@ -6060,7 +5921,7 @@ def _all_gather_transpose(cts, x, *, axis_name, axis_size):
     return [reduce_sum(select(per_example(mine, total), total, zeros), 0)]
 
 
-NOT_LINEAR = NOT_LINEAR | {"pmax", "axis_index"}
+NOT_LINEAR.update({"pmax", "axis_index"})
 
 
 def devices() -> list:
@@ -6198,12 +6059,19 @@ def compile_pmap(jaxpr: Jaxpr, n: int) -> CompiledPmap:
 class ShardedArray(Array):
     """An array whose rows live on different devices: row ``i`` on device ``i``."""
 
+    def __init__(self, rows: Any) -> None:
+        self._rows = rows
+
+    @functools.cached_property
+    def _buffer(self) -> Any:  # for one-device calls: gathered, on device 0
+        return device_put(np.asarray(self._rows))._buffer
+
 
 def shard_rows(x: Any, devices: tuple) -> Any:
     """``x`` as one array of ``len(devices)`` shards, row ``i`` on device ``i``."""
     sharding = rows_sharding(devices)
-    if isinstance(x, ShardedArray) and x._buffer.sharding == sharding:
-        return x._buffer  # already in place: no copy
+    if isinstance(x, ShardedArray) and x._rows.sharding == sharding:
+        return x._rows  # already in place: no copy
     from jaxlib import _jax
 
     x = np.asarray(x)
@@ -6213,20 +6081,18 @@ def shard_rows(x: Any, devices: tuple) -> Any:
     return _jax.batched_device_put(aval, sharding, rows, devices, True, enable_x64=True)
 
 
-# @title A ShardedArray passed to jit: gathered, then copied to the first device
-def _as_buffer(x: Any) -> Any:
-    """The device buffer for an argument of a (one-device) compiled call."""
-    if isinstance(x, ShardedArray):
-        x = np.asarray(x)  # gather the rows, then copy to the first device
-    if isinstance(x, Array):
-        return x._buffer
-    return device_put(x)._buffer
+# @title A ShardedArray's shape and host copy; where an array lives; a sharding by rows
+ShardedArray.shape = property(lambda self: tuple(self._rows.shape))
+ShardedArray.dtype = property(lambda self: np.dtype(self._rows.dtype))
+ShardedArray.__array__ = lambda self, dtype=None, copy=None: np.asarray(
+    self._rows, dtype=dtype, copy=copy
+)
 
-
-# @title Where an array lives (devices(), addressable_shards); a sharding by rows
 # Where an array lives, as JAX says it: the set of its devices, and its pieces
 Array.devices = lambda self: self._buffer.devices()
 Array.addressable_shards = property(lambda self: self._buffer.addressable_shards)
+ShardedArray.devices = lambda self: self._rows.devices()
+ShardedArray.addressable_shards = property(lambda self: self._rows.addressable_shards)
 
 
 @functools.cache
@@ -6392,15 +6258,15 @@ def _pmap_jvp(primals, tangents, *, jaxpr, axis_name, axis_size):
 
 # @title pmap's batching and transpose rules
 @pmap_p.def_rule("vmap")
-def _pmap_vmap(batch_size, vals, dims, *, jaxpr, axis_name, axis_size):
+def _pmap_vmap(axis, vals, dims, *, jaxpr, axis_name, axis_size):
     # Axis 0 is the devices' axis, so each row's batch goes to axis 1.
     vals = [
-        v if d is None else move_batch_axis(batch_size, d, 1, v)
+        v if d is None else move_batch_axis(axis.size, d, 1, v)
         for v, d in zip(vals, dims)
     ]
     batched = tuple(d is not None for d in dims)
     with bind_axis(axis_name, axis_size, _state.dynamic):
-        new_jaxpr, consts = vmap_jaxpr(jaxpr, batch_size, batched)
+        new_jaxpr, consts = vmap_jaxpr(jaxpr, axis, batched)
     params = dict(axis_name=axis_name, axis_size=axis_size)
     outs = bind(pmap_p, *rows_of(axis_size, consts), *vals, jaxpr=new_jaxpr, **params)
     return outs, [1] * len(outs)

@@ -118,10 +118,8 @@ reshape_p = Primitive("reshape")
 reduce_max_p = Primitive("reduce_max")
 dot_general_p = Primitive("dot_general")
 
-NOT_LINEAR = frozenset(
-    ["sin", "cos", "greater", "less", "exp", "log", "tanh", "max"]
-    + ["integer_pow", "reduce_max"]
-)
+NOT_LINEAR = {"sin", "cos", "greater", "less", "exp", "log", "tanh", "max"}
+NOT_LINEAR |= {"integer_pow", "reduce_max"}
 
 
 # %% [markdown]
@@ -168,7 +166,7 @@ def _convert_element_type_jvp(primals, tangents, *, new_dtype):
 
 def _elementwise_vmap_with_params(prim: Primitive) -> None:
     @prim.def_rule("vmap")
-    def rule(axis_size, vals, dims, **params):
+    def rule(axis, vals, dims, **params):
         (x,), (ax,) = vals, dims
         return [bind(prim, x, **params)], [ax]
 
@@ -498,7 +496,7 @@ _unary_vmap(stop_gradient_p)
 _lower_with(stop_gradient_p, lambda x: x)
 # No transpose rule: its JVP is zero, so stop_gradient never appears in a
 # linear jaxpr, and the table lists it with the non-linear primitives.
-NOT_LINEAR = NOT_LINEAR | {"stop_gradient"}
+NOT_LINEAR.update({"stop_gradient"})
 
 # %%
 print(grad(lambda x: x * stop_gradient(x))(3.0))  # 3.0, not 6.0
@@ -726,10 +724,10 @@ _linear_jvp(reshape_p)
 
 
 @reshape_p.def_rule("vmap")
-def _reshape_vmap(axis_size, vals, dims, *, new_sizes):
+def _reshape_vmap(axis, vals, dims, *, new_sizes):
     (x,), (bdim,) = vals, dims
-    front = move_batch_axis(axis_size, bdim, 0, x)
-    return [bind(reshape_p, front, new_sizes=(axis_size, *new_sizes))], [0]
+    front = move_batch_axis(axis.size, bdim, 0, x)
+    return [bind(reshape_p, front, new_sizes=(axis.size, *new_sizes))], [0]
 
 
 @reshape_p.def_rule("lower")
@@ -796,7 +794,7 @@ def check_reduce_max_types(x: ShapedArray, axes: Any) -> None:
 
 
 @reduce_max_p.def_rule("vmap")
-def _reduce_max_vmap(axis_size, vals, dims, *, axes):
+def _reduce_max_vmap(axis, vals, dims, *, axes):
     (x,), (bdim,) = vals, dims
     full_axes = tuple(a if a < bdim else a + 1 for a in axes)
     out_bdim = bdim - sum(1 for a in axes if a < bdim)
@@ -1028,7 +1026,7 @@ def _shift_axes(axes: tuple[int, ...], bdim: int) -> tuple[int, ...]:
 
 
 @dot_general_p.def_rule("vmap")
-def _dot_general_vmap(axis_size, vals, dims, *, dimension_numbers):
+def _dot_general_vmap(axis, vals, dims, *, dimension_numbers):
     (x, y), (bx, by) = vals, dims
     (xc, yc), (xb, yb) = dimension_numbers
     if bx is not None and by is not None:
@@ -1976,7 +1974,7 @@ def _sqrt_jvp(primals, tangents):
 
 # Not linear: sqrt(a + b) != sqrt(a) + sqrt(b), so no transpose rule; the
 # table should say so rather than report a gap.
-NOT_LINEAR = NOT_LINEAR | {"sqrt"}
+NOT_LINEAR.update({"sqrt"})
 print(jit(grad(lambda x: anp.sum(sqrt(x * x + 1.0))))(np.array([0.5, 2.0])))
 with jax.enable_x64(True):
     print(jax.grad(lambda x: jnp.sum(jnp.sqrt(x * x + 1.0)))(np.array([0.5, 2.0])))

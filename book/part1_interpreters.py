@@ -1452,7 +1452,9 @@ print("d loss / d slope", out_dot["loss"], "by hand:", np.sum(2 * out["first"] *
 # Its abstract value is that of *one* example: the function being batched was
 # written for one example, so that is what shape-dependent code inside it must
 # see. The batch axis may also be `None`, meaning the value is the same for every
-# example; such a tracer lowers itself back to the plain value.
+# example; such a tracer lowers itself back to the plain value. The interpreter's
+# level carries the `Axis` it maps over: the batch size, and an optional name
+# (`vmap(f, axis_name="i")`) by which Part 9's collectives will find it.
 
 # %% tags=["export"]
 BatchAxis = int | None
@@ -1475,8 +1477,15 @@ class BatchTracer(Tracer):
         return full_lower(self.val) if self.batch_axis is None else self
 
 
+class Axis(NamedTuple):
+    """The axis a vmap maps over: its size, and an optional name."""
+
+    size: int
+    name: Hashable = None
+
+
 class BatchTrace(Trace):
-    """The batching interpreter; its level's payload is the batch size."""
+    """The batching interpreter; its level's payload is its ``Axis``."""
 
     def pure(self, val: Any) -> BatchTracer:
         return BatchTracer(self, val, None)
@@ -1484,13 +1493,13 @@ class BatchTrace(Trace):
     lift = pure
 
     @property
-    def axis_size(self) -> int:
+    def axis(self) -> Axis:
         return self.level.payload
 
     def process_primitive(self, prim, tracers, params):
         vals = [t.val for t in tracers]
         dims = [t.batch_axis for t in tracers]
-        outs, out_dims = prim.rule("vmap")(self.axis_size, vals, dims, **params)
+        outs, out_dims = prim.rule("vmap")(self.axis, vals, dims, **params)
         return [BatchTracer(self, x, d) for x, d in zip(outs, out_dims)]
 
 
@@ -1527,7 +1536,8 @@ def _batched_bool_error() -> ConcretizationError:
 
 
 # %% [markdown]
-# A {term}`batching rule` receives the batch size, the unpacked values, their batch axes
+# A {term}`batching rule` receives the trace's `Axis` (the batch size, `axis.size`,
+# and a name that only Part 9's collectives read), the unpacked values, their batch axes
 # (called `dims` in the code, since several primitives already use `axes` as a
 # param name) and the params, and returns the outputs with *their* batch axes. Many rules need
 # to line up batch axes first; `move_batch_axis` moves a batch axis to a new
@@ -1561,18 +1571,18 @@ def move_batch_axis(axis_size: int, src: BatchAxis, dst: int, x: Any) -> Any:
 # %% tags=["export"]
 def _unary_vmap(prim: Primitive) -> None:
     @prim.def_rule("vmap")
-    def rule(axis_size, vals, dims):
+    def rule(axis, vals, dims):
         (x,), (ax,) = vals, dims
         return [bind(prim, x)], [ax]
 
 
 def _binary_vmap(prim: Primitive) -> None:
     @prim.def_rule("vmap")
-    def rule(axis_size, vals, dims):
+    def rule(axis, vals, dims):
         (x, y), (ax, ay) = vals, dims
         out_axis = ay if ax is None else ax
-        x = move_batch_axis(axis_size, ax, out_axis, x)
-        y = move_batch_axis(axis_size, ay, out_axis, y)
+        x = move_batch_axis(axis.size, ax, out_axis, x)
+        y = move_batch_axis(axis.size, ay, out_axis, y)
         return [bind(prim, x, y)], [out_axis]
 
 
@@ -1599,7 +1609,7 @@ for _prim in [add_p, mul_p, greater_p, less_p]:
 
 # %% tags=["export"]
 @reduce_sum_p.def_rule("vmap")
-def _reduce_sum_vmap(axis_size, vals, dims, *, axes):
+def _reduce_sum_vmap(axis, vals, dims, *, axes):
     (x,), (bdim,) = vals, dims
     full_axes = tuple(a if a < bdim else a + 1 for a in axes)
     out_bdim = bdim - sum(1 for a in axes if a < bdim)
@@ -1609,25 +1619,25 @@ def _reduce_sum_vmap(axis_size, vals, dims, *, axes):
 # %% tags=["export", "hide-input"]
 # @title The batching rules of transpose and broadcast
 @transpose_p.def_rule("vmap")
-def _transpose_vmap(axis_size, vals, dims, *, perm):
+def _transpose_vmap(axis, vals, dims, *, perm):
     (x,), (bdim,) = vals, dims
-    front = move_batch_axis(axis_size, bdim, 0, x)
+    front = move_batch_axis(axis.size, bdim, 0, x)
     full_perm = (0,) + tuple(p + 1 for p in perm)
     return [bind(transpose_p, front, perm=full_perm)], [0]
 
 
 @broadcast_p.def_rule("vmap")
-def _broadcast_vmap(axis_size, vals, dims, *, shape, axes):
+def _broadcast_vmap(axis, vals, dims, *, shape, axes):
     (x,), (bdim,) = vals, dims
-    front = move_batch_axis(axis_size, bdim, 0, x)
-    full_shape = (axis_size, *shape)
+    front = move_batch_axis(axis.size, bdim, 0, x)
+    full_shape = (axis.size, *shape)
     full_axes = tuple(a + 1 for a in axes)
     return [bind(broadcast_p, front, shape=full_shape, axes=full_axes)], [0]
 
 
 # %% [markdown]
 # Running a function under the batching interpreter mirrors `jvp_flat`: push a
-# level whose payload is the batch size, wrap the batched inputs, run, and move
+# level whose payload is the `Axis`, wrap the batched inputs, run, and move
 # every output's batch axis to where the caller wants it. Outputs that turn out not
 # to depend on the batch are broadcast, so every output has the batch axis.
 #
@@ -1639,11 +1649,9 @@ def _broadcast_vmap(axis_size, vals, dims, *, shape, axes):
 
 
 # %% tags=["export"]
-def vmap_flat(f, in_axes, args, out_axis=0):
-    """Batch ``f`` (flat lists in and out); ``in_axes`` are already checked."""
-    sizes = {get_aval(x).shape[ax] for x, ax in zip(args, in_axes) if ax is not None}
-    (axis_size,) = sizes
-    with new_level(BatchTrace, axis_size) as level:
+def vmap_flat(f, axis: Axis, in_axes, args, out_axis=0):
+    """Batch ``f`` (flat lists in and out) over ``axis``; ``in_axes`` are checked."""
+    with new_level(BatchTrace, axis) as level:
         trace = BatchTrace(level)
         tracers_in = [
             x if ax is None else BatchTracer(trace, x, ax)
@@ -1652,20 +1660,25 @@ def vmap_flat(f, in_axes, args, out_axis=0):
         outs = _check_outputs("vmap", f(*tracers_in))
         tracers_out = [trace.full_raise(out) for out in outs]
     return [
-        move_batch_axis(axis_size, t.batch_axis, _out_axis(out_axis, t), t.val)
+        move_batch_axis(axis.size, t.batch_axis, _out_axis(out_axis, t), t.val)
         for t in tracers_out
     ]
 
 
-def vmap(f: Callable, in_axes: Any = 0, out_axes: int = 0) -> Callable:
+def vmap(
+    f: Callable, in_axes: Any = 0, out_axes: int = 0, axis_name: Hashable = None
+) -> Callable:
     """Vectorize ``f`` over the batch axes ``in_axes`` of its arguments; the
     batch axis of every output goes to position ``out_axes``."""
     _check_out_axes(out_axes)
 
     def batched_f(*args: Any) -> Any:
         args_flat, axes_flat, in_tree = _flatten_vmap_args(in_axes, args)
+        (size,) = {
+            get_aval(x).shape[a] for x, a in zip(args_flat, axes_flat) if a is not None
+        }
         flat_f = flatten_fun(f, in_tree)
-        outs = vmap_flat(flat_f, axes_flat, args_flat, out_axes)
+        outs = vmap_flat(flat_f, Axis(size, axis_name), axes_flat, args_flat, out_axes)
         return tree_unflatten(flat_f.out_tree, outs)
 
     return batched_f

@@ -661,36 +661,37 @@ print(jvp_jaxpr(jaxpr)[0])
 # %% [markdown]
 # The batching rule does the same with `vmap`. It first moves every batch axis to
 # the front, so that the new jaxpr takes each batched input with the batch on axis
-# 0 and returns every output batched on axis 0. An `xla_call` with no batched
-# input is left as it is.
+# 0 and returns every output batched on axis 0. The new jaxpr is traced under the
+# same `Axis` as the call, name included.
 
 
 # %% tags=["export"]
 @functools.cache
-def vmap_jaxpr(jaxpr: Jaxpr, axis_size: int, batched: tuple[bool, ...]):
+def vmap_jaxpr(jaxpr: Jaxpr, axis: Axis, batched: tuple[bool, ...]):
     """A jaxpr computing ``jaxpr`` on a batch (axis 0) of the batched inputs."""
     in_types = jaxpr_type(jaxpr).in_types
     batched_types = [
-        ShapedArray((axis_size, *t.shape), t.dtype) if b else t
+        ShapedArray((axis.size, *t.shape), t.dtype) if b else t
         for t, b in zip(in_types, batched)
     ]
-    in_axes = tuple(0 if b else None for b in batched)
-    batched_fun = vmap(jaxpr_as_fun(jaxpr), in_axes)
+    in_axes = [0 if b else None for b in batched]
+
+    def batched_fun(*args):
+        return vmap_flat(jaxpr_as_fun(jaxpr), axis, in_axes, list(args))
+
     new_jaxpr, consts, _ = make_jaxpr(batched_fun, *batched_types)
     return new_jaxpr, [device_put(c) for c in consts]
 
 
 @xla_call_p.def_rule("vmap")
-def _xla_call_vmap(axis_size, vals, dims, *, jaxpr):
+def _xla_call_vmap(axis, vals, dims, *, jaxpr):
     vals = [
-        v if d is None else move_batch_axis(axis_size, d, 0, v)
+        v if d is None else move_batch_axis(axis.size, d, 0, v)
         for v, d in zip(vals, dims)
     ]
     batched = tuple(d is not None for d in dims)
     check_batched_call_types(jaxpr, vals, batched)
-    if not any(batched):
-        return bind(xla_call_p, *vals, jaxpr=jaxpr), [None] * len(jaxpr.outs)
-    new_jaxpr, consts = vmap_jaxpr(jaxpr, axis_size, batched)
+    new_jaxpr, consts = vmap_jaxpr(jaxpr, axis, batched)
     outs = bind(xla_call_p, *consts, *vals, jaxpr=new_jaxpr)
     return outs, [0] * len(outs)
 

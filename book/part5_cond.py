@@ -454,9 +454,9 @@ def _select_jvp(primals, tangents):
 
 
 @select_p.def_rule("vmap")
-def _select_vmap(axis_size, vals, dims):
+def _select_vmap(axis, vals, dims):
     out_axis = next(d for d in dims if d is not None)
-    vals = [move_batch_axis(axis_size, d, out_axis, x) for x, d in zip(vals, dims)]
+    vals = [move_batch_axis(axis.size, d, out_axis, x) for x, d in zip(vals, dims)]
     return [bind(select_p, *vals)], [out_axis]
 
 
@@ -486,21 +486,21 @@ def _select_transpose(cts, pred, on_true, on_false):
 
 # %% tags=["export"]
 @cond_p.def_rule("vmap")
-def _cond_vmap(axis_size, vals, dims, **branches):
+def _cond_vmap(axis, vals, dims, **branches):
     (pred, *operands), (pred_dim, *operand_dims) = vals, dims
     batched = tuple(d is not None for d in operand_dims)
     operands = [
-        x if d is None else move_batch_axis(axis_size, d, 0, x)
+        x if d is None else move_batch_axis(axis.size, d, 0, x)
         for x, d in zip(operands, operand_dims)
     ]
     if pred_dim is None:  # one branch for the whole batch
-        consts, vmapped = transform_branches(vmap_jaxpr, branches, axis_size, batched)
+        consts, vmapped = transform_branches(vmap_jaxpr, branches, axis, batched)
         outs = bind(cond_p, pred, *consts, *operands, **vmapped)
         return outs, [0] * len(outs)
     # A predicate per example: run both branches, then choose per example.
-    pred = move_batch_axis(axis_size, pred_dim, 0, pred)
-    true_outs = _run_batched(branches["true_jaxpr"], axis_size, operands, batched)
-    false_outs = _run_batched(branches["false_jaxpr"], axis_size, operands, batched)
+    pred = move_batch_axis(axis.size, pred_dim, 0, pred)
+    true_outs = _run_batched(branches["true_jaxpr"], axis, operands, batched)
+    false_outs = _run_batched(branches["false_jaxpr"], axis, operands, batched)
     outs = [_select_per_example(pred, t, f) for t, f in zip(true_outs, false_outs)]
     return outs, [0] * len(outs)
 
@@ -508,7 +508,7 @@ def _cond_vmap(axis_size, vals, dims, **branches):
 # %% tags=["export", "hide-input"]
 # @title Both branches for every example, then a select per example
 def _run_batched(
-    jaxpr: Jaxpr, axis_size: int, operands: list, batched: tuple[bool, ...]
+    jaxpr: Jaxpr, axis: Axis, operands: list, batched: tuple[bool, ...]
 ) -> list:
     """Every output of ``jaxpr`` for every example, batched along axis 0."""
     # An example also runs the branch it did not take, on values meant for the
@@ -516,11 +516,8 @@ def _run_batched(
     # a division by zero there is expected; select throws that result away.
     # Silence NumPy's warnings about it, as compiled code never warns.
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        if any(batched):
-            in_axes = [0 if b else None for b in batched]
-            return vmap_flat(jaxpr_as_fun(jaxpr), in_axes, operands)
-        outs = eval_jaxpr(jaxpr, operands)  # same for every example: broadcast
-    return [move_batch_axis(axis_size, None, 0, x) for x in outs]
+        in_axes = [0 if b else None for b in batched]
+        return vmap_flat(jaxpr_as_fun(jaxpr), axis, in_axes, operands)
 
 
 def _select_per_example(pred: Any, on_true: Any, on_false: Any) -> Any:

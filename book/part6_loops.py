@@ -549,11 +549,11 @@ print(make_jaxpr(lambda a: jvp(root, (a,), (1.0,)), scalar)[0])
 
 # %% tags=["export"]
 @while_p.def_rule("vmap")
-def _while_vmap(axis_size, vals, dims, **params):
+def _while_vmap(axis, vals, dims, **params):
     cond_jaxpr, body_jaxpr = params["cond_jaxpr"], params["body_jaxpr"]
     counts = (params["cond_nconsts"], params["body_nconsts"])
     vals = [
-        x if d is None else move_batch_axis(axis_size, d, 0, x)
+        x if d is None else move_batch_axis(axis.size, d, 0, x)
         for x, d in zip(vals, dims)
     ]
     cond_consts, body_consts, init = _split(vals, *counts)
@@ -563,20 +563,20 @@ def _while_vmap(axis_size, vals, dims, **params):
     if pred_b:  # examples stop after different trips: each needs its own carry
         carry_b = [True] * len(init)
     init = [
-        move_batch_axis(axis_size, None, 0, x) if b and not b0 else x
+        move_batch_axis(axis.size, None, 0, x) if b and not b0 else x
         for x, b, b0 in zip(init, carry_b, init_b)
     ]
 
     def running(carry):  # one predicate, or one per example
         args, batched = [*cond_consts, *carry], cond_b + carry_b
-        return run_batched(cond_jaxpr, axis_size, args, batched, [pred_b])[0]
+        return run_batched(cond_jaxpr, axis, args, batched, [pred_b])[0]
 
     def cond_fun(carry):
         return any_true(running(carry)) if pred_b else running(carry)
 
     def body_fun(carry):
         args, batched = [*body_consts, *carry], body_b + carry_b
-        new = run_batched(body_jaxpr, axis_size, args, batched, carry_b)
+        new = run_batched(body_jaxpr, axis, args, batched, carry_b)
         if not pred_b:
             return new
         still = running(carry)  # finished examples keep their old carry
@@ -597,19 +597,19 @@ def _while_vmap(axis_size, vals, dims, **params):
 # @title Helpers: a jaxpr on a batch; "any" of a boolean vector; a predicate per example
 def run_batched(
     jaxpr: Jaxpr,
-    axis_size: int,
+    axis: Axis,
     args: list,
     batched: list[bool],
     out_batched: list[bool],
 ) -> list:
     """``jaxpr`` on ``args`` (batched along axis 0 where ``batched``); the
     outputs batched along axis 0 where ``out_batched``, else unbatched."""
-    with new_level(BatchTrace, axis_size) as level:
+    with new_level(BatchTrace, axis) as level:
         trace = BatchTrace(level)
         ins = [BatchTracer(trace, x, 0) if b else x for x, b in zip(args, batched)]
         outs = [trace.full_raise(x) for x in eval_jaxpr(jaxpr, ins)]
         return [
-            move_batch_axis(axis_size, t.batch_axis, 0, t.val) if b else t.val
+            move_batch_axis(axis.size, t.batch_axis, 0, t.val) if b else t.val
             for t, b in zip(outs, out_batched)
         ]
 
@@ -705,7 +705,7 @@ def _while_partial_eval_jaxpr(unks_in, eqn):
     return None, eqn, [True] * len(eqn.out_binders), []
 
 
-NOT_LINEAR = NOT_LINEAR | {"while"}  # no transpose rule: see above
+NOT_LINEAR.update({"while"})  # no transpose rule: see above
 
 # %% [markdown]
 # `while` joins `NOT_LINEAR`, the {ref}`appendix <appendix-rule-table>`'s list

@@ -517,7 +517,7 @@ print(
 # %% tags=["export", "hide-input"]
 # @title The vmap rule: batch the body; xs and ys batched at axis 1
 @scan_p.def_rule("vmap")
-def _scan_vmap(axis_size, vals, dims, *, jaxpr, num_consts, num_carry, length, reverse):
+def _scan_vmap(axis, vals, dims, *, jaxpr, num_consts, num_carry, length, reverse):
     batched = [d is not None for d in dims]
     consts_b, init_b, xs_b = _split(batched, num_consts, num_carry)
     carry_b = scan_fixed_point(
@@ -525,19 +525,19 @@ def _scan_vmap(axis_size, vals, dims, *, jaxpr, num_consts, num_carry, length, r
     )
     ys_b = reached_from(jaxpr, consts_b + carry_b + xs_b)[num_carry:]
     vals = [
-        x if d is None else move_batch_axis(axis_size, d, 0, x)
+        x if d is None else move_batch_axis(axis.size, d, 0, x)
         for x, d in zip(vals, dims)
     ]
     consts, init, xs = _split(vals, num_consts, num_carry)
     init = [
-        move_batch_axis(axis_size, None, 0, x) if b and not b0 else x
+        move_batch_axis(axis.size, None, 0, x) if b and not b0 else x
         for x, b, b0 in zip(init, carry_b, init_b)
     ]
-    xs = [move_batch_axis(axis_size, 0, 1, x) if b else x for x, b in zip(xs, xs_b)]
+    xs = [move_batch_axis(axis.size, 0, 1, x) if b else x for x, b in zip(xs, xs_b)]
 
     def body(carry, row):
         args, args_b = [*consts, *carry, *row], consts_b + carry_b + xs_b
-        outs = run_batched(jaxpr, axis_size, args, args_b, carry_b + ys_b)
+        outs = run_batched(jaxpr, axis, args, args_b, carry_b + ys_b)
         return outs[:num_carry], outs[num_carry:]
 
     carry, ys = scan(body, init, xs, length=length, reverse=reverse)

@@ -461,7 +461,7 @@ for x in [0.3, 800.0]:
 
 
 # %% tags=["export"]
-def batch_rule(rule: Callable, batched: tuple[bool, ...]) -> Named:
+def batch_rule(rule: Callable, axis: Axis, batched: tuple[bool, ...]) -> Named:
     """``rule(primals, tangents)`` on a batch (axis 0) of the batched operands."""
 
     def batched_rule(primals: list, tangents: list) -> tuple[list, list]:
@@ -473,34 +473,24 @@ def batch_rule(rule: Callable, batched: tuple[bool, ...]) -> Named:
             return [*outs, *out_dots]
 
         in_axes = [0 if b else None for b in batched] * 2
-        both = vmap_flat(flat, in_axes, [*primals, *tangents])
+        both = vmap_flat(flat, axis, in_axes, [*primals, *tangents])
         return both[: n_out[0]], both[n_out[0] :]
 
     return Named(batched_rule, f"vmap({rule})")
 
 
 @custom_jvp_call_p.def_rule("vmap")
-def _custom_jvp_call_vmap(axis_size, vals, dims, *, call_jaxpr, num_consts, jvp, name):
-    if all(d is None for d in dims):  # nothing batched: the call as it was
-        outs = bind(
-            custom_jvp_call_p,
-            *vals,
-            call_jaxpr=call_jaxpr,
-            num_consts=num_consts,
-            jvp=jvp,
-            name=name,
-        )
-        return outs, [None] * len(outs)
+def _custom_jvp_call_vmap(axis, vals, dims, *, call_jaxpr, num_consts, jvp, name):
     batched = tuple(d is not None for d in dims)
     vals = [
-        x if d is None else move_batch_axis(axis_size, d, 0, x)
+        x if d is None else move_batch_axis(axis.size, d, 0, x)
         for x, d in zip(vals, dims)
     ]
-    new_jaxpr, new_consts = vmap_jaxpr(call_jaxpr, axis_size, batched)
+    new_jaxpr, new_consts = vmap_jaxpr(call_jaxpr, axis, batched)
     outs = bind(
         custom_jvp_call_p, *new_consts, *vals, name=name, call_jaxpr=new_jaxpr,
         num_consts=len(new_consts) + num_consts,
-        jvp=batch_rule(jvp, batched[num_consts:]),
+        jvp=batch_rule(jvp, axis, batched[num_consts:]),
     )  # fmt: skip
     return outs, [0] * len(outs)
 
@@ -719,7 +709,7 @@ show_error(jvp, loss, (2.0,), (1.0,))
 
 
 # %% tags=["export"]
-def batch_fwd(fwd: Callable, n_out: int) -> Named:
+def batch_fwd(fwd: Callable, axis: Axis, n_out: int) -> Named:
     """``fwd`` on a batch (axis 0) of every operand; outputs and residuals at 0."""
 
     def batched_fwd(*primals: Any) -> tuple[list, list]:
@@ -727,47 +717,47 @@ def batch_fwd(fwd: Callable, n_out: int) -> Named:
             outs, res = fwd(*p)
             return [*outs, *res]
 
-        both = vmap_flat(flat, [0] * len(primals), list(primals))
+        both = vmap_flat(flat, axis, [0] * len(primals), list(primals))
         return both[:n_out], both[n_out:]
 
     return Named(batched_fwd, f"vmap({fwd})")
 
 
-def batch_bwd(bwd: Callable) -> Named:
+def batch_bwd(bwd: Callable, axis: Axis) -> Named:
     """``bwd(residuals, cts)`` on a batch (axis 0) of all of them."""
 
     def batched_bwd(res: list, cts: list) -> list:
         k = len(res)
         return vmap_flat(
-            lambda *a: bwd(a[:k], a[k:]), [0] * (k + len(cts)), [*res, *cts]
+            lambda *a: bwd(a[:k], a[k:]), axis, [0] * (k + len(cts)), [*res, *cts]
         )
 
     return Named(batched_bwd, f"vmap({bwd})")
 
 
 @custom_vjp_call_p.def_rule("vmap")
-def _custom_vjp_call_vmap(
-    axis_size, vals, dims, *, call_jaxpr, num_consts, fwd, bwd, name
-):
+def _custom_vjp_call_vmap(axis, vals, dims, *, call_jaxpr, num_consts, fwd, bwd, name):
     consts, operands = vals[:num_consts], vals[num_consts:]
     operands = [
-        move_batch_axis(axis_size, d, 0, x) for x, d in zip(operands, dims[num_consts:])
+        move_batch_axis(axis.size, d, 0, x) for x, d in zip(operands, dims[num_consts:])
     ]
     batched = (False,) * num_consts + (True,) * len(operands)
-    new_jaxpr, new_consts = vmap_jaxpr(call_jaxpr, axis_size, batched)
+    new_jaxpr, new_consts = vmap_jaxpr(call_jaxpr, axis, batched)
     outs = bind(
         custom_vjp_call_p, *new_consts, *consts, *operands, name=name,
         call_jaxpr=new_jaxpr, num_consts=len(new_consts) + num_consts,
-        fwd=batch_fwd(fwd, len(call_jaxpr.outs)), bwd=batch_bwd(bwd),
+        fwd=batch_fwd(fwd, axis, len(call_jaxpr.outs)), bwd=batch_bwd(bwd, axis),
     )  # fmt: skip
     return outs, [0] * len(outs)
 
 
 @custom_lin_p.def_rule("vmap")
-def _custom_lin_vmap(axis_size, vals, dims, *, name, num_res, bwd, out_types):
-    vals = [move_batch_axis(axis_size, d, 0, x) for x, d in zip(vals, dims)]
-    out_types = Types(ShapedArray((axis_size, *t.shape), t.dtype) for t in out_types)
-    params = dict(name=name, num_res=num_res, bwd=batch_bwd(bwd), out_types=out_types)
+def _custom_lin_vmap(axis, vals, dims, *, name, num_res, bwd, out_types):
+    vals = [move_batch_axis(axis.size, d, 0, x) for x, d in zip(vals, dims)]
+    out_types = Types(ShapedArray((axis.size, *t.shape), t.dtype) for t in out_types)
+    params = dict(
+        name=name, num_res=num_res, bwd=batch_bwd(bwd, axis), out_types=out_types
+    )
     outs = bind(custom_lin_p, *vals, **params)
     return outs, [0] * len(outs)
 
@@ -802,7 +792,7 @@ def _custom_jvp_call_transpose(cts, *args, call_jaxpr, **params):
     return _xla_call_transpose(cts, *args, jaxpr=call_jaxpr)
 
 
-NOT_LINEAR = NOT_LINEAR | {"custom_vjp_call"}
+NOT_LINEAR.update({"custom_vjp_call"})
 
 # %%
 for prim in [custom_jvp_call_p, custom_vjp_call_p, custom_lin_p]:

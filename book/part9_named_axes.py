@@ -95,15 +95,17 @@ with jax.enable_x64(True):  # float64, as ours, in this cell only
 # interpreter, which has never heard of `"i"`, and it would come back as 3.
 #
 # (part9-axis-env)=
-# ## An environment of axis names
+# ## Where a name is bound
 #
-# We keep, next to the interpreter stack, a stack of **axis frames**: a name,
-# the size of the axis, and the level of the interpreter that handles
-# collectives over it. `vmap(..., axis_name="i")` pushes a frame while it runs;
-# `pmap` will push one while it traces. A collective looks its name up,
-# innermost first, and fails if nothing binds it. JAX raises `NameError` for
-# an unbound axis name; ours subclasses it (and `ValueError`, like the book's
-# other errors about bad arguments).
+# Since Part 1, a `BatchTrace`'s level carries its `Axis`, and
+# `vmap(..., axis_name="i")` puts the name there. So the interpreter stack
+# already says which interpreter maps over `"i"`: the innermost `BatchTrace`
+# level whose axis has that name. `pmap` (below) binds its name while it traces
+# a function, and keeps that binding in a short list of **axis frames**: a
+# name, a size, and the level that handles collectives over it. Looking a name
+# up searches both, innermost first, and fails if nothing binds it. JAX raises
+# `NameError` for an unbound axis name; ours subclasses it (and `ValueError`,
+# like the book's other errors about bad arguments).
 
 
 # %% tags=["export"]
@@ -117,13 +119,31 @@ class AxisFrame(NamedTuple):
     level: Level  # the interpreter that handles collectives over it
 
 
-class _AxisEnv(threading.local):
+def axis_frames() -> list[AxisFrame]:
+    """Every bound axis name, innermost last: named vmaps, then pmap's frames."""
+    vmaps = [
+        AxisFrame(level.payload.name, level.payload.size, level)
+        for level in _state.stack
+        if level.trace_type is BatchTrace and level.payload.name is not None
+    ]
+    return sorted(vmaps + _pmap_frames.frames, key=lambda f: f.level.number)
+
+
+def lookup_axis(name: Hashable, who: str = "collective") -> AxisFrame:
+    for frame in reversed(axis_frames()):
+        if frame.name == name:
+            return frame
+    raise unbound_axis_error(name, who)
+
+
+# %% tags=["export", "hide-input"]
+# @title pmap's frames (bind_axis); checks: the unbound-axis error
+class _PmapFrames(threading.local):
     def __init__(self) -> None:
         self.frames: list[AxisFrame] = []  # innermost last
-        self.rule_level: Level | None = None  # whose batching rule is running
 
 
-_axes = _AxisEnv()
+_pmap_frames = _PmapFrames()
 
 
 @contextmanager
@@ -132,22 +152,13 @@ def bind_axis(name: Hashable, size: int, level: Level) -> Iterator[None]:
     if name is None:
         yield
         return
-    _axes.frames.append(AxisFrame(name, size, level))
+    _pmap_frames.frames.append(AxisFrame(name, size, level))
     try:
         yield
     finally:
-        _axes.frames.pop()
+        _pmap_frames.frames.pop()
 
 
-def lookup_axis(name: Hashable, who: str = "collective") -> AxisFrame:
-    for frame in reversed(_axes.frames):
-        if frame.name == name:
-            return frame
-    raise unbound_axis_error(name, who)
-
-
-# %% tags=["export", "hide-input"]
-# @title Checks: the unbound-axis error
 def check_replicas(ctx: LoweringContext, name: Hashable) -> int:
     if ctx.replicas is None:
         raise UnboundAxisError(
@@ -159,7 +170,7 @@ def check_replicas(ctx: LoweringContext, name: Hashable) -> int:
 
 
 def unbound_axis_error(name: Hashable, who: str) -> UnboundAxisError:
-    bound = [frame.name for frame in _axes.frames]
+    bound = [frame.name for frame in axis_frames()]
     where = f"the names bound here are {bound}" if bound else "no axis is bound here"
     return UnboundAxisError(
         f"{who}: unbound axis name {name!r}: no enclosing vmap(..., "
@@ -168,11 +179,25 @@ def unbound_axis_error(name: Hashable, who: str) -> UnboundAxisError:
 
 
 # %% [markdown]
-# `bind` changes in one line. It still picks the highest level among its
-# inputs' tracers; for a primitive that uses axis names (the collectives now;
-# later, calls whose jaxprs contain collectives), the levels that bound those
-# names join the contest. For every other primitive `bind` does what it did
-# before.
+# While a named `vmap` runs, its level is on the stack with its name:
+
+
+# %%
+def show_frames(row):
+    print(axis_frames())
+    return row
+
+
+_ = vmap(vmap(show_frames, axis_name="cols"), axis_name="rows")(x)
+
+# %% [markdown]
+# **This replaces `bind` from Part 1**, because the lesson of this part is that
+# data dependence is not enough to choose an interpreter. The change is one line
+# (marked `new`): `bind` still picks the highest level among its inputs'
+# tracers; for a primitive that uses axis names (the collectives; calls whose
+# jaxprs contain collectives, registered at the end of this part), the levels
+# that bound those names join the contest. For every other primitive `bind`
+# does what it did before.
 
 # %% tags=["export"]
 AXIS_USERS: dict[Primitive, Callable[[dict], Any]] = {}  # prim -> names it uses
@@ -204,177 +229,16 @@ def reach_axes(trace: Trace, names: Any, who: str) -> Trace:
 # `BatchTrace` although `3.0` is a plain number: `full_raise` boxes it as a
 # `BatchTracer` with no batch axis, and the batching rule of `psum` (below)
 # makes it `3.0 * 4`. An `axis_index("i")` with no inputs at all arrives at
-# the same interpreter the same way.
+# the same interpreter the same way. A batching rule gets its trace's `Axis`,
+# so a collective's rule can tell whether the name is *its* axis
+# (`axis.name == axis_name`). And the rules that batch a sub-jaxpr (`jit`'s,
+# `cond`'s, a loop's body) already pass that `Axis`, name included, to the
+# inner `vmap` (Parts 3, 5–8), so a `psum` inside a `jit` inside a named `vmap`
+# reaches an interpreter that knows the name. A call whose inputs do not depend
+# on the batch at all (`jit(lambda: psum(1.0, "i"))()`) reaches the `vmap`
+# because the call joins `AXIS_USERS`; its batching rule then batches its jaxpr
+# with nothing batched but the name.
 #
-# A `BatchTrace` now needs to know whether a collective's axis is *its* axis.
-# `vmap` binds the name to its own level; while a batching rule runs, we note
-# whose rule it is, so that a collective's rule can ask `batches_axis(name)`.
-# The same note lets a rule that batches a sub-jaxpr (`jit`'s, `cond`'s, a
-# loop's body) start its inner `vmap` under the same name, so a `psum` inside a
-# `jit` inside a named `vmap` still reaches an interpreter that knows the name.
-
-
-# %% tags=["export"]
-def _batch_process_primitive(self, prim, tracers, params):
-    vals = [t.val for t in tracers]
-    dims = [t.batch_axis for t in tracers]
-    previous, _axes.rule_level = _axes.rule_level, self.level  # new
-    try:
-        outs, out_dims = prim.rule("vmap")(self.axis_size, vals, dims, **params)
-    finally:
-        _axes.rule_level = previous
-    return [BatchTracer(self, x, d) for x, d in zip(outs, out_dims)]
-
-
-BatchTrace.process_primitive = _batch_process_primitive
-
-
-def batches_axis(name: Hashable) -> bool:
-    """Is the running batching rule the one that bound ``name``?"""
-    return lookup_axis(name).level is _axes.rule_level
-
-
-# %% tags=["export", "hide-input"]
-# @title vmap_flat and vmap again: the batch axis gets a name (new lines marked)
-INHERIT = object()  # vmap_flat's default: the name of the running batching rule
-
-
-def batch_axis_name() -> Hashable | None:
-    """The axis name of the BatchTrace whose rule is running, if any."""
-    for frame in reversed(_axes.frames):
-        if frame.level is _axes.rule_level:
-            return frame.name
-    return None
-
-
-def vmap_flat(f, in_axes, args, out_axis=0, axis_name=INHERIT, size=None):
-    """Batch ``f`` (flat lists in and out); ``in_axes`` are already checked."""
-    if axis_name is INHERIT:  # a rule batching a sub-jaxpr over its own axis
-        axis_name = batch_axis_name()
-    sizes = {get_aval(x).shape[ax] for x, ax in zip(args, in_axes) if ax is not None}
-    (axis_size,) = sizes or {size}  # new: a size for a batch with no batched input
-    with new_level(BatchTrace, axis_size) as level:
-        with bind_axis(axis_name, axis_size, level):  # new
-            trace = BatchTrace(level)
-            tracers_in = [
-                x if ax is None else BatchTracer(trace, x, ax)
-                for x, ax in zip(args, in_axes)
-            ]
-            outs = _check_outputs("vmap", f(*tracers_in))
-            tracers_out = [trace.full_raise(out) for out in outs]
-    return [
-        move_batch_axis(axis_size, t.batch_axis, _out_axis(out_axis, t), t.val)
-        for t in tracers_out
-    ]
-
-
-def vmap(
-    f: Callable, in_axes: Any = 0, out_axes: int = 0, axis_name: Hashable = None
-) -> Callable:
-    """Vectorize ``f`` over the batch axes ``in_axes`` of its arguments; the
-    batch axis of every output goes to ``out_axes``; collectives may refer
-    to the batch axis as ``axis_name``."""
-    _check_out_axes(out_axes)
-
-    def batched_f(*args: Any) -> Any:
-        args_flat, axes_flat, in_tree = _flatten_vmap_args(in_axes, args)
-        flat_f = flatten_fun(f, in_tree)
-        outs = vmap_flat(flat_f, axes_flat, args_flat, out_axes, axis_name)
-        return tree_unflatten(flat_f.out_tree, outs)
-
-    return batched_f
-
-
-# %% tags=["export", "hide-input"]
-# @title Batching a sub-jaxpr keeps the axis name (vmap_jaxpr, run_batched)
-def _vmap_jaxpr_uncached(jaxpr, axis_size, batched, axis_name):
-    in_types = jaxpr_type(jaxpr).in_types
-    batched_types = [
-        ShapedArray((axis_size, *t.shape), t.dtype) if b else t
-        for t, b in zip(in_types, batched)
-    ]
-    in_axes = [0 if b else None for b in batched]
-
-    def batched_fun(*args):
-        fun = jaxpr_as_fun(jaxpr)
-        return vmap_flat(fun, in_axes, list(args), 0, axis_name, axis_size)
-
-    new_jaxpr, consts, _ = make_jaxpr(batched_fun, *batched_types)
-    return new_jaxpr, [device_put(c) for c in consts]
-
-
-_vmap_jaxpr_cached = functools.cache(_vmap_jaxpr_uncached)
-
-
-def vmap_jaxpr(jaxpr: Jaxpr, axis_size: int, batched: tuple[bool, ...]):
-    """A jaxpr computing ``jaxpr`` on a batch (axis 0) of the batched inputs."""
-    return _vmap_jaxpr_cached(jaxpr, axis_size, batched, batch_axis_name())
-
-
-vmap_jaxpr.__wrapped__ = lambda jaxpr, axis_size, batched: _vmap_jaxpr_uncached(
-    jaxpr, axis_size, batched, batch_axis_name()
-)
-
-
-def run_batched(jaxpr, axis_size, args, batched, out_batched):
-    """``jaxpr`` on ``args`` (batched along axis 0 where ``batched``); the
-    outputs batched along axis 0 where ``out_batched``, else unbatched."""
-    axis_name = batch_axis_name()
-    with new_level(BatchTrace, axis_size) as level:
-        with bind_axis(axis_name, axis_size, level):
-            trace = BatchTrace(level)
-            ins = [BatchTracer(trace, x, 0) if b else x for x, b in zip(args, batched)]
-            outs = [trace.full_raise(x) for x in eval_jaxpr(jaxpr, ins)]
-            return [
-                move_batch_axis(axis_size, t.batch_axis, 0, t.val) if b else t.val
-                for t, b in zip(outs, out_batched)
-            ]
-
-
-# A call whose inputs are all unbatched may still depend on the batch through
-# a collective over this axis (jit(lambda: psum(1.0, "i"))): batch it anyway.
-def _batches_through_collective(dims: list, jaxpr: Jaxpr) -> bool:
-    unbatched = all(d is None for d in dims)
-    return unbatched and batch_axis_name() in free_axis_names(jaxpr)
-
-
-_xla_call_vmap_unnamed = xla_call_p.rule("vmap")
-_custom_jvp_call_vmap_unnamed = custom_jvp_call_p.rule("vmap")
-
-
-@xla_call_p.def_rule("vmap")
-def _xla_call_vmap(axis_size, vals, dims, *, jaxpr):
-    if not _batches_through_collective(dims, jaxpr):
-        return _xla_call_vmap_unnamed(axis_size, vals, dims, jaxpr=jaxpr)
-    new_jaxpr, consts = vmap_jaxpr(jaxpr, axis_size, (False,) * len(vals))
-    outs = bind(xla_call_p, *consts, *vals, jaxpr=new_jaxpr)
-    return outs, [0] * len(outs)
-
-
-@custom_jvp_call_p.def_rule("vmap")
-def _custom_jvp_call_vmap(axis_size, vals, dims, *, call_jaxpr, **params):
-    if _batches_through_collective(dims, call_jaxpr):
-        vals = [move_batch_axis(axis_size, None, 0, x) for x in vals]
-        dims = [0] * len(vals)
-    return _custom_jvp_call_vmap_unnamed(
-        axis_size, vals, dims, call_jaxpr=call_jaxpr, **params
-    )
-
-
-# %% [markdown]
-# While a named `vmap` runs, its frame is on the axis stack, pointing at the
-# `vmap`'s own level:
-
-
-# %%
-def show_frames(row):
-    print(_axes.frames)
-    return row
-
-
-_ = vmap(vmap(show_frames, axis_name="cols"), axis_name="rows")(x)
-
-# %% [markdown]
 # (part9-collectives)=
 # ## The collectives
 #
@@ -438,27 +302,27 @@ def axis_index(axis_name: Hashable) -> ArrayLike:
 
 # %% tags=["export"]
 @psum_p.def_rule("vmap")
-def _psum_vmap(axis_size, vals, dims, *, axis_name):
+def _psum_vmap(axis, vals, dims, *, axis_name):
     (x,), (d,) = vals, dims
-    if not batches_axis(axis_name):  # another axis: the batch rides along
+    if axis.name != axis_name:  # another axis: the batch rides along
         return [psum(x, axis_name)], [d]
     if d is None:  # the same value in every member: the sum is N times it
         aval = get_aval(x)
-        return [mul(x, np.full(aval.shape, axis_size, aval.dtype))], [None]
+        return [mul(x, np.full(aval.shape, axis.size, aval.dtype))], [None]
     return [reduce_sum(x, d)], [None]
 
 
 @axis_index_p.def_rule("vmap")
-def _axis_index_vmap(axis_size, vals, dims, *, axis_name):
-    return [np.arange(axis_size, dtype=np.int32)], [0]
+def _axis_index_vmap(axis, vals, dims, *, axis_name):
+    return [np.arange(axis.size, dtype=np.int32)], [0]
 
 
 # %% tags=["export", "hide-input"]
 # @title The batching rules of pmax and all_gather; pytrees and tuples of names
 @pmax_p.def_rule("vmap")
-def _pmax_vmap(axis_size, vals, dims, *, axis_name):
+def _pmax_vmap(axis, vals, dims, *, axis_name):
     (x,), (d,) = vals, dims
-    if not batches_axis(axis_name):
+    if axis.name != axis_name:
         return [pmax(x, axis_name)], [d]
     if d is None:
         return [x], [None]
@@ -466,9 +330,9 @@ def _pmax_vmap(axis_size, vals, dims, *, axis_name):
 
 
 @all_gather_p.def_rule("vmap")
-def _all_gather_vmap(batch_size, vals, dims, *, axis_name, axis_size):
+def _all_gather_vmap(axis, vals, dims, *, axis_name, axis_size):
     (x,), (d,) = vals, dims
-    if not batches_axis(axis_name):
+    if axis.name != axis_name:
         out_dim = None if d is None else d + 1
         return [all_gather(x, axis_name)], [out_dim]
     return [move_batch_axis(axis_size, d, 0, x)], [None]
@@ -575,7 +439,7 @@ def _all_gather_transpose(cts, x, *, axis_name, axis_size):
     return [reduce_sum(select(per_example(mine, total), total, zeros), 0)]
 
 
-NOT_LINEAR = NOT_LINEAR | {"pmax", "axis_index"}
+NOT_LINEAR.update({"pmax", "axis_index"})
 
 
 # %% [markdown]
@@ -799,20 +663,30 @@ def compile_pmap(jaxpr: Jaxpr, n: int) -> CompiledPmap:
 # of shape `(n, ...)`, split by rows as the inputs were, without moving any
 # data (`disassemble_into_single_device_arrays` would hand us the pieces
 # instead). The rows stay where they are: a `ShardedArray` is an `Array` whose
-# rows live on different devices. Printing it, or `np.asarray`, gathers the
-# rows; passing it to the same `pmap` again reuses the pieces where they are.
+# rows live on different devices (`_rows`, one jaxlib array of `n` pieces).
+# Printing it, or `np.asarray`, gathers the rows; passing it to the same `pmap`
+# again reuses the pieces where they are; passing it to a `jit` (Part 3's calls
+# take one-device buffers, `_buffer`) copies the gathered rows to the first
+# device once.
 
 
 # %% tags=["export"]
 class ShardedArray(Array):
     """An array whose rows live on different devices: row ``i`` on device ``i``."""
 
+    def __init__(self, rows: Any) -> None:
+        self._rows = rows
+
+    @functools.cached_property
+    def _buffer(self) -> Any:  # for one-device calls: gathered, on device 0
+        return device_put(np.asarray(self._rows))._buffer
+
 
 def shard_rows(x: Any, devices: tuple) -> Any:
     """``x`` as one array of ``len(devices)`` shards, row ``i`` on device ``i``."""
     sharding = rows_sharding(devices)
-    if isinstance(x, ShardedArray) and x._buffer.sharding == sharding:
-        return x._buffer  # already in place: no copy
+    if isinstance(x, ShardedArray) and x._rows.sharding == sharding:
+        return x._rows  # already in place: no copy
     from jaxlib import _jax
 
     x = np.asarray(x)
@@ -823,21 +697,18 @@ def shard_rows(x: Any, devices: tuple) -> Any:
 
 
 # %% tags=["export", "hide-input"]
-# @title A ShardedArray passed to jit: gathered, then copied to the first device
-def _as_buffer(x: Any) -> Any:
-    """The device buffer for an argument of a (one-device) compiled call."""
-    if isinstance(x, ShardedArray):
-        x = np.asarray(x)  # gather the rows, then copy to the first device
-    if isinstance(x, Array):
-        return x._buffer
-    return device_put(x)._buffer
+# @title A ShardedArray's shape and host copy; where an array lives; a sharding by rows
+ShardedArray.shape = property(lambda self: tuple(self._rows.shape))
+ShardedArray.dtype = property(lambda self: np.dtype(self._rows.dtype))
+ShardedArray.__array__ = lambda self, dtype=None, copy=None: np.asarray(
+    self._rows, dtype=dtype, copy=copy
+)
 
-
-# %% tags=["export", "hide-input"]
-# @title Where an array lives (devices(), addressable_shards); a sharding by rows
 # Where an array lives, as JAX says it: the set of its devices, and its pieces
 Array.devices = lambda self: self._buffer.devices()
 Array.addressable_shards = property(lambda self: self._buffer.addressable_shards)
+ShardedArray.devices = lambda self: self._rows.devices()
+ShardedArray.addressable_shards = property(lambda self: self._rows.addressable_shards)
 
 
 @functools.cache
@@ -1078,15 +949,15 @@ def _pmap_jvp(primals, tangents, *, jaxpr, axis_name, axis_size):
 # %% tags=["export", "hide-input"]
 # @title pmap's batching and transpose rules
 @pmap_p.def_rule("vmap")
-def _pmap_vmap(batch_size, vals, dims, *, jaxpr, axis_name, axis_size):
+def _pmap_vmap(axis, vals, dims, *, jaxpr, axis_name, axis_size):
     # Axis 0 is the devices' axis, so each row's batch goes to axis 1.
     vals = [
-        v if d is None else move_batch_axis(batch_size, d, 1, v)
+        v if d is None else move_batch_axis(axis.size, d, 1, v)
         for v, d in zip(vals, dims)
     ]
     batched = tuple(d is not None for d in dims)
     with bind_axis(axis_name, axis_size, _state.dynamic):
-        new_jaxpr, consts = vmap_jaxpr(jaxpr, batch_size, batched)
+        new_jaxpr, consts = vmap_jaxpr(jaxpr, axis, batched)
     params = dict(axis_name=axis_name, axis_size=axis_size)
     outs = bind(pmap_p, *rows_of(axis_size, consts), *vals, jaxpr=new_jaxpr, **params)
     return outs, [1] * len(outs)
