@@ -123,6 +123,23 @@ def junit_counts(path: Path, cells: bool) -> str:
     return counts
 
 
+def skip_reasons(path: Path) -> list[str]:
+    """One line per distinct reason for skipping in a JUnit XML report, with
+    the number of tests it skipped (pytest's -rs prints one per location)."""
+    import collections
+    import xml.etree.ElementTree as ElementTree
+
+    try:
+        suites = ElementTree.parse(path).getroot()
+    except (OSError, ElementTree.ParseError):
+        return []
+    reasons = collections.Counter(
+        skip.get("message", "").removeprefix("Skipped: ") or "(no reason given)"
+        for skip in suites.iter("skipped")
+    )
+    return [f"{n} skipped: {reason}" for reason, n in sorted(reasons.items())]
+
+
 def minutes(seconds: float) -> str:
     return f"{int(seconds // 60)}m{seconds % 60:02.0f}s"
 
@@ -287,10 +304,10 @@ def run_tests(args: argparse.Namespace, started: float, reports: Path) -> None:
     # end of each. loadgroup: the browser tests (one Chromium) and the cells of
     # each notebook (in order) are xdist groups, each kept on one worker and
     # scheduled first; other tests spread over both cores, one at a time to
-    # whichever is free, longest modules first (tests/conftest.py). -rs prints
-    # each reason for skipping once, with the number of tests it skipped.
+    # whichever is free, longest modules first (tests/conftest.py). The reasons
+    # for skipping are printed afterwards from the report, each one once.
     report = reports / "pytest.xml"
-    pytest = [PYTHON, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-rs"]
+    pytest = [PYTHON, "-m", "pytest", "-n", "2", "--dist", "loadgroup"]
     pytest += [f"--junitxml={report}", "tests"]
     step = "pytest tests/"
     if chapter_list:
@@ -299,6 +316,8 @@ def run_tests(args: argparse.Namespace, started: float, reports: Path) -> None:
         step += " and nbval (re-execute every chapter, compare outputs)"
     env = {**os.environ, "AUTODIDAX_SITE_HTML": str(SITE_INDEX.parent)}
     run(step, pytest, env=env)
+    for line in skip_reasons(report):
+        print(f"    {line}")
     summary = [f"pytest {junit_counts(report, cells=False)}"]
     if chapter_list:
         summary.append(
