@@ -568,7 +568,8 @@ def _all_gather_lower(ctx, avals_in, avals_out, x, *, axis_name, axis_size):
 # `num_replicas` and passes the devices, in order.
 
 
-# %% tags=["export"]
+# %% tags=["export", "hide-input"]
+# @title The module for one replica (lower_pmap) and its executable (CompiledPmap)
 def lower_pmap(jaxpr: Jaxpr, n: int) -> ir.Module:
     """A module for one replica: ``main`` takes and returns one row per input
     and output (shape ``(1, ...)``) and calls the lowered ``jaxpr`` on them."""
@@ -670,7 +671,8 @@ def compile_pmap(jaxpr: Jaxpr, n: int) -> CompiledPmap:
 # device once.
 
 
-# %% tags=["export"]
+# %% tags=["export", "hide-input"]
+# @title ShardedArray: rows on their devices; shard_rows puts an input there
 class ShardedArray(Array):
     """An array whose rows live on different devices: row ``i`` on device ``i``."""
 
