@@ -1671,7 +1671,7 @@ class JaxprTrace(Trace):
         return outs
 
 
-def _trace_to_jaxpr(f, avals_in, who="make_jaxpr"):
+def _trace_to_jaxpr_v1(f, avals_in, who="make_jaxpr"):
     """Trace ``f``; ``who`` names the user-facing function in error messages."""
     avals, in_tree = _avals_for_tracing(avals_in, who)
     flat_f = flatten_fun(f, in_tree)
@@ -1687,7 +1687,7 @@ def _trace_to_jaxpr(f, avals_in, who="make_jaxpr"):
 
 def make_jaxpr_v1(f: Callable, *avals_in: Any) -> tuple[Jaxpr, list, PyTreeDef]:
     """Trace ``f``, choosing interpreters by data dependence only."""
-    return _trace_to_jaxpr(f, avals_in)
+    return _trace_to_jaxpr_v1(f, avals_in)
 
 
 # @title Checks: make_jaxpr's arguments are types, or arrays standing for them
@@ -1726,7 +1726,7 @@ def _search_start() -> Level:
     return _state.dynamic
 
 
-# @title _trace_to_jaxpr again, with the dynamic level set around the call
+# @title _trace_to_jaxpr: v1 with the dynamic level set around the call
 from contextlib import nullcontext
 
 
