@@ -2236,7 +2236,7 @@ class EqnRecipe(NamedTuple):
     prim: Primitive
     tracers_in: list[PartialEvalTracer]
     params: dict[str, Any]
-    tracers_out: list[PartialEvalTracer]
+    tracers_out: WeakTracers
 
 
 class PartialEvalTracer(Tracer):
@@ -2259,6 +2259,30 @@ class PartialEvalTracer(Tracer):
         if self.pval.is_known:
             return bool(self.pval.const)
         return super().__bool__()
+
+
+# @title WeakTracers: an equation's outputs, held by weak reference
+class _UnusedOutput(NamedTuple):
+    """Stands in for an output tracer that nothing refers to any more."""
+
+    aval: ShapedArray
+
+
+class WeakTracers:
+    """Tracers held by weak reference; one that nobody kept any more reads as
+    an ``_UnusedOutput`` of its type (the same object each time)."""
+
+    def __init__(self, tracers: Sequence[PartialEvalTracer]) -> None:
+        self._refs = [weakref.ref(t) for t in tracers]
+        self._unused = [_UnusedOutput(t.aval) for t in tracers]
+
+    def __iter__(self) -> Iterator[PartialEvalTracer | _UnusedOutput]:
+        for ref, unused in zip(self._refs, self._unused):
+            tracer = ref()
+            yield unused if tracer is None else tracer
+
+    def __len__(self) -> int:
+        return len(self._refs)
 
 
 class PartialEvalTrace(Trace):
@@ -2297,7 +2321,7 @@ class PartialEvalTrace(Trace):
             PartialEvalTracer(self, PartialVal.unknown(aval), None)
             for aval in avals_out
         ]
-        recipe = EqnRecipe(prim, tracers_in, params, tracers_out)
+        recipe = EqnRecipe(prim, tracers_in, params, WeakTracers(tracers_out))
         for t in tracers_out:
             t.recipe = recipe
         return tracers_out
@@ -2306,16 +2330,15 @@ class PartialEvalTrace(Trace):
 def toposort(roots: Sequence[Any], parents: Callable[[Any], Sequence[Any]]) -> list:
     """Nodes reachable from ``roots``, each after all of its parents."""
     order, seen = [], set()
-
-    def visit(node):
-        if id(node) not in seen:
-            seen.add(id(node))
-            for parent in parents(node):
-                visit(parent)
+    stack = [(root, False) for root in reversed(roots)]
+    while stack:
+        node, parents_done = stack.pop()
+        if parents_done:
             order.append(node)
-
-    for root in roots:
-        visit(root)
+        elif id(node) not in seen:
+            seen.add(id(node))
+            stack.append((node, True))
+            stack.extend((p, False) for p in reversed(parents(node)))
     return order
 
 
@@ -2348,58 +2371,6 @@ def tracers_to_jaxpr(
     jaxpr = Jaxpr(in_binders, eqns, [var(t) for t in tracers_out])
     typecheck_jaxpr(jaxpr)
     return jaxpr, [t.recipe.val for t in residuals.values()]
-
-
-# @title Same results, robust for big programs: iterative, with weak references
-import weakref
-
-
-def toposort(roots: Sequence[Any], parents: Callable[[Any], Sequence[Any]]) -> list:
-    """Nodes reachable from ``roots``, each after all of its parents.
-
-    The same depth-first order as the recursive version, with an explicit stack:
-    linear time, and no recursion however long the program.
-    """
-    order: list = []
-    seen: set[int] = set()
-    stack = [(node, False) for node in reversed(roots)]
-    while stack:
-        node, parents_done = stack.pop()
-        if parents_done:
-            order.append(node)
-            continue
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        stack.append((node, True))
-        stack.extend((p, False) for p in reversed(parents(node)) if id(p) not in seen)
-    return order
-
-
-class _UnusedOutput(NamedTuple):
-    """Stands in for an output tracer that nothing refers to any more."""
-
-    aval: ShapedArray
-
-
-class EqnRecipe:
-    """The tracers ``tracers_out`` are the outputs of an equation.
-
-    A tracer points to its recipe; if the recipe pointed back with strong
-    references, every equation would be a reference cycle that only Python's
-    garbage collector could free. So the outputs are held by weak reference,
-    and an output nobody kept comes back as an ``_UnusedOutput`` of its type.
-    """
-
-    def __init__(self, prim, tracers_in, params, tracers_out) -> None:
-        self.prim, self.tracers_in, self.params = prim, tracers_in, params
-        self._refs_out = [weakref.ref(t) for t in tracers_out]
-        self._unused_out = [_UnusedOutput(t.aval) for t in tracers_out]
-
-    @property
-    def tracers_out(self) -> list:
-        outs = [ref() for ref in self._refs_out]
-        return [u if t is None else t for t, u in zip(outs, self._unused_out)]
 
 
 def partial_eval_flat(
