@@ -2138,8 +2138,7 @@ def check_xla_dtypes(avals: Sequence[ShapedArray]) -> None:
         check_xla_dtype(aval.dtype)
 
 
-@functools.cache
-def jvp_jaxpr(jaxpr: Jaxpr) -> tuple[Jaxpr, list[Any]]:
+def jvp_jaxpr_uncached(jaxpr: Jaxpr) -> tuple[Jaxpr, list[Any]]:
     """A jaxpr of (primals, tangents) -> (primal outputs, tangent outputs)."""
     in_types = jaxpr_type(jaxpr).in_types
     n = len(in_types)
@@ -2152,6 +2151,9 @@ def jvp_jaxpr(jaxpr: Jaxpr) -> tuple[Jaxpr, list[Any]]:
     return new_jaxpr, [device_put(c) for c in consts]
 
 
+jvp_jaxpr = functools.cache(jvp_jaxpr_uncached)
+
+
 @xla_call_p.def_rule("jvp")
 def _xla_call_jvp(primals, tangents, *, jaxpr):
     check_call_types(jaxpr, primals)
@@ -2161,18 +2163,23 @@ def _xla_call_jvp(primals, tangents, *, jaxpr):
     return outs[:n], outs[n:]
 
 
-@functools.cache
-def vmap_jaxpr(jaxpr: Jaxpr, axis_size: int, batched: tuple[bool, ...]):
+def vmap_jaxpr_uncached(jaxpr: Jaxpr, axis_size: int, batched: tuple[bool, ...]):
     """A jaxpr computing ``jaxpr`` on a batch (axis 0) of the batched inputs."""
     in_types = jaxpr_type(jaxpr).in_types
     batched_types = [
         ShapedArray((axis_size, *t.shape), t.dtype) if b else t
         for t, b in zip(in_types, batched)
     ]
-    in_axes = tuple(0 if b else None for b in batched)
-    batched_fun = vmap(jaxpr_as_fun(jaxpr), in_axes)
+    in_axes = [0 if b else None for b in batched]
+
+    def batched_fun(*args):
+        return vmap_flat(jaxpr_as_fun(jaxpr), in_axes, args)
+
     new_jaxpr, consts, _ = make_jaxpr(batched_fun, *batched_types)
     return new_jaxpr, [device_put(c) for c in consts]
+
+
+vmap_jaxpr = functools.cache(vmap_jaxpr_uncached)
 
 
 @xla_call_p.def_rule("vmap")
@@ -2670,8 +2677,9 @@ def _check_one_operand_linear(x: Any, y: Any) -> None:
         raise TypeError("mul: transposing a product of two linear values")
 
 
-@functools.cache
-def transpose_jaxpr(jaxpr: Jaxpr, undefined: tuple[bool, ...]) -> tuple[Jaxpr, list]:
+def transpose_jaxpr_uncached(
+    jaxpr: Jaxpr, undefined: tuple[bool, ...]
+) -> tuple[Jaxpr, list]:
     """A jaxpr from (defined inputs, output cotangents) to input cotangents."""
     in_types = jaxpr_type(jaxpr).in_types
     out_types = jaxpr_type(jaxpr).out_types
@@ -2687,6 +2695,9 @@ def transpose_jaxpr(jaxpr: Jaxpr, undefined: tuple[bool, ...]) -> tuple[Jaxpr, l
 
     new_jaxpr, consts, _ = make_jaxpr(transposed, *defined_types, *out_types)
     return new_jaxpr, [device_put(c) for c in consts]
+
+
+transpose_jaxpr = functools.cache(transpose_jaxpr_uncached)
 
 
 @xla_call_p.def_rule("transpose")
@@ -2994,8 +3005,6 @@ def _cond_lower(ctx, avals_in, avals_out, pred, *operands, true_jaxpr, false_jax
 
 def transform_branches(transform: Callable, branches: dict, *args: Any) -> tuple:
     """Apply ``transform`` to both branches and join the constants it makes."""
-    # no cache: branches are new jaxprs on every trace
-    transform = getattr(transform, "__wrapped__", transform)
     true_jaxpr, true_consts = transform(branches["true_jaxpr"], *args)
     false_jaxpr, false_consts = transform(branches["false_jaxpr"], *args)
     return join_consts(true_jaxpr, true_consts, false_jaxpr, false_consts)
@@ -3004,7 +3013,7 @@ def transform_branches(transform: Callable, branches: dict, *args: Any) -> tuple
 @cond_p.def_rule("jvp")
 def _cond_jvp(primals, tangents, **branches):
     pred, *operands = primals
-    consts, jvp_branches = transform_branches(jvp_jaxpr, branches)
+    consts, jvp_branches = transform_branches(jvp_jaxpr_uncached, branches)
     outs = bind(cond_p, pred, *consts, *operands, *tangents[1:], **jvp_branches)
     n = len(outs) // 2
     return outs[:n], outs[n:]
@@ -3081,7 +3090,9 @@ def _cond_vmap(axis_size, vals, dims, **branches):
         for x, d in zip(operands, operand_dims)
     ]
     if pred_dim is None:  # one branch for the whole batch
-        consts, vmapped = transform_branches(vmap_jaxpr, branches, axis_size, batched)
+        consts, vmapped = transform_branches(
+            vmap_jaxpr_uncached, branches, axis_size, batched
+        )
         outs = bind(cond_p, pred, *consts, *operands, **vmapped)
         return outs, [0] * len(outs)
     # A predicate per example: run both branches, then choose per example.
@@ -3203,7 +3214,9 @@ def _cond_partial_eval_jaxpr(unks_in, eqn):
 def _cond_transpose(cts, pred, *args, **branches):
     check_predicate_not_linear("cond", pred)
     undefined = tuple(_is_undef(x) for x in args)
-    consts, transposed = transform_branches(transpose_jaxpr, branches, undefined)
+    consts, transposed = transform_branches(
+        transpose_jaxpr_uncached, branches, undefined
+    )
     out_types = [x.aval for x in branches["true_jaxpr"].outs]
     cts = [zeros_like_aval(t) if ct is None else ct for ct, t in zip(cts, out_types)]
     defined = [x for x in args if not _is_undef(x)]
@@ -5190,7 +5203,7 @@ def _scan_transpose(cts, *args, jaxpr, num_consts, num_carry, length, reverse):
     consts, init, xs = _split(args, num_consts, num_carry)
     linear = [_is_undef(x) for x in consts] + [True] * num_carry
     linear += [_is_undef(x) for x in xs]
-    body_t, body_t_consts = transpose_jaxpr.__wrapped__(jaxpr, tuple(linear))
+    body_t, body_t_consts = transpose_jaxpr_uncached(jaxpr, tuple(linear))
     res_consts = [x for x in consts if not _is_undef(x)]
     res_xs = [x for x in xs if not _is_undef(x)]
     out_types = [x.aval for x in jaxpr.outs[:num_carry]]

@@ -853,8 +853,9 @@ def _check_one_operand_linear(x: Any, y: Any) -> None:
 
 
 # %% tags=["export"]
-@functools.cache
-def transpose_jaxpr(jaxpr: Jaxpr, undefined: tuple[bool, ...]) -> tuple[Jaxpr, list]:
+def transpose_jaxpr_uncached(
+    jaxpr: Jaxpr, undefined: tuple[bool, ...]
+) -> tuple[Jaxpr, list]:
     """A jaxpr from (defined inputs, output cotangents) to input cotangents."""
     in_types = jaxpr_type(jaxpr).in_types
     out_types = jaxpr_type(jaxpr).out_types
@@ -870,6 +871,9 @@ def transpose_jaxpr(jaxpr: Jaxpr, undefined: tuple[bool, ...]) -> tuple[Jaxpr, l
 
     new_jaxpr, consts, _ = make_jaxpr(transposed, *defined_types, *out_types)
     return new_jaxpr, [device_put(c) for c in consts]
+
+
+transpose_jaxpr = functools.cache(transpose_jaxpr_uncached)
 
 
 @xla_call_p.def_rule("transpose")
