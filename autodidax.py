@@ -6571,7 +6571,7 @@ def input_signature(args: tuple) -> tuple | None:
     return tuple(signature)
 
 
-full_path_jit = jit  # Part 3's jit
+full_path_jit = jit  # Part 3's jit: every call takes the full path
 
 
 def stands_alone(jaxpr: Jaxpr, consts: list) -> bool:
@@ -6585,26 +6585,25 @@ def jit(f: Callable) -> Callable:
     """Compile ``f`` with XLA; trace once per input signature; repeated calls
     on arrays and numbers skip the interpreters (the fast path)."""
     traces: Traces = {}
-    fast_calls: dict[tuple, FastCall] = {}
+    fast_calls: dict[tuple, FastCall] = {}  # new
 
     @functools.wraps(f)
     def f_jitted(*args: Any) -> Any:
-        signature = input_signature(args)
-        if signature is not None:
-            fast_call = fast_calls.get(signature)
-            if fast_call is not None:
-                return fast_call(args)
-        # The full path: check, trace if needed, bind.
+        signature = input_signature(args)  # new: the fast path, on a hit
+        if signature is not None:  # new
+            fast_call = fast_calls.get(signature)  # new
+            if fast_call is not None:  # new
+                return fast_call(args)  # new
         args_flat, in_tree = tree_flatten(args)
         args_flat = [_as_input(x, "jit argument") for x in args_flat]
         jaxpr, consts, out_tree = trace_for_call(f, traces, args_flat, in_tree)
         outs = bind(xla_call_p, *consts, *args_flat, jaxpr=jaxpr)
-        if signature is not None and stands_alone(jaxpr, consts):
-            fast_calls[signature] = FastCall(jaxpr, consts, out_tree)
+        if signature is not None and stands_alone(jaxpr, consts):  # new
+            fast_calls[signature] = FastCall(jaxpr, consts, out_tree)  # new
         return tree_unflatten(out_tree, outs)
 
     f_jitted.traces = traces  # for the curious: what has been traced so far
-    f_jitted.fast_calls = fast_calls  # and which signatures take the fast path
+    f_jitted.fast_calls = fast_calls  # new: which signatures take the fast path
     return f_jitted
 
 
