@@ -1681,7 +1681,7 @@ class JaxprTrace(Trace):
         return outs
 
 
-def _trace_to_jaxpr(f, avals_in, who="make_jaxpr"):
+def _trace_to_jaxpr_v1(f, avals_in, who="make_jaxpr"):
     """Trace ``f``; ``who`` names the user-facing function in error messages."""
     avals, in_tree = _avals_for_tracing(avals_in, who)
     flat_f = flatten_fun(f, in_tree)
@@ -1697,7 +1697,7 @@ def _trace_to_jaxpr(f, avals_in, who="make_jaxpr"):
 
 def make_jaxpr_v1(f: Callable, *avals_in: Any) -> tuple[Jaxpr, list, PyTreeDef]:
     """Trace ``f``, choosing interpreters by data dependence only."""
-    return _trace_to_jaxpr(f, avals_in)
+    return _trace_to_jaxpr_v1(f, avals_in)
 
 
 # @title Checks: make_jaxpr's arguments are types, or arrays standing for them
@@ -1736,7 +1736,7 @@ def _search_start() -> Level:
     return _state.dynamic
 
 
-# @title _trace_to_jaxpr again, with the dynamic level set around the call
+# @title _trace_to_jaxpr: v1 with the dynamic level set around the call
 from contextlib import nullcontext
 
 
@@ -2148,8 +2148,7 @@ def check_xla_dtypes(avals: Sequence[ShapedArray]) -> None:
         check_xla_dtype(aval.dtype)
 
 
-@functools.cache
-def jvp_jaxpr(jaxpr: Jaxpr) -> tuple[Jaxpr, list[Any]]:
+def jvp_jaxpr_uncached(jaxpr: Jaxpr) -> tuple[Jaxpr, list[Any]]:
     """A jaxpr of (primals, tangents) -> (primal outputs, tangent outputs)."""
     in_types = jaxpr_type(jaxpr).in_types
     n = len(in_types)
@@ -2162,6 +2161,9 @@ def jvp_jaxpr(jaxpr: Jaxpr) -> tuple[Jaxpr, list[Any]]:
     return new_jaxpr, [device_put(c) for c in consts]
 
 
+jvp_jaxpr = functools.cache(jvp_jaxpr_uncached)
+
+
 @xla_call_p.def_rule("jvp")
 def _xla_call_jvp(primals, tangents, *, jaxpr):
     check_call_types(jaxpr, primals)
@@ -2171,8 +2173,7 @@ def _xla_call_jvp(primals, tangents, *, jaxpr):
     return outs[:n], outs[n:]
 
 
-@functools.cache
-def vmap_jaxpr(jaxpr: Jaxpr, axis: Axis, batched: tuple[bool, ...]):
+def vmap_jaxpr_uncached(jaxpr: Jaxpr, axis: Axis, batched: tuple[bool, ...]):
     """A jaxpr computing ``jaxpr`` on a batch (axis 0) of the batched inputs."""
     in_types = jaxpr_type(jaxpr).in_types
     batched_types = [
@@ -2186,6 +2187,9 @@ def vmap_jaxpr(jaxpr: Jaxpr, axis: Axis, batched: tuple[bool, ...]):
 
     new_jaxpr, consts, _ = make_jaxpr(batched_fun, *batched_types)
     return new_jaxpr, [device_put(c) for c in consts]
+
+
+vmap_jaxpr = functools.cache(vmap_jaxpr_uncached)
 
 
 @xla_call_p.def_rule("vmap")
@@ -2247,7 +2251,7 @@ class EqnRecipe(NamedTuple):
     prim: Primitive
     tracers_in: list[PartialEvalTracer]
     params: dict[str, Any]
-    tracers_out: list[PartialEvalTracer]
+    tracers_out: WeakTracers
 
 
 class PartialEvalTracer(Tracer):
@@ -2270,6 +2274,30 @@ class PartialEvalTracer(Tracer):
         if self.pval.is_known:
             return bool(self.pval.const)
         return super().__bool__()
+
+
+# @title WeakTracers: an equation's outputs, held by weak reference
+class _UnusedOutput(NamedTuple):
+    """Stands in for an output tracer that nothing refers to any more."""
+
+    aval: ShapedArray
+
+
+class WeakTracers:
+    """Tracers held by weak reference; one that nobody kept any more reads as
+    an ``_UnusedOutput`` of its type (the same object each time)."""
+
+    def __init__(self, tracers: Sequence[PartialEvalTracer]) -> None:
+        self._refs = [weakref.ref(t) for t in tracers]
+        self._unused = [_UnusedOutput(t.aval) for t in tracers]
+
+    def __iter__(self) -> Iterator[PartialEvalTracer | _UnusedOutput]:
+        for ref, unused in zip(self._refs, self._unused):
+            tracer = ref()
+            yield unused if tracer is None else tracer
+
+    def __len__(self) -> int:
+        return len(self._refs)
 
 
 class PartialEvalTrace(Trace):
@@ -2308,7 +2336,7 @@ class PartialEvalTrace(Trace):
             PartialEvalTracer(self, PartialVal.unknown(aval), None)
             for aval in avals_out
         ]
-        recipe = EqnRecipe(prim, tracers_in, params, tracers_out)
+        recipe = EqnRecipe(prim, tracers_in, params, WeakTracers(tracers_out))
         for t in tracers_out:
             t.recipe = recipe
         return tracers_out
@@ -2317,16 +2345,15 @@ class PartialEvalTrace(Trace):
 def toposort(roots: Sequence[Any], parents: Callable[[Any], Sequence[Any]]) -> list:
     """Nodes reachable from ``roots``, each after all of its parents."""
     order, seen = [], set()
-
-    def visit(node):
-        if id(node) not in seen:
-            seen.add(id(node))
-            for parent in parents(node):
-                visit(parent)
+    stack = [(root, False) for root in reversed(roots)]
+    while stack:
+        node, parents_done = stack.pop()
+        if parents_done:
             order.append(node)
-
-    for root in roots:
-        visit(root)
+        elif id(node) not in seen:
+            seen.add(id(node))
+            stack.append((node, True))
+            stack.extend((p, False) for p in reversed(parents(node)))
     return order
 
 
@@ -2359,58 +2386,6 @@ def tracers_to_jaxpr(
     jaxpr = Jaxpr(in_binders, eqns, [var(t) for t in tracers_out])
     typecheck_jaxpr(jaxpr)
     return jaxpr, [t.recipe.val for t in residuals.values()]
-
-
-# @title Same results, robust for big programs: iterative, with weak references
-import weakref
-
-
-def toposort(roots: Sequence[Any], parents: Callable[[Any], Sequence[Any]]) -> list:
-    """Nodes reachable from ``roots``, each after all of its parents.
-
-    The same depth-first order as the recursive version, with an explicit stack:
-    linear time, and no recursion however long the program.
-    """
-    order: list = []
-    seen: set[int] = set()
-    stack = [(node, False) for node in reversed(roots)]
-    while stack:
-        node, parents_done = stack.pop()
-        if parents_done:
-            order.append(node)
-            continue
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        stack.append((node, True))
-        stack.extend((p, False) for p in reversed(parents(node)) if id(p) not in seen)
-    return order
-
-
-class _UnusedOutput(NamedTuple):
-    """Stands in for an output tracer that nothing refers to any more."""
-
-    aval: ShapedArray
-
-
-class EqnRecipe:
-    """The tracers ``tracers_out`` are the outputs of an equation.
-
-    A tracer points to its recipe; if the recipe pointed back with strong
-    references, every equation would be a reference cycle that only Python's
-    garbage collector could free. So the outputs are held by weak reference,
-    and an output nobody kept comes back as an ``_UnusedOutput`` of its type.
-    """
-
-    def __init__(self, prim, tracers_in, params, tracers_out) -> None:
-        self.prim, self.tracers_in, self.params = prim, tracers_in, params
-        self._refs_out = [weakref.ref(t) for t in tracers_out]
-        self._unused_out = [_UnusedOutput(t.aval) for t in tracers_out]
-
-    @property
-    def tracers_out(self) -> list:
-        outs = [ref() for ref in self._refs_out]
-        return [u if t is None else t for t, u in zip(outs, self._unused_out)]
 
 
 def partial_eval_flat(
@@ -2710,8 +2685,9 @@ def _check_one_operand_linear(x: Any, y: Any) -> None:
         raise TypeError("mul: transposing a product of two linear values")
 
 
-@functools.cache
-def transpose_jaxpr(jaxpr: Jaxpr, undefined: tuple[bool, ...]) -> tuple[Jaxpr, list]:
+def transpose_jaxpr_uncached(
+    jaxpr: Jaxpr, undefined: tuple[bool, ...]
+) -> tuple[Jaxpr, list]:
     """A jaxpr from (defined inputs, output cotangents) to input cotangents."""
     in_types = jaxpr_type(jaxpr).in_types
     out_types = jaxpr_type(jaxpr).out_types
@@ -2727,6 +2703,9 @@ def transpose_jaxpr(jaxpr: Jaxpr, undefined: tuple[bool, ...]) -> tuple[Jaxpr, l
 
     new_jaxpr, consts, _ = make_jaxpr(transposed, *defined_types, *out_types)
     return new_jaxpr, [device_put(c) for c in consts]
+
+
+transpose_jaxpr = functools.cache(transpose_jaxpr_uncached)
 
 
 @xla_call_p.def_rule("transpose")
@@ -3034,8 +3013,6 @@ def _cond_lower(ctx, avals_in, avals_out, pred, *operands, true_jaxpr, false_jax
 
 def transform_branches(transform: Callable, branches: dict, *args: Any) -> tuple:
     """Apply ``transform`` to both branches and join the constants it makes."""
-    # no cache: branches are new jaxprs on every trace
-    transform = getattr(transform, "__wrapped__", transform)
     true_jaxpr, true_consts = transform(branches["true_jaxpr"], *args)
     false_jaxpr, false_consts = transform(branches["false_jaxpr"], *args)
     return join_consts(true_jaxpr, true_consts, false_jaxpr, false_consts)
@@ -3044,7 +3021,7 @@ def transform_branches(transform: Callable, branches: dict, *args: Any) -> tuple
 @cond_p.def_rule("jvp")
 def _cond_jvp(primals, tangents, **branches):
     pred, *operands = primals
-    consts, jvp_branches = transform_branches(jvp_jaxpr, branches)
+    consts, jvp_branches = transform_branches(jvp_jaxpr_uncached, branches)
     outs = bind(cond_p, pred, *consts, *operands, *tangents[1:], **jvp_branches)
     n = len(outs) // 2
     return outs[:n], outs[n:]
@@ -3121,7 +3098,9 @@ def _cond_vmap(axis, vals, dims, **branches):
         for x, d in zip(operands, operand_dims)
     ]
     if pred_dim is None:  # one branch for the whole batch
-        consts, vmapped = transform_branches(vmap_jaxpr, branches, axis, batched)
+        consts, vmapped = transform_branches(
+            vmap_jaxpr_uncached, branches, axis, batched
+        )
         outs = bind(cond_p, pred, *consts, *operands, **vmapped)
         return outs, [0] * len(outs)
     # A predicate per example: run both branches, then choose per example.
@@ -3240,7 +3219,9 @@ def _cond_partial_eval_jaxpr(unks_in, eqn):
 def _cond_transpose(cts, pred, *args, **branches):
     check_predicate_not_linear("cond", pred)
     undefined = tuple(_is_undef(x) for x in args)
-    consts, transposed = transform_branches(transpose_jaxpr, branches, undefined)
+    consts, transposed = transform_branches(
+        transpose_jaxpr_uncached, branches, undefined
+    )
     out_types = [x.aval for x in branches["true_jaxpr"].outs]
     cts = [zeros_like_aval(t) if ct is None else ct for ct, t in zip(cts, out_types)]
     defined = [x for x in args if not _is_undef(x)]
@@ -5225,7 +5206,7 @@ def _scan_transpose(cts, *args, jaxpr, num_consts, num_carry, length, reverse):
     consts, init, xs = _split(args, num_consts, num_carry)
     linear = [_is_undef(x) for x in consts] + [True] * num_carry
     linear += [_is_undef(x) for x in xs]
-    body_t, body_t_consts = transpose_jaxpr.__wrapped__(jaxpr, tuple(linear))
+    body_t, body_t_consts = transpose_jaxpr_uncached(jaxpr, tuple(linear))
     res_consts = [x for x in consts if not _is_undef(x)]
     res_xs = [x for x in xs if not _is_undef(x)]
     out_types = [x.aval for x in jaxpr.outs[:num_carry]]
@@ -5971,6 +5952,7 @@ def _all_gather_lower(ctx, avals_in, avals_out, x, *, axis_name, axis_size):
     return [hlo.AllGatherOp([ir_type(out_aval)], [row], 0, groups).result]
 
 
+# @title The module for one replica (lower_pmap) and its executable (CompiledPmap)
 def lower_pmap(jaxpr: Jaxpr, n: int) -> ir.Module:
     """A module for one replica: ``main`` takes and returns one row per input
     and output (shape ``(1, ...)``) and calls the lowered ``jaxpr`` on them."""
@@ -6056,6 +6038,7 @@ def compile_pmap(jaxpr: Jaxpr, n: int) -> CompiledPmap:
     return _compiled_pmaps[jaxpr, n]
 
 
+# @title ShardedArray: rows on their devices; shard_rows puts an input there
 class ShardedArray(Array):
     """An array whose rows live on different devices: row ``i`` on device ``i``."""
 
@@ -6453,7 +6436,7 @@ def input_signature(args: tuple) -> tuple | None:
     return tuple(signature)
 
 
-full_path_jit = jit  # Part 3's jit
+full_path_jit = jit  # Part 3's jit: every call takes the full path
 
 
 def stands_alone(jaxpr: Jaxpr, consts: list) -> bool:
@@ -6467,26 +6450,25 @@ def jit(f: Callable) -> Callable:
     """Compile ``f`` with XLA; trace once per input signature; repeated calls
     on arrays and numbers skip the interpreters (the fast path)."""
     traces: Traces = {}
-    fast_calls: dict[tuple, FastCall] = {}
+    fast_calls: dict[tuple, FastCall] = {}  # new
 
     @functools.wraps(f)
     def f_jitted(*args: Any) -> Any:
-        signature = input_signature(args)
-        if signature is not None:
-            fast_call = fast_calls.get(signature)
-            if fast_call is not None:
-                return fast_call(args)
-        # The full path: check, trace if needed, bind.
+        signature = input_signature(args)  # new: the fast path, on a hit
+        if signature is not None:  # new
+            fast_call = fast_calls.get(signature)  # new
+            if fast_call is not None:  # new
+                return fast_call(args)  # new
         args_flat, in_tree = tree_flatten(args)
         args_flat = [_as_input(x, "jit argument") for x in args_flat]
         jaxpr, consts, out_tree = trace_for_call(f, traces, args_flat, in_tree)
         outs = bind(xla_call_p, *consts, *args_flat, jaxpr=jaxpr)
-        if signature is not None and stands_alone(jaxpr, consts):
-            fast_calls[signature] = FastCall(jaxpr, consts, out_tree)
+        if signature is not None and stands_alone(jaxpr, consts):  # new
+            fast_calls[signature] = FastCall(jaxpr, consts, out_tree)  # new
         return tree_unflatten(out_tree, outs)
 
     f_jitted.traces = traces  # for the curious: what has been traced so far
-    f_jitted.fast_calls = fast_calls  # and which signatures take the fast path
+    f_jitted.fast_calls = fast_calls  # new: which signatures take the fast path
     return f_jitted
 
 

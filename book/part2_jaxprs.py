@@ -689,7 +689,7 @@ class JaxprTrace(Trace):
 
 
 # %% tags=["export"]
-def _trace_to_jaxpr(f, avals_in, who="make_jaxpr"):
+def _trace_to_jaxpr_v1(f, avals_in, who="make_jaxpr"):
     """Trace ``f``; ``who`` names the user-facing function in error messages."""
     avals, in_tree = _avals_for_tracing(avals_in, who)
     flat_f = flatten_fun(f, in_tree)
@@ -705,7 +705,7 @@ def _trace_to_jaxpr(f, avals_in, who="make_jaxpr"):
 
 def make_jaxpr_v1(f: Callable, *avals_in: Any) -> tuple[Jaxpr, list, PyTreeDef]:
     """Trace ``f``, choosing interpreters by data dependence only."""
-    return _trace_to_jaxpr(f, avals_in)
+    return _trace_to_jaxpr_v1(f, avals_in)
 
 
 # %% tags=["export", "hide-input"]
@@ -855,8 +855,8 @@ def _search_start() -> Level:
 
 # %% [markdown]
 # Tracing sets the dynamic level around the call of the function. The folded
-# cell redefines `_trace_to_jaxpr` with one new line, and a flag `dynamic` to
-# switch it on (`make_jaxpr_v1` leaves it off):
+# cell defines `_trace_to_jaxpr`: `_trace_to_jaxpr_v1` with one new line, and a
+# flag `dynamic` to switch it on:
 #
 # ```python
 #         with new_dynamic(level) if dynamic else nullcontext():
@@ -864,7 +864,7 @@ def _search_start() -> Level:
 # ```
 
 # %% tags=["export", "hide-input"]
-# @title _trace_to_jaxpr again, with the dynamic level set around the call
+# @title _trace_to_jaxpr: v1 with the dynamic level set around the call
 from contextlib import nullcontext
 
 

@@ -623,11 +623,12 @@ def check_xla_dtypes(avals: Sequence[ShapedArray]) -> None:
 # outputs, tangent outputs). Like every traced jaxpr it may have constants, which
 # come first among its inputs. The rule binds `xla_call` on that new jaxpr, so the
 # interpreter below (evaluation, in the end) compiles the derivative too.
+# `jvp_jaxpr` is `jvp_jaxpr_uncached` behind a cache, so differentiating the same
+# jitted function again neither traces nor compiles its derivative anew.
 
 
 # %% tags=["export"]
-@functools.cache
-def jvp_jaxpr(jaxpr: Jaxpr) -> tuple[Jaxpr, list[Any]]:
+def jvp_jaxpr_uncached(jaxpr: Jaxpr) -> tuple[Jaxpr, list[Any]]:
     """A jaxpr of (primals, tangents) -> (primal outputs, tangent outputs)."""
     in_types = jaxpr_type(jaxpr).in_types
     n = len(in_types)
@@ -638,6 +639,9 @@ def jvp_jaxpr(jaxpr: Jaxpr) -> tuple[Jaxpr, list[Any]]:
 
     new_jaxpr, consts, _ = make_jaxpr(primals_and_tangents_out, *in_types, *in_types)
     return new_jaxpr, [device_put(c) for c in consts]
+
+
+jvp_jaxpr = functools.cache(jvp_jaxpr_uncached)
 
 
 @xla_call_p.def_rule("jvp")
@@ -666,8 +670,7 @@ print(jvp_jaxpr(jaxpr)[0])
 
 
 # %% tags=["export"]
-@functools.cache
-def vmap_jaxpr(jaxpr: Jaxpr, axis: Axis, batched: tuple[bool, ...]):
+def vmap_jaxpr_uncached(jaxpr: Jaxpr, axis: Axis, batched: tuple[bool, ...]):
     """A jaxpr computing ``jaxpr`` on a batch (axis 0) of the batched inputs."""
     in_types = jaxpr_type(jaxpr).in_types
     batched_types = [
@@ -681,6 +684,9 @@ def vmap_jaxpr(jaxpr: Jaxpr, axis: Axis, batched: tuple[bool, ...]):
 
     new_jaxpr, consts, _ = make_jaxpr(batched_fun, *batched_types)
     return new_jaxpr, [device_put(c) for c in consts]
+
+
+vmap_jaxpr = functools.cache(vmap_jaxpr_uncached)
 
 
 @xla_call_p.def_rule("vmap")

@@ -157,7 +157,7 @@ class EqnRecipe(NamedTuple):
     prim: Primitive
     tracers_in: list[PartialEvalTracer]
     params: dict[str, Any]
-    tracers_out: list[PartialEvalTracer]
+    tracers_out: WeakTracers
 
 
 class PartialEvalTracer(Tracer):
@@ -180,6 +180,37 @@ class PartialEvalTracer(Tracer):
         if self.pval.is_known:
             return bool(self.pval.const)
         return super().__bool__()
+
+
+# %% [markdown]
+# An equation's recipe holds its outputs weakly (`WeakTracers`, folded): each
+# output points to its recipe, and strong references back would make every
+# equation a reference cycle that only Python's garbage collector frees.
+
+
+# %% tags=["export", "hide-input"]
+# @title WeakTracers: an equation's outputs, held by weak reference
+class _UnusedOutput(NamedTuple):
+    """Stands in for an output tracer that nothing refers to any more."""
+
+    aval: ShapedArray
+
+
+class WeakTracers:
+    """Tracers held by weak reference; one that nobody kept any more reads as
+    an ``_UnusedOutput`` of its type (the same object each time)."""
+
+    def __init__(self, tracers: Sequence[PartialEvalTracer]) -> None:
+        self._refs = [weakref.ref(t) for t in tracers]
+        self._unused = [_UnusedOutput(t.aval) for t in tracers]
+
+    def __iter__(self) -> Iterator[PartialEvalTracer | _UnusedOutput]:
+        for ref, unused in zip(self._refs, self._unused):
+            tracer = ref()
+            yield unused if tracer is None else tracer
+
+    def __len__(self) -> int:
+        return len(self._refs)
 
 
 # %% [markdown]
@@ -231,7 +262,7 @@ class PartialEvalTrace(Trace):
             PartialEvalTracer(self, PartialVal.unknown(aval), None)
             for aval in avals_out
         ]
-        recipe = EqnRecipe(prim, tracers_in, params, tracers_out)
+        recipe = EqnRecipe(prim, tracers_in, params, WeakTracers(tracers_out))
         for t in tracers_out:
             t.recipe = recipe
         return tracers_out
@@ -245,24 +276,25 @@ class PartialEvalTrace(Trace):
 # order where every equation comes after the equations that produce its inputs: a
 # **topological sort**. A depth-first search does it: visit a node's parents
 # first, then write the node down; a set of visited nodes makes shared parents
-# appear once. Residuals become the jaxpr's leading inputs, in the order we meet
-# them.
+# appear once. A stack of pending nodes stands in for recursion, so a long
+# program does not hit Python's recursion limit: a node is pushed once to visit
+# its parents, and again, marked done, to be written down after them. Residuals
+# become the jaxpr's leading inputs, in the order we meet them.
 
 
 # %% tags=["export"]
 def toposort(roots: Sequence[Any], parents: Callable[[Any], Sequence[Any]]) -> list:
     """Nodes reachable from ``roots``, each after all of its parents."""
     order, seen = [], set()
-
-    def visit(node):
-        if id(node) not in seen:
-            seen.add(id(node))
-            for parent in parents(node):
-                visit(parent)
+    stack = [(root, False) for root in reversed(roots)]
+    while stack:
+        node, parents_done = stack.pop()
+        if parents_done:
             order.append(node)
-
-    for root in roots:
-        visit(root)
+        elif id(node) not in seen:
+            seen.add(id(node))
+            stack.append((node, True))
+            stack.extend((p, False) for p in reversed(parents(node)))
     return order
 
 
@@ -295,59 +327,6 @@ def tracers_to_jaxpr(
     jaxpr = Jaxpr(in_binders, eqns, [var(t) for t in tracers_out])
     typecheck_jaxpr(jaxpr)
     return jaxpr, [t.recipe.val for t in residuals.values()]
-
-
-# %% tags=["export", "hide-input"]
-# @title Same results, robust for big programs: iterative, with weak references
-import weakref
-
-
-def toposort(roots: Sequence[Any], parents: Callable[[Any], Sequence[Any]]) -> list:
-    """Nodes reachable from ``roots``, each after all of its parents.
-
-    The same depth-first order as the recursive version, with an explicit stack:
-    linear time, and no recursion however long the program.
-    """
-    order: list = []
-    seen: set[int] = set()
-    stack = [(node, False) for node in reversed(roots)]
-    while stack:
-        node, parents_done = stack.pop()
-        if parents_done:
-            order.append(node)
-            continue
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        stack.append((node, True))
-        stack.extend((p, False) for p in reversed(parents(node)) if id(p) not in seen)
-    return order
-
-
-class _UnusedOutput(NamedTuple):
-    """Stands in for an output tracer that nothing refers to any more."""
-
-    aval: ShapedArray
-
-
-class EqnRecipe:
-    """The tracers ``tracers_out`` are the outputs of an equation.
-
-    A tracer points to its recipe; if the recipe pointed back with strong
-    references, every equation would be a reference cycle that only Python's
-    garbage collector could free. So the outputs are held by weak reference,
-    and an output nobody kept comes back as an ``_UnusedOutput`` of its type.
-    """
-
-    def __init__(self, prim, tracers_in, params, tracers_out) -> None:
-        self.prim, self.tracers_in, self.params = prim, tracers_in, params
-        self._refs_out = [weakref.ref(t) for t in tracers_out]
-        self._unused_out = [_UnusedOutput(t.aval) for t in tracers_out]
-
-    @property
-    def tracers_out(self) -> list:
-        outs = [ref() for ref in self._refs_out]
-        return [u if t is None else t for t, u in zip(outs, self._unused_out)]
 
 
 # %% [markdown]
@@ -874,8 +853,9 @@ def _check_one_operand_linear(x: Any, y: Any) -> None:
 
 
 # %% tags=["export"]
-@functools.cache
-def transpose_jaxpr(jaxpr: Jaxpr, undefined: tuple[bool, ...]) -> tuple[Jaxpr, list]:
+def transpose_jaxpr_uncached(
+    jaxpr: Jaxpr, undefined: tuple[bool, ...]
+) -> tuple[Jaxpr, list]:
     """A jaxpr from (defined inputs, output cotangents) to input cotangents."""
     in_types = jaxpr_type(jaxpr).in_types
     out_types = jaxpr_type(jaxpr).out_types
@@ -891,6 +871,9 @@ def transpose_jaxpr(jaxpr: Jaxpr, undefined: tuple[bool, ...]) -> tuple[Jaxpr, l
 
     new_jaxpr, consts, _ = make_jaxpr(transposed, *defined_types, *out_types)
     return new_jaxpr, [device_put(c) for c in consts]
+
+
+transpose_jaxpr = functools.cache(transpose_jaxpr_uncached)
 
 
 @xla_call_p.def_rule("transpose")

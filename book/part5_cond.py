@@ -357,13 +357,14 @@ print(jumpy_jit(1.2), jumpy_jit(-0.5), jumpy(1.2), jumpy(-0.5))
 # Transforming each branch with a jaxpr-to-jaxpr transformation and joining the
 # constants the transformed branches bring (zero tangents, for instance) is what
 # the `vmap` and transpose rules will do too, so one helper does it for all three.
+# They pass it the uncached transformations (`jvp_jaxpr_uncached` and the
+# others): a `cond`'s branches are new jaxprs each time it is traced, so a cache
+# would only keep them all alive.
 
 
 # %% tags=["export"]
 def transform_branches(transform: Callable, branches: dict, *args: Any) -> tuple:
     """Apply ``transform`` to both branches and join the constants it makes."""
-    # no cache: branches are new jaxprs on every trace
-    transform = getattr(transform, "__wrapped__", transform)
     true_jaxpr, true_consts = transform(branches["true_jaxpr"], *args)
     false_jaxpr, false_consts = transform(branches["false_jaxpr"], *args)
     return join_consts(true_jaxpr, true_consts, false_jaxpr, false_consts)
@@ -372,7 +373,7 @@ def transform_branches(transform: Callable, branches: dict, *args: Any) -> tuple
 @cond_p.def_rule("jvp")
 def _cond_jvp(primals, tangents, **branches):
     pred, *operands = primals
-    consts, jvp_branches = transform_branches(jvp_jaxpr, branches)
+    consts, jvp_branches = transform_branches(jvp_jaxpr_uncached, branches)
     outs = bind(cond_p, pred, *consts, *operands, *tangents[1:], **jvp_branches)
     n = len(outs) // 2
     return outs[:n], outs[n:]
@@ -494,7 +495,9 @@ def _cond_vmap(axis, vals, dims, **branches):
         for x, d in zip(operands, operand_dims)
     ]
     if pred_dim is None:  # one branch for the whole batch
-        consts, vmapped = transform_branches(vmap_jaxpr, branches, axis, batched)
+        consts, vmapped = transform_branches(
+            vmap_jaxpr_uncached, branches, axis, batched
+        )
         outs = bind(cond_p, pred, *consts, *operands, **vmapped)
         return outs, [0] * len(outs)
     # A predicate per example: run both branches, then choose per example.
@@ -745,7 +748,9 @@ def _cond_partial_eval_jaxpr(unks_in, eqn):
 def _cond_transpose(cts, pred, *args, **branches):
     check_predicate_not_linear("cond", pred)
     undefined = tuple(_is_undef(x) for x in args)
-    consts, transposed = transform_branches(transpose_jaxpr, branches, undefined)
+    consts, transposed = transform_branches(
+        transpose_jaxpr_uncached, branches, undefined
+    )
     out_types = [x.aval for x in branches["true_jaxpr"].outs]
     cts = [zeros_like_aval(t) if ct is None else ct for ct, t in zip(cts, out_types)]
     defined = [x for x in args if not _is_undef(x)]

@@ -822,7 +822,9 @@ print(pp_jaxpr(unknown_half, names=names))
 #
 # Every carry is treated as linear, even one whose initial value is a known
 # residual (a zero tangent that `instantiate_const` turned into a value); its
-# cotangent is then simply dropped.
+# cotangent is then simply dropped. The rule calls `transpose_jaxpr_uncached`:
+# partial evaluation makes a new body jaxpr every time, so a cache would only
+# keep them all alive.
 
 
 # %% tags=["export"]
@@ -831,7 +833,7 @@ def _scan_transpose(cts, *args, jaxpr, num_consts, num_carry, length, reverse):
     consts, init, xs = _split(args, num_consts, num_carry)
     linear = [_is_undef(x) for x in consts] + [True] * num_carry
     linear += [_is_undef(x) for x in xs]
-    body_t, body_t_consts = transpose_jaxpr.__wrapped__(jaxpr, tuple(linear))
+    body_t, body_t_consts = transpose_jaxpr_uncached(jaxpr, tuple(linear))
     res_consts = [x for x in consts if not _is_undef(x)]
     res_xs = [x for x in xs if not _is_undef(x)]
     out_types = [x.aval for x in jaxpr.outs[:num_carry]]
