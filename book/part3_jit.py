@@ -812,7 +812,8 @@ show_error(jit(lambda x, y: x * y), np.ones(3), np.ones(2))
 #   a jaxpr prints it as `jit[name=... jaxpr={ ... }]`. Besides the jaxpr, its
 #   params carry shardings, layouts, donated arguments and compiler options, and
 #   its lowering emits a call of a nested function, as ours does. Older JAX
-#   versions called it `pjit`, and before that `xla_call`, the name we borrow.
+#   versions called it `pjit` (its module is still `jax/_src/pjit.py`), and
+#   before that `xla_call`, the name we borrow.
 #   See [the JAX docs on `jit`](https://docs.jax.dev/en/latest/jit-compilation.html)
 #   and the [StableHLO specification](https://openxla.org/stablehlo/spec).
 # - A jitted function in JAX is a C++ object (`PjitFunction`): a repeated call

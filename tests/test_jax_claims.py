@@ -270,6 +270,9 @@ def test_part3_jit_primitive_name_and_params():
     jaxpr = jax.make_jaxpr(jax.jit(jnp.sin))(1.0)
     (eqn,) = jaxpr.eqns
     assert eqn.primitive is jax_pjit.jit_p and eqn.primitive.name == "jit"
+    # "Older JAX versions called it `pjit` (its module is still
+    # `jax/_src/pjit.py`)"
+    assert jax_pjit.__file__.endswith("jax/_src/pjit.py")
     assert {
         "jaxpr",
         "in_shardings",
@@ -1023,6 +1026,8 @@ def test_part9_unbound_axis_name_is_name_error():
     # part9_named_axes: "JAX raises `NameError` for an unbound axis name";
     # "`jax._src.core.AxisEnv`, whose lookup raises `NameError`".
     assert inspect.isclass(core.AxisEnv)
+    with pytest.raises(NameError, match="unbound axis name: k"):
+        core.AxisEnv().axis_size("k")
     with pytest.raises(NameError, match="unbound axis name: j"):
         jax.vmap(lambda r: lax.psum(r, "j"), axis_name="i")(ROWS)
 
@@ -1449,3 +1454,70 @@ def test_performance_eager_operations_run_through_xla():
 
     assert lax.sin_p.impl.func is dispatch.apply_primitive
     assert isinstance(jnp.sin(jnp.ones(2)), jax.Array)
+
+
+def test_appendix_jax_namespaces_and_array_methods():
+    # appendix_primitives: what ports from JAX missed here: "indexing and
+    # slicing of traced arrays (`x[:, 0]`, `x.at[...]`), `jax.lax` and
+    # `jax.tree_util`/`jax.tree` as namespaces ..., `jax.random`, `jax.nn`,
+    # `sqrt` ..., `jnp.linalg`, and the methods of arrays (`x.sum()`, `x.T`,
+    # `x.reshape`)": each of them exists in JAX.
+    import jax.random
+
+    for namespace in (jax.lax, jax.tree_util, jax.tree, jax.random, jax.nn):
+        assert inspect.ismodule(namespace) or hasattr(namespace, "map")
+    assert callable(jnp.sqrt) and callable(jnp.linalg.norm)
+    x = jnp.arange(6.0).reshape(2, 3)
+    assert float(x.sum()) == 15.0 and x.T.shape == (3, 2)
+    assert (
+        float(jax.jit(lambda x: x[:, 0].sum() + x.at[0, 0].set(9.0)[0, 0])(x)) == 12.0
+    )
+
+
+def test_performance_jit_of_vmap_is_one_cpp_dispatch():
+    # performance: "`jax.jit(jax.vmap(f))`, which makes the whole call one C++
+    # dispatch".
+    import sys
+
+    f = jax.jit(jax.vmap(lambda x: jnp.sin(x) * 2.0 + x))
+    x = jnp.ones((4, 2))
+    f(x).block_until_ready()
+    python_calls = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            python_calls.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        out = f(x)
+    finally:
+        sys.setprofile(None)
+    out.block_until_ready()
+    assert python_calls == []
+
+
+def test_part9_collectives_take_a_tuple_of_names():
+    # part9_named_axes: "`psum`, `pmax` and `pmean` also take a tuple of names"
+    # (as in JAX).
+    def inner(x):
+        return lax.pmax(x, ("i", "j")) + lax.pmean(x, ("i", "j"))
+
+    out = jax.vmap(jax.vmap(inner, axis_name="j"), axis_name="i")(ROWS)
+    np.testing.assert_allclose(out, np.full(ROWS.shape, ROWS.max() + ROWS.mean()))
+
+
+def test_part7_zero_tangents_are_not_carried():
+    # part7_scan: "Its tangents can be symbolic zeros, so no zero tangent is
+    # ever carried": a carry that does not depend on w has no tangent carry in
+    # the linear scan.
+    def f(w):
+        def step(carry, x):
+            h, k = carry
+            return (jnp.sin(h * w + x), k + 1.0), None
+
+        return lax.scan(step, (0.5, 0.0), jnp.ones(3))[0]
+
+    _, f_lin = jax.linearize(f, 0.8)
+    (eqn,) = [e for e in jax.make_jaxpr(f_lin)(1.0).eqns if e.primitive.name == "scan"]
+    assert eqn.params["num_carry"] == 1
