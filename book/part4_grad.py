@@ -49,8 +49,8 @@
 #
 # JAX 0.10.2 still transposes, but it does step 1 without a separate partial
 # evaluator: one interpreter linearizes each primitive directly (see
-# {ref}`the end of this chapter <part4-jax-differs>`), and the linear jaxpr it
-# records is the one partial evaluation gives.
+# {ref}`the end of this chapter <part4-jax-differs>`), recording the same kind
+# of linear jaxpr that partial evaluation gives.
 #
 # The folded cell below loads the library code of the earlier chapters from the
 # module `autodidax`, as in {ref}`Part 2 <part2-setup>`. In Colab it first installs

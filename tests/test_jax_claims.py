@@ -759,9 +759,15 @@ def test_part7_linearized_rnn_residuals_and_w_as_constant():
     forward, backward = [e for e in jaxpr.eqns if e.primitive.name == "scan"]
     assert not forward.params["reverse"] and backward.params["reverse"]
     assert backward.params["num_carry"] == 2  # ct of w and ct of h
-    stacked = [v.aval.shape for v in forward.outvars if v.aval.shape == (3,)]
-    assert len(stacked) >= 3  # ys plus stacked residuals
-    assert backward.params["num_consts"] >= 1  # w enters as a constant
+    stacked = [v for v in forward.outvars if v.aval.shape == (3,)]
+    assert len(stacked) == 4  # ys, then old h, new h and 1 - tanh(...)
+    body = forward.params["jaxpr"].jaxpr
+    old_h = body.invars[forward.params["num_consts"]]
+    assert body.outvars[2] is old_h  # the old h is a residual
+    assert body.outvars[3] is body.outvars[0]  # and so is the new one
+    assert "sub 1.0" in str(forward.params["jaxpr"])  # the tanh factor
+    assert backward.params["num_consts"] == 1
+    assert backward.invars[0] is jaxpr.jaxpr.invars[0]  # w, a constant
 
 
 def test_part7_named_scan_rules_exist():
