@@ -65,7 +65,9 @@ def lowered_text(f, *args) -> str:
 
 @contextlib.contextmanager
 def counting_rule(monkeypatch, registry: dict, primitive, log: list, tag: str):
-    """Wrap ``registry[primitive]`` so that each call appends ``tag`` to ``log``."""
+    """Within the block, each call of JAX's rule ``registry[primitive]`` appends
+    ``tag`` to ``log``; the rule is put back when the block ends (and, through
+    ``monkeypatch``, even if the test fails inside it)."""
     original = registry[primitive]
 
     def counted(*args, **kwargs):
@@ -73,7 +75,10 @@ def counting_rule(monkeypatch, registry: dict, primitive, log: list, tag: str):
         return original(*args, **kwargs)
 
     monkeypatch.setitem(registry, primitive, counted)
-    yield
+    try:
+        yield
+    finally:
+        registry[primitive] = original
 
 
 # ------------------------------------------------------------------ intro.md
