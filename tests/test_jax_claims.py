@@ -1200,6 +1200,7 @@ def test_appendix_abs_round_clip_conventions():
     # "Round half to even, as NumPy and JAX; its derivative is zero";
     # "``x`` limited to [min, max], as JAX: minimum(max, maximum(min, x))".
     assert float(jax.grad(jnp.abs)(0.0)) == 1.0
+    assert not jnp.signbit(jnp.abs(-0.0))  # "-0.0 becomes 0.0"
     np.testing.assert_array_equal(jnp.round(jnp.array([0.5, 1.5, 2.5])), [0, 2, 2])
     assert float(jax.grad(jnp.round)(1.3)) == 0.0
     (clip,) = jax.make_jaxpr(lambda x: jnp.clip(x, -1.0, 1.0))(0.5).eqns
@@ -1536,3 +1537,13 @@ def test_part7_zero_tangents_are_not_carried():
     _, f_lin = jax.linearize(f, 0.8)
     (eqn,) = [e for e in jax.make_jaxpr(f_lin)(1.0).eqns if e.primitive.name == "scan"]
     assert eqn.params["num_carry"] == 1
+
+
+def test_part9_all_gather_carries_axis_size():
+    # part9_named_axes: "`all_gather` carries the axis size as a parameter,
+    # because its output type depends on it" (so does JAX's).
+    f = jax.pmap(lambda r: lax.all_gather(r, "i"), "i")
+    (eqn,) = [
+        e for e in all_eqns(jax.make_jaxpr(f)(ROWS)) if e.primitive.name == "all_gather"
+    ]
+    assert eqn.params["axis_size"] == 4 and eqn.outvars[0].aval.shape == (4, 3)
