@@ -1091,6 +1091,10 @@ def test_part9_pmap_compiles_partitions_with_channel_handles():
     text = jax.pmap(lambda r: lax.psum(r, "i"), "i").lower(ROWS).as_text()
     assert "mhlo.num_partitions = 4" in text and "mhlo.num_replicas = 1" in text
     assert re.search(r"all_reduce.*channel_handle", text)
+    # "the compiler's partitioner (GSPMD, and now Shardy)": Shardy is the
+    # default, and the lowered module is written in its `sdy` dialect.
+    assert jax.config.values["jax_use_shardy_partitioner"] is True
+    assert "sdy.mesh @mesh" in text
 
 
 def test_part9_pmax_has_no_derivative():
@@ -1100,6 +1104,19 @@ def test_part9_pmax_has_no_derivative():
         jax.grad(
             lambda r: jax.vmap(lambda r: lax.pmax(r, "i"), axis_name="i")(r).sum()
         )(ROWS)
+
+
+def test_part9_jit_with_shardings_inserts_collectives():
+    # part9_named_axes: "they `jit` a function of arrays that carry a sharding
+    # ..., and the compiler's partitioner ... inserts the collectives itself";
+    # "`shard_map` is the explicit form".
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]), ("rows",))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("rows"))
+    x = jax.device_put(ROWS, sharding)
+    compiled = jax.jit(lambda x: x.sum(0)).lower(x).compile().as_text()
+    assert "all-reduce" in compiled
+    np.testing.assert_allclose(jax.jit(lambda x: x.sum(0))(x), ROWS.sum(0))
+    assert callable(jax.shard_map)
 
 
 def test_part9_pmap_inside_jit_works():
