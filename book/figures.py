@@ -872,7 +872,11 @@ def _body_only_raises(rule) -> bool:
     if not (tree.body and isinstance(tree.body[0], ast.FunctionDef)):
         return False  # a lambda or a call: not a plain function definition
     body = tree.body[0].body
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+    ):
         body = body[1:]  # the docstring
     return len(body) == 1 and isinstance(body[0], ast.Raise)
 
