@@ -58,9 +58,9 @@ book_setup.load_book(globals(), before="performance")
 # **autodidax's time divided by JAX's**. Below 1, autodidax was faster; above 1,
 # JAX was. The committed report was measured on a small machine shared with
 # other work (the cell below prints the load average when the run started, and
-# the number of CPUs), so the absolute times are noisy; the ratios are steadier, because the two
-# libraries take turns in the same process and share the machine's ups and
-# downs.
+# the number of CPUs), so the absolute times are noisy; the ratios are steadier,
+# because the two libraries take turns in the same process and share the
+# machine's ups and downs.
 
 # %% tags=["hide-input"]
 # @title Read the benchmark report
