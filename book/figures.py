@@ -859,11 +859,39 @@ def scaling_chart(report):
 _rule_status_before_part9 = rule_status
 
 
+def _body_only_raises(rule) -> bool:
+    """Whether ``rule``'s body (after any docstring) is a single ``raise``."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(rule)))
+    except (OSError, TypeError, SyntaxError):  # no source to read
+        return False
+    if not (tree.body and isinstance(tree.body[0], ast.FunctionDef)):
+        return False  # a lambda or a call: not a plain function definition
+    body = tree.body[0].body
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+    ):
+        body = body[1:]  # the docstring
+    return len(body) == 1 and isinstance(body[0], ast.Raise)
+
+
 def rule_status(prim, kind, not_linear):
     """As above, and "refused" for a rule that exists only to raise a clear
-    error: Part 9's lowering of pmap inside jit, and the evaluation of a
-    collective (which bind never allows: it has no axis to reduce over)."""
-    if getattr(prim.rules.get(kind), "only_raises", False):
+    error: Part 9's lowering of pmap inside jit, the evaluation of a
+    collective (which bind never allows: it has no axis to reduce over), and
+    Part 8's forward rules of custom_lin (a custom_vjp has no forward mode).
+    A rule is refused when it is marked ``only_raises`` or its body is one
+    ``raise`` statement."""
+    rule = prim.rules.get(kind)
+    if rule is not None and (
+        getattr(rule, "only_raises", False) or _body_only_raises(rule)
+    ):
         return "refused"
     return _rule_status_before_part9(prim, kind, not_linear)
 

@@ -318,8 +318,10 @@ def _check_broadcast(x: ArrayLike, shape: Sequence[int], axes: Sequence[int]):
 # ### Python numbers next to arrays
 #
 # What should `mul(x, 2.0)` mean when `x` is a vector? The primitives themselves
-# are strict, like JAX's `lax` layer: both operands of a binary primitive must have
-# the same shape and dtype. Being strict keeps every rule simple and makes shape
+# are strict: both operands of a binary primitive must have the same shape and
+# dtype. (JAX's `lax` layer is nearly as strict: it wants one dtype and one
+# rank, but lets a rank-0 operand meet an array of any rank and stretches axes
+# of size 1.) Being strict keeps every rule simple and makes shape
 # mistakes loud. But writing `x * 2.0` is too natural to forbid, so the wrapper
 # turns a Python number into an array before `bind` sees it: it takes the other
 # operand's dtype, and if the other operand is not a scalar, the wrapper inserts an

@@ -1048,7 +1048,8 @@ show_error(lambda: make_jaxpr(lambda s: s, "float64[3]"))
 #   primitives insist on equal shapes, so our jaxprs contain the explicit
 #   broadcast.
 # - Omnistaging became JAX's default in version 0.2.0 (2020), and its only mode
-#   from 0.2.12 on; the
+#   from 0.2.12 on (see those releases in JAX's
+#   [changelog](https://docs.jax.dev/en/latest/changelog.html)); the
 #   [design note](https://docs.jax.dev/en/latest/jep/4410-omnistaging.html)
 #   explains the motivation in detail. Today's JAX keeps no stack to search:
 #   `bind` hands every operation to the *current trace*, held in a thread-local

@@ -819,7 +819,8 @@ show_error(jit(lambda x, y: x * y), np.ones(3), np.ones(2))
 #   a jaxpr prints it as `jit[name=... jaxpr={ ... }]`. Besides the jaxpr, its
 #   params carry shardings, layouts, donated arguments and compiler options, and
 #   its lowering emits a call of a nested function, as ours does. Older JAX
-#   versions called it `pjit`, and before that `xla_call`, the name we borrow.
+#   versions called it `pjit` (its module is still `jax/_src/pjit.py`), and
+#   before that `xla_call`, the name we borrow.
 #   See [the JAX docs on `jit`](https://docs.jax.dev/en/latest/jit-compilation.html)
 #   and the [StableHLO specification](https://openxla.org/stablehlo/spec).
 # - A jitted function in JAX is a C++ object (`PjitFunction`): a repeated call
@@ -827,10 +828,12 @@ show_error(jit(lambda x, y: x * y), np.ones(3), np.ones(2))
 #   without running any Python. The {ref}`performance page <performance>` builds
 #   the same shortcut in Python and compares the two.
 # - We pass a jaxpr's constants to the executable as extra arguments, uploaded
-#   once. JAX embeds small closed-over arrays in the StableHLO module as
-#   `stablehlo.constant`s, compiled into the program, and passes larger ones as
-#   extra arguments, as we do; the size limit is the option
-#   `jax_embedded_constants_max_bytes` (see
+#   once. JAX, with its default settings, embeds every closed-over array in the
+#   StableHLO module as a `stablehlo.constant`, however large, so the array is
+#   compiled into the program. Passing large constants as arguments, above the
+#   size `jax_embedded_constants_max_bytes`, belongs to a new scheme that only
+#   the temporary flag `jax_use_simplified_jaxpr_constants` (off by default)
+#   switches on (see `jax/_src/config.py` and `jax/_src/core.py`, and
 #   [the JAX docs on constants](https://docs.jax.dev/en/latest/internals/constants.html)).
 # - On CPU, `jax.device_put` and `jax.jit` in JAX 0.10.2 let a device array
 #   share a NumPy argument's memory when that memory is 64-byte aligned, so

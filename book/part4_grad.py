@@ -34,8 +34,9 @@
 # one output (the loss). That is one *row* of the Jacobian, and {term}`reverse mode` gets
 # it in a single pass, at a cost proportional to running the function once.
 #
-# JAX does not implement reverse mode as a separate interpreter. It derives it
-# from forward mode in two steps, each a transformation of its own:
+# Reverse mode need not be a separate interpreter. We derive it from forward
+# mode in two steps, each a transformation of its own, the design JAX's
+# reverse mode was built on:
 #
 # 1. **{term}`Partial evaluation`** splits a JVP into the part that depends only on the
 #    primal inputs, which can be computed right away, and the part that depends
@@ -45,6 +46,11 @@
 #    input tangents to output tangents into one from output {term}`cotangents <cotangent>` to input
 #    cotangents. Transposing the linearized function gives `vjp`, and `grad` is
 #    `vjp` with a cotangent of 1.
+#
+# JAX 0.10.2 still transposes, but it does step 1 without a separate partial
+# evaluator: one interpreter linearizes each primitive directly (see
+# {ref}`the end of this chapter <part4-jax-differs>`), recording the same kind
+# of linear jaxpr that partial evaluation gives.
 #
 # The folded cell below loads the library code of the earlier chapters from the
 # module `autodidax`, as in {ref}`Part 2 <part2-setup>`. In Colab it first installs
@@ -1161,6 +1167,7 @@ for name, value in second.items():
 # backward pass does work proportional to the forward pass.
 # {ref}`How fast is it? <performance>` measures this against JAX.
 #
+# (part4-jax-differs)=
 # ## Where real JAX differs
 #
 # - JAX's JVP, partial evaluator and transposition use *symbolic zeros*
@@ -1173,9 +1180,10 @@ for name, value in second.items():
 #   of the primitive where it has one and a per-primitive JVP followed by partial
 #   evaluation where it does not. The result is the split we built here. The flag
 #   `jax_use_direct_linearize` is still defined, but 0.10.2 no longer reads it;
-#   direct linearization is the only path. Partial evaluation of jaxprs
-#   (`partial_eval_jaxpr_nounits` and its variants) is still what splits a `jit`
-#   call into known and unknown halves.
+#   direct linearization is the only path. A `jit` call, too, is split by a
+#   linearization rule of its primitive (`_pjit_linearize`, which calls
+#   `ad.linearize_jaxpr`; see `jax/_src/pjit.py`); the partial-evaluation rules
+#   JAX keeps for `jit` are not used by `grad`, `vjp` or `linearize`.
 # - JAX removes residuals the linear jaxpr does not need (dead-code elimination);
 #   ours keeps every known value an unknown equation read. JAX marks linear
 #   inputs with `UndefinedPrimal`, as our `UndefPrimal` does.

@@ -852,9 +852,10 @@ show_error(jit(lambda x: cond(x, sin, cos, x)), one)  # float predicate, under j
 #   residual slots, but fills them with uninitialized buffers (an `empty2`
 #   equation in the printed jaxpr) rather than zeros, and lets the branches share
 #   slots of the same type, so a `cond` stores about as many residuals as its
-#   hungrier branch rather than the sum. It also removes inputs and outputs that no branch uses, takes an output
-#   that both branches return unchanged from an input straight from that input
-#   instead of from the `cond`, and caches traced branches.
+#   hungrier branch rather than the sum. Its dead-code elimination removes a
+#   `cond`'s inputs and outputs that nothing uses; when it is traced, an output
+#   that both branches return unchanged from an input is taken straight from
+#   that input instead of from the `cond`; and traced branches are cached.
 # - JAX's reverse mode does not run a JVP and then partially evaluate it: `cond`
 #   has a linearize rule that does both in one step, splitting each branch into
 #   its primal half (which also returns residuals) and its linear half directly.

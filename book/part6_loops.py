@@ -916,7 +916,9 @@ show_jax(lambda x, n: jax.lax.fori_loop(0, n, lambda i, y: y * x, x), 1.0, 5)
 #   through a `while_loop`, and the error comes only from transposition.
 # - JAX's `jvp` knows zero tangents symbolically (`ad.Zero`), and both its
 #   `jvp` and `vmap` rules find their fixed points by transforming the body
-#   jaxpr and looking at the result, rather than by a dependence walk.
+#   jaxpr and looking at the result, rather than by a dependence walk (see
+#   `_while_loop_jvp` and `_while_loop_batching_rule` in
+#   `jax/_src/lax/control_flow/loops.py`).
 # - Under `vmap` with a batched predicate, JAX keeps the predicate a boolean
 #   vector inside the `while` equation; the "any" reduction and the per-example
 #   `select` are emitted when the loop is lowered, not written into the jaxpr.
@@ -924,9 +926,12 @@ show_jax(lambda x, n: jax.lax.fori_loop(0, n, lambda i, y: y * x, x), 1.0, 5)
 #   instead of calling private functions; it too carries the constants in the
 #   loop's state.
 # - Ordered side effects (`jax.debug.print` with `ordered=True`, for example)
-#   are threaded through the loop as tokens, and a batched predicate is
-#   refused when the loop has side effects, since the discarded trips of
-#   finished examples would be visible.
+#   are threaded through the loop as tokens. Under `vmap` with a batched
+#   predicate, the body keeps running for examples that have finished, so a
+#   `jax.debug.print` in it also prints their discarded trips. JAX allows that,
+#   and refuses only `io_callback`s: an unordered one when the predicate is
+#   batched, an ordered one in any batched loop (see `_while_loop_batching_rule`
+#   in `jax/_src/lax/control_flow/loops.py`).
 #
 # ## Summary
 #

@@ -1076,8 +1076,9 @@ show_jax(lambda w: jax.grad(jax_rnn_loss)(w, short), 0.8)
 #   copies the body several times into one trip of the `stablehlo.while`,
 #   which gives XLA more straight-line code to optimize and fewer loop
 #   iterations; `unroll=True` removes the loop altogether.
-# - JAX lowers the body inline into the loop's region rather than calling a
-#   private function. And before it binds `scan`, JAX turns a carry that the
+# - JAX, too, calls the body from the loop's region as a private function
+#   (`@closed_call` in the lowered module), next to two small private functions
+#   that read a row of `xs` and write a row of `ys`. And before it binds `scan`, JAX turns a carry that the
 #   body passes through unchanged into a constant, and takes a `y` that is just
 #   the row of an `xs` from `xs` itself instead of copying it.
 #

@@ -930,17 +930,19 @@ except TypeError as err:
 # %% [markdown]
 # - JAX's primitives are called `custom_jvp_call` and `custom_vjp_call`, with
 #   parameters much like ours: `call_jaxpr`, the rule as a Python callable
-#   (`jvp`, or `fwd` and `bwd`), and `symbolic_zeros`. Under `grad`, JAX keeps
+#   (`jvp_jaxpr_fun`, printed `jvp`, or `fwd_jaxpr_thunk` and `bwd`), and
+#   `symbolic_zeros`. Under `grad`, JAX keeps
 #   the primal `custom_jvp_call` (its result unused, printed `_`) and inlines the
 #   rule's tangent computation; for `custom_vjp` the gradient jaxpr holds `fwd`'s
 #   and `bwd`'s operations, traced in place, with no trace of the call.
 # - JAX's JVP interpreter treats a `custom_vjp` call as ours does: it runs
 #   `fwd` and binds a primitive named `custom_lin` (with `num_res`, `bwd` and
-#   `out_avals` parameters) whose evaluation raises the `TypeError` printed
-#   above, `can't apply forward-mode autodiff (jvp) to a custom_vjp function.`
+#   `out_avals` parameters; see `jax/_src/interpreters/ad.py`) whose evaluation
+#   raises the `TypeError` printed above, `can't apply forward-mode autodiff (jvp) to a custom_vjp function.`
 #   Its `grad` and `linearize`, though, do not run a JVP followed by partial
-#   evaluation as ours do: by default (`jax_use_direct_linearize`) they use a
-#   linearizing interpreter of its own. Ours finds out about forward mode only
+#   evaluation as ours do: they use a linearizing interpreter of JAX's own (the
+#   only path in 0.10.2; the flag `jax_use_direct_linearize` that once chose
+#   it is no longer read). Ours finds out about forward mode only
 #   when something tries to compute a `custom_lin`'s output: at once for an
 #   eager `jvp`, when compiling under `jit`, and never inside `make_jaxpr`,
 #   which only records the equation.
@@ -960,7 +962,8 @@ except TypeError as err:
 #   transformations, such as an enclosing `jit`, and traced `nondiff_argnums`
 #   of a `custom_jvp`, whose gradient it stops.
 # - JAX has dead-code elimination rules for both calls, and, like ours, a
-#   transpose for `custom_jvp_call` that transposes its jaxpr. Its
+#   transpose for `custom_jvp_call` that transposes its jaxpr (see
+#   `jax/_src/custom_derivatives.py`). Its
 #   [tutorial on custom derivative rules](https://docs.jax.dev/en/latest/notebooks/Custom_derivative_rules_for_Python_code.html)
 #   covers the API in depth.
 #

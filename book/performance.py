@@ -57,10 +57,10 @@ book_setup.load_book(globals(), before="performance")
 # number is a median over many calls, and every comparison is a ratio:
 # **autodidax's time divided by JAX's**. Below 1, autodidax was faster; above 1,
 # JAX was. The committed report was measured on a small machine shared with
-# other work (the load average it printed is higher than its number of CPUs),
-# so the absolute times are noisy; the ratios are steadier, because the two
-# libraries take turns in the same process and share the machine's ups and
-# downs.
+# other work (the cell below prints the load average when the run started, and
+# the number of CPUs), so the absolute times are noisy; the ratios are steadier,
+# because the two libraries take turns in the same process and share the
+# machine's ups and downs.
 
 # %% tags=["hide-input"]
 # @title Read the benchmark report
@@ -424,9 +424,10 @@ for signature in scaled.fast_calls:
 # So how close can Python get? The benchmark also times jaxlib's
 # three calls alone (copy, run, make the output), with no line of our Python
 # between them: the column *jaxlib alone / JAX* below. For a host argument that
-# floor is already about 1.4 times JAX's whole call, so a dispatch written in
-# Python cannot get a NumPy array within the 1.5× we aimed for; its call stays
-# near twice JAX's time. Reaching 1.5× would take a dispatch written in C++.
+# floor is already about 1.44 times JAX's whole call. Under the 1.5× we aimed
+# for, that leaves about half a microsecond for all of a call's Python, which
+# takes one or two (see above), so our NumPy-array call stays near twice JAX's
+# time. Reaching 1.5× would take a dispatch written in C++.
 # Python numbers and NumPy scalars, whose target allows for the copy, meet
 # theirs. The folded cell prints the medians behind the chart, the ratio to
 # `jax.jit` that the targets are about, and the floor.
@@ -527,8 +528,10 @@ for row in report["headline"]:
 # **Loops.** A jitted `while_loop` or `scan` is one `stablehlo.while` for
 # both libraries, so the time is XLA's loop, and the ratio is close to 1. The
 # gradient through `scan` is two loops, the forward one saving its residuals
-# and the backward one reading them; JAX builds such a pair in the same way, by
-# `jvp`, partial evaluation and transposition, so here too the time is XLA's.
+# and the backward one reading them. JAX builds its pair with `scan`'s
+# linearize rule and transposition, we build ours by `jvp`, partial evaluation
+# and transposition ({ref}`Part 7 <part7>`), but the two pairs are loops of the
+# same kind, so here too the time is XLA's.
 #
 # **The first call.** Tracing and lowering a 20-primitive function take about a
 # millisecond; XLA's compiler takes the rest, for both libraries.
@@ -582,14 +585,18 @@ scaling_chart(report)
 # **Eager operations.** The same difference in the small: an autodidax `sin` is
 # `bind`, the evaluation interpreter and one NumPy call. `jax.numpy.sin` is itself
 # a jitted function, so an eager call goes through JAX's C++ dispatch and starts
-# a tiny compiled program. The two end up costing about the same.
+# a tiny compiled program. Ours takes about 0.7 of JAX's time: on eight numbers,
+# a NumPy call is cheaper than starting a compiled program, even from C++.
 #
 # **`vmap` of `jit`.** Each call runs the batching interpreter over one
 # `xla_call` equation: its batching rule finds the batched jaxpr in a cache and
 # binds `xla_call` again, now with no tracers, which runs the batched executable.
-# In JAX the inner jitted function is reached through `bind` as well, so it takes
-# JAX's general Python path for its `jit` primitive instead of the C++ one, with
-# more to check and more to look up. JAX's advice is to put `jit` outermost,
+# In JAX the inner jitted function meets batching tracers, so its C++ entry
+# point hands the call to Python: `vmap` traces it, and the `jit` primitive's
+# batching rule, in Python, builds (or finds) the batched jaxpr and binds it.
+# Only then does the call reach C++ again, through a `pjit` object made for
+# that jaxpr (`_pjit_call_impl` in `jax/_src/pjit.py`). The Python steps before
+# it are what cost. JAX's advice is to put `jit` outermost,
 # `jax.jit(jax.vmap(f))`, which makes the whole call one C++ dispatch (and the
 # same order is the fast one here).
 #

@@ -28,12 +28,16 @@
 #
 # A cell reads *not linear* where a transpose rule would make no sense, and
 # *generic* where {ref}`Part 4 <part4>`'s partial evaluation handles a primitive
-# without a rule of its own: every primitive except the loops and calls whose
-# jaxpr must be split in two (`xla_call`, `cond`, `while`, `scan`, `pmap`). A
+# without a rule of its own: every primitive except those that hold a jaxpr.
+# `xla_call`, `cond`, `scan` and `pmap` have rules that split their jaxpr in
+# two; `while` has rules that keep the whole loop known or the whole loop
+# unknown, because its jaxpr cannot be split ({ref}`Part 6 <part6>`). A
 # cell reads *refused* where the rule exists only to raise a clear error, because
 # the operation has no meaning there: evaluating a collective outside any
 # `vmap` or `pmap` that binds its axis, and lowering `pmap` inside `jit`
-# ({ref}`Part 9 <part9>`). Any other missing rule would show up as a gap, and in
+# ({ref}`Part 9 <part9>`); evaluating, differentiating in forward mode or
+# lowering `custom_lin`, the primitive that stands for a `custom_vjp` rule under
+# `jvp`, which has no forward mode ({ref}`Part 8 <part8>`). Any other missing rule would show up as a gap, and in
 # the first line of output.
 
 # %% tags=["hide-input"]

@@ -1,0 +1,1566 @@
+"""The book's statements about real JAX, checked against the installed JAX.
+
+SPEC 2b: every sentence of the book that says what JAX does and that running
+the installed JAX can check has a test here. Each test quotes or paraphrases
+its sentence and names the page (``book/<page>.md``). The tests compare with
+JAX's own behaviour, never with autodidax; when JAX is upgraded, the tests
+that fail here are the list of sentences to rewrite.
+
+The test process runs with ``jax_enable_x64`` on (tests/conftest.py); a claim
+about float32 switches it off inside a ``jax.enable_x64(False)`` block, and
+every configuration change is undone before the test returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import re
+import sys
+import threading
+
+import jax
+import jax.extend
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax._src import config as jax_config
+from jax._src import core
+from jax._src import custom_derivatives as jax_custom
+from jax._src import pjit as jax_pjit
+from jax._src.interpreters import ad as jax_ad
+from jax._src.interpreters import batching as jax_batching
+from jax._src.interpreters import partial_eval as jax_pe
+from jax._src.lax.control_flow import conditionals as jax_conditionals
+from jax._src.lax.control_flow import loops as jax_loops
+
+# ------------------------------------------------------------------ helpers
+
+
+def jaxpr_text(f, *args, x64: bool = True) -> str:
+    with jax.enable_x64(x64):
+        return jax.make_jaxpr(f)(*args).pretty_print(use_color=False)
+
+
+def all_eqns(jaxpr):
+    """Every equation of ``jaxpr`` and of the jaxprs in its params."""
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, tuple | list) else [param]:
+                if isinstance(sub, core.Jaxpr | core.ClosedJaxpr):
+                    yield from all_eqns(sub)
+
+
+def primitive_names(f, *args) -> list[str]:
+    return [eqn.primitive.name for eqn in all_eqns(jax.make_jaxpr(f)(*args))]
+
+
+def lowered_text(f, *args) -> str:
+    return jax.jit(f).lower(*args).as_text()
+
+
+@contextlib.contextmanager
+def counting_rule(monkeypatch, registry: dict, primitive, log: list, tag: str):
+    """Within the block, each call of JAX's rule ``registry[primitive]`` appends
+    ``tag`` to ``log``; the rule is put back when the block ends (and, through
+    ``monkeypatch``, even if the test fails inside it)."""
+    original = registry[primitive]
+
+    def counted(*args, **kwargs):
+        log.append(tag)
+        return original(*args, **kwargs)
+
+    monkeypatch.setitem(registry, primitive, counted)
+    try:
+        yield
+    finally:
+        registry[primitive] = original
+
+
+# ------------------------------------------------------------------ intro.md
+
+
+def test_intro_transformations_compose():
+    # intro: "`jax.grad` differentiates a function, `jax.vmap` vectorizes it,
+    # `jax.jit` compiles it ..., and any of them can be applied to the result
+    # of another": jax.jit(jax.grad(f)).
+    f = jax.jit(jax.vmap(jax.grad(jnp.sin)))
+    np.testing.assert_allclose(f(jnp.array([0.0, 1.0])), np.cos([0.0, 1.0]))
+
+
+# ------------------------------------------------------------------ Part 1
+
+
+def test_part1_broadcast_in_dim_names_kept_axes():
+    # part1_interpreters: "its `broadcast` is `lax.broadcast_in_dim`, which
+    # names the axes that are *kept* rather than the ones inserted".
+    text = jaxpr_text(lambda x: lax.broadcast_in_dim(x, (2, 3), (1,)), jnp.ones(3))
+    assert "broadcast_in_dim[broadcast_dimensions=(1,)" in text
+    out = lax.broadcast_in_dim(jnp.arange(3.0), (2, 3), (1,))
+    np.testing.assert_array_equal(out, np.broadcast_to(np.arange(3.0), (2, 3)))
+
+
+def test_part1_lax_add_wants_one_dtype():
+    # part1_interpreters: "JAX's `lax` layer ... wants one dtype".
+    with pytest.raises(TypeError, match="same dtypes"):
+        lax.add(jnp.ones(3), jnp.ones(3, jnp.int32))
+
+
+def test_part1_lax_add_wants_one_rank():
+    # part1_interpreters and appendix_primitives: lax wants "one rank".
+    with pytest.raises(TypeError, match="same number of dimensions"):
+        lax.add(jnp.ones(3), jnp.ones((2, 3)))
+
+
+def test_part1_lax_add_takes_rank0_operand():
+    # part1_interpreters and appendix_primitives: "a rank-0 operand goes
+    # with any rank" (no broadcast in the jaxpr).
+    text = jaxpr_text(lax.add, jnp.ones(3), jnp.ones(()))
+    assert re.search(r"add a b", text) and "broadcast" not in text
+
+
+def test_part1_lax_add_stretches_size1_axes():
+    # part1_interpreters and appendix_primitives: lax "stretches axes of size 1".
+    jaxpr = jax.make_jaxpr(lax.add)(jnp.ones((1, 3)), jnp.ones((2, 3)))
+    assert [e.primitive.name for e in jaxpr.eqns] == ["add"]
+    assert jaxpr.out_avals[0].shape == (2, 3)
+
+
+def test_part1_symbolic_zeros_cost_nothing_for_other_inputs():
+    # part1_interpreters: "JAX ... uses symbolic zeros, so differentiating with
+    # respect to one input out of many costs nothing for the others": the
+    # gradient jaxpr with respect to x has no derivative of cos(y) (a sin of y).
+    jaxpr = jax.make_jaxpr(jax.grad(lambda x, y: jnp.sin(x) * jnp.cos(y)))(1.0, 2.0)
+    sins = [e for e in jaxpr.eqns if e.primitive.name == "sin"]
+    assert len(sins) == 1 and sins[0].invars[0] is jaxpr.jaxpr.invars[0]
+
+
+def test_part1_python_numbers_weakly_typed():
+    # part1_interpreters: "`x * 2.0` keeps the dtype of a `float32` array `x`,
+    # and an integer `x` is promoted to a float".
+    with jax.enable_x64(False):
+        assert (jnp.ones(3, jnp.float32) * 2.0).dtype == jnp.float32
+        assert (jnp.ones(3, jnp.int32) * 2.0).dtype == jnp.float32
+    assert jnp.issubdtype((jnp.ones(3, jnp.int32) * 2.0).dtype, jnp.floating)
+
+
+def test_part1_vmap_parameters():
+    # part1_interpreters: "`jax.vmap` supports `in_axes` given as a pytree
+    # prefix ... as well as `out_axes` trees, named axes and `spmd_axis_name`".
+    params = inspect.signature(jax.vmap).parameters
+    assert {"in_axes", "out_axes", "axis_name", "spmd_axis_name"} <= set(params)
+    out = jax.vmap(lambda d: d["a"] + d["b"], in_axes=({"a": 0, "b": None},))(
+        {"a": jnp.arange(3.0), "b": 1.0}
+    )
+    np.testing.assert_array_equal(out, [1.0, 2.0, 3.0])
+    out = jax.vmap(lambda x: {"y": x}, out_axes={"y": 1})(jnp.ones((2, 3)))
+    assert out["y"].shape == (3, 2)
+
+
+def test_part1_stackless_trace_context():
+    # part1_interpreters: "JAX no longer keeps a stack of numbered levels ...
+    # the trace of the running transformation is held in a context (`trace_ctx`
+    # in `jax._src.core`) ... it runs the operations of its rules under its
+    # parent, the trace it was started under". glossary: "today's JAX has no stack".
+    assert not hasattr(core, "MainTrace")
+    seen = []
+
+    def f(x):
+        seen.append(core.trace_ctx.trace)
+        return x
+
+    jax.jvp(f, (1.0,), (1.0,))
+    (trace,) = seen
+    assert type(trace).__name__ == "JVPTrace"
+    assert trace.parent_trace is core.eval_trace
+
+
+def test_part1_comparison_tangent_is_float0():
+    # part1_interpreters: "Real JAX gives such outputs [of comparisons] a special
+    # tangent dtype called `float0`".
+    _, tangent = jax.jvp(lambda x: x > 0, (1.0,), (1.0,))
+    assert tangent.dtype == jax.dtypes.float0
+
+
+def test_part1_pytree_none_is_empty_container_and_dicts_sorted():
+    # part1_interpreters: "the dict's leaves come out in sorted key order ...
+    # and `None` is an empty container rather than a leaf, as in JAX".
+    leaves = jax.tree_util.tree_leaves([None, {"w": 1, "b": 2}])
+    assert leaves == [2, 1]
+
+
+def test_part1_jacfwd_layout_and_hessian():
+    # part1_interpreters: the Jacobian puts "the input axes behind the output
+    # axes, the layout JAX uses"; "As in JAX, `jacfwd(f)` returns a function;
+    # `jacfwd` of `jacfwd` is the Hessian".
+    jac = jax.jacfwd(lambda x: x[:2] * 2.0)
+    assert callable(jac)
+    assert jax.eval_shape(jac, jnp.ones(3)).shape == (2, 3)
+    hessian = jax.jit(jax.jacfwd(jax.jacfwd(lambda x: jnp.sum(x**3))))(jnp.arange(3.0))
+    np.testing.assert_allclose(hessian, np.diag(6.0 * np.arange(3.0)))
+
+
+# ------------------------------------------------------------------ Part 2
+
+
+def test_part2_make_jaxpr_returns_closed_jaxpr_and_takes_shapes():
+    # part2_jaxprs: "`jax.make_jaxpr(f)(*example_args)` takes example *values*
+    # (or `jax.ShapeDtypeStruct`s) and returns a `ClosedJaxpr`".
+    closed = jax.make_jaxpr(jnp.sin)(jax.ShapeDtypeStruct((3,), jnp.float64))
+    assert isinstance(closed, core.ClosedJaxpr)
+    assert closed.in_avals[0].shape == (3,)
+
+
+def test_part2_printer_separates_constants():
+    # part2_jaxprs: for `lambda x: x + c`, with `c` a NumPy array of three
+    # floats, JAX prints
+    # `{ lambda a:f32[3]; b:f32[3]. let c:f32[3] = add b a in (c,) }`.
+    c = np.array([1.0, 2.0, 3.0])
+    text = jaxpr_text(lambda x: x + c, np.ones(3, np.float32), x64=False)
+    assert text == "{ lambda a:f32[3]; b:f32[3]. let c:f32[3] = add b a in (c,) }"
+
+
+def test_part2_equations_carry_source_info_effects_and_context():
+    # part2_jaxprs: "JAX's equations carry more: source information (a traceback
+    # and a stack of names ...), effects, and a context of compilation settings".
+    (eqn,) = jax.make_jaxpr(jnp.sin)(1.0).eqns
+    assert eqn.source_info.traceback is not None
+    assert hasattr(eqn.source_info, "name_stack")
+    assert hasattr(eqn, "effects") and hasattr(eqn, "ctx")
+
+
+def test_part2_weak_scalar_is_a_literal_without_broadcast():
+    # part2_jaxprs: "`x * 2.0` on a vector records `mul a 2.0:f32[]`: a literal,
+    # printed with its type, and no `broadcast`".
+    text = jaxpr_text(lambda x: x * 2.0, np.ones(3, np.float32), x64=False)
+    assert "mul a 2.0:f32[]" in text and "broadcast" not in text
+
+
+def test_part2_current_trace_is_thread_local():
+    # part2_jaxprs: "`bind` hands every operation to the *current trace*, held
+    # in a thread-local context".
+    other_thread = []
+
+    def f(x):
+        thread = threading.Thread(
+            target=lambda: other_thread.append(core.trace_ctx.trace)
+        )
+        thread.start()
+        thread.join()
+        assert type(core.trace_ctx.trace).__name__ == "DynamicJaxprTrace"
+        return x
+
+    jax.make_jaxpr(f)(1.0)
+    assert other_thread == [core.eval_trace]
+
+
+def test_part2_operations_on_constants_are_staged():
+    # part2_jaxprs / glossary (omnistaging): under `make_jaxpr`, operations on
+    # constants alone are recorded instead of being computed on the spot.
+    text = jaxpr_text(lambda x: x + jnp.sin(jnp.float64(1.0)), 1.0)
+    assert "sin" in text
+
+
+# ------------------------------------------------------------------ Part 3
+
+
+def test_part3_jit_primitive_name_and_params():
+    # part3_jit: "The primitive behind `jax.jit` is called `jit` (`jit_p` in
+    # JAX's source), and a jaxpr prints it as `jit[name=... jaxpr={ ... }]`.
+    # Besides the jaxpr, its params carry shardings, layouts, donated arguments
+    # and compiler options".
+    jaxpr = jax.make_jaxpr(jax.jit(jnp.sin))(1.0)
+    (eqn,) = jaxpr.eqns
+    assert eqn.primitive is jax_pjit.jit_p and eqn.primitive.name == "jit"
+    # "Older JAX versions called it `pjit` (its module is still
+    # `jax/_src/pjit.py`)"
+    assert jax_pjit.__file__.endswith("jax/_src/pjit.py")
+    assert {
+        "jaxpr",
+        "in_shardings",
+        "out_shardings",
+        "in_layouts",
+        "out_layouts",
+        "donated_invars",
+        "compiler_options_kvs",
+    } <= set(eqn.params)
+    assert re.search(r"jit\[\s*name=sin\s*jaxpr=\{", str(jaxpr))
+
+
+def test_part3_jit_lowers_to_a_call_of_a_nested_function():
+    # part3_jit: "its lowering emits a call of a nested function, as ours does".
+    text = lowered_text(lambda x: jax.jit(jnp.sin)(x), 1.0)
+    assert "call @sin(" in text and "func.func private @sin(" in text
+
+
+def test_part3_jitted_function_is_a_cpp_object():
+    # part3_jit: "A jitted function in JAX is a C++ object (`PjitFunction`)".
+    # performance: "`jax.jit` returns an object implemented in C++".
+    f = jax.jit(jnp.sin)
+    assert type(f).__name__ == "PjitFunction"
+    assert type(f).__module__.startswith("jaxlib")
+
+
+def test_part3_closed_over_arrays_are_embedded_by_default():
+    # part3_jit: "JAX, with its default settings, embeds every closed-over array
+    # in the StableHLO module as a `stablehlo.constant`, however large".
+    big = jnp.arange(100_000.0)
+    text = lowered_text(lambda x: x + big, 1.0)
+    (main,) = re.findall(r"func\.func public @main\(([^)]*)\)", text)
+    assert main.count("%arg") == 1
+    assert 'stablehlo.constant dense<"0x' in text
+
+
+def test_part3_constants_max_bytes_belongs_to_a_flag_that_is_off():
+    # part3_jit: "Passing large constants as arguments, above the size
+    # `jax_embedded_constants_max_bytes`, belongs to a new scheme that only the
+    # temporary flag `jax_use_simplified_jaxpr_constants` (off by default)
+    # switches on".
+    assert jax.config.values["jax_use_simplified_jaxpr_constants"] is False
+    assert "jax_embedded_constants_max_bytes" in jax.config.values
+    source = inspect.getsource(core).split("def jaxpr_const_args(", 1)[1]
+    body = source.split("\ndef ", 1)[0]
+    assert "if not config.use_simplified_jaxpr_constants.value:\n    return []" in body
+
+
+def test_part3_device_put_shares_aligned_numpy_memory():
+    # part3_jit: "On CPU, `jax.device_put` ... in JAX 0.10.2 let a device array
+    # share a NumPy argument's memory when that memory is 64-byte aligned, so
+    # writing to the NumPy array afterwards changes the JAX array, an open bug".
+    raw = np.zeros(64 + 8 * 16, np.uint8)
+    start = (-raw.ctypes.data) % 64
+    host = raw[start : start + 8 * 16].view(np.float64)
+    assert host.ctypes.data % 64 == 0
+    host[:] = 1.0
+    device = jax.device_put(host)
+    device.block_until_ready()
+    host[:] = 2.0
+    assert float(device[0]) == 2.0
+
+
+def test_part3_donation_and_disk_cache_exist():
+    # part3_jit: "JAX can also donate argument buffers to the computation and
+    # can keep compiled programs in a cache on disk".
+    assert "donate_argnums" in inspect.signature(jax.jit).parameters
+    assert "jax_compilation_cache_dir" in jax.config.values
+
+
+def test_part3_lowering_has_source_locations():
+    # part3_jit: "JAX lowers with source locations attached to every operation,
+    # so compiler errors and profiles point at your Python lines".
+    def the_function_here(x):
+        return jnp.sin(x)
+
+    text = jax.jit(the_function_here).lower(1.0).as_text(debug_info=True)
+    assert "loc(" in text and "test_jax_claims.py" in text
+
+
+def test_part3_front_end_narrows_float64_without_x64():
+    # part3_jit: "JAX's own front end would narrow it [float64] to float32
+    # unless its global x64 switch is on".
+    with jax.enable_x64(False):
+        assert jnp.asarray(np.ones(2)).dtype == jnp.float32
+        assert jax.device_put(np.ones(2)).dtype == jnp.float32
+    assert jnp.asarray(np.ones(2)).dtype == jnp.float64
+
+
+# ------------------------------------------------------------------ Part 4
+
+
+def test_part4_symbolic_zero_class():
+    # part4_grad: "JAX's JVP, partial evaluator and transposition use *symbolic
+    # zeros* (`jax._src.interpreters.ad.Zero`)".
+    assert inspect.isclass(jax_ad.Zero)
+    zero = jax_ad.Zero(core.ShapedArray((), jnp.float64))
+    assert zero.aval.shape == ()
+
+
+def test_part4_linearize_trace_and_undefined_primal_exist():
+    # part4_grad: "one interpreter (`LinearizeTrace`) ... JAX marks linear inputs
+    # with `UndefinedPrimal`".
+    assert inspect.isclass(jax_ad.LinearizeTrace)
+    assert inspect.isclass(jax_ad.UndefinedPrimal)
+
+
+def test_part4_linearize_uses_the_linearize_trace(monkeypatch):
+    # part4_grad: "`jax.linearize` and `jax.vjp` ... *linearize directly*: one
+    # interpreter (`LinearizeTrace`) computes each primal value ... and records
+    # the tangent operation into a jaxpr at once".
+    seen = []
+
+    def f(x):
+        seen.append(type(core.trace_ctx.trace).__name__)
+        return jnp.sin(x)
+
+    jax.linearize(f, 1.0)
+    jax.vjp(f, 1.0)
+    assert seen == ["LinearizeTrace", "LinearizeTrace"]
+
+
+def test_part4_direct_linearize_flag_is_defined_but_not_read(monkeypatch):
+    # part4_grad: "The flag `jax_use_direct_linearize` is still defined, but
+    # 0.10.2 no longer reads it; direct linearization is the only path".
+    # part8_custom_rules says the same.
+    assert "jax_use_direct_linearize" in jax.config.values
+    log: list = []
+    with counting_rule(
+        monkeypatch, jax_ad.primitive_linearizations, jax_pjit.jit_p, log, "lin"
+    ):
+        with jax_config.use_direct_linearize(False):
+            jax.grad(jax.jit(lambda x: jnp.sin(x) * x))(1.0)
+    assert log == ["lin"]
+
+
+def test_part4_jit_split_by_its_linearize_rule(monkeypatch):
+    # part4_grad: "A `jit` call, too, is split by a linearization rule of its
+    # primitive (`_pjit_linearize`, which calls `ad.linearize_jaxpr`) ...; the
+    # partial-evaluation rules JAX keeps for `jit` are not used by `grad`, `vjp`
+    # or `linearize`".
+    assert jax_ad.primitive_linearizations[jax_pjit.jit_p] is jax_pjit._pjit_linearize
+    assert "ad.linearize_jaxpr(" in inspect.getsource(jax_pjit._pjit_linearize)
+    log: list = []
+    jit_p = jax_pjit.jit_p
+    with (
+        counting_rule(monkeypatch, jax_ad.primitive_linearizations, jit_p, log, "lin"),
+        counting_rule(monkeypatch, jax_pe.custom_partial_eval_rules, jit_p, log, "pe"),
+        counting_rule(
+            monkeypatch, jax_pe.partial_eval_jaxpr_custom_rules, jit_p, log, "pe2"
+        ),
+    ):
+        f = jax.jit(lambda x: jnp.sin(x) * x)
+        jax.grad(f)(1.0)
+        jax.vjp(f, 1.0)
+        jax.linearize(f, 1.0)
+    assert log == ["lin", "lin", "lin"]
+
+
+def test_part4_residuals_not_needed_are_removed():
+    # part4_grad: "JAX removes residuals the linear jaxpr does not need
+    # (dead-code elimination)": sin(x) is computed but the linear map of
+    # sin(x) + 2x keeps only cos(x), not sin(x).
+    _, f_lin = jax.linearize(lambda x: jnp.sin(x) + 2.0 * x, 1.0)
+    jaxpr = jax.make_jaxpr(f_lin)(1.0)
+    residuals = [float(c) for c in jaxpr.consts if np.ndim(c) == 0]
+    assert np.cos(1.0) in residuals and np.sin(1.0) not in residuals
+
+
+def test_part4_checkpoint_and_policies_exist():
+    # part4_grad: "JAX also has `custom_jvp`/`custom_vjp` rules, checkpointing
+    # (`jax.checkpoint`) ... and policies (`jax.checkpoint_policies`)".
+    assert callable(jax.custom_jvp) and callable(jax.custom_vjp)
+    assert callable(jax.checkpoint)
+    assert callable(jax.checkpoint_policies.nothing_saveable)
+
+
+def test_part4_grad_and_vjp_parameters():
+    # part4_grad: "JAX's `grad` also takes `holomorphic` and `allow_int`, and
+    # its `vjp` takes `has_aux`".
+    grad_params = inspect.signature(jax.grad).parameters
+    assert {"argnums", "has_aux", "holomorphic", "allow_int"} <= set(grad_params)
+    assert "has_aux" in inspect.signature(jax.vjp).parameters
+
+
+def test_part4_grad_wants_float_input_and_scalar_output():
+    # part4_grad: "`grad` needs a float input and a scalar float output. As in JAX".
+    with pytest.raises(TypeError, match="real- or complex-valued inputs"):
+        jax.grad(lambda x: x * 1.0)(1)
+    with pytest.raises(TypeError, match="scalar-output"):
+        jax.grad(lambda x: x * jnp.ones(2))(1.0)
+
+
+def test_part4_reverse_mode_still_transposes():
+    # part4_grad: "JAX 0.10.2 still transposes": linear primitives have
+    # transpose rules, and the gradient of a linear function is its transpose.
+    assert lax.mul_p in jax_ad.primitive_transposes
+    assert lax.reduce_sum_p in jax_ad.primitive_transposes
+    grad = jax.grad(lambda x: jnp.sum(3.0 * x))(jnp.ones(2))
+    np.testing.assert_array_equal(grad, [3.0, 3.0])
+
+
+# ------------------------------------------------------------------ Part 5
+
+
+def test_part5_cond_takes_number_predicates():
+    # part5_cond: "`jax.lax.cond` also accepts an integer or floating-point
+    # scalar as the predicate (nonzero is true)".
+    branches = (lambda x: x + 1.0, lambda x: x - 1.0)
+    assert float(lax.cond(2, *branches, 1.0)) == 2.0
+    assert float(lax.cond(0, *branches, 1.0)) == 0.0
+    assert float(lax.cond(0.5, *branches, 1.0)) == 2.0
+
+
+def test_part5_cond_primitive_is_switch_on_an_index():
+    # part5_cond: "its `cond` primitive takes an integer index and a tuple of
+    # branches, and a boolean predicate becomes index 0 (false) or 1 (true)";
+    # "JAX prints its branches in that order too, by index: 0 for false".
+    jaxpr = jax.make_jaxpr(
+        lambda p, x: lax.cond(p, lambda x: x + 1.0, lambda x: x - 1.0, x)
+    )(True, 1.0)
+    convert, cond = jaxpr.eqns
+    assert convert.primitive.name == "convert_element_type"
+    assert convert.params["new_dtype"] == np.int32
+    assert cond.primitive.name == "cond" and isinstance(cond.params["branches"], tuple)
+    false_branch, true_branch = cond.params["branches"]
+    assert [e.primitive.name for e in false_branch.eqns] == ["sub"]
+    assert [e.primitive.name for e in true_branch.eqns] == ["add"]
+    assert lax.switch(1, [lambda: 0, lambda: 1]) == 1
+
+
+def test_part5_vmap_of_cond_selects_with_stop_gradient():
+    # part5_cond: "Under `vmap` with a batched predicate, JAX also runs every
+    # branch and selects (with `select_n`), but it first wraps each branch's
+    # operands in `stop_gradient` for the examples that do not take it, so ...
+    # the `0 x inf` problem above cannot reach the gradient".
+    def f(x):
+        return lax.cond(x > 0, jnp.sqrt, lambda x: 0.0 * x, x)
+
+    names = primitive_names(jax.vmap(f), jnp.ones(2))
+    assert "select_n" in names and "stop_gradient" in names and "cond" not in names
+    xs = jnp.array([-1.0, 4.0])
+    grads = jax.grad(lambda xs: jnp.sum(jax.vmap(f)(xs)))(xs)
+    np.testing.assert_array_equal(grads, [0.0, 0.25])
+    where = jax.grad(lambda xs: jnp.sum(jnp.where(xs > 0, jnp.sqrt(xs), 0.0)))(xs)
+    assert np.isnan(where[0])  # the problem the stop_gradient avoids
+
+
+def _cond_grad_jaxpr():
+    def g(x):
+        return lax.cond(
+            x > 0, lambda x: jnp.sin(x) * jnp.cos(x), lambda x: jnp.exp(x) * x, x
+        )
+
+    return jax.make_jaxpr(jax.grad(g))(1.0)
+
+
+def test_part5_cond_residual_slots_are_empty2_and_shared():
+    # part5_cond: "JAX's partial evaluation of `cond` also gives each branch the
+    # other's residual slots, but fills them with uninitialized buffers (an
+    # `empty2` equation in the printed jaxpr) ... and lets the branches share
+    # slots of the same type, so a `cond` stores about as many residuals as its
+    # hungrier branch rather than the sum."
+    jaxpr = _cond_grad_jaxpr()
+    primal_cond = next(e for e in jaxpr.eqns if e.primitive.name == "cond")
+    assert "empty2" in str(jaxpr)
+    # exp branch: 2 residuals (exp x, x); sin*cos branch: 4 (sin, cos, ...)
+    n_residuals = len(primal_cond.outvars) - 1
+    assert n_residuals == 4
+
+
+def test_part5_cond_has_a_linearize_rule():
+    # part5_cond: "`cond` has a linearize rule that does both in one step,
+    # splitting each branch into its primal half ... and its linear half".
+    assert jax_conditionals.cond_p in jax_ad.primitive_linearizations
+    conds = [e for e in _cond_grad_jaxpr().eqns if e.primitive.name == "cond"]
+    assert len(conds) == 2  # the primal cond and the (transposed) linear one
+
+
+# ------------------------------------------------------------------ Part 6
+
+
+def test_part6_while_primitive_params():
+    # part6_loops: "JAX's `while` primitive has the same parameters as ours:
+    # `cond_jaxpr`, `body_jaxpr`, `cond_nconsts` and `body_nconsts` (its jaxprs
+    # are closed jaxprs ...)".
+    jaxpr = jax.make_jaxpr(
+        lambda a: lax.while_loop(lambda c: c < a, lambda c: c * a, 1.0)
+    )(2.0)
+    (eqn,) = jaxpr.eqns
+    assert eqn.primitive.name == "while"
+    assert set(eqn.params) == {
+        "cond_jaxpr",
+        "body_jaxpr",
+        "cond_nconsts",
+        "body_nconsts",
+    }
+    assert isinstance(eqn.params["body_jaxpr"], core.ClosedJaxpr)
+
+
+def test_part6_fori_loop_static_bounds_is_scan():
+    # part6_loops: "`jax.lax.fori_loop` with bounds that are Python ints ... is
+    # a `scan` with a fixed `length`, so `grad` works through it".
+    f = lambda x: lax.fori_loop(0, 5, lambda i, y: y * x, x)  # noqa: E731
+    (eqn,) = jax.make_jaxpr(f)(1.0).eqns
+    assert eqn.primitive.name == "scan" and eqn.params["length"] == 5
+    np.testing.assert_allclose(jax.grad(f)(1.5), 6 * 1.5**5)
+
+
+def test_part6_fori_loop_traced_bound_is_while_with_i_upper_val():
+    # part6_loops: "with a traced bound it is a `while` whose carry is
+    # `(i, upper, val)`".
+    f = lambda x, n: lax.fori_loop(0, n, lambda i, y: y * x, x)  # noqa: E731
+    (eqn,) = jax.make_jaxpr(f)(1.0, 5).eqns
+    assert eqn.primitive.name == "while"
+    body = eqn.params["body_jaxpr"]
+    carry_types = [(a.dtype.name, a.shape) for a in body.out_avals]
+    assert carry_types == [("int64", ()), ("int64", ()), ("float64", ())]
+
+
+def test_part6_while_loop_reverse_mode_error():
+    # part6_loops: "`jax.lax.while_loop` refuses reverse mode too, with a
+    # `ValueError` that suggests `scan` or a `fori_loop` with static bounds."
+    f = lambda a: lax.while_loop(lambda c: c < 10.0, lambda c: c * a, 1.0)  # noqa: E731
+    with pytest.raises(ValueError, match=r"lax\.scan.*fori_loop with static"):
+        jax.grad(f)(2.0)
+
+
+def test_part6_while_loop_linearizes_and_fails_only_in_transposition():
+    # part6_loops: "So `jax.linearize` works through a `while_loop`, and the
+    # error comes only from transposition."
+    f = lambda a: lax.while_loop(lambda c: c < 10.0, lambda c: c * a, 1.0)  # noqa: E731
+    y, f_lin = jax.linearize(f, 2.0)
+    assert float(y) == 16.0 and float(f_lin(1.0)) == 32.0
+    _, f_vjp = jax.vjp(f, 2.0)  # the forward part runs
+    with pytest.raises(ValueError, match="Reverse-mode differentiation"):
+        f_vjp(1.0)
+
+
+def test_part6_while_linearize_runs_known_loop_and_restages():
+    # part6_loops: "it runs the known carries as a loop of their own, now, and
+    # stages the whole loop again for the unknown ones, recomputing the known
+    # part": linearize stages a known loop (counter, primal) and then the whole
+    # loop again, counter and primal with the tangent.
+    def f(x):
+        body = lambda c: (c[0] + 1, c[1] * x)  # noqa: E731
+        return lax.while_loop(lambda c: c[0] < 3, body, (0, x))[1]
+
+    jaxpr = jax.make_jaxpr(lambda x: jax.linearize(f, x)[1](1.0))(2.0)
+    known, whole = [e for e in jaxpr.eqns if e.primitive.name == "while"]
+    carries = [
+        [a.dtype.name for a in e.params["body_jaxpr"].out_avals] for e in (known, whole)
+    ]
+    assert carries == [["int64", "float64"], ["int64", "float64", "float64"]]
+
+
+def test_part6_batched_predicate_stays_in_while():
+    # part6_loops: "Under `vmap` with a batched predicate, JAX keeps the
+    # predicate a boolean vector inside the `while` equation; the "any"
+    # reduction and the per-example `select` are emitted when the loop is
+    # lowered, not written into the jaxpr."
+    def f(x):
+        return lax.while_loop(lambda c: c < x, lambda c: c + 1.0, 0.0)
+
+    jaxpr = jax.make_jaxpr(jax.vmap(f))(jnp.arange(3.0))
+    (eqn,) = [e for e in jaxpr.eqns if e.primitive.name == "while"]
+    assert str(eqn.params["cond_jaxpr"].out_avals[0]) == "bool[3]"
+    names = [e.primitive.name for e in all_eqns(jaxpr)]
+    assert not {"reduce_or", "select_n"} & set(names)
+    text = lowered_text(jax.vmap(f), jnp.arange(3.0))
+    assert "stablehlo.reduce" in text and "stablehlo.select" in text
+
+
+def test_part6_while_lowered_inline_with_constants_in_state():
+    # part6_loops: "JAX lowers the two jaxprs inline into the regions of
+    # `stablehlo.while` instead of calling private functions; it too carries the
+    # constants in the loop's state."
+    def f(a, x):
+        return lax.while_loop(lambda c: c < a, lambda c: jnp.sin(c) * a, x)
+
+    text = lowered_text(f, 2.0, 1.0)
+    assert "stablehlo.while(" in text and "func.func private" not in text
+    (header,) = re.findall(r"stablehlo\.while\((.*)\)", text)
+    assert header.count("%iterArg") == 3  # a for cond, a for body, the carry
+
+
+def _while_with_effect(effect):
+    def f(x):
+        def body(c):
+            effect(c[0])
+            return c[0] + 1, c[1]
+
+        return lax.while_loop(lambda c: c[0] < c[1], body, (0, x))
+
+    return jax.vmap(f)
+
+
+def test_part6_batched_predicate_with_debug_print_runs(capfd):
+    # part6_loops: "the body keeps running for examples that have finished, so
+    # a `jax.debug.print` in it also prints their discarded trips. JAX allows
+    # that".
+    f = _while_with_effect(lambda i: jax.debug.print("trip {}", i, ordered=True))
+    out = f(jnp.array([1, 3]))
+    jax.effects_barrier()
+    np.testing.assert_array_equal(out[0], [1, 3])
+    printed = capfd.readouterr().out.split("\n")
+    assert printed.count("trip 1") == 3  # example 0 printed its discarded trips
+
+
+def test_part6_batched_predicate_refuses_io_callbacks():
+    # part6_loops: "and refuses only `io_callback`s: an unordered one when the
+    # predicate is batched, an ordered one in any batched loop".
+    from jax.experimental import io_callback
+
+    unordered = _while_with_effect(lambda i: io_callback(lambda v: None, None, i))
+    with pytest.raises(Exception, match="Unordered IO effects not supported in while"):
+        unordered(jnp.array([1, 3]))
+    ordered = _while_with_effect(
+        lambda i: io_callback(lambda v: None, None, i, ordered=True)
+    )
+    with pytest.raises(Exception, match="Ordered IO effects not supported in vmap"):
+        ordered(jnp.array([1, 3]))
+
+
+def test_part6_fixed_points_by_transforming_the_body():
+    # part6_loops: "both its `jvp` and `vmap` rules find their fixed points by
+    # transforming the body jaxpr and looking at the result".
+    assert "batching.batch_jaxpr(" in inspect.getsource(
+        jax_loops._while_loop_batching_rule
+    )
+    assert "ad.jvp_jaxpr(" in inspect.getsource(jax_loops._while_loop_jvp)
+
+
+# ------------------------------------------------------------------ Part 7
+
+
+def _rnn_loss(w, xs):
+    def step(h, x):
+        h = jnp.tanh(h * w + x)
+        return h, h
+
+    return jnp.sum(lax.scan(step, 0.5, xs)[1])
+
+
+def test_part7_scan_params():
+    # part7_scan: "JAX's `scan` primitive has our parameters (`jaxpr`, `length`,
+    # `num_consts`, `num_carry`, `reverse`) plus `unroll`"; "The primitive of
+    # 0.10.2 has neither [`linear` nor `_split_transpose`]".
+    scans = [e for e in all_eqns(jax.make_jaxpr(_rnn_loss)(0.8, jnp.ones(3)))]
+    (eqn,) = [e for e in scans if e.primitive.name == "scan"]
+    assert set(eqn.params) == {
+        "jaxpr",
+        "length",
+        "num_consts",
+        "num_carry",
+        "reverse",
+        "unroll",
+    }
+
+
+def test_part7_split_transpose_accepted_and_ignored():
+    # part7_scan: "`jax.lax.scan` accepts a `_split_transpose` argument only to
+    # ignore it".
+    assert "_split_transpose" in inspect.signature(lax.scan).parameters
+
+    def f(split):
+        return lax.scan(
+            lambda c, x: (c + x, c), 0.0, jnp.ones(3), _split_transpose=split
+        )
+
+    assert str(jax.make_jaxpr(lambda: f(True))()) == str(
+        jax.make_jaxpr(lambda: f(False))()
+    )
+
+
+def test_part7_linearized_rnn_residuals_and_w_as_constant():
+    # part7_scan: "Its known loop, in the linearization above, emits the same
+    # kind of residuals as ours (the old `h`, the new one, and a factor of the
+    # derivative of `tanh`), and the weight `w` reaches the transposed loop as a
+    # constant, not a stack; the backward scan has `reverse=True`, and its carry
+    # holds the cotangent of `w` being summed next to that of `h`".
+    jaxpr = jax.make_jaxpr(jax.grad(_rnn_loss))(0.8, jnp.ones(3))
+    forward, backward = [e for e in jaxpr.eqns if e.primitive.name == "scan"]
+    assert not forward.params["reverse"] and backward.params["reverse"]
+    assert backward.params["num_carry"] == 2  # ct of w and ct of h
+    stacked = [v for v in forward.outvars if v.aval.shape == (3,)]
+    assert len(stacked) == 4  # ys, then old h, new h and 1 - tanh(...)
+    body = forward.params["jaxpr"].jaxpr
+    old_h = body.invars[forward.params["num_consts"]]
+    assert body.outvars[2] is old_h  # the old h is a residual
+    assert body.outvars[3] is body.outvars[0]  # and so is the new one
+    assert "sub 1.0" in str(forward.params["jaxpr"])  # the tanh factor
+    assert backward.params["num_consts"] == 1
+    assert backward.invars[0] is jaxpr.jaxpr.invars[0]  # w, a constant
+
+
+def test_part7_named_scan_rules_exist():
+    # part7_scan: `_scan_known_hoisting` and `_scan_partial_eval_custom` in
+    # jax/_src/lax/control_flow/loops.py; "`scan` has a linearize rule
+    # (`_scan_linearize`)"; "JAX's rule (`_scan_transpose_fancy` in this
+    # release)". performance: grad of scan uses scan's linearize rule.
+    assert callable(jax_loops._scan_known_hoisting)
+    assert jax_pe.partial_eval_jaxpr_custom_rules[jax_loops.scan_p] is (
+        jax_loops._scan_partial_eval_custom
+    )
+    assert (
+        jax_ad.primitive_linearizations[jax_loops.scan_p] is jax_loops._scan_linearize
+    )
+    assert jax_ad.fancy_transposes[jax_loops.scan_p] is jax_loops._scan_transpose_fancy
+    # "It additionally handles mutable references (`jax.Ref`)"
+    assert inspect.isclass(jax.Ref)
+    assert "AbstractRef" in inspect.getsource(jax_loops._scan_transpose_fancy)
+
+
+def test_part7_grad_of_scan_uses_its_linearize_rule(monkeypatch):
+    # part7_scan: "JAX's reverse mode does not run the JVP scan and then split
+    # it: `scan` has a linearize rule". performance: "JAX builds its pair with
+    # `scan`'s linearize rule and transposition".
+    log: list = []
+    scan_p = jax_loops.scan_p
+    with (
+        counting_rule(monkeypatch, jax_ad.primitive_linearizations, scan_p, log, "lin"),
+        counting_rule(monkeypatch, jax_ad.primitive_jvps, scan_p, log, "jvp"),
+        counting_rule(monkeypatch, jax_pe.custom_partial_eval_rules, scan_p, log, "pe"),
+    ):
+        jax.grad(lambda w: _rnn_loss(w, jnp.ones(3)))(0.8)
+    assert log == ["lin"]
+
+
+def test_part7_remat_is_checkpoint():
+    # part7_scan: "`jax.checkpoint` (also called `remat`)".
+    assert "Alias of :func:`jax.checkpoint`" in jax.remat.__doc__
+    a = jax.make_jaxpr(jax.remat(jnp.sin))(1.0)
+    b = jax.make_jaxpr(jax.checkpoint(jnp.sin))(1.0)
+    assert str(a) == str(b) and "remat2[" in str(a)  # JAX's name for the primitive
+
+
+def test_part7_unroll_true_removes_the_loop():
+    # part7_scan: "`unroll=True` removes the loop altogether".
+    def f(xs, unroll):
+        return lax.scan(lambda c, x: (c + x, c), 0.0, xs, unroll=unroll)
+
+    assert "stablehlo.while" in lowered_text(lambda xs: f(xs, 1), jnp.ones(3))
+    assert "stablehlo.while" not in lowered_text(lambda xs: f(xs, True), jnp.ones(3))
+
+
+def test_part7_body_is_called_as_private_function():
+    # part7_scan: "JAX, too, calls the body from the loop's region as a private
+    # function (`@closed_call` in the lowered module), next to two small private
+    # functions that read a row of `xs` and write a row of `ys`."
+    text = lowered_text(
+        lambda xs: lax.scan(lambda c, x: (jnp.sin(c) + x, c), 0.0, xs), jnp.ones(3)
+    )
+    privates = re.findall(r"func\.func private @(\w+)", text)
+    assert sorted(privates) == [
+        "closed_call",
+        "dynamic_index_in_dim",
+        "dynamic_update_index_in_dim",
+    ]
+
+
+def test_part7_pass_through_carry_and_forwarded_rows():
+    # part7_scan: "before it binds `scan`, JAX turns a carry that the body passes
+    # through unchanged into a constant, and takes a `y` that is just the row of
+    # an `xs` from `xs` itself".
+    jaxpr = jax.make_jaxpr(
+        lambda xs: lax.scan(lambda c, x: ((c[0] + x, c[1]), x), (0.0, 1.0), xs)
+    )(jnp.ones(3))
+    (eqn,) = jaxpr.eqns
+    assert eqn.params["num_carry"] == 1 and len(eqn.outvars) == 1
+    assert jaxpr.jaxpr.outvars[-1] is jaxpr.jaxpr.invars[0]
+
+
+# ------------------------------------------------------------------ Part 8
+
+
+@jax.custom_jvp
+def _softplus(x):
+    return jnp.log(1.0 + jnp.exp(x))
+
+
+@_softplus.defjvp
+def _softplus_jvp(primals, tangents):
+    return _softplus(primals[0]), tangents[0] * jax.nn.sigmoid(primals[0])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _clip_gradient(x, bound):
+    return x
+
+
+_clip_gradient.defvjp(
+    lambda x, bound: (x, None), lambda bound, _, ct: (jnp.clip(ct, -bound, bound),)
+)
+
+
+def test_part8_custom_call_primitives_and_params():
+    # part8_custom_rules: "JAX's primitives are called `custom_jvp_call` and
+    # `custom_vjp_call`, with parameters much like ours: `call_jaxpr`, the rule
+    # as a Python callable (`jvp_jaxpr_fun`, printed `jvp`, or
+    # `fwd_jaxpr_thunk` and `bwd`), and `symbolic_zeros`."
+    (jvp_eqn,) = jax.make_jaxpr(_softplus)(1.0).eqns
+    assert jvp_eqn.primitive.name == "custom_jvp_call"
+    assert {"call_jaxpr", "jvp_jaxpr_fun", "symbolic_zeros"} <= set(jvp_eqn.params)
+    assert "jvp=_softplus_jvp" in str(jax.make_jaxpr(_softplus)(1.0))
+    (vjp_eqn,) = jax.make_jaxpr(lambda x: _clip_gradient(x, 5.0))(1.0).eqns
+    assert vjp_eqn.primitive.name == "custom_vjp_call"
+    assert {"call_jaxpr", "fwd_jaxpr_thunk", "bwd", "symbolic_zeros"} <= set(
+        vjp_eqn.params
+    )
+
+
+def test_part8_grad_keeps_unused_primal_custom_jvp_call():
+    # part8_custom_rules: "Under `grad`, JAX keeps the primal `custom_jvp_call`
+    # (its result unused, printed `_`) and inlines the rule's tangent computation".
+    jaxpr = jax.make_jaxpr(jax.grad(_softplus))(1.0)
+    first = jaxpr.eqns[0]
+    assert first.primitive.name == "custom_jvp_call"
+    assert re.search(r"_:f64\[\] = custom_jvp_call", str(jaxpr))
+    assert "logistic" in [e.primitive.name for e in jaxpr.eqns[1:]]
+
+
+def test_part8_grad_of_custom_vjp_has_no_call():
+    # part8_custom_rules: "for `custom_vjp` the gradient jaxpr holds `fwd`'s and
+    # `bwd`'s operations, traced in place, with no trace of the call".
+    names = primitive_names(jax.grad(lambda x: _clip_gradient(x, 5.0) ** 3), 1.0)
+    assert "custom_vjp_call" not in names and "custom_lin" not in names
+    assert {"min", "max"} <= set(names)  # bwd's clip
+
+
+def test_part8_jvp_of_custom_vjp_binds_custom_lin():
+    # part8_custom_rules: "JAX's JVP interpreter treats a `custom_vjp` call as
+    # ours does: it runs `fwd` and binds a primitive named `custom_lin` (with
+    # `num_res`, `bwd` and `out_avals` parameters) whose evaluation raises the
+    # `TypeError` ..., `can't apply forward-mode autodiff (jvp) to a custom_vjp
+    # function.`"
+    jaxpr = jax.make_jaxpr(
+        lambda x: jax.jvp(lambda x: _clip_gradient(x, 5.0), (x,), (x,))
+    )(1.0)
+    (eqn,) = jaxpr.eqns
+    assert eqn.primitive is jax_ad.custom_lin_p and eqn.primitive.name == "custom_lin"
+    assert {"num_res", "bwd", "out_avals"} <= set(eqn.params)
+    message = "can't apply forward-mode autodiff (jvp) to a custom_vjp function."
+    with pytest.raises(TypeError) as info:
+        jax.jvp(lambda x: _clip_gradient(x, 5.0), (1.0,), (1.0,))
+    assert str(info.value) == message
+
+
+def test_part8_symbolic_zeros_option():
+    # part8_custom_rules: "With `symbolic_zeros=True`, JAX's rules are told which
+    # tangents (or cotangents) are known to be zero".
+    assert "symbolic_zeros" in inspect.signature(jax.custom_jvp.defjvp).parameters
+    assert "symbolic_zeros" in inspect.signature(jax.custom_vjp.defvjp).parameters
+
+    @jax.custom_jvp
+    def f(x, y):
+        return x * y
+
+    seen = []
+
+    @functools.partial(f.defjvp, symbolic_zeros=True)
+    def _(primals, tangents):
+        seen.append([type(t).__name__ for t in tangents])
+        x, y = primals
+        return f(x, y), jnp.zeros_like(x)
+
+    jax.jvp(lambda x: f(x, 2.0), (1.0,), (1.0,))
+    assert seen[0][1] == "SymbolicZero"
+
+
+def test_part8_defjvps_and_bwd_none():
+    # part8_custom_rules: "`custom_jvp` also has `defjvps`, one rule per
+    # argument ...; a `custom_vjp`'s `bwd` may return `None` for an argument
+    # whose cotangent is zero".
+    @jax.custom_jvp
+    def f(x, y):
+        return x * y
+
+    f.defjvps(lambda t, ans, x, y: t * y, lambda t, ans, x, y: t * x)
+    assert float(jax.grad(f, 1)(3.0, 2.0)) == 3.0
+
+    @jax.custom_vjp
+    def g(x, y):
+        return x * y
+
+    g.defvjp(lambda x, y: (x * y, y), lambda y, ct: (ct * y, None))
+    assert jax.grad(g, (0, 1))(3.0, 2.0) == (2.0, 0.0)
+
+
+def test_part8_closures_over_differentiated_values_refused():
+    # part8_custom_rules: "JAX refuses a closure over a value that is being
+    # differentiated (an `UnexpectedTracerError`; `closure_convert` turns
+    # closed-over values into arguments) ... but accepts a closure over the
+    # tracers of other transformations, such as an enclosing `jit`".
+    def outer(y):
+        @jax.custom_vjp
+        def f(x):
+            return x * y
+
+        f.defvjp(lambda x: (x * y, None), lambda _, ct: (ct * y,))
+        return f(2.0)
+
+    with pytest.raises(jax.errors.UnexpectedTracerError):
+        jax.grad(outer)(3.0)
+    assert float(jax.jit(outer)(3.0)) == 6.0
+    assert callable(jax.closure_convert)
+
+
+def test_part8_traced_nondiff_argnums():
+    # part8_custom_rules: JAX refuses "traced `nondiff_argnums` of a
+    # `custom_vjp`, but accepts ... traced `nondiff_argnums` of a `custom_jvp`,
+    # whose gradient it stops".
+    with pytest.raises(Exception, match="nondiff_argnums"):
+        jax.grad(lambda b: _clip_gradient(2.0, b))(5.0)
+
+    @functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+    def scale(x, s):
+        return x * s
+
+    scale.defjvp(lambda s, p, t: (scale(p[0], s), t[0] * s))
+    assert float(jax.grad(lambda s: scale(2.0, s))(3.0)) == 0.0
+
+
+def test_part8_dce_and_transpose_rules_of_custom_calls():
+    # part8_custom_rules: "JAX has dead-code elimination rules for both calls,
+    # and, like ours, a transpose for `custom_jvp_call` that transposes its
+    # jaxpr."
+    assert jax_custom.custom_jvp_call_p in jax_pe.dce_rules
+    assert jax_custom.custom_vjp_call_p in jax_pe.dce_rules
+    transpose = jax_ad.fancy_transposes[jax_custom.custom_jvp_call_p]
+    assert "backward_pass" in inspect.getsource(transpose)
+
+
+# ------------------------------------------------------------------ Part 9
+
+ROWS = np.arange(12.0).reshape(4, 3)
+
+
+def test_part9_pmap_is_jit_of_shard_map():
+    # part9_named_axes: "`jax.pmap` is `jit` of `shard_map`: the printed jaxpr
+    # shows a `jit` equation whose body is a `shard_map` over a one-axis mesh,
+    # with the collectives inside written as `psum[axes=('i',) ...]`. There is
+    # no `pmap` primitive any more. Its body receives each device's block as
+    # `f64[1,3]` and squeezes it to a row".
+    f = jax.pmap(lambda r: r / lax.psum(r, "i"), "i")
+    text = jaxpr_text(f, ROWS)
+    jaxpr = jax.make_jaxpr(f)(ROWS)
+    assert [e.primitive.name for e in jaxpr.eqns] == ["jit"]
+    names = primitive_names(f, ROWS)
+    assert "shard_map" in names and "squeeze" in names
+    assert not any("pmap" in name for name in names)
+    registered = {
+        value.name
+        for name, module in list(sys.modules.items())
+        if name.startswith("jax._src")
+        for value in list(vars(module).values())
+        if isinstance(value, core.Primitive)
+    }
+    assert "shard_map" in registered
+    assert not any("pmap" in name for name in registered)
+    assert "psum[axes=('i',)" in text and "c:f64[1,3]" in text
+    assert "Mesh('i': 4" in text
+
+
+def test_part9_unbound_axis_name_is_name_error():
+    # part9_named_axes: "JAX raises `NameError` for an unbound axis name";
+    # "`jax._src.core.AxisEnv`, whose lookup raises `NameError`".
+    assert inspect.isclass(core.AxisEnv)
+    with pytest.raises(NameError, match="unbound axis name: k"):
+        core.AxisEnv().axis_size("k")
+    with pytest.raises(NameError, match="unbound axis name: j"):
+        jax.vmap(lambda r: lax.psum(r, "j"), axis_name="i")(ROWS)
+
+
+def test_part9_batching_trace_carries_its_axis_name():
+    # part9_named_axes: "each batching trace carries its axis name
+    # (`AxisData.name`)".
+    seen = []
+
+    def f(r):
+        seen.append(core.trace_ctx.trace.axis_data.name)
+        return r
+
+    jax.vmap(f, axis_name="rows")(ROWS)
+    assert seen == ["rows"]
+
+
+def test_part9_axis_index_under_vmap_is_iota():
+    # part9_named_axes: "Under `vmap`, JAX's `axis_index` is an `iota` primitive".
+    names = primitive_names(
+        jax.vmap(lambda r: lax.axis_index("i"), axis_name="i"), ROWS
+    )
+    assert names == ["iota"]
+
+
+def test_part9_psum_over_names_is_one_primitive():
+    # part9_named_axes: "its `psum` over a tuple of axis names is one primitive
+    # with `axes=(...)`".
+    f = jax.vmap(
+        jax.vmap(lambda x: lax.psum(x, ("i", "j")), axis_name="j"), axis_name="i"
+    )
+    psums = [e for e in all_eqns(jax.make_jaxpr(f)(ROWS)) if e.primitive.name == "psum"]
+    assert len(psums) == 1 and len(psums[0].params["axes"]) == 2
+
+
+def test_part9_pmap_compiles_partitions_with_channel_handles():
+    # part9_named_axes: "`jax.pmap(f).lower(x)` shows `mhlo.num_partitions = 4`,
+    # `mhlo.num_replicas = 1` for four rows), and its `all_reduce` carries a
+    # channel handle".
+    text = jax.pmap(lambda r: lax.psum(r, "i"), "i").lower(ROWS).as_text()
+    assert "mhlo.num_partitions = 4" in text and "mhlo.num_replicas = 1" in text
+    assert re.search(r"all_reduce.*channel_handle", text)
+    # "the compiler's partitioner (GSPMD, and now Shardy)": Shardy is the
+    # default, and the lowered module is written in its `sdy` dialect.
+    assert jax.config.values["jax_use_shardy_partitioner"] is True
+    assert "sdy.mesh @mesh" in text
+
+
+def test_part9_pmax_has_no_derivative():
+    # part9_named_axes: "JAX has none (`grad` of a `pmax` is a
+    # `NotImplementedError`)".
+    with pytest.raises(NotImplementedError, match="pmax"):
+        jax.grad(
+            lambda r: jax.vmap(lambda r: lax.pmax(r, "i"), axis_name="i")(r).sum()
+        )(ROWS)
+
+
+def test_part9_jit_with_shardings_inserts_collectives():
+    # part9_named_axes: "they `jit` a function of arrays that carry a sharding
+    # ..., and the compiler's partitioner ... inserts the collectives itself";
+    # "`shard_map` is the explicit form".
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]), ("rows",))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("rows"))
+    x = jax.device_put(ROWS, sharding)
+    compiled = jax.jit(lambda x: x.sum(0)).lower(x).compile().as_text()
+    assert "all-reduce" in compiled
+    np.testing.assert_allclose(jax.jit(lambda x: x.sum(0))(x), ROWS.sum(0))
+    assert callable(jax.shard_map)
+
+
+def test_part9_pmap_inside_jit_works():
+    # part9_named_axes: "`pmap` inside `jit` works in JAX".
+    f = jax.pmap(lambda r: r / lax.psum(r, "i"), "i")
+    np.testing.assert_allclose(jax.jit(f)(ROWS), ROWS / ROWS.sum(0))
+
+
+def test_part9_pmean_is_psum_over_size():
+    # part9_named_axes: "`pmean`, which is a `psum` divided by the axis size
+    # (JAX defines it the same way)"; "JAX spells it `pmean(grads,
+    # axis_name=...)`".
+    assert "axis_name" in inspect.signature(lax.pmean).parameters
+    names = primitive_names(jax.vmap(lambda r: lax.pmean(r, "i"), axis_name="i"), ROWS)
+    assert names[:1] == ["psum"] and "div" in names
+
+
+def test_part9_collectives_take_pytrees():
+    # part9_named_axes: "As in JAX, the wrappers apply to every leaf of a pytree".
+    out = jax.vmap(lambda d: lax.psum(d, "i"), axis_name="i")({"a": ROWS, "b": ROWS})
+    np.testing.assert_allclose(out["b"], np.broadcast_to(ROWS.sum(0), ROWS.shape))
+
+
+# ------------------------------------------------------------------ appendix
+
+
+def test_appendix_promotion_lattice():
+    # appendix_primitives: "`jax.numpy` combines different dtypes by a promotion
+    # lattice (`int32 + float32` is `float32`)".
+    out = jnp.ones(2, jnp.int32) + jnp.ones(2, jnp.float32)
+    assert out.dtype == jnp.float32
+
+
+def test_appendix_convert_element_type_weak_type_param():
+    # appendix_primitives: "JAX's `convert_element_type` accordingly has a
+    # `weak_type` param."
+    (eqn,) = jax.make_jaxpr(lambda x: x.astype(jnp.float32))(1).eqns
+    assert eqn.primitive.name == "convert_element_type"
+    assert "weak_type" in eqn.params
+
+
+def test_appendix_col_plus_row_jaxpr():
+    # appendix_primitives: "`jax.make_jaxpr` of `col + row` above shows one
+    # `broadcast_in_dim` that adds the row's leading axis, then an `add` of
+    # shapes `(3, 1)` and `(1, 4)`."
+    jaxpr = jax.make_jaxpr(jnp.add)(jnp.ones((3, 1)), jnp.ones(4))
+    eqns = jaxpr.eqns
+    assert [e.primitive.name for e in eqns] == ["broadcast_in_dim", "add"]
+    assert eqns[0].outvars[0].aval.shape == (1, 4)
+    assert [v.aval.shape for v in eqns[1].invars] == [(3, 1), (1, 4)]
+
+
+def test_appendix_dot_general_params():
+    # appendix_primitives: "`lax.dot_general` also takes a `precision`, a
+    # `preferred_element_type` ... and an `out_sharding`".
+    params = inspect.signature(lax.dot_general).parameters
+    assert {"precision", "preferred_element_type", "out_sharding"} <= set(params)
+
+
+def test_appendix_pow_and_integer_pow():
+    # appendix_primitives: "JAX has a general `pow` primitive for non-integer
+    # exponents; `x ** 2` still becomes `integer_pow`".
+    assert primitive_names(lambda x: x**2, 1.5) == ["integer_pow"]
+    assert primitive_names(lambda x: x**1.5, 1.5) == ["pow"]
+
+
+def test_appendix_integer_pow_lowered_by_squaring():
+    # appendix_primitives: "`integer_pow`, lowered by repeated squaring as here".
+    text = lowered_text(lambda x: x**13, 1.5)
+    assert text.count("stablehlo.multiply") == 5  # 13 = 1101b: 3 squares, 2 products
+
+
+def test_appendix_max_ties_split_evenly():
+    # appendix_primitives: "We give each operand half, as JAX does: then
+    # `maximum(x, x)` ... has slope exactly 1"; "ours (and JAX's) splits the
+    # slope evenly among the tied inputs".
+    assert jax.grad(jnp.maximum, (0, 1))(2.0, 2.0) == (0.5, 0.5)
+    assert float(jax.grad(lambda x: jnp.maximum(x, x))(2.0)) == 1.0
+
+
+def test_appendix_reduce_max_ties_averaged():
+    # appendix_primitives: "if several elements share the maximum, we average
+    # their tangents, which generalizes the half-and-half rule and is again
+    # JAX's choice".
+    grad = jax.grad(jnp.max)(jnp.array([1.0, 3.0, 3.0, 3.0]))
+    np.testing.assert_allclose(grad, [0.0, 1 / 3, 1 / 3, 1 / 3])
+
+
+def test_appendix_dot_general_is_one_primitive():
+    # appendix_primitives: "JAX describes every such product with one
+    # primitive, `dot_general`".
+    for a, b in [((3,), (3,)), ((2, 3), (3,)), ((2, 3), (3, 4))]:
+        assert primitive_names(jnp.dot, jnp.ones(a), jnp.ones(b)) == ["dot_general"]
+
+
+def test_appendix_abs_round_clip_conventions():
+    # appendix_primitives (folded): "|x|; its derivative at 0 is 1, as JAX's";
+    # "Round half to even, as NumPy and JAX; its derivative is zero";
+    # "``x`` limited to [min, max], as JAX: minimum(max, maximum(min, x))".
+    assert float(jax.grad(jnp.abs)(0.0)) == 1.0
+    assert not jnp.signbit(jnp.abs(-0.0))  # "-0.0 becomes 0.0"
+    np.testing.assert_array_equal(jnp.round(jnp.array([0.5, 1.5, 2.5])), [0, 2, 2])
+    assert float(jax.grad(jnp.round)(1.3)) == 0.0
+    (clip,) = jax.make_jaxpr(lambda x: jnp.clip(x, -1.0, 1.0))(0.5).eqns
+    assert [e.primitive.name for e in clip.params["jaxpr"].eqns] == ["max", "min"]
+
+
+# ------------------------------------------------------------------ performance
+
+
+def test_performance_jnp_functions_are_jitted():
+    # performance: "`jax.numpy.sin` is itself a jitted function, so an eager
+    # call goes through JAX's C++ dispatch".
+    assert type(jnp.sin).__name__ == "PjitFunction"
+
+
+def test_performance_weak_types_and_two_cache_entries():
+    # performance: "`jax.jit(lambda x, y: x * y)(np.ones(3, np.float32), 2.0)`
+    # computes in `float32`"; "a Python float and a NumPy `float64` scalar are
+    # two entries of JAX's cache (two traces)".
+    assert jax.jit(lambda x, y: x * y)(np.ones(3, np.float32), 2.0).dtype == jnp.float32
+    traces = []
+
+    @jax.jit
+    def f(x):
+        traces.append(x)
+        return x * 2.0
+
+    f(0.5)
+    f(np.float64(0.5))
+    f(0.25)
+    assert len(traces) == 2
+
+
+def test_performance_vmap_of_jit_goes_through_python_batching_rule(monkeypatch):
+    # performance: "In JAX the inner jitted function meets batching tracers, so
+    # its C++ entry point hands the call to Python: `vmap` traces it, and the
+    # `jit` primitive's batching rule, in Python, builds (or finds) the batched
+    # jaxpr and binds it. Only then does the call reach C++ again, through a
+    # `pjit` object made for that jaxpr (`_pjit_call_impl`)".
+    log: list = []
+    registry = jax_batching.fancy_primitive_batchers
+    with counting_rule(monkeypatch, registry, jax_pjit.jit_p, log, "batch"):
+        g = jax.vmap(jax.jit(lambda x: jnp.sin(x) * 2.0 + x))
+        g(jnp.ones((4, 2)))
+        g(jnp.ones((4, 2)))
+    assert log == ["batch", "batch"]
+    assert "_jax.pjit(" in inspect.getsource(jax_pjit._pjit_call_impl)
+
+
+def test_performance_caches():
+    # performance: "JAX caches traced jaxprs per function and signature ... and
+    # it can keep compiled programs on disk across processes".
+    traces = []
+
+    @jax.jit
+    def f(x):
+        traces.append(1)
+        return x + 1.0
+
+    f(jnp.ones(2))
+    f(jnp.ones(2))
+    f(jnp.ones(3))
+    assert len(traces) == 2
+    assert "jax_compilation_cache_dir" in jax.config.values
+
+
+# ------------------------------------------------------------------ more claims
+
+
+def test_part1_primitives_are_called_primitives():
+    # part1_interpreters: "JAX calls them **primitives**".
+    assert isinstance(lax.sin_p, jax.extend.core.Primitive)
+    assert lax.sin_p.name == "sin"
+
+
+def test_part5_cond_dce_forwarding_and_branch_cache():
+    # part5_cond: "Its dead-code elimination removes a `cond`'s inputs and
+    # outputs that nothing uses; when it is traced, an output that both branches
+    # return unchanged from an input is taken straight from that input instead
+    # of from the `cond`; and traced branches are cached."
+    traced = []
+
+    def true_branch(x, z):
+        traced.append(1)
+        return jnp.sin(x), jnp.cos(x), x
+
+    def false_branch(x, z):
+        return jnp.cos(x), x * 2.0, x
+
+    def g(x, z):
+        return lax.cond(x > 0, true_branch, false_branch, x, z)
+
+    jaxpr = jax.make_jaxpr(g)(1.0, 2.0)
+    (cond,) = [e for e in jaxpr.eqns if e.primitive.name == "cond"]
+    assert len(cond.outvars) == 2  # the third output is forwarded
+    assert jaxpr.jaxpr.outvars[2] is jaxpr.jaxpr.invars[0]
+    pruned, used_inputs = jax_pe.dce_jaxpr(jaxpr.jaxpr, [True, False, False])
+    (cond,) = [e for e in pruned.eqns if e.primitive.name == "cond"]
+    assert len(cond.outvars) == 1 and len(cond.invars) == 2  # index and x
+    assert used_inputs == [True, False]
+    jax.make_jaxpr(g)(1.0, 2.0)
+    assert len(traced) == 1
+
+
+def test_part8_rule_stays_a_python_function():
+    # part8_custom_rules: "The rule stays a *Python function*, not a jaxpr ...
+    # it runs only when a JVP interpreter uses it ... JAX does the same."
+    calls = []
+
+    @jax.custom_jvp
+    def f(x):
+        return jnp.sin(x)
+
+    @f.defjvp
+    def f_jvp(primals, tangents):
+        calls.append(1)
+        return f(primals[0]), jnp.cos(primals[0]) * tangents[0]
+
+    (eqn,) = jax.make_jaxpr(f)(1.0).eqns
+    rule = eqn.params["jvp_jaxpr_fun"]
+    assert not isinstance(rule, core.Jaxpr | core.ClosedJaxpr) and calls == []
+    jax.jvp(f, (1.0,), (1.0,))
+    assert calls == [1]
+
+
+def test_part8_rule_may_apply_custom_function_to_a_tangent():
+    # part8_custom_rules: "a rule may apply a custom function to a *tangent*
+    # (JAX allows that too)".
+    @jax.custom_jvp
+    def double(x):
+        return 2.0 * x
+
+    double.defjvp(lambda p, t: (double(p[0]), double(t[0])))
+    assert float(jax.grad(lambda x: double(double(x)))(1.0)) == 4.0
+
+
+def test_part8_pytree_arguments_outputs_and_residuals():
+    # part8_custom_rules: "Arguments, outputs and residuals may be pytrees, as in
+    # JAX"; "`custom_vjp(fun)` with `defvjp(fwd, bwd)` takes two functions".
+    @jax.custom_vjp
+    def f(params):
+        return params["w"] * params["b"], params["b"]
+
+    def fwd(params):
+        return f(params), (params["w"], params["b"])
+
+    def bwd(res, cts):
+        w, b = res
+        return ({"w": cts[0] * b, "b": cts[0] * w + cts[1]},)
+
+    f.defvjp(fwd, bwd)
+    grads = jax.grad(lambda p: sum(f(p)))({"w": 3.0, "b": 2.0})
+    assert grads == {"w": 2.0, "b": 4.0}
+
+
+def test_part9_collective_batching_rule_hands_on_other_names():
+    # part9_named_axes: "a collective's batching rule reduces if the name is its
+    # own and otherwise hands the collective on".
+    def inner(x):
+        return lax.psum(x, "i")  # names the outer vmap's axis
+
+    out = jax.vmap(jax.vmap(inner, axis_name="j"), axis_name="i")(ROWS)
+    np.testing.assert_allclose(out, np.broadcast_to(ROWS.sum(0), ROWS.shape))
+
+
+def test_performance_cached_call_runs_no_python():
+    # performance: "on a hit no Python runs at all, and host arguments are
+    # copied to the device in C++ too"; part3_jit: "a repeated call with a
+    # known signature checks its arguments and launches the executable without
+    # running any Python".
+    f = jax.jit(lambda x: jnp.sin(x) * 2.0 + x)
+    host = np.ones(8)
+    f(host).block_until_ready()
+    python_calls = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            python_calls.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        out = f(host)
+    finally:
+        sys.setprofile(None)
+    out.block_until_ready()
+    assert python_calls == []
+
+
+def test_performance_signature_includes_x64_switch():
+    # performance: "Its signature covers more than ours (weak types, shardings,
+    # static arguments, and configuration such as the x64 switch)".
+    traces = []
+
+    @functools.partial(jax.jit, static_argnums=1)
+    def f(x, n):
+        traces.append(n)
+        return x * n
+
+    f(1.0, 2)
+    f(1.0, 3)  # a new static argument
+    with jax.enable_x64(False):
+        f(1.0, 2)  # the x64 switch
+    f(1, 2)
+    assert len(traces) == 4
+
+
+def test_glossary_xla_ships_in_jaxlib():
+    # glossary: "XLA ... The optimizing compiler behind JAX, shipped inside
+    # `jaxlib`".
+    import jaxlib.xla_client
+
+    assert jaxlib.xla_client.__name__ == "jaxlib.xla_client"
+    assert jax.extend.backend.get_backend("cpu").platform == "cpu"
+
+
+def test_part3_initial_and_final_style_are_jax_terms():
+    # part3_jit: "JAX calls this *final style*" and `jit` "works in *initial
+    # style*": the names JAX's source uses for the two ways of tracing.
+    assert callable(jax_custom._initial_style_jaxpr)
+    assert "processed in final style" in inspect.getsource(core)
+
+
+def test_part3_jaxlib_holds_mlir_bindings_and_xla():
+    # part3_jit: "the MLIR bindings (the Python API for building StableHLO
+    # programs) come with `jaxlib`, the compiled half of JAX that also contains
+    # XLA".
+    from jaxlib.mlir.dialects import stablehlo
+
+    assert callable(stablehlo.WhileOp)
+    assert jax.extend.backend.get_backend("cpu").platform == "cpu"
+
+
+def test_part9_host_platform_device_count_flag():
+    # part9_named_axes: "With `XLA_FLAGS=--xla_force_host_platform_device_count=8`
+    # set before JAX starts, XLA's CPU client offers eight devices"
+    # (tests/conftest.py sets the flag before importing jax).
+    import os
+
+    assert "--xla_force_host_platform_device_count=8" in os.environ["XLA_FLAGS"]
+    assert len(jax.devices("cpu")) == 8
+
+
+def test_appendix_broadcast_in_dim_stretches_size1_axes():
+    # appendix_primitives: "JAX's `broadcast_in_dim` can stretch axes of size 1
+    # directly".
+    out = lax.broadcast_in_dim(jnp.arange(3.0).reshape(1, 3), (2, 3), (0, 1))
+    np.testing.assert_array_equal(out, np.broadcast_to(np.arange(3.0), (2, 3)))
+
+
+def test_appendix_a_few_hundred_primitives():
+    # appendix_primitives: "`jax.numpy` implements most of NumPy's API on top of
+    # a few hundred primitives".
+    import jax.scipy  # noqa: F401  (loads the rest of JAX's primitives)
+
+    names = {
+        value.name
+        for name, module in list(sys.modules.items())
+        if name.startswith("jax._src")
+        for value in list(vars(module).values())
+        if isinstance(value, core.Primitive)
+    }
+    assert 100 <= len(names) < 1000
+
+
+def test_performance_eager_operations_run_through_xla():
+    # performance: "JAX has one execution path, XLA, for eager operations too":
+    # a primitive's eager evaluation compiles and runs it (apply_primitive).
+    from jax._src import dispatch
+
+    assert lax.sin_p.impl.func is dispatch.apply_primitive
+    assert isinstance(jnp.sin(jnp.ones(2)), jax.Array)
+
+
+def test_appendix_jax_namespaces_and_array_methods():
+    # appendix_primitives: what ports from JAX missed here: "indexing and
+    # slicing of traced arrays (`x[:, 0]`, `x.at[...]`), `jax.lax` and
+    # `jax.tree_util`/`jax.tree` as namespaces ..., `jax.random`, `jax.nn`,
+    # `sqrt` ..., `jnp.linalg`, and the methods of arrays (`x.sum()`, `x.T`,
+    # `x.reshape`)": each of them exists in JAX.
+    import jax.random
+
+    for namespace in (jax.lax, jax.tree_util, jax.tree, jax.random, jax.nn):
+        assert inspect.ismodule(namespace) or hasattr(namespace, "map")
+    assert callable(jnp.sqrt) and callable(jnp.linalg.norm)
+    x = jnp.arange(6.0).reshape(2, 3)
+    assert float(x.sum()) == 15.0 and x.T.shape == (3, 2)
+    assert (
+        float(jax.jit(lambda x: x[:, 0].sum() + x.at[0, 0].set(9.0)[0, 0])(x)) == 12.0
+    )
+
+
+def test_performance_jit_of_vmap_is_one_cpp_dispatch():
+    # performance: "`jax.jit(jax.vmap(f))`, which makes the whole call one C++
+    # dispatch".
+    f = jax.jit(jax.vmap(lambda x: jnp.sin(x) * 2.0 + x))
+    x = jnp.ones((4, 2))
+    f(x).block_until_ready()
+    python_calls = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            python_calls.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        out = f(x)
+    finally:
+        sys.setprofile(None)
+    out.block_until_ready()
+    assert python_calls == []
+
+
+def test_part9_collectives_take_a_tuple_of_names():
+    # part9_named_axes: "`psum`, `pmax` and `pmean` also take a tuple of names"
+    # (as in JAX).
+    def inner(x):
+        return lax.pmax(x, ("i", "j")) + lax.pmean(x, ("i", "j"))
+
+    out = jax.vmap(jax.vmap(inner, axis_name="j"), axis_name="i")(ROWS)
+    np.testing.assert_allclose(out, np.full(ROWS.shape, ROWS.max() + ROWS.mean()))
+
+
+def test_part7_zero_tangents_are_not_carried():
+    # part7_scan: "Its tangents can be symbolic zeros, so no zero tangent is
+    # ever carried": a carry that does not depend on w has no tangent carry in
+    # the linear scan.
+    def f(w):
+        def step(carry, x):
+            h, k = carry
+            return (jnp.sin(h * w + x), k + 1.0), None
+
+        return lax.scan(step, (0.5, 0.0), jnp.ones(3))[0]
+
+    _, f_lin = jax.linearize(f, 0.8)
+    (eqn,) = [e for e in jax.make_jaxpr(f_lin)(1.0).eqns if e.primitive.name == "scan"]
+    assert eqn.params["num_carry"] == 1
+
+
+def test_part9_all_gather_carries_axis_size():
+    # part9_named_axes: "`all_gather` carries the axis size as a parameter,
+    # because its output type depends on it" (so does JAX's).
+    f = jax.pmap(lambda r: lax.all_gather(r, "i"), "i")
+    (eqn,) = [
+        e for e in all_eqns(jax.make_jaxpr(f)(ROWS)) if e.primitive.name == "all_gather"
+    ]
+    assert eqn.params["axis_size"] == 4 and eqn.outvars[0].aval.shape == (4, 3)
