@@ -5655,7 +5655,7 @@ class AxisFrame(NamedTuple):
 
 
 def axis_frames() -> list[AxisFrame]:
-    """Every bound axis name, innermost last: named vmaps, then pmap's frames."""
+    """Every bound axis name, sorted by level: the innermost last."""
     vmaps = [
         AxisFrame(level.payload.name, level.payload.size, level)
         for level in _state.stack
@@ -5905,11 +5905,13 @@ def _all_gather_transpose(cts, x, *, axis_name, axis_size):
 NOT_LINEAR.update({"pmax", "axis_index"})
 
 
+# @title devices(): the CPU client's devices
 def devices() -> list:
     """The devices XLA's CPU client offers (8 with the book's XLA_FLAGS)."""
     return runtime().client.local_devices()
 
 
+# @title Lowering psum, pmax and axis_index: all_reduce and replica_id
 LoweringContext.replicas = None  # pmap's lowering sets the number of replicas
 
 

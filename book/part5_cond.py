@@ -357,9 +357,8 @@ print(jumpy_jit(1.2), jumpy_jit(-0.5), jumpy(1.2), jumpy(-0.5))
 # Transforming each branch with a jaxpr-to-jaxpr transformation and joining the
 # constants the transformed branches bring (zero tangents, for instance) is what
 # the `vmap` and transpose rules will do too, so one helper does it for all three.
-# They pass it the uncached transformations (`jvp_jaxpr_uncached` and the
-# others): a `cond`'s branches are new jaxprs each time it is traced, so a cache
-# would only keep them all alive.
+# (It takes the uncached transformations, `jvp_jaxpr_uncached` and the others,
+# since branches are new jaxprs on every trace.)
 
 
 # %% tags=["export"]
@@ -561,8 +560,8 @@ print(make_jaxpr(lambda v: vmap(scale_or_shift, (None, 0))(True, v), batch)[0])
 # value. But when the batched function is differentiated (`grad` of a `vmap`),
 # reverse mode multiplies that side's derivative, $1/0 = \infty$, by the zero
 # cotangent `select` sends it, and `0 × ∞` is a NaN that does reach the gradient.
-# `vmap(grad(f))` is safe, because there the backward pass itself runs inside the
-# `select`.
+# `vmap(grad(f))` is safe: there each branch's whole gradient is computed, and the
+# `select` drops the NaN one.
 #
 # (part5-partial-eval)=
 # ## Partial evaluation: both branches, split the same way
@@ -590,8 +589,12 @@ print(make_jaxpr(lambda v: vmap(scale_or_shift, (None, 0))(True, v), batch)[0])
 #   take the whole list and ignore the other branch's part.
 # - **The predicate** is needed by both `cond`s, so it becomes a residual too.
 #
-# `split_branches` does the first two and returns the parameters of both `cond`s,
-# the unknown outputs, and the types of the residuals.
+# `split_branches` does the first two with Part 4's `partial_eval_jaxpr(jaxpr,
+# in_unknowns, instantiate)`, which returns the known jaxpr, the unknown jaxpr,
+# which outputs are unknown, and how many residuals pass from one to the other;
+# a first call per branch only asks which outputs are unknown. It returns the
+# parameters of both `cond`s, the unknown outputs, and the types of the
+# residuals.
 
 
 # %% tags=["export"]
@@ -838,9 +841,9 @@ show_error(jit(lambda x: cond(x, sin, cos, x)), one)  # float predicate, under j
 #
 # - [`jax.lax.cond`](https://docs.jax.dev/en/latest/_autosummary/jax.lax.cond.html)
 #   also accepts an integer or floating-point scalar as the predicate (nonzero is
-#   true), and is built on the more
+#   true), and shares its primitive with the more
 #   general [`jax.lax.switch`](https://docs.jax.dev/en/latest/_autosummary/jax.lax.switch.html):
-#   its `cond` primitive takes an integer index and a tuple of branches, and a
+#   JAX's `cond` primitive takes an integer index and a tuple of branches, and a
 #   boolean predicate becomes index 0 (false) or 1 (true).
 # - Under `vmap` with a batched predicate, JAX also runs every branch and selects
 #   (with `select_n`), but it first wraps each branch's operands in

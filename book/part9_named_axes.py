@@ -120,7 +120,7 @@ class AxisFrame(NamedTuple):
 
 
 def axis_frames() -> list[AxisFrame]:
-    """Every bound axis name, innermost last: named vmaps, then pmap's frames."""
+    """Every bound axis name, sorted by level: the innermost last."""
     vmaps = [
         AxisFrame(level.payload.name, level.payload.size, level)
         for level in _state.stack
@@ -193,10 +193,11 @@ _ = vmap(vmap(show_frames, axis_name="cols"), axis_name="rows")(x)
 # %% [markdown]
 # **This replaces `bind` from Part 1**, because the lesson of this part is that
 # data dependence is not enough to choose an interpreter. The change is one line
-# (marked `new`): `bind` still picks the highest level among its inputs'
-# tracers; for a primitive that uses axis names (the collectives; calls whose
-# jaxprs contain collectives, registered at the end of this part), the levels
-# that bound those names join the contest. For every other primitive `bind`
+# (the `if` marked `new`, and its helper `reach_axes`): `bind` still picks the
+# highest level among its inputs' tracers, and for a primitive that uses axis
+# names, the levels that bound those names join the contest. The collectives use
+# names; so do calls whose jaxprs contain collectives (`jit`, `cond`, the loops,
+# the custom-rule calls), which join `AXIS_USERS` with `pmap` below. For every other primitive `bind`
 # does what it did before.
 
 # %% tags=["export"]
@@ -296,8 +297,9 @@ def axis_index(axis_name: Hashable) -> ArrayLike:
 # and hands every member the whole stack, and `axis_index` is the vector
 # `0, 1, ..., n-1` batched along the axis (an *iota*). The result is the same
 # for every member, so it is unbatched. If another axis is meant, the batch
-# rides along: the collective is bound again for the enclosing interpreters,
-# with this batch axis as one more data axis.
+# rides along: the collective is bound again on the batched value, and `bind`
+# takes it to the level that bound the other name, with this batch axis as one
+# more data axis.
 
 
 # %% tags=["export"]
@@ -491,7 +493,8 @@ show_error(vmap(lambda row: psum(row, "j"), axis_name="i"), x)
 # below are the ones that would run on eight accelerators.
 
 
-# %% tags=["export"]
+# %% tags=["export", "hide-input"]
+# @title devices(): the CPU client's devices
 def devices() -> list:
     """The devices XLA's CPU client offers (8 with the book's XLA_FLAGS)."""
     return runtime().client.local_devices()
@@ -510,11 +513,13 @@ devices()
 # - `psum` and `pmax` are `stablehlo.all_reduce`, whose region says how two
 #   values combine (an `add` or a `maximum`) and whose `replica_groups` say who
 #   takes part (here all replicas, one group);
-# - `all_gather` is `stablehlo.all_gather` along a new leading axis;
+# - `all_gather` is `stablehlo.all_gather` along axis 0, after a reshape gives
+#   each replica's value a leading axis of size one;
 # - `axis_index` is `stablehlo.replica_id`, an unsigned 32-bit integer that we
 #   convert to `int32`.
 
-# %% tags=["export"]
+# %% tags=["export", "hide-input"]
+# @title Lowering psum, pmax and axis_index: all_reduce and replica_id
 LoweringContext.replicas = None  # pmap's lowering sets the number of replicas
 
 
@@ -657,18 +662,13 @@ def compile_pmap(jaxpr: Jaxpr, n: int) -> CompiledPmap:
 
 
 # %% [markdown]
-# Running it takes each input as **one** array of `n` pieces, row `k` on device
-# `k`. (`execute_sharded` refuses a list of `n` separate one-device arrays:
-# it expects each argument to have `n` shards.) Each output comes back as `n`
-# pieces, one per device; a jaxlib *result handler* joins them into one array
-# of shape `(n, ...)`, split by rows as the inputs were, without moving any
-# data (`disassemble_into_single_device_arrays` would hand us the pieces
-# instead). The rows stay where they are: a `ShardedArray` is an `Array` whose
-# rows live on different devices (`_rows`, one jaxlib array of `n` pieces).
-# Printing it, or `np.asarray`, gathers the rows; passing it to the same `pmap`
-# again reuses the pieces where they are; passing it to a `jit` (Part 3's calls
-# take one-device buffers, `_buffer`) copies the gathered rows to the first
-# device once.
+# The executable takes each input as one jaxlib array split by rows, row `k`
+# on device `k`, and its outputs come back split the same way. They stay there:
+# a `ShardedArray` is an `Array` whose rows live on different devices. Printing
+# it gathers the rows; passing it to the same `pmap` again reuses them in place;
+# passing it to a `jit` copies the gathered rows to the first device once. Both
+# halves of the runtime are jaxlib calls with no idea of their own, so they are
+# folded.
 
 
 # %% tags=["export", "hide-input"]
@@ -1194,9 +1194,10 @@ with jax.enable_x64(True):
 #
 # ## Summary
 #
-# - An **axis environment** maps names to sizes and to the interpreter that
-#   bound them. `vmap(..., axis_name=)` binds its name to its own level;
-#   `pmap` binds its name to the interpreter that traces its function.
+# - A name is bound to a size and to the interpreter that handles it:
+#   `vmap(..., axis_name=)` puts its name in its own level's `Axis` (since
+#   Part 1); `pmap` pushes an axis frame naming the interpreter that traces
+#   its function.
 # - `bind` raises a collective (and a call whose jaxpr contains one) to the
 #   level that bound its axis: a collective finds its interpreter by name,
 #   which is how `psum(3.0, "i")` and `axis_index("i")` work.
