@@ -351,7 +351,11 @@ def _call_jaxpr(ctx: LoweringContext, jaxpr: Jaxpr, args: list) -> list:
 
 
 # %%
-print(str(lower_jaxpr(make_jaxpr(newton_sqrt, scalar)[0])).rstrip())
+module = str(lower_jaxpr(make_jaxpr(newton_sqrt, scalar)[0]))
+main = module[module.index("func.func @main") :]
+print(
+    main[: main.index("\n  }") + 4]
+)  # main only: the private functions are the jaxprs
 
 
 # %% [markdown]
@@ -518,8 +522,10 @@ print(make_jaxpr(lambda a: jvp(root, (a,), (1.0,)), scalar)[0])
 
 # %% [markdown]
 # The new carry is `x`, the counter and the tangent of `x`; the counter has
-# none. The tangent of `a` is the body's second constant, but here it is a
-# concrete 1.0, so it shows up as the literal in `sub 1.0 l`.
+# none. The tangent of `a` is the 1.0 we passed, a concrete value, so it appears
+# as a literal (`sub 1.0 l`). The other literal zeros are the tangents of
+# constants: we have no symbolic zeros, so a constant's zero tangent is
+# multiplied and added like any other value.
 #
 # ## `vmap`: a loop per example
 #
@@ -663,18 +669,16 @@ print(make_jaxpr(vmap(lambda x: relax(x, n=10)), ShapedArray((4,), np.float64))[
 # until the loop has ended. `while` has no such buffer, and a jaxpr cannot
 # describe an array whose length is found at run time.
 #
-# So a loop cannot be split: all of it is known, or all of it is unknown. When
-# all inputs are known, {ref}`Part 4 <part4>`'s partial evaluation already
-# evaluates it at once. With any unknown input, everything must be unknown: the
-# unknown side would recompute the whole loop, primals included, from its
-# inputs. For the loops `linearize` meets, that is fatal: the JVP loop carries
-# known primals next to unknown tangents, and making everything unknown makes
-# the primal outputs unknown too, which `linearize` must return as values. And
-# even the staged loop would not help `vjp`, whose transposition would have to
-# run the tangent loop backwards, from the last trip to the first, with each
-# trip's primal values at hand — the ones nobody saved. So the rules stage a
-# loop whose inputs are all unknown, and refuse the mix that reverse mode
-# produces, with an error that says why and what to use instead.
+# So a loop cannot be split the way `cond` was. When all inputs are known,
+# {ref}`Part 4 <part4>`'s partial evaluation evaluates it at once. With known
+# and unknown inputs mixed, as in a JVP loop (known primals, unknown tangents),
+# one could run the known carries now and then stage the whole loop again,
+# recomputing the primals on the unknown side; JAX does that (see the end of
+# this part), and it is enough for `linearize`. It does not help `vjp`, whose
+# transposition would have to run the tangent loop backwards, from the last
+# trip to the first, with each trip's primal values at hand — the ones nobody
+# saved. So our rules stage a loop whose inputs are all unknown, and refuse the
+# mix early, with an error that says why and what to use instead.
 
 
 # %% tags=["export"]
@@ -715,9 +719,7 @@ NOT_LINEAR.update({"while"})  # no transpose rule: see above
 # under `jit`, before anything runs:
 
 # %%
-show_error(grad(root), 2.0)
 show_error(jit(grad(root)), 2.0)
-show_error(linearize, root, 2.0)
 
 # %% [markdown]
 # A loop that no tangent reaches is no obstacle: the JVP rule then keeps the
@@ -788,13 +790,13 @@ def basel(n):
         k = convert_element_type(k, np.float64)
         return total + 1.0 / (k * k)
 
-    return fori_loop(1, n, add_term, 0.0)
+    return fori_loop(1, n + 1, add_term, 0.0)
 
 
 basel_jit = jit(basel)
 for n in [10, 1000, 100_000]:
     exact = sum(1 / k**2 for k in range(1, n + 1))
-    print(f"{n:6}: {float(basel_jit(np.int64(n + 1))):.15f} {exact:.15f}")
+    print(f"{n:6}: {float(basel_jit(np.int64(n))):.15f} {exact:.15f}")
 print(np.pi**2 / 6)
 
 
@@ -856,9 +858,11 @@ for name, (value, slope) in results.items():
 # %% [markdown]
 # ## Mistakes `while_loop` catches
 #
-# Each of these is reported while tracing, in terms of the call the user wrote:
+# Each of these is reported while tracing, in terms of the call the user wrote
+# (the folded cell makes the six mistakes; their messages are below it):
 
-# %%
+# %% tags=["hide-input"]
+# @title Six mistakes: a float or vector condition, a tuple or scalar body, a float bound, grad
 show_error(while_loop, lambda x: x, lambda x: x * 2.0, 1.0)
 show_error(while_loop, lambda x: x < np.ones(3), lambda x: x * 2.0, np.zeros(3))
 show_error(while_loop, lambda x: x < 5.0, lambda x: (x, x), 1.0)
@@ -946,8 +950,9 @@ show_jax(lambda x, n: jax.lax.fori_loop(0, n, lambda i, y: y * x, x), 1.0, 5)
 #   find, by iterating the body's dependences to a fixed point, which carries
 #   they touch. A predicate that differs per example keeps the loop running
 #   while any example runs, with a `select` per example after each trip.
-# - A loop cannot be split by partial evaluation, because the known half would
-#   have to save residuals for an unknown number of trips. So reverse mode
+# - A loop cannot be split by partial evaluation into a known loop that saves
+#   residuals and an unknown one that uses them: the known half would have to
+#   save residuals for an unknown number of trips. So reverse mode
 #   through `while_loop` is refused, with an error that points to `scan` and to
 #   `fori_loop` with static bounds, the subject of Part 7.
 #
