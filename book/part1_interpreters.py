@@ -29,14 +29,19 @@
 #
 # 1. a small vocabulary of **{term}`primitives <primitive>`** (`add`, `mul`, `sin`, ...) through which
 #    every operation flows, via a single function `bind`;
-# 2. **{term}`abstract values <abstract value>`** that describe an array by its shape and dtype;
-# 3. an **{term}`interpreter stack <level>`** of `Trace` objects and the `Tracer` objects they
-#    hand to your function, and the rule that decides which interpreter handles an
-#    operation;
-# 4. three interpreters: plain evaluation, {term}`forward-mode <forward mode>` differentiation (`jvp`) and
+# 2. an **{term}`interpreter stack <level>`** of `Trace` objects and the `Tracer` objects they
+#    hand to your function, each tracer described by an
+#    **{term}`abstract value <abstract value>`** (a shape and a dtype), and the rule that
+#    decides which interpreter handles an operation;
+# 3. three interpreters: plain evaluation, {term}`forward-mode <forward mode>` differentiation (`jvp`) and
 #    automatic batching (`vmap`), plus `jacfwd`, which is just the two combined;
-# 5. **{term}`pytrees <pytree>`**, so that transformed functions can take and return tuples, dicts
+# 4. **{term}`pytrees <pytree>`**, so that transformed functions can take and return tuples, dicts
 #    and your own containers.
+#
+# We build the machinery in the smallest form that can differentiate
+# $-2\sin x + x$ and reach `jvp` as early as we can. Then more primitives
+# (comparisons, and three that move data between axes), Python numbers next to
+# arrays and pytrees extend it, and `vmap` comes last.
 #
 # By the end you will have a module that can compute derivatives of any order of
 # Python functions that use `if` statements and loops, batch them (batching a
@@ -1207,7 +1212,8 @@ for _prim in [reduce_sum_p, transpose_p, broadcast_p]:
 # Because this happens *before* `bind`, every interpreter — evaluation,
 # differentiation, batching, and the compiler of later chapters — sees exactly
 # the same, explicit program. The running example now works on a vector, and
-# so does its derivative (`scale` has slope 2 everywhere):
+# so does `x * 2.0 + 1.0`, evaluated (next to NumPy's answer) and
+# differentiated (its slope is 2 everywhere):
 
 # %%
 print(f(np.array([0.0, 1.0, 2.0])))
