@@ -1865,9 +1865,10 @@ out = vmap(lambda m: transpose(m, (1, 0)), (1,), out_axes=-1)(mats)
 print(out.shape, np.array_equal(out, np.transpose(mats, (2, 0, 1))))
 
 # %% [markdown]
-# Python numbers work under `vmap` as well: the batched function meets the
-# explicit `broadcast` that `_binary_operands` inserted, and batches it like any
-# other primitive, whichever axis holds the batch:
+# Python numbers work under `vmap` as well. Inside the batched function, `x`
+# has the shape of one example, so `_binary_operands` broadcasts `2.0` to that
+# shape; `mul`'s batching rule then treats the result as a value shared by all
+# examples, whichever axis holds the batch:
 
 # %%
 batch = np.arange(6.0).reshape(2, 3)
