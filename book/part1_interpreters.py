@@ -488,7 +488,8 @@ def _short_repr(x: Any, limit: int = 40) -> str:
 # unwrap itself (the batching tracer uses this when a value turns out not to be
 # batched).
 #
-# Tracers have Python's operators, `+ - * > <` and unary `-`, from a small mixin,
+# Tracers have Python's operators, `+ - *` and unary `-` (and `> <`, for the
+# comparisons that arrive with control flow), from a small mixin,
 # `ArrayOperators`, whose methods call our wrappers (`x * y` is `mul(x, y)`), so
 # the same checks apply. (The appendix's NumPy front end later makes these
 # operators broadcast like NumPy's; that is how the finished module, `import
