@@ -2112,7 +2112,11 @@ show_error(lambda: 1 if leaked[0] else 0)
 # ## Summary
 #
 # - Every operation goes through `bind(primitive, *inputs, **params)`; the
-#   wrappers users call only tidy up their arguments.
+#   wrappers users call only check and tidy up their arguments (a Python number
+#   next to an array becomes an explicit `broadcast`).
+# - A primitive carries one rule per interpreter, so new primitives extend the
+#   module without touching what exists: the comparisons and the three
+#   primitives that move data arrived after `jvp` worked.
 # - Abstract values (`ShapedArray`) describe arrays by shape and
 #   dtype, so rules can reason about values they do not have.
 # - Each transformation is an interpreter: a `Trace` subclass with `pure`, `lift`
