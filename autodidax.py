@@ -13,6 +13,7 @@ or, to also resync and re-execute the chapter's notebook,
 
 # ==== chapter: part1_interpreters ====
 
+# @title Imports: NumPy and a few helpers from the standard library
 from __future__ import annotations
 
 import threading
@@ -23,13 +24,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-RULE_KINDS = (
-    *("impl", "jvp", "vmap"),  # this part
-    *("abstract_eval", "lower"),  # Parts 2 and 3
-    *("partial_eval", "partial_eval_jaxpr", "transpose"),  # Part 4
-)
-
-PRIMITIVES: dict[str, Primitive] = {}  # every primitive ever created, by name
+PRIMITIVES: dict[str, Primitive] = {}  # every primitive, by name
+RULE_KINDS: list[str] = []  # every kind of rule, in the order first registered
 
 
 class Primitive:
@@ -37,7 +33,7 @@ class Primitive:
 
     def __init__(self, name: str, multiple_results: bool = False) -> None:
         self.name = name
-        self.multiple_results = multiple_results  # do rules return several outputs?
+        self.multiple_results = multiple_results  # see `bind`, below
         self.rules: dict[str, Callable] = {}
         PRIMITIVES[name] = self
 
@@ -46,50 +42,44 @@ class Primitive:
 
         def register(rule):
             self.rules[kind] = rule
+            if kind not in RULE_KINDS:
+                RULE_KINDS.append(kind)
             return rule
 
         return register
 
-    def rule(self, kind: str) -> Callable:
-        if kind not in self.rules:
-            raise NotImplementedError(f"primitive '{self.name}' has no {kind} rule")
-        return self.rules[kind]
 
-    def bind(self, *args: Any, **params: Any) -> Any:
-        return bind(self, *args, **params)
+# @title Looking up a rule (checks: a missing rule); `prim.bind(...)`, as in JAX
+def _primitive_rule(self: Primitive, kind: str) -> Callable:
+    """The ``kind`` rule, or a clear error if the primitive has none."""
+    if kind not in self.rules:
+        raise NotImplementedError(f"primitive '{self.name}' has no {kind} rule")
+    return self.rules[kind]
 
-    def __repr__(self) -> str:
-        return self.name
 
+def _primitive_bind(self: Primitive, *args: Any, **params: Any) -> Any:
+    return bind(self, *args, **params)
+
+
+Primitive.rule = _primitive_rule
+Primitive.bind = _primitive_bind
+Primitive.__repr__ = lambda self: self.name
 
 add_p = Primitive("add")
 mul_p = Primitive("mul")
 neg_p = Primitive("neg")
 sin_p = Primitive("sin")
 cos_p = Primitive("cos")
-greater_p = Primitive("greater")
-less_p = Primitive("less")
-reduce_sum_p = Primitive("reduce_sum")
-transpose_p = Primitive("transpose")
-broadcast_p = Primitive("broadcast")
 
 
 def add(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    return _bind_binary(add_p, x, y)
+    x, y = _binary_operands("add", x, y)
+    return bind(add_p, x, y)
 
 
 def mul(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    return _bind_binary(mul_p, x, y)
-
-
-def greater(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """Elementwise ``x > y``, a boolean array."""
-    return _bind_binary(greater_p, x, y)
-
-
-def less(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """Elementwise ``x < y``, a boolean array."""
-    return _bind_binary(less_p, x, y)
+    x, y = _binary_operands("mul", x, y)
+    return bind(mul_p, x, y)
 
 
 def neg(x: ArrayLike) -> ArrayLike:
@@ -107,53 +97,10 @@ def cos(x: ArrayLike) -> ArrayLike:
     return bind(cos_p, x)
 
 
-def reduce_sum(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:
-    """Sum over ``axis`` (an int, a sequence of ints, or None for all axes)."""
-    ndim = get_aval(x, "reduce_sum", 0).ndim
-    if axis is None:
-        axis = tuple(range(ndim))
-    return bind(reduce_sum_p, x, axes=_normalize_axes("reduce_sum", axis, ndim))
-
-
-def transpose(x: ArrayLike, perm: Sequence[int]) -> ArrayLike:
-    """Permute the axes of ``x``: output axis ``i`` is input axis ``perm[i]``."""
-    return bind(transpose_p, x, perm=_check_perm(x, perm))
-
-
-def broadcast(x: ArrayLike, shape: Sequence[int], axes: Sequence[int]) -> ArrayLike:
-    """Broadcast ``x`` to ``shape`` by inserting new axes at positions ``axes``."""
-    shape, axes = _check_broadcast(x, shape, axes)
-    return bind(broadcast_p, x, shape=shape, axes=axes)
-
-
-# @title Checks: axes, dtypes, shapes and permutations given to the wrappers
+# @title Checks: dtypes; the operands of binary primitives (and Python numbers)
 ArrayLike = Any
 """Anything that can stand for an array: NumPy arrays and scalars, Python
 numbers, and tracers."""
-
-
-def _normalize_axes(name: str, axes: int | Sequence[int], ndim: int) -> tuple:
-    """Check axis numbers against ``ndim`` and make negative ones positive."""
-    if isinstance(axes, (int, np.integer)) and not isinstance(axes, bool):
-        axes = (axes,)
-    try:
-        axes = tuple(axes)
-    except TypeError:
-        raise TypeError(
-            f"{name}: axes must be integers, got {type(axes).__name__}"
-        ) from None
-    out = []
-    for a in axes:
-        if not isinstance(a, (int, np.integer)) or isinstance(a, bool):
-            raise TypeError(f"{name}: axes must be integers, got {a!r}")
-        if not -ndim <= a < ndim:
-            raise ValueError(
-                f"{name}: axis {a} is out of range for an array of rank {ndim}"
-            )
-        out.append(int(a) % ndim)
-    if len(set(out)) != len(out):
-        raise ValueError(f"{name}: repeated axis in {axes}")
-    return tuple(out)
 
 
 def _check_kind(name: str, x: ArrayLike, kinds: str, expected: str) -> None:
@@ -164,77 +111,32 @@ def _check_kind(name: str, x: ArrayLike, kinds: str, expected: str) -> None:
         raise TypeError(f"{name}: expected {expected} array, got dtype {dtype.name}")
 
 
-def _check_perm(x: ArrayLike, perm: Sequence[int]) -> tuple:
-    """``perm`` as a tuple of non-negative axes, if it permutes the axes of ``x``."""
-    aval = get_aval(x)
-    try:
-        axes = _normalize_axes("transpose", perm, aval.ndim)
-    except ValueError as e:
-        if "repeated" not in str(e):
-            raise
-        axes = ()
-    if sorted(axes) != list(range(aval.ndim)):
-        given = tuple(int(a) for a in ((perm,) if np.ndim(perm) == 0 else perm))
-        raise ValueError(
-            f"transpose: perm {given} is not a permutation of the axes of "
-            f"{aval.str_short()}"
-        )
-    return axes
-
-
-def _check_shape(name: str, shape: Sequence[int]) -> tuple:
-    """Check that ``shape`` is a sequence of non-negative integers."""
-    try:
-        dims = tuple(shape)
-    except TypeError:
-        raise TypeError(
-            f"{name}: shape must be a sequence of integers, got {shape!r}"
-        ) from None
-    for d in dims:
-        if not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d < 0:
-            raise ValueError(
-                f"{name}: shape must contain non-negative integers, got {shape!r}"
-            )
-    return tuple(int(d) for d in dims)
-
-
-def _check_broadcast(x: ArrayLike, shape: Sequence[int], axes: Sequence[int]):
-    """Canonical ``(shape, axes)`` of a broadcast, if the axes of the result
-    that are not in ``axes`` have the input's sizes, in order."""
-    in_shape = get_aval(x).shape
-    shape = _check_shape("broadcast", shape)
-    axes = _normalize_axes("broadcast", axes, len(shape))
-    kept = [size for i, size in enumerate(shape) if i not in axes]
-    if tuple(kept) != in_shape:
-        raise ValueError(
-            f"broadcast: cannot broadcast an array of shape {in_shape} to shape "
-            f"{shape} by inserting axes {axes}: the remaining axes have sizes "
-            f"{tuple(kept)}, which must equal the input shape"
-        )
-    return shape, tuple(sorted(axes))
-
-
-def _bind_binary(prim: Primitive, x: ArrayLike, y: ArrayLike) -> ArrayLike:
+def _binary_operands(name: str, x: ArrayLike, y: ArrayLike) -> tuple[Any, Any]:
+    """The operands of a binary primitive, checked to have one shape and dtype;
+    a Python number becomes an array like the other operand."""
     if _is_python_scalar(x) and _is_python_scalar(y):
         dtype = np.result_type(type(x), type(y))  # e.g. 2.0 and 3 give float64
         x, y = np.asarray(x, dtype), np.asarray(y, dtype)
     elif _is_python_scalar(x):
-        x = _scalar_like(prim.name, x, y)
+        x = _scalar_like(name, x, y)
     elif _is_python_scalar(y):
-        y = _scalar_like(prim.name, y, x)
-    check_binary_operands(
-        prim.name, get_aval(x, prim.name, 0), get_aval(y, prim.name, 1)
-    )
-    return bind(prim, x, y)
+        y = _scalar_like(name, y, x)
+    check_binary_operands(name, get_aval(x, name, 0), get_aval(y, name, 1))
+    return x, y
 
 
-# @title A Python number as an array; checks: it must fit, operands must match
+def _bind_binary(prim: Primitive, x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """``bind`` a binary primitive to its checked operands (later parts' wrappers)."""
+    return bind(prim, *_binary_operands(prim.name, x, y))
+
+
 def _is_python_scalar(x: Any) -> bool:
     return type(x) in (bool, int, float)
 
 
 def _scalar_like(name: str, c: bool | int | float, other: ArrayLike) -> ArrayLike:
-    """Turn the Python number ``c`` into an array shaped like ``other``."""
+    """Turn the Python number ``c`` into an array shaped like ``other`` (with
+    the ``broadcast`` primitive, which comes after ``jvp``)."""
     aval = get_aval(other)
     _check_scalar_fits(name, c, aval.dtype)
     const = np.asarray(c, dtype=aval.dtype)
@@ -272,6 +174,42 @@ def check_binary_operands(name: str, x: ShapedArray, y: ShapedArray) -> None:
         )
 
 
+class Level:
+    """One entry on the interpreter stack; ``payload`` is the transformation's
+    own data, such as a batch size."""
+
+    def __init__(self, number: int, trace_type: type[Trace], payload: Any) -> None:
+        self.number, self.trace_type, self.payload = number, trace_type, payload
+
+
+# @title How a level prints: Level(1, JVPTrace)
+Level.__repr__ = lambda self: f"Level({self.number}, {self.trace_type.__name__})"
+
+
+class Trace:
+    """An interpreter: how to process primitives applied to its tracers."""
+
+    def __init__(self, level: Level) -> None:
+        self.level = level
+
+    def pure(self, val): ...
+
+    def lift(self, tracer): ...
+
+    def process_primitive(self, prim, tracers, params): ...
+
+    def full_raise(self, val: Any) -> Any:
+        """Make ``val`` a tracer of this trace, boxing it if needed."""
+        if not isinstance(val, Tracer):
+            return self.pure(val)
+        level = val._trace.level
+        if level is self.level:
+            return val
+        if level.number < self.level.number:
+            return self.lift(val)
+        raise _leaked_tracer_error(val)  # a finished transformation's tracer
+
+
 class ShapedArray:
     """The abstract value of an array: its shape and dtype, not its contents."""
 
@@ -280,17 +218,6 @@ class ShapedArray:
     def __init__(self, shape: Sequence[int], dtype: Any) -> None:
         self.shape = tuple(int(d) for d in shape)
         self.dtype = np.dtype(dtype)
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    def __eq__(self, other: object) -> bool:
-        same_type = type(other) is ShapedArray
-        return same_type and self.shape == other.shape and self.dtype == other.dtype
-
-    def __hash__(self) -> int:
-        return hash((self.shape, self.dtype))
 
 
 def get_aval(x: Any, context: str = "autodidax", position: int | None = None):
@@ -301,7 +228,12 @@ def get_aval(x: Any, context: str = "autodidax", position: int | None = None):
     return ShapedArray(x.shape, x.dtype)
 
 
-# @title Printing avals; checks: what counts as an array
+# @title Comparing and printing avals; checks: what counts as an array
+def _aval_eq(self: ShapedArray, other: object) -> bool:
+    same_type = type(other) is ShapedArray
+    return same_type and self.shape == other.shape and self.dtype == other.dtype
+
+
 def _aval_size(self: ShapedArray) -> int:
     return int(np.prod(self.shape, dtype=np.int64))
 
@@ -315,6 +247,9 @@ def _aval_repr(self: ShapedArray) -> str:
     return f"ShapedArray(shape={self.shape}, dtype={self.dtype.name})"
 
 
+ShapedArray.__eq__ = _aval_eq
+ShapedArray.__hash__ = lambda self: hash((self.shape, self.dtype))
+ShapedArray.ndim = property(lambda self: len(self.shape))
 ShapedArray.size = property(_aval_size)
 ShapedArray.str_short = _aval_str_short
 ShapedArray.__repr__ = _aval_repr
@@ -322,8 +257,8 @@ ShapedArray.__repr__ = _aval_repr
 _ARRAY_KINDS = "biuf"  # bool, signed int, unsigned int, float
 
 DEVICE_ARRAY_TYPES: tuple[type, ...] = ()
-"""Array types of later parts (arrays that live on an accelerator); they are
-accepted as they are, without a copy to NumPy."""
+"""Array types that live on an accelerator: Part 3 sets it to its device
+array type, which is then accepted as it is, without a copy to NumPy."""
 
 
 def as_array(
@@ -368,49 +303,10 @@ def _short_repr(x: Any, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-class Level:
-    """One entry on the interpreter stack; ``payload`` is the transformation's
-    own data, such as a batch size."""
-
-    def __init__(self, number: int, trace_type: type[Trace], payload: Any) -> None:
-        self.number, self.trace_type, self.payload = number, trace_type, payload
-
-
-# @title How a level prints: Level(1, JVPTrace)
-Level.__repr__ = lambda self: f"Level({self.number}, {self.trace_type.__name__})"
-
-
-class Trace:
-    """An interpreter: how to process primitives applied to its tracers."""
-
-    def __init__(self, level: Level) -> None:
-        self.level = level
-
-    def pure(self, val):
-        raise NotImplementedError
-
-    def lift(self, tracer):
-        raise NotImplementedError
-
-    def process_primitive(self, prim, tracers, params):
-        raise NotImplementedError
-
-    def full_raise(self, val: Any) -> Any:
-        """Make ``val`` a tracer of this trace, boxing it if needed."""
-        if not isinstance(val, Tracer):
-            return self.pure(val)
-        level = val._trace.level
-        if level is self.level:
-            return val
-        if level.number < self.level.number:
-            return self.lift(val)
-        raise _leaked_tracer_error(val)  # a finished transformation's tracer
-
-
-# @title The operators of tracers (and of Part 3's device arrays)
+# @title Operators on tracers: `x * y` is `mul(x, y)`
 class ArrayOperators:
-    """Python's operators, spelled with our wrappers (shared by tracers and,
-    in Part 3, by arrays that live on a device)."""
+    """Python's operators, spelled with our wrappers. Tracers have them (and
+    so, from Part 3 on, do arrays that live on a device)."""
 
     def __add__(self, other):
         return add(self, other)
@@ -448,8 +344,7 @@ class Tracer(ArrayOperators):
     _trace: Trace
 
     @property
-    def aval(self) -> ShapedArray:
-        raise NotImplementedError
+    def aval(self) -> ShapedArray: ...
 
     def full_lower(self) -> Any:
         return self
@@ -533,24 +428,8 @@ def _impl_from_numpy(prim, np_fn):
 
 
 for _prim, _np_fn in [(add_p, np.add), (mul_p, np.multiply), (neg_p, np.negative),
-                      (sin_p, np.sin), (cos_p, np.cos), (greater_p, np.greater),
-                      (less_p, np.less)]:  # fmt: skip
+                      (sin_p, np.sin), (cos_p, np.cos)]:  # fmt: skip
     _impl_from_numpy(_prim, _np_fn)
-
-
-@reduce_sum_p.def_rule("impl")
-def _reduce_sum_impl(x, *, axes):
-    return [np.sum(x, axis=axes, dtype=x.dtype)]  # booleans stay booleans
-
-
-@transpose_p.def_rule("impl")
-def _transpose_impl(x, *, perm):
-    return [np.transpose(x, perm)]
-
-
-@broadcast_p.def_rule("impl")
-def _broadcast_impl(x, *, shape, axes):
-    return [np.broadcast_to(np.expand_dims(x, axes), shape)]
 
 
 class _InterpreterState(threading.local):  # each thread has its own stack
@@ -630,10 +509,6 @@ class JVPTracer(Tracer):
     def aval(self) -> ShapedArray:
         return get_aval(self.primal)
 
-    def __bool__(self) -> bool:
-        self.check_live()
-        return bool(self.primal)  # a branch needs only the primal, which we have
-
 
 class JVPTrace(Trace):
     """The forward-mode differentiation interpreter."""
@@ -656,7 +531,7 @@ def _linear_jvp(prim: Primitive) -> None:
         return [bind(prim, *primals, **params)], [bind(prim, *tangents, **params)]
 
 
-for _prim in [add_p, neg_p, reduce_sum_p, transpose_p, broadcast_p]:
+for _prim in [add_p, neg_p]:
     _linear_jvp(_prim)
 
 
@@ -676,17 +551,6 @@ def _sin_jvp(primals, tangents):
 def _cos_jvp(primals, tangents):
     (x,), (dx,) = primals, tangents
     return [cos(x)], [neg(mul(dx, sin(x)))]
-
-
-def _comparison_jvp(prim: Primitive) -> None:
-    @prim.def_rule("jvp")
-    def rule(primals, tangents):
-        out = bind(prim, *primals)
-        return [out], [zeros_like(out)]
-
-
-for _prim in [greater_p, less_p]:
-    _comparison_jvp(_prim)
 
 
 def jvp_flat(f, primals, tangents):
@@ -720,6 +584,159 @@ def _as_input(x: Any, context: str) -> Any:
 def _check_outputs(name: str, outs: list) -> list:
     """Each output of a transformed function must be an array or a live tracer."""
     return [_as_input(out, f"{name}: output of the function") for out in outs]
+
+
+greater_p = Primitive("greater")
+less_p = Primitive("less")
+
+
+def greater(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x > y``, a boolean array."""
+    x, y = _binary_operands("greater", x, y)
+    return bind(greater_p, x, y)
+
+
+def less(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x < y``, a boolean array."""
+    x, y = _binary_operands("less", x, y)
+    return bind(less_p, x, y)
+
+
+def _comparison_jvp(prim: Primitive) -> None:
+    @prim.def_rule("jvp")
+    def rule(primals, tangents):
+        out = bind(prim, *primals)
+        return [out], [zeros_like(out)]
+
+
+for _prim, _np_fn in [(greater_p, np.greater), (less_p, np.less)]:
+    _impl_from_numpy(_prim, _np_fn)
+    _comparison_jvp(_prim)
+
+
+def _jvp_tracer_bool(self: JVPTracer) -> bool:
+    self.check_live()
+    return bool(self.primal)
+
+
+JVPTracer.__bool__ = _jvp_tracer_bool
+
+reduce_sum_p = Primitive("reduce_sum")
+transpose_p = Primitive("transpose")
+broadcast_p = Primitive("broadcast")
+
+
+def reduce_sum(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:
+    """Sum over ``axis`` (an int, a sequence of ints, or None for all axes)."""
+    ndim = get_aval(x, "reduce_sum", 0).ndim
+    if axis is None:
+        axis = tuple(range(ndim))
+    return bind(reduce_sum_p, x, axes=_normalize_axes("reduce_sum", axis, ndim))
+
+
+def transpose(x: ArrayLike, perm: Sequence[int]) -> ArrayLike:
+    """Permute the axes of ``x``: output axis ``i`` is input axis ``perm[i]``."""
+    return bind(transpose_p, x, perm=_check_perm(x, perm))
+
+
+def broadcast(x: ArrayLike, shape: Sequence[int], axes: Sequence[int]) -> ArrayLike:
+    """Broadcast ``x`` to ``shape`` by inserting new axes at positions ``axes``."""
+    shape, axes = _check_broadcast(x, shape, axes)
+    return bind(broadcast_p, x, shape=shape, axes=axes)
+
+
+# @title Checks: axes, shapes and permutations given to the wrappers
+def _normalize_axes(name: str, axes: int | Sequence[int], ndim: int) -> tuple:
+    """Check axis numbers against ``ndim`` and make negative ones positive."""
+    if isinstance(axes, (int, np.integer)) and not isinstance(axes, bool):
+        axes = (axes,)
+    try:
+        axes = tuple(axes)
+    except TypeError:
+        raise TypeError(
+            f"{name}: axes must be integers, got {type(axes).__name__}"
+        ) from None
+    out = []
+    for a in axes:
+        if not isinstance(a, (int, np.integer)) or isinstance(a, bool):
+            raise TypeError(f"{name}: axes must be integers, got {a!r}")
+        if not -ndim <= a < ndim:
+            raise ValueError(
+                f"{name}: axis {a} is out of range for an array of rank {ndim}"
+            )
+        out.append(int(a) % ndim)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{name}: repeated axis in {axes}")
+    return tuple(out)
+
+
+def _check_perm(x: ArrayLike, perm: Sequence[int]) -> tuple:
+    """``perm`` as a tuple of non-negative axes, if it permutes the axes of ``x``."""
+    aval = get_aval(x)
+    try:
+        axes = _normalize_axes("transpose", perm, aval.ndim)
+    except ValueError as e:
+        if "repeated" not in str(e):
+            raise
+        axes = ()
+    if sorted(axes) != list(range(aval.ndim)):
+        given = tuple(int(a) for a in ((perm,) if np.ndim(perm) == 0 else perm))
+        raise ValueError(
+            f"transpose: perm {given} is not a permutation of the axes of "
+            f"{aval.str_short()}"
+        )
+    return axes
+
+
+def _check_shape(name: str, shape: Sequence[int]) -> tuple:
+    """Check that ``shape`` is a sequence of non-negative integers."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise TypeError(
+            f"{name}: shape must be a sequence of integers, got {shape!r}"
+        ) from None
+    for d in dims:
+        if not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d < 0:
+            raise ValueError(
+                f"{name}: shape must contain non-negative integers, got {shape!r}"
+            )
+    return tuple(int(d) for d in dims)
+
+
+def _check_broadcast(x: ArrayLike, shape: Sequence[int], axes: Sequence[int]):
+    """Canonical ``(shape, axes)`` of a broadcast, if the axes of the result
+    that are not in ``axes`` have the input's sizes, in order."""
+    in_shape = get_aval(x).shape
+    shape = _check_shape("broadcast", shape)
+    axes = _normalize_axes("broadcast", axes, len(shape))
+    kept = [size for i, size in enumerate(shape) if i not in axes]
+    if tuple(kept) != in_shape:
+        raise ValueError(
+            f"broadcast: cannot broadcast an array of shape {in_shape} to shape "
+            f"{shape} by inserting axes {axes}: the remaining axes have sizes "
+            f"{tuple(kept)}, which must equal the input shape"
+        )
+    return shape, tuple(sorted(axes))
+
+
+@reduce_sum_p.def_rule("impl")
+def _reduce_sum_impl(x, *, axes):
+    return [np.sum(x, axis=axes, dtype=x.dtype)]  # booleans stay booleans
+
+
+@transpose_p.def_rule("impl")
+def _transpose_impl(x, *, perm):
+    return [np.transpose(x, perm)]
+
+
+@broadcast_p.def_rule("impl")
+def _broadcast_impl(x, *, shape, axes):
+    return [np.broadcast_to(np.expand_dims(x, axes), shape)]
+
+
+for _prim in [reduce_sum_p, transpose_p, broadcast_p]:
+    _linear_jvp(_prim)
 
 
 class NodeHandler(NamedTuple):

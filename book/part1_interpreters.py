@@ -29,14 +29,19 @@
 #
 # 1. a small vocabulary of **{term}`primitives <primitive>`** (`add`, `mul`, `sin`, ...) through which
 #    every operation flows, via a single function `bind`;
-# 2. **{term}`abstract values <abstract value>`** that describe an array by its shape and dtype;
-# 3. an **{term}`interpreter stack <level>`** of `Trace` objects and the `Tracer` objects they
-#    hand to your function, and the rule that decides which interpreter handles an
-#    operation;
-# 4. three interpreters: plain evaluation, {term}`forward-mode <forward mode>` differentiation (`jvp`) and
+# 2. an **{term}`interpreter stack <level>`** of `Trace` objects and the `Tracer` objects they
+#    hand to your function, each tracer described by an
+#    **{term}`abstract value <abstract value>`** (a shape and a dtype), and the rule that
+#    decides which interpreter handles an operation;
+# 3. three interpreters: plain evaluation, {term}`forward-mode <forward mode>` differentiation (`jvp`) and
 #    automatic batching (`vmap`), plus `jacfwd`, which is just the two combined;
-# 5. **{term}`pytrees <pytree>`**, so that transformed functions can take and return tuples, dicts
+# 4. **{term}`pytrees <pytree>`**, so that transformed functions can take and return tuples, dicts
 #    and your own containers.
+#
+# We build the machinery in the smallest form that can differentiate
+# $-2\sin x + x$ and reach `jvp` as early as we can. Then more primitives
+# (comparisons, and three that move data between axes), Python numbers next to
+# arrays and pytrees extend it, and `vmap` comes last.
 #
 # By the end you will have a module that can compute derivatives of any order of
 # Python functions that use `if` statements and loops, batch them (batching a
@@ -69,7 +74,8 @@ except ImportError:  # Colab opens a notebook on its own: fetch the helper first
 
 book_setup.load_book(globals(), before="part1_interpreters")
 
-# %% tags=["export"]
+# %% tags=["export", "hide-input"]
+# @title Imports: NumPy and a few helpers from the standard library
 from __future__ import annotations
 
 import threading
@@ -90,20 +96,18 @@ import numpy as np
 #
 # A primitive here is just a named object that carries its *{term}`rules <rule>`*: one function
 # per interpreter that says how that interpreter handles the primitive. We store
-# the rules on the primitive itself, under a short key such as `"impl"` or `"jvp"`,
-# so it is easy to ask later which primitive lacks which rule. `RULE_KINDS` names
-# every kind the book will need; this part writes the first three, and each later
-# part fills in one or more of the others (the `transpose` rule, for reverse mode
-# in Part 4, is unrelated to the axis-permuting primitive `transpose` below).
+# the rules on the primitive itself, under a short key such as `"impl"` or `"jvp"`.
+# Two registries record what exists: `PRIMITIVES` holds every primitive, and
+# `RULE_KINDS` every kind of rule, in the order the book first registers one.
+# This part writes three kinds (`impl`, `jvp` and `vmap`); later parts add
+# theirs just by registering rules, and the book's table of which primitive has
+# which rule is read off these two registries. An interpreter looks a rule up
+# with `prim.rule(kind)`, which raises a clear error when the primitive has no
+# such rule (in the folded cell).
 
 # %% tags=["export"]
-RULE_KINDS = (
-    *("impl", "jvp", "vmap"),  # this part
-    *("abstract_eval", "lower"),  # Parts 2 and 3
-    *("partial_eval", "partial_eval_jaxpr", "transpose"),  # Part 4
-)
-
-PRIMITIVES: dict[str, Primitive] = {}  # every primitive ever created, by name
+PRIMITIVES: dict[str, Primitive] = {}  # every primitive, by name
+RULE_KINDS: list[str] = []  # every kind of rule, in the order first registered
 
 
 class Primitive:
@@ -111,7 +115,7 @@ class Primitive:
 
     def __init__(self, name: str, multiple_results: bool = False) -> None:
         self.name = name
-        self.multiple_results = multiple_results  # do rules return several outputs?
+        self.multiple_results = multiple_results  # see `bind`, below
         self.rules: dict[str, Callable] = {}
         PRIMITIVES[name] = self
 
@@ -120,26 +124,34 @@ class Primitive:
 
         def register(rule):
             self.rules[kind] = rule
+            if kind not in RULE_KINDS:
+                RULE_KINDS.append(kind)
             return rule
 
         return register
 
-    def rule(self, kind: str) -> Callable:
-        if kind not in self.rules:
-            raise NotImplementedError(f"primitive '{self.name}' has no {kind} rule")
-        return self.rules[kind]
 
-    def bind(self, *args: Any, **params: Any) -> Any:
-        return bind(self, *args, **params)
+# %% tags=["export", "hide-input"]
+# @title Looking up a rule (checks: a missing rule); `prim.bind(...)`, as in JAX
+def _primitive_rule(self: Primitive, kind: str) -> Callable:
+    """The ``kind`` rule, or a clear error if the primitive has none."""
+    if kind not in self.rules:
+        raise NotImplementedError(f"primitive '{self.name}' has no {kind} rule")
+    return self.rules[kind]
 
-    def __repr__(self) -> str:
-        return self.name
 
+def _primitive_bind(self: Primitive, *args: Any, **params: Any) -> Any:
+    return bind(self, *args, **params)
+
+
+Primitive.rule = _primitive_rule
+Primitive.bind = _primitive_bind
+Primitive.__repr__ = lambda self: self.name
 
 # %% [markdown]
-# Part 1 uses ten primitives. Seven work elementwise; the last three move data
-# around: `reduce_sum` sums over some axes, `transpose` permutes axes, and
-# `broadcast` inserts new axes and repeats the data along them.
+# We start with five primitives that work elementwise. Comparisons and three
+# primitives that move data around (summing over axes, permuting them, inserting
+# new ones) join them after `jvp` works, each with the same few lines.
 
 # %% tags=["export"]
 add_p = Primitive("add")
@@ -147,42 +159,29 @@ mul_p = Primitive("mul")
 neg_p = Primitive("neg")
 sin_p = Primitive("sin")
 cos_p = Primitive("cos")
-greater_p = Primitive("greater")
-less_p = Primitive("less")
-reduce_sum_p = Primitive("reduce_sum")
-transpose_p = Primitive("transpose")
-broadcast_p = Primitive("broadcast")
 
 
 # %% [markdown]
 # Users never touch these objects. They call small wrapper functions, and every
 # wrapper ends in the same place: `bind(primitive, *inputs, **params)`. Inputs are
-# the arrays the operation consumes; {term}`params` are static, hashable settings such as
-# which axes to sum over. The wrappers also put what the user passed into one
-# canonical form: negative axes become positive, `axis=None` becomes "all axes",
-# and a Python number next to an array becomes an array of the same shape and
-# dtype (more on that below). Each rule then has only one form of its parameters
-# to handle. `broadcast(x, shape, axes)` inserts new axes at the positions `axes`
-# of the result; the other axes of the result are those of `x`, in order.
+# the arrays the operation consumes; {term}`params` are static, hashable settings
+# (the data-moving primitives have some, such as which axes to sum over). Before
+# calling `bind`, a wrapper checks its arguments, each with one call to a helper
+# whose name says what it checks: that `sin` gets a float array, or that the two
+# operands of `add` can be combined, which `_binary_operands` returns as arrays of
+# one shape and dtype. It also lets a Python number stand next to an array, as in
+# `mul(x, 2.0)`; we come back to that {ref}`after jvp <part1-python-numbers>`.
 
 
 # %% tags=["export"]
 def add(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    return _bind_binary(add_p, x, y)
+    x, y = _binary_operands("add", x, y)
+    return bind(add_p, x, y)
 
 
 def mul(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    return _bind_binary(mul_p, x, y)
-
-
-def greater(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """Elementwise ``x > y``, a boolean array."""
-    return _bind_binary(greater_p, x, y)
-
-
-def less(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """Elementwise ``x < y``, a boolean array."""
-    return _bind_binary(less_p, x, y)
+    x, y = _binary_operands("mul", x, y)
+    return bind(mul_p, x, y)
 
 
 def neg(x: ArrayLike) -> ArrayLike:
@@ -200,60 +199,11 @@ def cos(x: ArrayLike) -> ArrayLike:
     return bind(cos_p, x)
 
 
-def reduce_sum(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:
-    """Sum over ``axis`` (an int, a sequence of ints, or None for all axes)."""
-    ndim = get_aval(x, "reduce_sum", 0).ndim
-    if axis is None:
-        axis = tuple(range(ndim))
-    return bind(reduce_sum_p, x, axes=_normalize_axes("reduce_sum", axis, ndim))
-
-
-def transpose(x: ArrayLike, perm: Sequence[int]) -> ArrayLike:
-    """Permute the axes of ``x``: output axis ``i`` is input axis ``perm[i]``."""
-    return bind(transpose_p, x, perm=_check_perm(x, perm))
-
-
-def broadcast(x: ArrayLike, shape: Sequence[int], axes: Sequence[int]) -> ArrayLike:
-    """Broadcast ``x`` to ``shape`` by inserting new axes at positions ``axes``."""
-    shape, axes = _check_broadcast(x, shape, axes)
-    return bind(broadcast_p, x, shape=shape, axes=axes)
-
-
-# %% [markdown]
-# The wrappers call helpers whose names say what they check: that `sin` gets a
-# float array, that an axis is in range, that `perm` is a permutation of the
-# axes, that `broadcast` keeps the input's axes. Each raises an error that names
-# the argument and its type. The cell below holds them; expand it to read them.
-
 # %% tags=["export", "hide-input"]
-# @title Checks: axes, dtypes, shapes and permutations given to the wrappers
+# @title Checks: dtypes; the operands of binary primitives (and Python numbers)
 ArrayLike = Any
 """Anything that can stand for an array: NumPy arrays and scalars, Python
 numbers, and tracers."""
-
-
-def _normalize_axes(name: str, axes: int | Sequence[int], ndim: int) -> tuple:
-    """Check axis numbers against ``ndim`` and make negative ones positive."""
-    if isinstance(axes, (int, np.integer)) and not isinstance(axes, bool):
-        axes = (axes,)
-    try:
-        axes = tuple(axes)
-    except TypeError:
-        raise TypeError(
-            f"{name}: axes must be integers, got {type(axes).__name__}"
-        ) from None
-    out = []
-    for a in axes:
-        if not isinstance(a, (int, np.integer)) or isinstance(a, bool):
-            raise TypeError(f"{name}: axes must be integers, got {a!r}")
-        if not -ndim <= a < ndim:
-            raise ValueError(
-                f"{name}: axis {a} is out of range for an array of rank {ndim}"
-            )
-        out.append(int(a) % ndim)
-    if len(set(out)) != len(out):
-        raise ValueError(f"{name}: repeated axis in {axes}")
-    return tuple(out)
 
 
 def _check_kind(name: str, x: ArrayLike, kinds: str, expected: str) -> None:
@@ -264,105 +214,32 @@ def _check_kind(name: str, x: ArrayLike, kinds: str, expected: str) -> None:
         raise TypeError(f"{name}: expected {expected} array, got dtype {dtype.name}")
 
 
-def _check_perm(x: ArrayLike, perm: Sequence[int]) -> tuple:
-    """``perm`` as a tuple of non-negative axes, if it permutes the axes of ``x``."""
-    aval = get_aval(x)
-    try:
-        axes = _normalize_axes("transpose", perm, aval.ndim)
-    except ValueError as e:
-        if "repeated" not in str(e):
-            raise
-        axes = ()
-    if sorted(axes) != list(range(aval.ndim)):
-        given = tuple(int(a) for a in ((perm,) if np.ndim(perm) == 0 else perm))
-        raise ValueError(
-            f"transpose: perm {given} is not a permutation of the axes of "
-            f"{aval.str_short()}"
-        )
-    return axes
-
-
-def _check_shape(name: str, shape: Sequence[int]) -> tuple:
-    """Check that ``shape`` is a sequence of non-negative integers."""
-    try:
-        dims = tuple(shape)
-    except TypeError:
-        raise TypeError(
-            f"{name}: shape must be a sequence of integers, got {shape!r}"
-        ) from None
-    for d in dims:
-        if not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d < 0:
-            raise ValueError(
-                f"{name}: shape must contain non-negative integers, got {shape!r}"
-            )
-    return tuple(int(d) for d in dims)
-
-
-def _check_broadcast(x: ArrayLike, shape: Sequence[int], axes: Sequence[int]):
-    """Canonical ``(shape, axes)`` of a broadcast, if the axes of the result
-    that are not in ``axes`` have the input's sizes, in order."""
-    in_shape = get_aval(x).shape
-    shape = _check_shape("broadcast", shape)
-    axes = _normalize_axes("broadcast", axes, len(shape))
-    kept = [size for i, size in enumerate(shape) if i not in axes]
-    if tuple(kept) != in_shape:
-        raise ValueError(
-            f"broadcast: cannot broadcast an array of shape {in_shape} to shape "
-            f"{shape} by inserting axes {axes}: the remaining axes have sizes "
-            f"{tuple(kept)}, which must equal the input shape"
-        )
-    return shape, tuple(sorted(axes))
-
-
-# %% [markdown]
-# ### Python numbers next to arrays
-#
-# What should `mul(x, 2.0)` mean when `x` is a vector? The primitives themselves
-# are strict: both operands of a binary primitive must have the same shape and
-# dtype. (JAX's `lax` layer is nearly as strict: it wants one dtype and one
-# rank, but lets a rank-0 operand meet an array of any rank and stretches axes
-# of size 1.) Being strict keeps every rule simple and makes shape
-# mistakes loud. But writing `x * 2.0` is too natural to forbid, so the wrapper
-# turns a Python number into an array before `bind` sees it: it takes the other
-# operand's dtype, and if the other operand is not a scalar, the wrapper inserts an
-# explicit `broadcast`. Because this happens *before* `bind`, every interpreter —
-# evaluation, differentiation, batching, and the compiler of later chapters —
-# sees exactly the same, explicit program.
-
-
-# %% tags=["export"]
-def _bind_binary(prim: Primitive, x: ArrayLike, y: ArrayLike) -> ArrayLike:
+def _binary_operands(name: str, x: ArrayLike, y: ArrayLike) -> tuple[Any, Any]:
+    """The operands of a binary primitive, checked to have one shape and dtype;
+    a Python number becomes an array like the other operand."""
     if _is_python_scalar(x) and _is_python_scalar(y):
         dtype = np.result_type(type(x), type(y))  # e.g. 2.0 and 3 give float64
         x, y = np.asarray(x, dtype), np.asarray(y, dtype)
     elif _is_python_scalar(x):
-        x = _scalar_like(prim.name, x, y)
+        x = _scalar_like(name, x, y)
     elif _is_python_scalar(y):
-        y = _scalar_like(prim.name, y, x)
-    check_binary_operands(
-        prim.name, get_aval(x, prim.name, 0), get_aval(y, prim.name, 1)
-    )
-    return bind(prim, x, y)
+        y = _scalar_like(name, y, x)
+    check_binary_operands(name, get_aval(x, name, 0), get_aval(y, name, 1))
+    return x, y
 
 
-# %% [markdown]
-# `_scalar_like(name, c, other)` makes the number `c` an array of `other`'s dtype
-# and, with a `broadcast`, of its shape. Two checks guard this: the number must
-# keep its value in that dtype (no `2.5` into an integer array), and the two
-# operands must then have the same shape and dtype. Both work on *abstract
-# values*, the next topic: they need only shapes and dtypes, so they work the same
-# whether `x` is a concrete array or a placeholder that some transformation is
-# pushing through the function.
+def _bind_binary(prim: Primitive, x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """``bind`` a binary primitive to its checked operands (later parts' wrappers)."""
+    return bind(prim, *_binary_operands(prim.name, x, y))
 
 
-# %% tags=["export", "hide-input"]
-# @title A Python number as an array; checks: it must fit, operands must match
 def _is_python_scalar(x: Any) -> bool:
     return type(x) in (bool, int, float)
 
 
 def _scalar_like(name: str, c: bool | int | float, other: ArrayLike) -> ArrayLike:
-    """Turn the Python number ``c`` into an array shaped like ``other``."""
+    """Turn the Python number ``c`` into an array shaped like ``other`` (with
+    the ``broadcast`` primitive, which comes after ``jvp``)."""
     aval = get_aval(other)
     _check_scalar_fits(name, c, aval.dtype)
     const = np.asarray(c, dtype=aval.dtype)
@@ -401,14 +278,95 @@ def check_binary_operands(name: str, x: ShapedArray, y: ShapedArray) -> None:
 
 
 # %% [markdown]
-# (part1-avals)=
-# ## Abstract values
+# (part1-stack)=
+# ## The interpreter stack
 #
-# An interpreter often cannot know the numbers an array holds — when compiling, for
-# instance, the numbers arrive only later — but it always knows *what kind* of
-# array it is. We call that description an **abstract value** (or *aval*).
-# `ShapedArray` records a shape and a dtype, and it is the only abstract value
-# this book needs: an interpreter that has the numbers simply holds the array.
+# Now the central idea. A transformation like `jvp` needs to run the user's
+# function in a different way: each time the function multiplies two numbers,
+# `jvp` must multiply them *and* work out how that product changes. It achieves
+# this by handing the function **{term}`tracers <tracer>`** instead of arrays. A tracer stands in
+# for an array, and the primitives route every operation that touches a tracer to
+# the **{term}`trace`** (the interpreter) that owns it.
+#
+# Transformations nest: `jvp(vmap(f))` differentiates a batched function, and
+# `vmap(jvp(f))` batches a derivative. So at any moment there is a **stack** of
+# active interpreters, and it grows upward. Each entry is a `Level` with a
+# number: the evaluation interpreter sits at the bottom, level 0, permanently;
+# every transformation that starts pushes a new level on top, with the next
+# number, while it runs the user's function, and pops it afterwards. The top of
+# the stack is always the innermost transformation, the one entered last.
+
+
+# %% tags=["export"]
+class Level:
+    """One entry on the interpreter stack; ``payload`` is the transformation's
+    own data, such as a batch size."""
+
+    def __init__(self, number: int, trace_type: type[Trace], payload: Any) -> None:
+        self.number, self.trace_type, self.payload = number, trace_type, payload
+
+
+# %% tags=["export", "hide-input"]
+# @title How a level prints: Level(1, JVPTrace)
+Level.__repr__ = lambda self: f"Level({self.number}, {self.trace_type.__name__})"
+
+
+# %% [markdown]
+# A `Trace` is the interpreter for one level. It is a lightweight object:
+# `bind` makes a new one each time; what identifies a transformation is its
+# `Level` object, which is why `full_raise` below, and the check for leaked
+# tracers, compare levels. Each kind of interpreter defines three methods:
+#
+# - `pure(x)` wraps a plain array in one of its tracers — for a constant that the
+#   function uses, such as the `2.0` in `2.0 * x`;
+# - `lift(t)` wraps a tracer that belongs to a *lower* level, for a value that
+#   this transformation does not own but that meets one of its own tracers (we
+#   will meet one after nesting `jvp`). In every interpreter in this book, `lift`
+#   is `pure`: to an interpreter, a lower-level tracer is just a constant it does
+#   not own;
+# - `process_primitive(prim, tracers, params)` applies a primitive to its own
+#   tracers, usually by unpacking them, calling `bind` again on what is inside,
+#   and wrapping the results.
+#
+# `full_raise` combines the first two: it turns any input into a tracer of this
+# trace, whatever it was before ({term}`boxing` it).
+
+
+# %% tags=["export"]
+class Trace:
+    """An interpreter: how to process primitives applied to its tracers."""
+
+    def __init__(self, level: Level) -> None:
+        self.level = level
+
+    def pure(self, val): ...
+
+    def lift(self, tracer): ...
+
+    def process_primitive(self, prim, tracers, params): ...
+
+    def full_raise(self, val: Any) -> Any:
+        """Make ``val`` a tracer of this trace, boxing it if needed."""
+        if not isinstance(val, Tracer):
+            return self.pure(val)
+        level = val._trace.level
+        if level is self.level:
+            return val
+        if level.number < self.level.number:
+            return self.lift(val)
+        raise _leaked_tracer_error(val)  # a finished transformation's tracer
+
+
+# %% [markdown]
+# (part1-avals)=
+# ### Abstract values
+#
+# A tracer stands for an array whose numbers an interpreter may not know — when
+# compiling, for instance, the numbers arrive only later — but it always knows
+# *what kind* of array it is. We call that description an **abstract value** (or
+# *aval*). `ShapedArray` records a shape and a dtype, and it is the only abstract
+# value this book needs: an interpreter that has the numbers simply holds the
+# array.
 
 
 # %% tags=["export"]
@@ -421,25 +379,12 @@ class ShapedArray:
         self.shape = tuple(int(d) for d in shape)
         self.dtype = np.dtype(dtype)
 
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    def __eq__(self, other: object) -> bool:
-        same_type = type(other) is ShapedArray
-        return same_type and self.shape == other.shape and self.dtype == other.dtype
-
-    def __hash__(self) -> int:
-        return hash((self.shape, self.dtype))
-
 
 # %% [markdown]
-# `get_aval` finds the abstract value of anything a user may pass. A tracer (the
-# next section) knows its own aval; anything else must be convertible to a NumPy
-# array of booleans, integers or floats. `as_array` is the single place where a
-# string, a list or some other object gets rejected, with a message that names
-# what was passed. (We call it on tracers, where it needs the `Tracer` class, in
-# {ref}`A look at the stack at work <part1-stack-at-work>`.)
+# `get_aval` finds the abstract value of anything a user may pass. A tracer
+# knows its own aval (the `Tracer` class comes next); anything else goes through
+# `as_array`, the single place where a string, a list or some other object gets
+# rejected, with a message that names what was passed.
 
 
 # %% tags=["export"]
@@ -452,13 +397,19 @@ def get_aval(x: Any, context: str = "autodidax", position: int | None = None):
 
 
 # %% [markdown]
-# An aval also knows its `size` and prints itself in two forms, a full one and
-# the compact `float64[3,4]` of error messages (`str_short`); that code, and
-# `as_array`, are in the folded cell.
+# Two avals are equal when shape and dtype are. An aval also knows its `ndim`
+# and `size` and prints itself in two forms, a full one and the compact
+# `float64[3,4]` of error messages (`str_short`); that code, and `as_array`, are
+# in the folded cell.
 
 
 # %% tags=["export", "hide-input"]
-# @title Printing avals; checks: what counts as an array
+# @title Comparing and printing avals; checks: what counts as an array
+def _aval_eq(self: ShapedArray, other: object) -> bool:
+    same_type = type(other) is ShapedArray
+    return same_type and self.shape == other.shape and self.dtype == other.dtype
+
+
 def _aval_size(self: ShapedArray) -> int:
     return int(np.prod(self.shape, dtype=np.int64))
 
@@ -472,6 +423,9 @@ def _aval_repr(self: ShapedArray) -> str:
     return f"ShapedArray(shape={self.shape}, dtype={self.dtype.name})"
 
 
+ShapedArray.__eq__ = _aval_eq
+ShapedArray.__hash__ = lambda self: hash((self.shape, self.dtype))
+ShapedArray.ndim = property(lambda self: len(self.shape))
 ShapedArray.size = property(_aval_size)
 ShapedArray.str_short = _aval_str_short
 ShapedArray.__repr__ = _aval_repr
@@ -479,8 +433,8 @@ ShapedArray.__repr__ = _aval_repr
 _ARRAY_KINDS = "biuf"  # bool, signed int, unsigned int, float
 
 DEVICE_ARRAY_TYPES: tuple[type, ...] = ()
-"""Array types of later parts (arrays that live on an accelerator); they are
-accepted as they are, without a copy to NumPy."""
+"""Array types that live on an accelerator: Part 3 sets it to its device
+array type, which is then accepted as it is, without a copy to NumPy."""
 
 
 def as_array(
@@ -526,109 +480,27 @@ def _short_repr(x: Any, limit: int = 40) -> str:
 
 
 # %% [markdown]
-# (part1-stack)=
-# ## The interpreter stack
+# ### Tracers
 #
-# Now the central idea. A transformation like `jvp` needs to run the user's
-# function in a different way: each time the function multiplies two numbers,
-# `jvp` must multiply them *and* work out how that product changes. It achieves
-# this by handing the function **{term}`tracers <tracer>`** instead of arrays. A tracer stands in
-# for an array, and the primitives route every operation that touches a tracer to
-# the **{term}`trace`** (the interpreter) that owns it.
-#
-# Transformations nest: `jvp(vmap(f))` differentiates a batched function, and
-# `vmap(jvp(f))` batches a derivative. So at any moment there is a **stack** of
-# active interpreters, and it grows upward. Each entry is a `Level` with a
-# number: the evaluation interpreter sits at the bottom, level 0, permanently;
-# every transformation that starts pushes a new level on top, with the next
-# number, while it runs the user's function, and pops it afterwards. The top of
-# the stack is always the innermost transformation, the one entered last.
-
-
-# %% tags=["export"]
-class Level:
-    """One entry on the interpreter stack; ``payload`` is the transformation's
-    own data, such as a batch size."""
-
-    def __init__(self, number: int, trace_type: type[Trace], payload: Any) -> None:
-        self.number, self.trace_type, self.payload = number, trace_type, payload
-
-
-# %% tags=["export", "hide-input"]
-# @title How a level prints: Level(1, JVPTrace)
-Level.__repr__ = lambda self: f"Level({self.number}, {self.trace_type.__name__})"
-
-
-# %% [markdown]
-# A `Trace` is the interpreter for one level. It is a lightweight object:
-# `bind` makes a new one each time; what identifies a transformation is its
-# `Level` object, which is why `full_raise` below, and the check for leaked
-# tracers, compare levels. A trace knows its level and three things:
-#
-# - `pure(x)` wraps a plain array in one of its tracers — for a constant that the
-#   function uses, such as the `2.0` in `2.0 * x`;
-# - `lift(t)` wraps a tracer that belongs to a *lower* level, for a value that
-#   this transformation does not own but that meets one of its own tracers (we
-#   will meet one after nesting `jvp`). In every interpreter in this book, `lift`
-#   is `pure`: to an interpreter, a lower-level tracer is just a constant it does
-#   not own;
-# - `process_primitive(prim, tracers, params)` applies a primitive to its own
-#   tracers, usually by unpacking them, calling `bind` again on what is inside,
-#   and wrapping the results.
-#
-# `full_raise` combines the first two: it turns any input into a tracer of this
-# trace, whatever it was before ({term}`boxing` it).
-
-
-# %% tags=["export"]
-class Trace:
-    """An interpreter: how to process primitives applied to its tracers."""
-
-    def __init__(self, level: Level) -> None:
-        self.level = level
-
-    def pure(self, val):
-        raise NotImplementedError
-
-    def lift(self, tracer):
-        raise NotImplementedError
-
-    def process_primitive(self, prim, tracers, params):
-        raise NotImplementedError
-
-    def full_raise(self, val: Any) -> Any:
-        """Make ``val`` a tracer of this trace, boxing it if needed."""
-        if not isinstance(val, Tracer):
-            return self.pure(val)
-        level = val._trace.level
-        if level is self.level:
-            return val
-        if level.number < self.level.number:
-            return self.lift(val)
-        raise _leaked_tracer_error(val)  # a finished transformation's tracer
-
-
-# %% [markdown]
 # A `Tracer` is the object the user's function actually sees. It knows which trace
 # it belongs to and its abstract value. `full_lower` is the opposite of
 # `full_raise`: a tracer that carries no information for its transformation can
 # unwrap itself (the batching tracer uses this when a value turns out not to be
 # batched).
 #
-# Tracers have Python's operators, `+ - * > <` and unary `-`, from a small mixin,
+# Tracers have Python's operators, `+ - *` and unary `-` (and `> <`, for the
+# comparisons that arrive with control flow), from a small mixin,
 # `ArrayOperators`, whose methods call our wrappers (`x * y` is `mul(x, y)`), so
-# the same rules hold: in this chapter both operands must have the same shape and
-# dtype, and a Python number is the one exception. The appendix's NumPy front end
-# later replaces these operators with ones that broadcast like NumPy (and `x - y`
-# then records a single `sub`); that is how the finished module, `import
-# autodidax`, behaves.
+# the same checks apply. (The appendix's NumPy front end later makes these
+# operators broadcast like NumPy's; that is how the finished module, `import
+# autodidax`, behaves.)
 
 
 # %% tags=["export", "hide-input"]
-# @title The operators of tracers (and of Part 3's device arrays)
+# @title Operators on tracers: `x * y` is `mul(x, y)`
 class ArrayOperators:
-    """Python's operators, spelled with our wrappers (shared by tracers and,
-    in Part 3, by arrays that live on a device)."""
+    """Python's operators, spelled with our wrappers. Tracers have them (and
+    so, from Part 3 on, do arrays that live on a device)."""
 
     def __add__(self, other):
         return add(self, other)
@@ -667,8 +539,7 @@ class Tracer(ArrayOperators):
     _trace: Trace
 
     @property
-    def aval(self) -> ShapedArray:
-        raise NotImplementedError
+    def aval(self) -> ShapedArray: ...
 
     def full_lower(self) -> Any:
         return self
@@ -683,9 +554,9 @@ def full_lower(x: Any) -> Any:
 # not have) or a NumPy array, with an error that says why, instead of producing
 # something silently wrong; NumPy is told (`__array_ufunc__ = None`) to leave
 # `np.ones(3) * tracer` to our operators. `check_live` refuses a tracer whose
-# transformation has already finished; the next section explains how it knows.
-# The folded cell holds these methods, how a tracer prints, and the `shape`,
-# `dtype` and `ndim` it reports, which are those of its aval.
+# transformation has already finished; the section on `bind` explains how it
+# knows. The folded cell holds these methods, how a tracer prints, and the
+# `shape`, `dtype` and `ndim` it reports, which are those of its aval.
 
 
 # %% tags=["export", "hide-input"]
@@ -778,24 +649,8 @@ def _impl_from_numpy(prim, np_fn):
 
 
 for _prim, _np_fn in [(add_p, np.add), (mul_p, np.multiply), (neg_p, np.negative),
-                      (sin_p, np.sin), (cos_p, np.cos), (greater_p, np.greater),
-                      (less_p, np.less)]:  # fmt: skip
+                      (sin_p, np.sin), (cos_p, np.cos)]:  # fmt: skip
     _impl_from_numpy(_prim, _np_fn)
-
-
-@reduce_sum_p.def_rule("impl")
-def _reduce_sum_impl(x, *, axes):
-    return [np.sum(x, axis=axes, dtype=x.dtype)]  # booleans stay booleans
-
-
-@transpose_p.def_rule("impl")
-def _transpose_impl(x, *, perm):
-    return [np.transpose(x, perm)]
-
-
-@broadcast_p.def_rule("impl")
-def _broadcast_impl(x, *, shape, axes):
-    return [np.broadcast_to(np.expand_dims(x, axes), shape)]
 
 
 # %% [markdown]
@@ -814,7 +669,10 @@ def _broadcast_impl(x, *, shape, axes):
 # derivatives* below).
 #
 # Once the top trace is known, `bind` raises every input to it, lets it process the
-# primitive, and lowers the outputs again.
+# primitive, and lowers the outputs again. Rules return a list of outputs; every
+# primitive of this part has one, which `bind` returns on its own. (Later parts
+# create primitives with several outputs, such as `jit`'s, with
+# `multiple_results=True`; for those `bind` returns the list.)
 
 
 # %% tags=["export"]
@@ -902,7 +760,6 @@ def f(x):
 
 
 print(f(3.0))
-print(f(np.array([0.0, 1.0, 2.0])))
 
 
 # %% [markdown]
@@ -935,10 +792,6 @@ class JVPTracer(Tracer):
     def aval(self) -> ShapedArray:
         return get_aval(self.primal)
 
-    def __bool__(self) -> bool:
-        self.check_live()
-        return bool(self.primal)  # a branch needs only the primal, which we have
-
 
 class JVPTrace(Trace):
     """The forward-mode differentiation interpreter."""
@@ -959,12 +812,9 @@ class JVPTrace(Trace):
 # (part1-jvp-rules)=
 # The rules are the chain rule for each primitive, written with our own wrappers
 # so that they can themselves be transformed again (that is what makes higher
-# derivatives work). Five of our primitives are *{term}`linear`*: `add`, `neg`,
-# `reduce_sum`, `transpose` and `broadcast`. For a linear operation the tangent is
-# simply the same operation applied to the tangents, which one helper expresses
-# for all five. Comparisons produce booleans, which do not vary smoothly, so their
-# tangent is zero. (Real JAX gives such outputs a special tangent dtype called
-# `float0`; we use a zero array of the output's dtype.)
+# derivatives work). `add` and `neg` are *{term}`linear`*: for a linear
+# operation the tangent is simply the same operation applied to the tangents,
+# which one helper expresses for every linear primitive (three more come later).
 
 
 # %% tags=["export"]
@@ -974,7 +824,7 @@ def _linear_jvp(prim: Primitive) -> None:
         return [bind(prim, *primals, **params)], [bind(prim, *tangents, **params)]
 
 
-for _prim in [add_p, neg_p, reduce_sum_p, transpose_p, broadcast_p]:
+for _prim in [add_p, neg_p]:
     _linear_jvp(_prim)
 
 
@@ -994,17 +844,6 @@ def _sin_jvp(primals, tangents):
 def _cos_jvp(primals, tangents):
     (x,), (dx,) = primals, tangents
     return [cos(x)], [neg(mul(dx, sin(x)))]
-
-
-def _comparison_jvp(prim: Primitive) -> None:
-    @prim.def_rule("jvp")
-    def rule(primals, tangents):
-        out = bind(prim, *primals)
-        return [out], [zeros_like(out)]
-
-
-for _prim in [greater_p, less_p]:
-    _comparison_jvp(_prim)
 
 
 # %% [markdown]
@@ -1108,7 +947,6 @@ print(d4(3.0), np.sin(3.0))
 # %%
 print(derivative(lambda x: mul(x, derivative(lambda y: mul(x, y))(1.0)))(3.0))
 
-
 # %% [markdown]
 # Inside the inner `jvp`, `x` is a level-1 tracer meeting level-2 tracers. Level
 # 2 boxes it with `lift`, with a zero tangent: to the inner derivative, `x` is a
@@ -1120,9 +958,56 @@ print(derivative(lambda x: mul(x, derivative(lambda y: mul(x, y))(1.0)))(3.0))
 #
 # The function being differentiated is ordinary Python, run once per call. A
 # branch or a loop just decides which primitives get applied this time, and the
-# JVP interpreter differentiates the ones that were. `if x > 0` works because the
-# comparison returns a JVP tracer whose primal is an actual boolean, and
-# `JVPTracer.__bool__` answers with that.
+# JVP interpreter differentiates the ones that were. To branch, a function
+# compares numbers, so comparisons join our primitives: they are added exactly
+# as `add` was, with a wrapper and an `impl` rule. Their outputs are booleans,
+# which do not vary smoothly, so their tangent is zero. (Real JAX gives such
+# outputs a special tangent dtype called `float0`; we use a zero array of the
+# output's dtype.)
+
+# %% tags=["export"]
+greater_p = Primitive("greater")
+less_p = Primitive("less")
+
+
+def greater(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x > y``, a boolean array."""
+    x, y = _binary_operands("greater", x, y)
+    return bind(greater_p, x, y)
+
+
+def less(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x < y``, a boolean array."""
+    x, y = _binary_operands("less", x, y)
+    return bind(less_p, x, y)
+
+
+def _comparison_jvp(prim: Primitive) -> None:
+    @prim.def_rule("jvp")
+    def rule(primals, tangents):
+        out = bind(prim, *primals)
+        return [out], [zeros_like(out)]
+
+
+for _prim, _np_fn in [(greater_p, np.greater), (less_p, np.less)]:
+    _impl_from_numpy(_prim, _np_fn)
+    _comparison_jvp(_prim)
+
+
+# %% [markdown]
+# `if x < 0.0` then works because the comparison returns a JVP tracer whose
+# primal is an actual boolean. A tracer in general refuses to be a Python
+# boolean, but a JVP tracer has the primal value at hand, and a branch needs
+# nothing else:
+
+
+# %% tags=["export"]
+def _jvp_tracer_bool(self: JVPTracer) -> bool:
+    self.check_live()
+    return bool(self.primal)
+
+
+JVPTracer.__bool__ = _jvp_tracer_bool
 
 
 # %%
@@ -1161,6 +1046,182 @@ def exp_by_series(x):
 
 value, slope = jvp(exp_by_series, (1.5,), (1.0,))
 print(value, slope, np.exp(1.5))
+
+# %% [markdown]
+# (part1-moving-data)=
+# ## Primitives that move data
+#
+# Everything so far works elementwise. Code that handles whole arrays also sums
+# over axes, reorders them and repeats data along new ones, and batching, below,
+# is made of exactly such moves. Three primitives cover them: `reduce_sum` sums
+# over some axes, `transpose` permutes axes (not to be confused with the
+# `transpose` *rule* of reverse mode in Part 4), and `broadcast` inserts new
+# axes and repeats the data along them. `broadcast(x, shape, axes)` inserts the
+# new axes at the positions `axes` of the result; the other axes of the result
+# are those of `x`, in order. Adding them touches no existing code: each gets a
+# `Primitive`, a wrapper, an `impl` rule and a `jvp` rule.
+#
+# The wrappers put what the user passed into one canonical form: negative axes
+# become positive and `axis=None` becomes "all axes", so each rule has only one
+# form of its params to handle. Their checks (an axis in range, a permutation
+# of the axes, a broadcast that keeps the input's axes) are in the folded cell
+# after them.
+
+# %% tags=["export"]
+reduce_sum_p = Primitive("reduce_sum")
+transpose_p = Primitive("transpose")
+broadcast_p = Primitive("broadcast")
+
+
+def reduce_sum(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:
+    """Sum over ``axis`` (an int, a sequence of ints, or None for all axes)."""
+    ndim = get_aval(x, "reduce_sum", 0).ndim
+    if axis is None:
+        axis = tuple(range(ndim))
+    return bind(reduce_sum_p, x, axes=_normalize_axes("reduce_sum", axis, ndim))
+
+
+def transpose(x: ArrayLike, perm: Sequence[int]) -> ArrayLike:
+    """Permute the axes of ``x``: output axis ``i`` is input axis ``perm[i]``."""
+    return bind(transpose_p, x, perm=_check_perm(x, perm))
+
+
+def broadcast(x: ArrayLike, shape: Sequence[int], axes: Sequence[int]) -> ArrayLike:
+    """Broadcast ``x`` to ``shape`` by inserting new axes at positions ``axes``."""
+    shape, axes = _check_broadcast(x, shape, axes)
+    return bind(broadcast_p, x, shape=shape, axes=axes)
+
+
+# %% tags=["export", "hide-input"]
+# @title Checks: axes, shapes and permutations given to the wrappers
+def _normalize_axes(name: str, axes: int | Sequence[int], ndim: int) -> tuple:
+    """Check axis numbers against ``ndim`` and make negative ones positive."""
+    if isinstance(axes, (int, np.integer)) and not isinstance(axes, bool):
+        axes = (axes,)
+    try:
+        axes = tuple(axes)
+    except TypeError:
+        raise TypeError(
+            f"{name}: axes must be integers, got {type(axes).__name__}"
+        ) from None
+    out = []
+    for a in axes:
+        if not isinstance(a, (int, np.integer)) or isinstance(a, bool):
+            raise TypeError(f"{name}: axes must be integers, got {a!r}")
+        if not -ndim <= a < ndim:
+            raise ValueError(
+                f"{name}: axis {a} is out of range for an array of rank {ndim}"
+            )
+        out.append(int(a) % ndim)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{name}: repeated axis in {axes}")
+    return tuple(out)
+
+
+def _check_perm(x: ArrayLike, perm: Sequence[int]) -> tuple:
+    """``perm`` as a tuple of non-negative axes, if it permutes the axes of ``x``."""
+    aval = get_aval(x)
+    try:
+        axes = _normalize_axes("transpose", perm, aval.ndim)
+    except ValueError as e:
+        if "repeated" not in str(e):
+            raise
+        axes = ()
+    if sorted(axes) != list(range(aval.ndim)):
+        given = tuple(int(a) for a in ((perm,) if np.ndim(perm) == 0 else perm))
+        raise ValueError(
+            f"transpose: perm {given} is not a permutation of the axes of "
+            f"{aval.str_short()}"
+        )
+    return axes
+
+
+def _check_shape(name: str, shape: Sequence[int]) -> tuple:
+    """Check that ``shape`` is a sequence of non-negative integers."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise TypeError(
+            f"{name}: shape must be a sequence of integers, got {shape!r}"
+        ) from None
+    for d in dims:
+        if not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d < 0:
+            raise ValueError(
+                f"{name}: shape must contain non-negative integers, got {shape!r}"
+            )
+    return tuple(int(d) for d in dims)
+
+
+def _check_broadcast(x: ArrayLike, shape: Sequence[int], axes: Sequence[int]):
+    """Canonical ``(shape, axes)`` of a broadcast, if the axes of the result
+    that are not in ``axes`` have the input's sizes, in order."""
+    in_shape = get_aval(x).shape
+    shape = _check_shape("broadcast", shape)
+    axes = _normalize_axes("broadcast", axes, len(shape))
+    kept = [size for i, size in enumerate(shape) if i not in axes]
+    if tuple(kept) != in_shape:
+        raise ValueError(
+            f"broadcast: cannot broadcast an array of shape {in_shape} to shape "
+            f"{shape} by inserting axes {axes}: the remaining axes have sizes "
+            f"{tuple(kept)}, which must equal the input shape"
+        )
+    return shape, tuple(sorted(axes))
+
+
+# %% [markdown]
+# The `impl` rules call NumPy, and all three primitives are linear, so the
+# helper `_linear_jvp` gives each its `jvp` rule:
+
+
+# %% tags=["export"]
+@reduce_sum_p.def_rule("impl")
+def _reduce_sum_impl(x, *, axes):
+    return [np.sum(x, axis=axes, dtype=x.dtype)]  # booleans stay booleans
+
+
+@transpose_p.def_rule("impl")
+def _transpose_impl(x, *, perm):
+    return [np.transpose(x, perm)]
+
+
+@broadcast_p.def_rule("impl")
+def _broadcast_impl(x, *, shape, axes):
+    return [np.broadcast_to(np.expand_dims(x, axes), shape)]
+
+
+for _prim in [reduce_sum_p, transpose_p, broadcast_p]:
+    _linear_jvp(_prim)
+
+# %% [markdown]
+# (part1-python-numbers)=
+# ### Python numbers next to arrays
+#
+# With `broadcast` in hand, we can say what `mul(x, 2.0)` means when `x` is a
+# vector. The primitives themselves are strict: both operands of a binary
+# primitive must have the same shape and dtype. (JAX's `lax` layer is nearly as
+# strict: it wants one dtype and one rank, but lets a rank-0 operand meet an
+# array of any rank and stretches axes of size 1.) Being strict keeps every rule
+# simple and makes shape mistakes loud. But writing `x * 2.0` is too natural to
+# forbid, so the binary wrappers' helper `_binary_operands` (in the folded cell
+# after the wrappers) turns a Python number into an array before `bind` sees
+# it: the array takes the other operand's dtype, and if the other operand is
+# not a scalar, the helper inserts an explicit `broadcast`. The number must keep
+# its value in that dtype (no `2.5` into an integer array), and the two operands
+# must then have the same shape and dtype; both checks need only abstract
+# values, so they work the same on arrays and on tracers.
+#
+# Because this happens *before* `bind`, every interpreter — evaluation,
+# differentiation, batching, and the compiler of later chapters — sees exactly
+# the same, explicit program. The running example now works on a vector, and
+# so does `x * 2.0 + 1.0`, evaluated (next to NumPy's answer) and
+# differentiated (its slope is 2 everywhere):
+
+# %%
+print(f(np.array([0.0, 1.0, 2.0])))
+v = np.array([1.0, 2.0, 3.0])
+scale = lambda x: x * 2.0 + 1.0
+print(scale(v), v * 2.0 + 1.0)
+print(jvp(scale, (v,), (np.ones(3),)))
 
 
 # %% [markdown]
@@ -1817,6 +1878,17 @@ mats = np.arange(24.0).reshape(2, 3, 4)  # example k is mats[:, k, :]
 out = vmap(lambda m: transpose(m, (1, 0)), (1,), out_axes=-1)(mats)
 print(out.shape, np.array_equal(out, np.transpose(mats, (2, 0, 1))))
 
+# %% [markdown]
+# Python numbers work under `vmap` as well. Inside the batched function, `x`
+# has the shape of one example, so `_binary_operands` broadcasts `2.0` to that
+# shape; `mul`'s batching rule then treats the result as a value shared by all
+# examples, whichever axis holds the batch:
+
+# %%
+batch = np.arange(6.0).reshape(2, 3)
+print(vmap(scale, (0,))(batch))
+print(np.array_equal(vmap(scale, (1,))(batch.T), batch * 2.0 + 1.0))
+
 
 # %% [markdown]
 # ### `jacfwd`: batching meets differentiation
@@ -1999,24 +2071,6 @@ draw_interpreter_stack(snapshot["stack"], snapshot["x"])
 # `bind` compares level numbers, and each trace only knows its own rules. That is why any new transformation
 # composes with all the others.
 #
-# ## Python numbers in every interpreter
-#
-# Earlier we made the wrappers turn a Python number next to an array into an
-# explicit `broadcast`. Because this happens before `bind`, `x * 2.0` means the
-# same thing in every interpreter. Here it is in the three we have: evaluation
-# next to NumPy's answer, `jvp` (the slope is 2 everywhere), and `vmap` along
-# each axis, the last compared with NumPy's answer:
-
-# %%
-v = np.array([1.0, 2.0, 3.0])
-scale = lambda x: x * 2.0 + 1.0
-print(scale(v), v * 2.0 + 1.0)
-print(jvp(scale, (v,), (np.ones(3),)))
-batch = np.arange(6.0).reshape(2, 3)
-print(vmap(scale, (0,))(batch))
-print(np.array_equal(vmap(scale, (1,))(batch.T), batch * 2.0 + 1.0))
-
-# %% [markdown]
 # ## When things go wrong
 #
 # A learner will hand these functions all sorts of things. Each mistake should
@@ -2071,7 +2125,11 @@ show_error(lambda: 1 if leaked[0] else 0)
 # ## Summary
 #
 # - Every operation goes through `bind(primitive, *inputs, **params)`; the
-#   wrappers users call only tidy up their arguments.
+#   wrappers users call only check and tidy up their arguments (a Python number
+#   next to an array becomes an explicit `broadcast`).
+# - A primitive carries one rule per interpreter, so new primitives extend the
+#   module without touching what exists: the comparisons and the three
+#   primitives that move data arrived after `jvp` worked.
 # - Abstract values (`ShapedArray`) describe arrays by shape and
 #   dtype, so rules can reason about values they do not have.
 # - Each transformation is an interpreter: a `Trace` subclass with `pure`, `lift`
