@@ -66,7 +66,6 @@ book_setup.load_book(globals(), before="performance")
 # %% tags=["hide-input"]
 # @title Read the benchmark report
 import json
-import textwrap
 from pathlib import Path
 
 from figures import report_for_page
@@ -446,7 +445,9 @@ dispatch_kinds_table(report["results"]["dispatch"])
 # %% [markdown]
 # ## The numbers
 #
-# Here is every benchmark, the dispatch ones above included. Each row of the
+# Here is every benchmark, the dispatch ones above included. JAX runs the same
+# programs written with `jax.lax` or `jax.numpy`, with its 64-bit mode switched
+# on, so that both libraries compute in `float64`. Each row of the
 # chart is one benchmark: a dot at autodidax's time over JAX's,
 # on a logarithmic axis, so that "twice as slow" and "twice as fast" are the same
 # distance from the line at 1. Green and red dots have a
@@ -461,13 +462,6 @@ from figures import benchmark_ratio_chart
 benchmark_ratio_chart(report["headline"])
 
 # %% [markdown]
-# The last row is {ref}`Part 9 <part9>`'s `pmap`: a small function with a
-# `psum`, run on eight host devices (`bench/bench_pmap.py`), each call waiting
-# for its result. A call takes a few hundred microseconds, where a one-device
-# `jit` call takes under twenty: nearly all of it is XLA running the program on
-# eight devices and waiting for every one of them, the same work in both
-# libraries, so the ratio stays close to 1.
-#
 # The same numbers as a table, with the times themselves. The last table is
 # about growth: how much longer tracing and `grad` take for a program four times
 # as long. Linear cost means a factor of 4; the target allows 4.4.
@@ -477,17 +471,6 @@ benchmark_ratio_chart(report["headline"])
 from figures import benchmark_tables
 
 benchmark_tables(report)
-
-# %% [markdown]
-# What each row measures, in full. JAX runs the same program written with
-# `jax.lax` or `jax.numpy`, with its 64-bit mode switched on, so that both
-# libraries compute in `float64`.
-
-# %% tags=["hide-input"]
-# @title What each benchmark measures
-for row in report["headline"]:
-    what = f"{row['benchmark']}, {row['case']}: {row['detail']}"
-    print(textwrap.fill(what, 78, subsequent_indent="    "))
 
 # %% [markdown]
 # (performance-targets)=
@@ -596,6 +579,12 @@ scaling_chart(report)
 # (`_pjit_call_impl` in `jax/_src/pjit.py`). The Python steps before it are
 # what cost. In JAX too, `jit` outermost, `jax.jit(jax.vmap(f))`, is one C++
 # dispatch per call (and the same order is the fast one here).
+#
+# **`pmap`.** {ref}`Part 9 <part9>`'s `pmap` of a small function with a
+# `psum`, on eight host devices, each call waiting for its result: a call takes
+# a few hundred microseconds, where a one-device `jit` call takes under twenty.
+# Nearly all of it is XLA running the program on eight devices and waiting for
+# every one of them, the same work in both libraries, so the ratio stays near 1.
 #
 # ## What real JAX does differently
 #
