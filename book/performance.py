@@ -58,9 +58,9 @@ book_setup.load_book(globals(), before="performance")
 # Below 1, autodidax was faster; above 1, JAX was. The cell below prints what
 # the report measured: the machine (a small one, shared with other work, so the
 # absolute times are noisy; the ratios are steadier, because the two libraries
-# take turns in the same process), and the commit of autodidax. "Plus
-# uncommitted changes" means the module measured was not exactly that commit,
-# so the numbers describe a version close to the code on this page, not this
+# take turns in the same process), and the commit of autodidax it measured.
+# When that commit is an earlier one, or comes "plus uncommitted changes", the
+# numbers are those of a version close to the code on this page, not of this
 # code itself.
 
 # %% tags=["hide-input"]
