@@ -1253,18 +1253,37 @@ def test_performance_weak_types_and_two_cache_entries():
 
 def test_performance_vmap_of_jit_goes_through_python_batching_rule(monkeypatch):
     # performance: "In JAX the inner jitted function meets batching tracers, so
-    # its C++ entry point hands the call to Python: `vmap` traces it, and the
-    # `jit` primitive's batching rule, in Python, builds (or finds) the batched
-    # jaxpr and binds it. Only then does the call reach C++ again, through a
-    # `pjit` object made for that jaxpr (`_pjit_call_impl`)".
+    # its C++ entry point hands the call to Python: `jit`'s Python path traces
+    # the function (once, at the unbatched type) and binds the `jit` primitive,
+    # whose batching rule, in Python, builds (or finds) the batched jaxpr and
+    # binds it. Only then does the call reach C++ again, through a `pjit` object
+    # made for that jaxpr (`_pjit_call_impl`)".
     log: list = []
+    seen: list = []
+
+    def f(x):
+        seen.append((type(x).__name__, x.shape))
+        return jnp.sin(x) * 2.0 + x
+
     registry = jax_batching.fancy_primitive_batchers
     with counting_rule(monkeypatch, registry, jax_pjit.jit_p, log, "batch"):
-        g = jax.vmap(jax.jit(lambda x: jnp.sin(x) * 2.0 + x))
+        g = jax.vmap(jax.jit(f))
         g(jnp.ones((4, 2)))
         g(jnp.ones((4, 2)))
     assert log == ["batch", "batch"]
+    assert seen == [("DynamicJaxprTracer", (2,))]  # jit's trace, not a BatchTracer
     assert "_jax.pjit(" in inspect.getsource(jax_pjit._pjit_call_impl)
+
+
+def test_performance_tracer_records_source_effects_and_weak_types():
+    # performance: "JAX's tracer does the same and more per equation: it
+    # records where in your Python code the equation came from, and it tracks
+    # effects and weak types" (the benchmark traces jax.lax operations).
+    closed = jax.make_jaxpr(lambda x: lax.mul(lax.sin(x), x))(1.0)
+    eqn = closed.eqns[0]
+    assert eqn.source_info.traceback is not None
+    assert eqn.effects == frozenset()
+    assert closed.jaxpr.invars[0].aval.weak_type  # a Python float
 
 
 def test_performance_caches():
@@ -1510,8 +1529,8 @@ def test_appendix_jax_namespaces_and_array_methods():
 
 
 def test_performance_jit_of_vmap_is_one_cpp_dispatch():
-    # performance: "`jax.jit(jax.vmap(f))`, which makes the whole call one C++
-    # dispatch".
+    # performance: "In JAX too, `jit` outermost, `jax.jit(jax.vmap(f))`, is one
+    # C++ dispatch per call".
     f = jax.jit(jax.vmap(lambda x: jnp.sin(x) * 2.0 + x))
     x = jnp.ones((4, 2))
     f(x).block_until_ready()
