@@ -1355,6 +1355,7 @@ JaxprType.__str__ = _jaxpr_type_str
 Jaxpr.__repr__ = lambda self: f"<Jaxpr with {len(self.eqns)} equations>\n{self}"
 
 
+# @title The printer: names a, b, ..., binders with types, nested jaxprs indented
 class _Names:
     """Hands out printable names for variables, in order of first request."""
 

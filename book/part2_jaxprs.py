@@ -53,15 +53,9 @@
 # (part2-setup)=
 # ## Picking up where Part 1 left off
 #
-# This notebook starts by loading the library code of Part 1 from the module
-# `autodidax`. The folded cell below does it with `autodidax.load_chapters`
-# (called by the book's small setup helper), which runs that code *in this
-# notebook's namespace* rather than importing it: this
-# chapter replaces a couple of Part 1's functions, and the replacements must be
-# seen by all the code that calls them, exactly as if both chapters ran in one
-# kernel. In Colab the cell first installs the JAX release the book is tested
-# with (Colab ships another) and downloads the module; in a checkout of the
-# repository it finds the module there.
+# The folded cell loads Part 1's library code into this notebook (not as an
+# import), so that this chapter's replacements are seen by Part 1's code too, as
+# if both chapters ran in one kernel.
 
 # %% tags=["hide-input"]
 # @title Setup: the pinned JAX, the module `autodidax`, the earlier chapters
@@ -109,8 +103,7 @@ book_setup.load_book(globals(), before="part2_jaxprs")
 # In code, a variable is an object whose only attribute is its type; its printed
 # name is assigned only when the jaxpr is printed, so building jaxprs never
 # worries about names. A literal is a scalar constant written directly into an
-# equation, such as the `2.0` in `mul a 2.0`. A big jaxpr holds many of both, so
-# they declare `__slots__`, which keeps each object small.
+# equation, such as the `2.0` in `mul a 2.0`.
 
 
 # %% tags=["export"]
@@ -187,7 +180,8 @@ Jaxpr.__repr__ = lambda self: f"<Jaxpr with {len(self.eqns)} equations>\n{self}"
 # like nested blocks.
 
 
-# %% tags=["export"]
+# %% tags=["export", "hide-input"]
+# @title The printer: names a, b, ..., binders with types, nested jaxprs indented
 class _Names:
     """Hands out printable names for variables, in order of first request."""
 
@@ -290,12 +284,11 @@ print(hand_made)
 # anything.
 #
 # Each rule below computes the output's shape and dtype, after one call that
-# checks the inputs and the params. The checks of the binary operations give
-# the same messages as Part 1's wrappers; the others say what is wrong in terms
-# of types and params (`sin: expected a float array, got int64[2]`), since a
-# jaxpr built by hand never passed through a wrapper. They insist on params in
-# the form the wrappers produce (axes as a tuple of non-negative integers), so
-# that every later interpreter can rely on it. Their bodies are folded below the rules.
+# checks the inputs and the params and says what is wrong in terms of types
+# (`sin: expected a float array, got int64[2]`), since a jaxpr built by hand
+# never passed through a wrapper. The checks are folded below the rules; a
+# string such as `"iuf"` lists the NumPy dtype kinds an operation accepts
+# (signed and unsigned integers, floats).
 
 
 # %% tags=["export"]
@@ -651,7 +644,8 @@ def _is_literal(val: Any) -> bool:
 # The trace itself is short. `new_arg` makes a tracer for an input of the function.
 # `pure` and `lift` turn a constant, or a tracer of an outer transformation that
 # the function closed over, into a *{term}`constant`* of the jaxpr: the builder records
-# its value, and the jaxpr gets an input for it. `process_primitive` asks the
+# its value, and the jaxpr gets an input for it (a scalar constant becomes a
+# literal instead, as above). `process_primitive` asks the
 # abstract evaluation rule for the output types, makes the output tracers and
 # records the equation.
 
@@ -1019,13 +1013,6 @@ print(make_jaxpr(total, ShapedArray((2, 3, 4), np.float64))[0])
 show_error(lambda: make_jaxpr(lambda x, y: add(x, y), vec3, scalar))
 show_error(lambda: make_jaxpr(lambda x: bind(sin_p, x), ShapedArray((2,), np.int64)))
 show_error(lambda: make_jaxpr(lambda x: bind(transpose_p, x, perm=(0, 0)), vec3))
-
-# %% [markdown]
-# One more mistake is not about tracing at all: `make_jaxpr` takes types or
-# example arrays, not type strings.
-
-# %%
-show_error(lambda: make_jaxpr(lambda s: s, "float64[3]"))
 
 
 # %% [markdown]
