@@ -4940,6 +4940,7 @@ def _scan_abstract_eval(*avals, jaxpr, num_consts, num_carry, length, reverse):
     return [_type_of_aval(a) for a in carry] + ys
 
 
+# @title The lowering rule: a stablehlo.while with a counter and row buffers
 @scan_p.def_rule("lower")
 def _scan_lower(
     ctx, avals_in, avals_out, *operands, jaxpr, num_consts, num_carry, length, reverse
@@ -5080,32 +5081,46 @@ class ScanSplit(NamedTuple):
     num_invariant: int
 
 
-def split_scan(jaxpr: Jaxpr, num_consts: int, num_carry: int, unknown: list[bool]):
-    """Split a scan body into a known and an unknown loop, and hoist the
-    residuals that depend only on known constants out of both."""
+def split_scan(
+    jaxpr: Jaxpr, num_consts: int, num_carry: int, unknown: list[bool]
+) -> ScanSplit:
+    """Split a scan body into a known and an unknown loop (residuals
+    hoisted out of both by hoist_residuals)."""
     consts_u, carry_u, xs_u = _split(unknown, num_consts, num_carry)
-    while True:  # which carries become unknown, after any number of trips
+    # 1: fixed point on unknown carries
+    while True:
         out_u = partial_eval_jaxpr(jaxpr, consts_u + carry_u + xs_u)[2]
         new = [c or o for c, o in zip(carry_u, out_u)]
         if new == carry_u:
             break
         carry_u = new
+    # 2: split known/unknown; the known body returns the residuals last
     num_ys = len(jaxpr.outs) - num_carry
     known, unknown_body, out_u, num_res = partial_eval_jaxpr(
         jaxpr, consts_u + carry_u + xs_u, carry_u + [False] * num_ys
     )
-    # Split the known body again: what changes from trip to trip is "unknown".
-    num_known_consts = consts_u.count(False)
+    split = hoist_residuals(known, unknown_body, num_res, consts_u.count(False))
+    return ScanSplit(carry_u, out_u, *split)
+
+
+def hoist_residuals(
+    known: Jaxpr, unknown_body: Jaxpr, num_res: int, num_known_consts: int
+) -> tuple[Jaxpr, Jaxpr, Jaxpr, int]:
+    """(hoisted, known_body, unknown_body, number of invariant residuals):
+    the residuals that depend only on known constants, computed once."""
+    # 3: split the known body again: loop-invariant vs per-trip residuals
     varies = [i >= num_known_consts for i in range(len(known.in_binders))]
     num_known_outs = len(known.outs) - num_res
     hoisted, known_body, outs_vary, _ = partial_eval_jaxpr(
         known, varies, [True] * num_known_outs + [False] * num_res
     )
+    # 4: reorder the unknown body's binders
     residuals, rest = _split(unknown_body.in_binders, num_res)
     invariant, per_trip = _split_by(outs_vary[num_known_outs:], residuals)
-    binders = invariant + rest + per_trip
-    unknown_body = Jaxpr(binders, unknown_body.eqns, unknown_body.outs)
-    return ScanSplit(carry_u, out_u, hoisted, known_body, unknown_body, len(invariant))
+    unknown_body = Jaxpr(
+        invariant + rest + per_trip, unknown_body.eqns, unknown_body.outs
+    )
+    return hoisted, known_body, unknown_body, len(invariant)
 
 
 @scan_p.def_rule("partial_eval")

@@ -317,21 +317,15 @@ print(len(long.eqns), long.eqns[0].params["length"])
 # %% [markdown]
 # ## Lowering: a `stablehlo.while` that reads and writes rows
 #
-# A scan is a `while` loop whose state has a counter. Its lowering extends
-# `while`'s from Part 6: the loop's state is the counter `i`, the constants,
-# the carry, `xs`, and one buffer per `y`, which starts as zeros. The condition
-# is `i < length`. The body reads row `i` of every `xs` (row `length - 1 - i`
-# when `reverse`), calls the lowered body jaxpr on the constants, carry and
-# rows, writes each `y` into the same row of its buffer, and adds one to `i`.
-#
-# Reading a row whose index is known only when the program runs is
-# `stablehlo.dynamic_slice`, which cuts a block of one row out of an array, and
-# writing one is `stablehlo.dynamic_update_slice`, which returns the buffer with
-# one block replaced; a `reshape` drops or adds the axis of length 1. XLA sees
-# that the old buffer is never read again and updates it in place.
+# The lowering follows Part 6's pattern for `while` (folded): a
+# `stablehlo.while` whose state adds a counter `i` and one zero-filled buffer
+# per `y`; each trip reads row `i` of every `xs` with `dynamic_slice` (row
+# `length - 1 - i` when `reverse`), calls the lowered body, writes each `y`
+# into row `i` of its buffer with `dynamic_update_slice`, and adds one to `i`.
 
 
-# %% tags=["export"]
+# %% tags=["export", "hide-input"]
+# @title The lowering rule: a stablehlo.while with a counter and row buffers
 @scan_p.def_rule("lower")
 def _scan_lower(
     ctx, avals_in, avals_out, *operands, jaxpr, num_consts, num_carry, length, reverse
@@ -394,10 +388,12 @@ def _write_row(stack: ir.Value, y: ir.Value, row: ir.Value) -> ir.Value:
 
 
 # %% [markdown]
-# The lowered running total, and the compiled one at work on a million numbers:
+# The body of the lowered running total's loop, and the compiled loop at work
+# on a million numbers:
 
 # %%
-print(str(lower_jaxpr(make_jaxpr(cumsum, ShapedArray((4,), np.float64))[0])).rstrip())
+module = str(lower_jaxpr(make_jaxpr(cumsum, ShapedArray((4,), np.float64))[0]))
+print(module.split("} do {\n")[1].split("\n    }\n")[0])  # the while's body
 
 # %%
 million = np.random.default_rng(0).normal(size=1_000_000)
@@ -572,38 +568,28 @@ print(starts[:, None] + np.cumsum(rows, axis=1))
 # primal work included, and `linearize` could not return the primal output.
 # So, as for `cond` in {ref}`Part 5 <part5-partial-eval>`, the rule splits the
 # body with {ref}`Part 4 <part4-pe-jaxprs>`'s `partial_eval_jaxpr` and makes two
-# scans of the halves. Three things are new.
+# scans of the halves. Two things are new.
 #
-# - **Which carries are unknown.** A carry with a known initial value becomes
-#   unknown if the body makes it unknown on some trip: a fixed point once
-#   more. This time the dependence walk of Part 6 would be wrong, not just
-#   wasteful: it marks every output of an equation that reads an unknown
-#   input, so a `cond` or `scan` inside the body, which takes primals and
-#   tangents together, would make the primals unknown too. So the loop asks
-#   `partial_eval_jaxpr` itself which outputs come out unknown, and its rules
-#   for `cond` and `scan` know better. The split then forces those carries'
-#   outputs to be unknown (its `instantiate` argument), so that each half of
-#   the body returns exactly the carries it takes.
-# - **Per-trip residuals.** The known body returns residuals for the unknown
-#   body, but trip $k$ of the unknown loop needs the residuals of trip $k$. So
-#   the known scan emits them as extra `ys`: stacked, one row per trip, in an
-#   array whose size is known because `length` is. The unknown scan reads them
-#   back as extra `xs`, row $k$ on trip $k$. This is what `while_loop` could
-#   not do.
-# - **Hoisting.** Some residuals depend only on known constants, the same on
-#   every trip (in the RNN, the weight `w` itself). Stacking those would store
-#   `length` copies of one value. To find them, the rule splits the known body
-#   a second time, with `partial_eval_jaxpr` again, now treating whatever
-#   changes from trip to trip (the carries and rows) as "unknown". The known
-#   half of that split depends only on the constants: it runs once, before the
-#   loop, and its residuals become *constants* of the unknown scan. The rest
-#   is the body of the known scan.
+# - **Which carries are unknown** (block 1 of `split_scan` below). A carry
+#   with a known initial value becomes unknown if the body makes it unknown on
+#   some trip: a fixed point once more. This time the dependence walk of
+#   Part 6 would be wrong, not just wasteful: it marks every output of an
+#   equation that reads an unknown input, so a `cond` or `scan` inside the
+#   body that takes primals and tangents together would have its primal
+#   outputs marked too, although its own rule computes them from the known
+#   inputs alone. So the loop asks `partial_eval_jaxpr` itself which outputs
+#   come out unknown, and its rules for `cond` and `scan` know better.
+# - **Per-trip residuals** (block 2). The split, with those carries' outputs
+#   forced to be unknown (its `instantiate` argument, so that each half of the
+#   body returns exactly the carries it takes), gives a known body that returns
+#   residuals for the unknown body. But trip $k$ of the unknown loop needs the
+#   residuals of trip $k$. So the known scan emits them as extra `ys`: stacked,
+#   one row per trip, in an array whose size is known because `length` is. The
+#   unknown scan reads them back as extra `xs`, row $k$ on trip $k$. This is
+#   what `while_loop` could not do.
 #
-# `split_scan` does the analysis and returns the three jaxprs: `hoisted`, from
-# the known constants to the loop-invariant residuals and the known scan's
-# constants; `known_body`; and `unknown_body`, whose inputs are reordered to
-# (invariant residuals, unknown constants, unknown carries, unknown rows, rows
-# of the per-trip residuals).
+# `split_scan` does these two steps, then hands the halves to
+# `hoist_residuals`, below, which returns the three jaxprs the rules use.
 
 
 # %% tags=["export"]
@@ -618,32 +604,63 @@ class ScanSplit(NamedTuple):
     num_invariant: int
 
 
-def split_scan(jaxpr: Jaxpr, num_consts: int, num_carry: int, unknown: list[bool]):
-    """Split a scan body into a known and an unknown loop, and hoist the
-    residuals that depend only on known constants out of both."""
+def split_scan(
+    jaxpr: Jaxpr, num_consts: int, num_carry: int, unknown: list[bool]
+) -> ScanSplit:
+    """Split a scan body into a known and an unknown loop (residuals
+    hoisted out of both by hoist_residuals)."""
     consts_u, carry_u, xs_u = _split(unknown, num_consts, num_carry)
-    while True:  # which carries become unknown, after any number of trips
+    # 1: fixed point on unknown carries
+    while True:
         out_u = partial_eval_jaxpr(jaxpr, consts_u + carry_u + xs_u)[2]
         new = [c or o for c, o in zip(carry_u, out_u)]
         if new == carry_u:
             break
         carry_u = new
+    # 2: split known/unknown; the known body returns the residuals last
     num_ys = len(jaxpr.outs) - num_carry
     known, unknown_body, out_u, num_res = partial_eval_jaxpr(
         jaxpr, consts_u + carry_u + xs_u, carry_u + [False] * num_ys
     )
-    # Split the known body again: what changes from trip to trip is "unknown".
-    num_known_consts = consts_u.count(False)
+    split = hoist_residuals(known, unknown_body, num_res, consts_u.count(False))
+    return ScanSplit(carry_u, out_u, *split)
+
+
+# %% [markdown]
+# That split is already correct: every residual could go through the known
+# scan's `ys`, stacked. But some residuals depend only on known constants and
+# are the same on every trip (in the RNN, the weight `w` itself); stacking
+# those would store `length` copies of one value. To find them,
+# `hoist_residuals` splits the known body a second time, with
+# `partial_eval_jaxpr` again, now treating whatever changes from trip to trip
+# (the carries and rows) as "unknown" (block 3). The known half of that split,
+# `hoisted`, depends only on the constants: it runs once, before the loop, and
+# returns the loop-invariant residuals and the known scan's constants. The
+# rest, `known_body`, is the body of the known scan. The invariant residuals
+# become *constants* of the unknown scan, so block 4 reorders its binders to
+# (invariant residuals, unknown constants, unknown carries, unknown rows, rows
+# of the per-trip residuals).
+
+
+# %% tags=["export"]
+def hoist_residuals(
+    known: Jaxpr, unknown_body: Jaxpr, num_res: int, num_known_consts: int
+) -> tuple[Jaxpr, Jaxpr, Jaxpr, int]:
+    """(hoisted, known_body, unknown_body, number of invariant residuals):
+    the residuals that depend only on known constants, computed once."""
+    # 3: split the known body again: loop-invariant vs per-trip residuals
     varies = [i >= num_known_consts for i in range(len(known.in_binders))]
     num_known_outs = len(known.outs) - num_res
     hoisted, known_body, outs_vary, _ = partial_eval_jaxpr(
         known, varies, [True] * num_known_outs + [False] * num_res
     )
+    # 4: reorder the unknown body's binders
     residuals, rest = _split(unknown_body.in_binders, num_res)
     invariant, per_trip = _split_by(outs_vary[num_known_outs:], residuals)
-    binders = invariant + rest + per_trip
-    unknown_body = Jaxpr(binders, unknown_body.eqns, unknown_body.outs)
-    return ScanSplit(carry_u, out_u, hoisted, known_body, unknown_body, len(invariant))
+    unknown_body = Jaxpr(
+        invariant + rest + per_trip, unknown_body.eqns, unknown_body.outs
+    )
+    return hoisted, known_body, unknown_body, len(invariant)
 
 
 # %% [markdown]
@@ -822,9 +839,8 @@ print(pp_jaxpr(unknown_half, names=names))
 #
 # Every carry is treated as linear, even one whose initial value is a known
 # residual (a zero tangent that `instantiate_const` turned into a value); its
-# cotangent is then simply dropped. The rule calls `transpose_jaxpr_uncached`:
-# partial evaluation makes a new body jaxpr every time, so a cache would only
-# keep them all alive.
+# cotangent is then simply dropped. The rule calls `transpose_jaxpr_uncached`,
+# since every body it gets is a new jaxpr.
 
 
 # %% tags=["export"]
@@ -861,8 +877,9 @@ def _scan_transpose(cts, *args, jaxpr, num_consts, num_carry, length, reverse):
 
 
 # %% [markdown]
-# `scan` is linear in the inputs its body is linear in, so it gets a transpose
-# rule and stays out of `NOT_LINEAR`. That was the last rule. The gradient of
+# `scan` is linear in the inputs its body is linear in, so unlike `while` it
+# gets a transpose rule and stays out of `NOT_LINEAR`, the appendix's list of
+# primitives without one. That was the last rule. The gradient of
 # the RNN loss with respect to the weight, eagerly, compiled, and through a
 # jitted loss, next to JAX's:
 
@@ -957,11 +974,13 @@ print(f"total {total / 1e6:.1f} MB; the inputs xs are {seq.nbytes / 1e6:.1f} MB"
 
 # %% [markdown]
 # The weight matrix is saved once, hoisted out of the loop. The two vectors
-# are zeros: the tangents of the initial state and of the rows, which are zero
-# but which our JVP, having no symbolic zeros, carries as values. The three
-# stacks have one row per trip: the state before the trip, $1 - \tanh^2$, and
-# the state after it, 5.12 MB each, three times the size of the inputs
-# themselves. Memory grows linearly with the trip count; that is the price of
+# are zeros, which our JVP, having no symbolic zeros, keeps as values: the
+# tangent of the initial state, and the tangent of a row, which the JVP body
+# makes as zeros of a row's shape on every trip; being the same on every
+# trip, it is hoisted, so one vector of 64 numbers stands for all 10,000
+# rows. The three stacks have one row per trip: the state before the trip,
+# $1 - \tanh^2$, and the state after it, 5.12 MB each, as big as the inputs;
+# together, three times their size. Memory grows linearly with the trip count; that is the price of
 # reverse mode through a loop. The usual remedy, recomputing instead of
 # saving, is described under {ref}`Where real JAX differs <part7-jax>`.
 #
@@ -1002,9 +1021,13 @@ print(make_jaxpr(power, scalar)[0])
 # %% [markdown]
 # ## Mistakes `scan` catches
 #
-# Each is reported while tracing, in terms of the call the user wrote:
+# The checks report each mistake while tracing, in terms of the call the user
+# wrote (`xs` of two lengths, a `length` that disagrees with them, no `xs`
+# and no `length`, a body that changes the carry's type or returns no pair); the folded cell
+# shows the messages.
 
-# %%
+# %% tags=["hide-input"]
+# @title Errors: the messages of scan's checks
 keep = lambda c, x: (c, x)
 show_error(scan, keep, 0.0, (np.ones(3), np.ones(4)))  # two lengths
 show_error(scan, keep, 0.0, np.ones(3), 4)  # length disagrees with xs
@@ -1013,36 +1036,30 @@ show_error(scan, lambda c, x: (c * np.ones(2), x), 0.0, np.ones(3))  # new carry
 show_error(scan, lambda c, x: c + x, 0.0, np.ones(3))  # not a pair
 show_error(jit(lambda xs: scan(lambda c, x: c + x, 0.0, xs)), np.ones(3))
 
-
 # %% [markdown]
 # (part7-jax)=
 # ## Where real JAX differs
 #
-# The folded cell prints what JAX 0.10.2 makes of the RNN loss: its jaxpr, the
-# jaxpr of its linear map from `jax.linearize`, and that of its gradient.
-
+# The folded cell prints the linear map that JAX 0.10.2's `jax.linearize`
+# returns for the RNN loss, three steps long, as a jaxpr: its constants `a`,
+# `b`, `c` are the residuals, and `d` is the tangent of `w`.
 
 # %% tags=["hide-input"]
-# @title JAX's jaxprs for the RNN loss, its linearization and its gradient
-def show_jax(f, *args):
-    with jax.enable_x64(True):  # float64, as ours, in this cell only
-        print(jax.make_jaxpr(f)(*args).pretty_print(use_color=False))
-
-
-short = inputs[:3]
-show_jax(jax_rnn_loss, 0.8, short)
-show_jax(lambda w: jax.linearize(lambda w: jax_rnn_loss(w, short), w)[1](1.0), 0.8)
-show_jax(lambda w: jax.grad(jax_rnn_loss)(w, short), 0.8)
+# @title JAX's linear map of the RNN loss, from jax.linearize
+with jax.enable_x64(True):  # float64, as ours, in this cell only
+    _, jax_linear = jax.linearize(lambda w: jax_rnn_loss(w, inputs[:3]), 0.8)
+    print(jax.make_jaxpr(jax_linear)(1.0).pretty_print(use_color=False))
 
 
 # %% [markdown]
 # - JAX's `scan` primitive has our parameters (`jaxpr`, `length`,
-#   `num_consts`, `num_carry`, `reverse`) plus `unroll`. Its known loop, in
-#   the linearization above, emits the same kind of residuals as ours (the
-#   old `h`, the new one, and a factor of the derivative of `tanh`), and the
-#   weight `w` reaches the transposed loop as a constant, not a stack; the
-#   backward scan has `reverse=True`, and its carry holds the cotangent of `w`
-#   being summed next to that of `h`, as in our transpose rule.
+#   `num_consts`, `num_carry`, `reverse`) plus `unroll`. Its linear loop above
+#   reads the same kind of stacked residuals as ours, one row per trip (`a`,
+#   `b`, `c`: the old `h`, the new one, and one minus the new one, a factor of
+#   the derivative of `tanh`), and the weight `w` is a constant of the loop
+#   (the literal `0.8`), not a stack. In the gradient, the transposed loop has
+#   `reverse=True`, and its carry holds the cotangent of `w` being summed next
+#   to that of `h`, as in our transpose rule.
 # - **Hoisting.** JAX hoists loop-invariant residuals the same way we do: it
 #   partially evaluates the known body once more with the carries and rows
 #   unknown (`_scan_known_hoisting` in `jax/_src/lax/control_flow/loops.py`,
@@ -1054,7 +1071,10 @@ show_jax(lambda w: jax.grad(jax_rnn_loss)(w, short), 0.8)
 #   and then split it: `scan` has a linearize rule (`_scan_linearize`) that
 #   produces the primal loop with its residuals and the linear loop at once,
 #   with its own fixed point over which carries have non-zero tangents. Its
-#   tangents can be symbolic zeros, so no zero tangent is ever carried.
+#   tangents can be symbolic zeros: a carry whose tangent stays zero on every
+#   trip is dropped from the linear loop, and no zero is saved as a residual;
+#   a carry whose tangent becomes non-zero starts from an instantiated zero
+#   (the `0.0` above).
 # - **Transposition.** JAX's rule (`_scan_transpose_fancy` in this release)
 #   also sorts the inputs into invariant residuals, linear constants, linear
 #   carries, linear rows and stacked residuals, and accumulates the constants'

@@ -754,12 +754,94 @@ def test_part7_split_transpose_accepted_and_ignored():
     )
 
 
+def _jax_linear_map_jaxpr(f, w):
+    """The jaxpr of the linear map that ``jax.linearize(f, w)`` returns (its
+    constants are the residuals), in float64."""
+    with jax.enable_x64(True):
+        _, linear = jax.linearize(f, w)
+        return jax.make_jaxpr(linear)(w)
+
+
+def test_part7_linear_scan_reads_stacked_residuals_and_w_as_constant():
+    # part7_scan: "Its linear loop above reads the same kind of stacked
+    # residuals as ours, one row per trip (`a`, `b`, `c`: the old `h`, the new
+    # one, and one minus the new one, a factor of the derivative of `tanh`),
+    # and the weight `w` is a constant of the loop (the literal `0.8`), not a
+    # stack"; "its constants `a`, `b`, `c` are the residuals, and `d` is the
+    # tangent of `w`".
+    xs = np.sin(np.arange(3.0))
+
+    def rnn_loss(w):  # the chapter's: the loss adds the squares
+        def step(h, x):
+            h = jnp.tanh(h * w + x)
+            return h, h * h
+
+        return jnp.sum(lax.scan(step, 0.5, xs)[1])
+
+    closed = _jax_linear_map_jaxpr(rnn_loss, 0.8)
+    (eqn,) = [e for e in closed.jaxpr.eqns if e.primitive.name == "scan"]
+    residuals = closed.jaxpr.constvars
+    (tangent_w,) = closed.jaxpr.invars
+    num_consts, num_carry = eqn.params["num_consts"], eqn.params["num_carry"]
+    consts, rows = eqn.invars[:num_consts], eqn.invars[num_consts + num_carry :]
+    assert rows == residuals and [v.aval.shape for v in rows] == [(3,)] * 3
+    assert isinstance(consts[0], core.Literal) and consts[0].val == 0.8  # w
+    assert consts[1] is tangent_w
+    h = np.zeros(4)
+    h[0] = 0.5
+    for t in range(3):
+        h[t + 1] = np.tanh(0.8 * h[t] + xs[t])
+    old_h, new_h, factor = (np.asarray(c) for c in closed.consts)
+    np.testing.assert_allclose(old_h, h[:3])
+    np.testing.assert_allclose(new_h, h[1:])
+    np.testing.assert_allclose(factor, 1.0 - h[1:])  # (1 - t)(1 + t) = 1 - t^2
+
+
+def test_part7_linear_scan_zero_tangents():
+    # part7_scan: "Its tangents can be symbolic zeros: a carry whose tangent
+    # stays zero on every trip is dropped from the linear loop, and no zero is
+    # saved as a residual; a carry whose tangent becomes non-zero starts from
+    # an instantiated zero (the `0.0` above)".
+    xs = np.sin(np.arange(3.0))
+
+    def two_carries(w):  # k's tangent stays zero on every trip
+        def step(carry, x):
+            h, k = carry
+            h = jnp.tanh(h * w + x)
+            return (h, k + x), h * k
+
+        return jnp.sum(lax.scan(step, (0.5, 0.0), xs)[1])
+
+    closed = _jax_linear_map_jaxpr(two_carries, 0.8)
+    (eqn,) = [e for e in closed.jaxpr.eqns if e.primitive.name == "scan"]
+    assert eqn.params["num_carry"] == 1  # only h's tangent
+    (init,) = eqn.invars[eqn.params["num_consts"] :][:1]
+    assert isinstance(init, core.Literal) and init.val == 0.0
+
+    def matrix_loss(W):  # as the chapter's memory example, smaller
+        def step(h, x):
+            h = jnp.tanh(W @ h + x)
+            return h, jnp.sum(h * h)
+
+        return jnp.sum(lax.scan(step, jnp.zeros(4), seq)[1])
+
+    rng = np.random.default_rng(1)
+    W0, seq = rng.normal(size=(4, 4)) * 0.1, rng.normal(size=(5, 4))
+    closed = _jax_linear_map_jaxpr(matrix_loss, W0)
+    assert [c.shape for c in closed.consts] == [(4, 4), (5, 4), (5, 4), (5, 4)]
+    assert not any(np.all(np.asarray(c) == 0) for c in closed.consts)
+    (eqn,) = [e for e in closed.jaxpr.eqns if e.primitive.name == "scan"]
+    init = eqn.invars[eqn.params["num_consts"]]
+    (zeros,) = [e for e in closed.jaxpr.eqns if init in e.outvars]
+    assert zeros.primitive.name == "broadcast_in_dim"
+    assert isinstance(zeros.invars[0], core.Literal) and zeros.invars[0].val == 0.0
+
+
 def test_part7_linearized_rnn_residuals_and_w_as_constant():
-    # part7_scan: "Its known loop, in the linearization above, emits the same
-    # kind of residuals as ours (the old `h`, the new one, and a factor of the
-    # derivative of `tanh`), and the weight `w` reaches the transposed loop as a
-    # constant, not a stack; the backward scan has `reverse=True`, and its carry
-    # holds the cotangent of `w` being summed next to that of `h`".
+    # part7_scan: "In the gradient, the transposed loop has `reverse=True`,
+    # and its carry holds the cotangent of `w` being summed next to that of
+    # `h`" (and the known loop emits the old `h`, the new one and the tanh
+    # factor, `w` reaching the transposed loop as a constant).
     jaxpr = jax.make_jaxpr(jax.grad(_rnn_loss))(0.8, jnp.ones(3))
     forward, backward = [e for e in jaxpr.eqns if e.primitive.name == "scan"]
     assert not forward.params["reverse"] and backward.params["reverse"]
