@@ -50,9 +50,10 @@
 # :::{admonition} How to run this chapter
 # :class: tip
 # Everything below runs top to bottom in a fresh kernel, and every output on this
-# page was produced by running it. Part 1 needs only NumPy, so in Colab nothing has
-# to be installed: the folded first cell only fetches the drawing code of the
-# figures and sets NumPy's print options. The code cells marked as *library code*
+# page was produced by running it. Part 1's own code needs only NumPy; the
+# folded first cell is the setup every chapter shares (in Colab it installs the
+# pinned JAX and fetches the book's helpers, such as the drawing code of the
+# figures and `show_error`). The code cells marked as *library code*
 # are collected into the module `autodidax`, which the later chapters import.
 # :::
 
@@ -323,7 +324,8 @@ Level.__repr__ = lambda self: f"Level({self.number}, {self.trace_type.__name__})
 #   this transformation does not own but that meets one of its own tracers (we
 #   will meet one after nesting `jvp`). In every interpreter in this book, `lift`
 #   is `pure`: to an interpreter, a lower-level tracer is just a constant it does
-#   not own;
+#   not own (the two are separate so that an interpreter could treat them
+#   differently; ours never need to);
 # - `process_primitive(prim, tracers, params)` applies a primitive to its own
 #   tracers, usually by unpacking them, calling `bind` again on what is inside,
 #   and wrapping the results.
@@ -951,8 +953,11 @@ print(derivative(lambda x: mul(x, derivative(lambda y: mul(x, y))(1.0)))(3.0))
 # Inside the inner `jvp`, `x` is a level-1 tracer meeting level-2 tracers. Level
 # 2 boxes it with `lift`, with a zero tangent: to the inner derivative, `x` is a
 # constant. Level 1 still sees `x` change, because the inner rules call `bind` on
-# it, and those calls have no level-2 tracer among their inputs. Each level sees
-# only the operations on its own values, which keeps the two derivatives apart.
+# it, and those calls have no level-2 tracer among their inputs. Had `bind` simply
+# taken the top of the stack, the level-2 rule's own `mul` calls would go back to
+# level 2 forever and never reach level 1, and the outer derivative would miss
+# the product rule. Choosing by the inputs means each level sees only the
+# operations on its own values, which keeps the two derivatives apart.
 #
 # ### Python control flow is free
 #
@@ -1494,8 +1499,13 @@ def squared_error(line, xs, ys):
 
 tangents = (Line(1.0, 0.0), np.zeros(3), np.zeros(3))
 out, out_dot = jvp(squared_error, (Line(1.5, 0.5), xs, ys), tangents)
-print("loss", out["loss"], "residuals", out["first"])
-print("d loss / d slope", out_dot["loss"], "by hand:", np.sum(2 * out["first"] * xs))
+print("loss", float(out["loss"]), "residuals", out["first"])
+print(
+    "d loss / d slope",
+    float(out_dot["loss"]),
+    "by hand:",
+    np.sum(2 * out["first"] * xs),
+)
 
 # %% [markdown]
 # The output is a dict with the same keys as the function's result. The tangent
@@ -2076,9 +2086,11 @@ draw_interpreter_stack(snapshot["stack"], snapshot["x"])
 # A learner will hand these functions all sorts of things. Each mistake should
 # produce an error that says what was wrong in the user's terms. A few examples,
 # each printed by `show_error` (from the setup cell), which calls a function and
-# prints the error it raises:
+# prints the error it raises; the folded cell makes six mistakes, and their
+# messages are below it:
 
-# %%
+# %% tags=["hide-input"]
+# @title Six mistakes: a string, mismatched shapes, a tangent, batch sizes, if, perm
 show_error(lambda: sin("three"))
 show_error(lambda: add(np.ones(3), np.ones(4)))
 show_error(lambda: jvp(sin, (1.0,), (np.ones(2),)))
@@ -2103,9 +2115,10 @@ show_error(lambda: 1 if leaked[0] else 0)
 # - JAX's primitives live in [`jax.lax`](https://docs.jax.dev/en/latest/jax.lax.html);
 #   its `broadcast` is `lax.broadcast_in_dim`, which names the axes that are *kept*
 #   rather than the ones inserted.
-# - JAX does not convert zero tangents to arrays eagerly: it uses symbolic zeros,
-#   so differentiating with respect to one input out of many costs nothing for the
-#   others.
+# - JAX does not convert zero tangents to arrays eagerly: a value that is not
+#   being differentiated (a constant, or an input outside `grad`'s `argnums`) has
+#   a symbolic zero tangent, which costs nothing. A zero passed to `jax.jvp` as a
+#   tangent is an ordinary array, though, and is computed with.
 # - Python numbers in JAX are *weakly typed*: `x * 2.0` keeps the dtype of a
 #   `float32` array `x`, and an integer `x` is promoted to a float by JAX's
 #   [type promotion rules](https://docs.jax.dev/en/latest/type_promotion.html).

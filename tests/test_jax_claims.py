@@ -137,6 +137,12 @@ def test_part1_symbolic_zeros_cost_nothing_for_other_inputs():
     jaxpr = jax.make_jaxpr(jax.grad(lambda x, y: jnp.sin(x) * jnp.cos(y)))(1.0, 2.0)
     sins = [e for e in jaxpr.eqns if e.primitive.name == "sin"]
     assert len(sins) == 1 and sins[0].invars[0] is jaxpr.jaxpr.invars[0]
+    # ... "A zero passed to `jax.jvp` as a tangent is an ordinary array, though,
+    # and is computed with": the derivative of cos(y), sin(y), is computed.
+    f = lambda x, y: jnp.sin(x) * jnp.cos(y)  # noqa: E731
+    jaxpr = jax.make_jaxpr(lambda x, y: jax.jvp(f, (x, y), (1.0, 0.0)))(1.0, 2.0)
+    y = jaxpr.jaxpr.invars[1]
+    assert any(e.primitive.name == "sin" and e.invars[0] is y for e in jaxpr.eqns)
 
 
 def test_part1_python_numbers_weakly_typed():
