@@ -290,19 +290,22 @@ def headline(results: dict, names: list[str]) -> tuple[list[dict], list[dict]]:
                 allowed,
             )
         )
-    dispatch = per_call(jit["dispatch"], "median_us")
+    # The device-array row is bench_dispatch's too, so that the page shows one
+    # measurement per kind of argument (bench_jit times the same call apart).
+    dispatch = per_call(calls["device array"], "median_us")
+    allowed = bench_dispatch.TARGET_RATIOS["device array"]
     rows.append(
         _row(
             "jit_dispatch",
             "jit dispatch",
-            f"device float64[{bench_jit.DISPATCH_SIZE}]",
+            f"device float64[{bench_dispatch.VECTOR_SIZE}]",
             f"sin(x) * 2.0 + x, compiled, x a device array "
-            f"float64[{bench_jit.DISPATCH_SIZE}]",
+            f"float64[{bench_dispatch.VECTOR_SIZE}]",
             "µs/call",
             dispatch,
-            f"≤ {bench_jit.TARGET_DISPATCH_RATIO}×",
-            dispatch["autodidax"] / dispatch["jax"] <= bench_jit.TARGET_DISPATCH_RATIO,
-            bench_jit.TARGET_DISPATCH_RATIO,
+            f"≤ {allowed}×",
+            dispatch["autodidax"] / dispatch["jax"] <= allowed,
+            allowed,
         )
     )
     compute = per_call(jit["compute"], "median_ms")

@@ -370,8 +370,9 @@ class RuleTable:
     """Rows of (primitive, status per rule kind): an HTML table on the page,
     plain text in the notebook's text output (which the tests compare)."""
 
-    def __init__(self, kinds, rows):
+    def __init__(self, kinds, rows, origins=None):
         self.kinds, self.rows = kinds, rows
+        self.origins = origins or {}  # primitive name -> the chapter that adds it
 
     def __repr__(self):
         lines = [" ".join(f"{c:>20}" for c in ("primitive", *self.kinds))]
@@ -386,9 +387,10 @@ class RuleTable:
                 style += "; color: #6b7280" if tag == "td" else ""
             return f'<{tag} style="{style}">{shown}</{tag}>'
 
-        head = "".join(cell(c, "th") for c in ("primitive", *self.kinds))
+        head = "".join(cell(c, "th") for c in ("primitive", "from", *self.kinds))
         body = "".join(
-            f"<tr><td><code>{name}</code></td>{''.join(map(cell, statuses))}</tr>"
+            f"<tr><td><code>{name}</code></td>"
+            f"<td>{self.origins.get(name, '')}</td>{''.join(map(cell, statuses))}</tr>"
             for name, *statuses in self.rows
         )
         return (
@@ -427,7 +429,32 @@ def rule_table(ns):
     ]
     gaps = [(r[0], k) for r in rows for k, s in zip(kinds, r[1:]) if s == "MISSING"]
     print(f"{len(rows)} primitives, {len(kinds)} kinds of rule, gaps: {gaps}")
-    return RuleTable(kinds, rows)
+    return RuleTable(kinds, rows, primitive_origins())
+
+
+_CHAPTER_LABELS = {"appendix_primitives": "appendix", "performance": "performance"}
+
+
+def primitive_origins():
+    """Primitive name -> the chapter whose library code creates it, read from
+    the tangled module's chapter markers."""
+    import importlib.util
+    import re
+
+    source = open(importlib.util.find_spec("autodidax").origin).read()
+    marks = [
+        (m.start(), m.group(1))
+        for m in re.finditer(r"^# ==== chapter: (\S+) ====$", source, re.M)
+    ]
+    origins = {}
+    for m in re.finditer(r'Primitive\(\s*"(\w+)"', source):
+        chapter = [name for start, name in marks if start < m.start()][-1]
+        part = re.match(r"part(\d+)_", chapter)
+        origins.setdefault(
+            m.group(1),
+            f"Part {part.group(1)}" if part else _CHAPTER_LABELS.get(chapter, chapter),
+        )
+    return origins
 
 
 # ---------------------------------------------------------------- performance

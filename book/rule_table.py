@@ -19,26 +19,39 @@
 # # Every primitive, every rule
 #
 # Every primitive of the book needs one rule per interpreter: evaluation
-# (`impl`), forward mode (`jvp`), batching (`vmap`), abstract evaluation, lowering
-# to StableHLO, partial evaluation (during tracing, and of a staged jaxpr), and,
-# where it is linear, transposition. The table below is not written by hand: it
-# is read off the registries of the finished module (`PRIMITIVES`, each
-# primitive's `rules`, `RULE_KINDS` and `NOT_LINEAR`) every time this page is
-# built, and CI re-runs the page and compares.
+# (`impl`), forward mode (`jvp`), batching (`vmap`), abstract evaluation
+# (`abstract eval`), lowering to StableHLO (`lower`), partial evaluation during
+# tracing (`partial eval`) and of a staged jaxpr (`partial eval jaxpr`), and
+# transposition (`transpose`) where the primitive is linear in at least one
+# operand (`mul` in either, `div` in its numerator, `select` in its branches).
+# The table below is not written by hand: it is read off the registries of the
+# finished module (`PRIMITIVES`, each primitive's `rules`, `RULE_KINDS` and
+# `NOT_LINEAR`) every time this page is built, with the chapter that adds each
+# primitive (*from*). CI re-runs the page, compares its printed output with the
+# stored one, and would show any missing rule in the first line of output, the
+# list of `gaps` (a gap reads `MISSING` in its cell).
 #
-# A cell reads *not linear* where a transpose rule would make no sense, and
-# *generic* where {ref}`Part 4 <part4>`'s partial evaluation handles a primitive
-# without a rule of its own: every primitive except those that hold a jaxpr.
-# `xla_call`, `cond`, `scan` and `pmap` have rules that split their jaxpr in
-# two; `while` has rules that keep the whole loop known or the whole loop
-# unknown, because its jaxpr cannot be split ({ref}`Part 6 <part6>`). A
-# cell reads *refused* where the rule exists only to raise a clear error, because
-# the operation has no meaning there: evaluating a collective outside any
-# `vmap` or `pmap` that binds its axis, and lowering `pmap` inside `jit`
-# ({ref}`Part 9 <part9>`); evaluating, differentiating in forward mode or
-# lowering `custom_lin`, the primitive that stands for a `custom_vjp` rule under
-# `jvp`, which has no forward mode ({ref}`Part 8 <part8>`). Any other missing rule would show up as a gap, and in
-# the first line of output.
+# A cell that is not ✓ says why there is no rule of the usual kind:
+#
+# - *not linear*: a transpose rule would make no sense, because the primitive is
+#   not linear in any operand (`sin`, `max`, ...). `while` is listed here too,
+#   for a different reason: transposing a loop would need every trip's primal
+#   values, which the loop does not save ({ref}`Part 6 <part6>`; JAX registers
+#   a transpose rule for `while` that raises an error instead).
+# - *generic*: {ref}`Part 4 <part4>`'s partial evaluation handles the primitive
+#   without a rule of its own. That is every primitive except the five whose
+#   jaxpr must be split in two or kept whole by a rule: `xla_call`, `cond`,
+#   `scan` and `pmap` split theirs, and `while` keeps the whole loop known or
+#   the whole loop unknown ({ref}`Part 6 <part6>`). The custom calls of
+#   {ref}`Part 8 <part8>` carry a jaxpr too, but a call is known or staged as a
+#   whole, so the generic rule fits them.
+# - *refused*: the rule exists only to raise a clear error, where this book does
+#   not support the operation: evaluating a collective outside any `vmap` or
+#   `pmap` that binds its axis, and lowering `pmap` inside `jit` (JAX runs it;
+#   ours compiles `jit` for one device, {ref}`Part 9 <part9>`); evaluating,
+#   differentiating in forward mode or lowering `custom_lin`, the primitive
+#   that stands for a `custom_vjp` rule inside `linearize` and has no forward
+#   mode ({ref}`Part 8 <part8>`).
 
 # %% tags=["hide-input"]
 # @title Setup: the pinned JAX, the module `autodidax`, the earlier chapters
