@@ -5485,6 +5485,23 @@ for _prim in [custom_jvp_call_p, custom_vjp_call_p]:
     _prim.def_rule("abstract_eval")(_custom_call_abstract_eval)
 
 
+@custom_jvp_call_p.def_rule("vmap")
+def _custom_jvp_call_vmap(axis, vals, dims, *, call_jaxpr, num_consts, jvp, name):
+    batched = tuple(d is not None for d in dims)
+    vals = [
+        x if d is None else move_batch_axis(axis.size, d, 0, x)
+        for x, d in zip(vals, dims)
+    ]
+    new_jaxpr, new_consts = vmap_jaxpr(call_jaxpr, axis, batched)
+    outs = bind(
+        custom_jvp_call_p, *new_consts, *vals, name=name, call_jaxpr=new_jaxpr,
+        num_consts=len(new_consts) + num_consts,
+        jvp=batch_rule(jvp, axis, batched[num_consts:]),
+    )  # fmt: skip
+    return outs, [0] * len(outs)
+
+
+# @title batch_rule: the rule under vmap, each tangent batched like its primal
 def batch_rule(rule: Callable, axis: Axis, batched: tuple[bool, ...]) -> Named:
     """``rule(primals, tangents)`` on a batch (axis 0) of the batched operands."""
 
@@ -5501,22 +5518,6 @@ def batch_rule(rule: Callable, axis: Axis, batched: tuple[bool, ...]) -> Named:
         return both[: n_out[0]], both[n_out[0] :]
 
     return Named(batched_rule, f"vmap({rule})")
-
-
-@custom_jvp_call_p.def_rule("vmap")
-def _custom_jvp_call_vmap(axis, vals, dims, *, call_jaxpr, num_consts, jvp, name):
-    batched = tuple(d is not None for d in dims)
-    vals = [
-        x if d is None else move_batch_axis(axis.size, d, 0, x)
-        for x, d in zip(vals, dims)
-    ]
-    new_jaxpr, new_consts = vmap_jaxpr(call_jaxpr, axis, batched)
-    outs = bind(
-        custom_jvp_call_p, *new_consts, *vals, name=name, call_jaxpr=new_jaxpr,
-        num_consts=len(new_consts) + num_consts,
-        jvp=batch_rule(jvp, axis, batched[num_consts:]),
-    )  # fmt: skip
-    return outs, [0] * len(outs)
 
 
 class custom_vjp:
@@ -5614,6 +5615,7 @@ for _kind in ["impl", "jvp", "lower"]:
     custom_lin_p.def_rule(_kind)(forward_mode_error)
 
 
+# @title Batching custom_vjp_call and custom_lin: fwd and bwd wrapped in vmap
 def batch_fwd(fwd: Callable, axis: Axis, n_out: int) -> Named:
     """``fwd`` on a batch (axis 0) of every operand; outputs and residuals at 0."""
 
@@ -5667,6 +5669,11 @@ def _custom_lin_vmap(axis, vals, dims, *, name, num_res, bwd, out_types):
     return outs, [0] * len(outs)
 
 
+# @title Transposing calls: custom_jvp_call's jaxpr; custom_vjp_call never
+# When does a call meet transposition? When a JVP rule applies a custom
+# function to a tangent (JAX allows that too). Partial evaluation stages that
+# call into the linear jaxpr, where transposition finds it. The function had
+# better be linear.
 @custom_jvp_call_p.def_rule("transpose")
 def _custom_jvp_call_transpose(cts, *args, call_jaxpr, **params):
     return _xla_call_transpose(cts, *args, jaxpr=call_jaxpr)

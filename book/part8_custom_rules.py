@@ -30,11 +30,11 @@
 # Differentiating primitive by primitive is always mechanical and usually right,
 # but sometimes the derivative it builds is wasteful or numerically poor. A
 # softplus written with a `select`, to stay finite for large inputs, has a
-# gradient of NaN there, because reverse mode multiplies a zero cotangent by the
-# infinite derivative of the branch that was not taken. Gradient clipping wants
-# a backward pass that is deliberately *not* the derivative. An implicit
-# function, or an iterative solver, has a derivative that a formula gives far
-# more cheaply than differentiating every iteration.
+# gradient of NaN there, because reverse mode multiplies a zero cotangent by an
+# infinite derivative (of `exp`) in the branch that was not taken. Gradient
+# clipping wants a backward pass that is deliberately *not* the derivative.
+# An implicit function, or an iterative solver, has a derivative that a formula
+# gives far more cheaply than differentiating every iteration.
 #
 # JAX's answer is a pair of decorators. `custom_jvp` attaches a forward-mode
 # rule to a function; `custom_vjp` attaches a forward pass that saves residuals
@@ -94,11 +94,13 @@ print(grad(softplus_naive)(800.0))
 # %% [markdown]
 # The value and the forward-mode derivative are right, and the gradient is NaN.
 # The `select` picks the first branch, so reverse mode sends a zero cotangent
-# into the second. But the second branch's derivative, $e^x / (1 + e^x)$, is
-# $\infty / \infty$ at $x = 800$, and zero times that is NaN, which the sum of
-# both branches' cotangents keeps. The fix inside the program is a second
-# `select` that keeps the discarded branch's *input* harmless, easy to forget
-# and hard to read. What we know, and the program does not, is that the derivative of softplus is the logistic function
+# into the second. On its way back, the transpose of `log`'s derivative divides
+# that zero by $1 + e^{800} = \infty$, which leaves zero; the transpose of
+# `exp`'s derivative multiplies it by $e^{800} = \infty$, and $0 \cdot \infty$
+# is NaN. Added to the first branch's cotangent, 1, the NaN stays. The fix
+# inside the program is a second `select` that keeps the discarded branch's
+# *input* harmless, easy to forget and hard to read. What we know, and the
+# program does not, is that the derivative of softplus is the logistic function
 # $1 / (1 + e^{-x})$, finite everywhere. We want to say so.
 #
 # ## `custom_jvp`: a function and its rule
@@ -316,10 +318,10 @@ def check_jvp_rule_result(call: TracedCall, result: Any) -> tuple[list, list]:
 # %% [markdown]
 # The JVP interpreter's rule for `custom_jvp_call` is the whole point, and it is
 # one line: call the user's rule on the operands' primals and tangents. The
-# equation's first inputs are the constants of `fun`'s jaxpr; they are arrays,
-# never tracers (`trace_custom` refuses a closure over a traced value, which the
-# rule could not see), so their tangents are zero and the rule does not need
-# them.
+# equation's first inputs are the constants of `fun`'s jaxpr, and the rule is
+# not given them. They are always plain arrays: `trace_custom` refuses a `fun`
+# that closes over a traced value, because the rule could not see that value.
+# So the constants' tangents are zero, and the rule can do without them.
 
 
 # %% tags=["export"]
@@ -454,13 +456,32 @@ for x in [0.3, 800.0]:
 #
 # When a batching interpreter processes a custom call, it cannot know whether
 # a JVP interpreter lower on the stack will process the batched call next and
-# want its rule. So its rule batches both:
-# `fun`'s jaxpr with Part 3's `vmap_jaxpr`, and the rule by wrapping it in
-# `vmap`, with each tangent batched like its primal. The result is again a
-# `custom_jvp_call`, whose rule is the batched rule.
+# want its rule. So its rule batches both: `fun`'s jaxpr with Part 3's
+# `vmap_jaxpr`, and the rule with `batch_rule`, which wraps the rule in `vmap`,
+# each tangent batched like its primal (the folded cell holds it). The result is
+# again a `custom_jvp_call`, whose rule is the batched rule, printed
+# `vmap(softplus_jvp)` in the jaxpr below.
 
 
 # %% tags=["export"]
+@custom_jvp_call_p.def_rule("vmap")
+def _custom_jvp_call_vmap(axis, vals, dims, *, call_jaxpr, num_consts, jvp, name):
+    batched = tuple(d is not None for d in dims)
+    vals = [
+        x if d is None else move_batch_axis(axis.size, d, 0, x)
+        for x, d in zip(vals, dims)
+    ]
+    new_jaxpr, new_consts = vmap_jaxpr(call_jaxpr, axis, batched)
+    outs = bind(
+        custom_jvp_call_p, *new_consts, *vals, name=name, call_jaxpr=new_jaxpr,
+        num_consts=len(new_consts) + num_consts,
+        jvp=batch_rule(jvp, axis, batched[num_consts:]),
+    )  # fmt: skip
+    return outs, [0] * len(outs)
+
+
+# %% tags=["export", "hide-input"]
+# @title batch_rule: the rule under vmap, each tangent batched like its primal
 def batch_rule(rule: Callable, axis: Axis, batched: tuple[bool, ...]) -> Named:
     """``rule(primals, tangents)`` on a batch (axis 0) of the batched operands."""
 
@@ -477,22 +498,6 @@ def batch_rule(rule: Callable, axis: Axis, batched: tuple[bool, ...]) -> Named:
         return both[: n_out[0]], both[n_out[0] :]
 
     return Named(batched_rule, f"vmap({rule})")
-
-
-@custom_jvp_call_p.def_rule("vmap")
-def _custom_jvp_call_vmap(axis, vals, dims, *, call_jaxpr, num_consts, jvp, name):
-    batched = tuple(d is not None for d in dims)
-    vals = [
-        x if d is None else move_batch_axis(axis.size, d, 0, x)
-        for x, d in zip(vals, dims)
-    ]
-    new_jaxpr, new_consts = vmap_jaxpr(call_jaxpr, axis, batched)
-    outs = bind(
-        custom_jvp_call_p, *new_consts, *vals, name=name, call_jaxpr=new_jaxpr,
-        num_consts=len(new_consts) + num_consts,
-        jvp=batch_rule(jvp, axis, batched[num_consts:]),
-    )  # fmt: skip
-    return outs, [0] * len(outs)
 
 
 # %%
@@ -700,15 +705,18 @@ show_error(jvp, loss, (2.0,), (1.0,))
 # %% [markdown]
 # ## `vmap` of a `custom_vjp` function
 #
-# Batching batches all three pieces: `fun`'s jaxpr, `fwd`, and `bwd`. Every
-# operand is first given a batch axis at 0 (an unbatched one is broadcast), so
-# that `bwd`, which returns one cotangent per operand, returns them all batched;
-# the broadcast's transpose then sums the cotangent of an operand that was not
-# batched. The batched `fwd` returns batched residuals, which the batched `bwd`
-# receives. `custom_lin` batches the same way, for a `bwd` it carries.
+# Batching a `custom_vjp_call` batches all three pieces: `fun`'s jaxpr with
+# `vmap_jaxpr`, and `fwd` and `bwd` by wrapping each in `vmap`, as `batch_rule`
+# does for a JVP rule. Every operand is first given a batch axis at 0 (an
+# unbatched one is broadcast), so that `bwd`, which returns one cotangent per
+# operand, returns them all batched; the broadcast's transpose then sums the
+# cotangent of an operand that was not batched. The batched `fwd` returns
+# batched residuals, which the batched `bwd` receives. `custom_lin` batches the
+# same way, wrapping the `bwd` it carries. Both rules are in the folded cell.
 
 
-# %% tags=["export"]
+# %% tags=["export", "hide-input"]
+# @title Batching custom_vjp_call and custom_lin: fwd and bwd wrapped in vmap
 def batch_fwd(fwd: Callable, axis: Axis, n_out: int) -> Named:
     """``fwd`` on a batch (axis 0) of every operand; outputs and residuals at 0."""
 
@@ -771,33 +779,26 @@ print(
 
 
 # %% [markdown]
-# ## The registries
+# ## Transposing a call
 #
-# The three new primitives have every rule the {ref}`appendix's table
-# <appendix-rule-table>` asks for. Partial evaluation handles the calls with
-# Part 4's generic rule: a call with an unknown input is staged whole. That
-# happens rarely, since a JVP replaces a call by its rule before partial
-# evaluation sees it, but a rule may apply a custom function to a *tangent*
-# (JAX allows that too). A `custom_jvp` function used that way had better be
-# linear, and then the call lands in the linear jaxpr: its transpose is the
-# transpose of its jaxpr, which is `xla_call`'s transpose rule from
-# {ref}`Part 4 <part4>`. A `custom_vjp` call cannot be transposed that way
-# without ignoring its `bwd`, so it joins `NOT_LINEAR`. `custom_lin` is linear
-# in its tangents, and its transpose is `bwd`.
+# A `custom_jvp_call` is transposed by transposing its jaxpr, with `xla_call`'s
+# rule from {ref}`Part 4 <part4>`. A `custom_vjp_call` has no transpose rule,
+# because transposing its jaxpr would ignore `bwd`, so it joins `NOT_LINEAR`, the
+# {ref}`appendix <appendix-rule-table>`'s list of primitives without one.
 
 
-# %% tags=["export"]
+# %% tags=["export", "hide-input"]
+# @title Transposing calls: custom_jvp_call's jaxpr; custom_vjp_call never
+# When does a call meet transposition? When a JVP rule applies a custom
+# function to a tangent (JAX allows that too). Partial evaluation stages that
+# call into the linear jaxpr, where transposition finds it. The function had
+# better be linear.
 @custom_jvp_call_p.def_rule("transpose")
 def _custom_jvp_call_transpose(cts, *args, call_jaxpr, **params):
     return _xla_call_transpose(cts, *args, jaxpr=call_jaxpr)
 
 
 NOT_LINEAR.update({"custom_vjp_call"})
-
-# %%
-for prim in [custom_jvp_call_p, custom_vjp_call_p, custom_lin_p]:
-    kinds = [k for k in RULE_KINDS if k in prim.rules]
-    print(f"{prim.name:16} {' '.join(kinds)}")
 
 
 # %% [markdown]
@@ -863,6 +864,11 @@ def wrong_rule_jvp(primals, tangents):
     return sin(x), broadcast(x_dot, (3,), (0,))  # a vector tangent
 
 
+show_error(grad(wrong_rule), 1.0)
+
+
+# %% tags=["hide-input"]
+# @title Two more mistakes: a bwd without a tuple, a custom function without a rule
 def bwd_without_tuple(bound, residuals, ct):
     return ct  # not a tuple
 
@@ -873,7 +879,6 @@ def bad_bwd(x, bound):
 
 
 bad_bwd.defvjp(clip_fwd, bwd_without_tuple)
-show_error(grad(wrong_rule), 1.0)
 show_error(grad(lambda x: bad_bwd(x, 5.0)), 1.0)
 show_error(custom_jvp(sin), 1.0)  # no rule defined
 
@@ -936,16 +941,24 @@ except TypeError as err:
 #   rule's tangent computation; for `custom_vjp` the gradient jaxpr holds `fwd`'s
 #   and `bwd`'s operations, traced in place, with no trace of the call.
 # - JAX's JVP interpreter treats a `custom_vjp` call as ours does: it runs
-#   `fwd` and binds a primitive named `custom_lin` (with `num_res`, `bwd` and
-#   `out_avals` parameters; see `jax/_src/interpreters/ad.py`) whose evaluation
-#   raises the `TypeError` printed above, `can't apply forward-mode autodiff (jvp) to a custom_vjp function.`
+#   `fwd` and binds a primitive named `custom_lin` (with parameters such as
+#   `num_res`, `bwd`, `out_avals`, `in_zeros` and `symbolic_zeros`; see
+#   `jax/_src/interpreters/ad.py`) whose evaluation raises the `TypeError`
+#   printed above,
+#   `can't apply forward-mode autodiff (jvp) to a custom_vjp function.`
+#   Like ours, it raises when something tries to compute a `custom_lin`'s
+#   output: at once for an eager `jvp`, when compiling under `jit`, and never
+#   inside `make_jaxpr`, which only records the equation.
 #   Its `grad` and `linearize`, though, do not run a JVP followed by partial
 #   evaluation as ours do: they use a linearizing interpreter of JAX's own (the
 #   only path in 0.10.2; the flag `jax_use_direct_linearize` that once chose
-#   it is no longer read). Ours finds out about forward mode only
-#   when something tries to compute a `custom_lin`'s output: at once for an
-#   eager `jvp`, when compiling under `jit`, and never inside `make_jaxpr`,
-#   which only records the equation.
+#   it is no longer read).
+# - JAX's `custom_lin` has no real batching rule: the one registered for it
+#   raises the same error (`jax/_src/custom_derivatives.py`), so `vmap` of a
+#   `jvp` of a `custom_vjp` function fails while it is traced, even inside
+#   `make_jaxpr`. Ours batches `custom_lin`, wrapping its `bwd` in `vmap`, so
+#   `make_jaxpr` records the batched equation, and the error comes only when
+#   something computes its output.
 # - With `symbolic_zeros=True`, JAX's rules are told which tangents (or
 #   cotangents) are known to be zero, so they can skip work; we have no symbolic
 #   zeros at all, and pass arrays of zeros.

@@ -1000,19 +1000,46 @@ def test_part8_grad_of_custom_vjp_has_no_call():
 def test_part8_jvp_of_custom_vjp_binds_custom_lin():
     # part8_custom_rules: "JAX's JVP interpreter treats a `custom_vjp` call as
     # ours does: it runs `fwd` and binds a primitive named `custom_lin` (with
-    # `num_res`, `bwd` and `out_avals` parameters) whose evaluation raises the
-    # `TypeError` ..., `can't apply forward-mode autodiff (jvp) to a custom_vjp
-    # function.`"
-    jaxpr = jax.make_jaxpr(
-        lambda x: jax.jvp(lambda x: _clip_gradient(x, 5.0), (x,), (x,))
-    )(1.0)
-    (eqn,) = jaxpr.eqns
+    # parameters such as `num_res`, `bwd`, `out_avals`, `in_zeros` and
+    # `symbolic_zeros`) whose evaluation raises the `TypeError` ..., `can't
+    # apply forward-mode autodiff (jvp) to a custom_vjp function.` Like ours,
+    # it raises when something tries to compute a `custom_lin`'s output: at
+    # once for an eager `jvp`, when compiling under `jit`, and never inside
+    # `make_jaxpr`, which only records the equation."
+    def jvp_of_clip(x):
+        return jax.jvp(lambda x: _clip_gradient(x, 5.0), (x,), (x,))
+
+    (eqn,) = jax.make_jaxpr(jvp_of_clip)(1.0).eqns
     assert eqn.primitive is jax_ad.custom_lin_p and eqn.primitive.name == "custom_lin"
-    assert {"num_res", "bwd", "out_avals"} <= set(eqn.params)
+    params = {"num_res", "bwd", "out_avals", "in_zeros", "symbolic_zeros"}
+    assert params == set(eqn.params)
     message = "can't apply forward-mode autodiff (jvp) to a custom_vjp function."
-    with pytest.raises(TypeError) as info:
-        jax.jvp(lambda x: _clip_gradient(x, 5.0), (1.0,), (1.0,))
-    assert str(info.value) == message
+    for run in [jvp_of_clip, jax.jit(jvp_of_clip)]:
+        with pytest.raises(TypeError) as info:
+            run(1.0)
+        assert str(info.value) == message
+
+
+def test_part8_custom_lin_batching_rule_raises():
+    # part8_custom_rules: "JAX's `custom_lin` has no real batching rule: the one
+    # registered for it raises the same error (`jax/_src/custom_derivatives.py`),
+    # so `vmap` of a `jvp` of a `custom_vjp` function fails while it is traced,
+    # even inside `make_jaxpr`."
+    assert "batching.primitive_batchers[ad.custom_lin_p] = " in inspect.getsource(
+        jax_custom
+    )
+    rule = jax_batching.fancy_primitive_batchers[jax_ad.custom_lin_p]
+    wrapped = [cell.cell_contents for cell in rule.__closure__]
+    assert jax_ad.raise_custom_vjp_error_on_jvp in wrapped
+
+    def vmap_of_jvp(xs):
+        return jax.vmap(
+            lambda x: jax.jvp(lambda x: _clip_gradient(x, 5.0), (x,), (x,))
+        )(xs)
+
+    message = "can't apply forward-mode autodiff (jvp) to a custom_vjp function."
+    with pytest.raises(TypeError, match=re.escape(message)):
+        jax.make_jaxpr(vmap_of_jvp)(jnp.ones(3))
 
 
 def test_part8_symbolic_zeros_option():
@@ -1451,8 +1478,8 @@ def test_part8_rule_stays_a_python_function():
 
 
 def test_part8_rule_may_apply_custom_function_to_a_tangent():
-    # part8_custom_rules: "a rule may apply a custom function to a *tangent*
-    # (JAX allows that too)".
+    # part8_custom_rules (the note in the folded transpose cell): "a JVP rule
+    # applies a custom function to a tangent (JAX allows that too)".
     @jax.custom_jvp
     def double(x):
         return 2.0 * x
