@@ -517,18 +517,18 @@ def _xla_call_impl(*args, jaxpr):
 
 
 # %% [markdown]
-# `jit(f)` is the user-facing wrapper. It flattens the arguments, makes each
-# leaf an array (`_as_input`, from Part 1, keeps tracers and device `Array`s,
-# converts numbers to NumPy arrays, and refuses anything else with an error
-# naming the "jit argument"), traces `f` into a jaxpr for their types, and binds
-# `xla_call`. Tracing happens once per *input signature* (the argument structure
-# plus each leaf's shape and dtype), so a second call with new values of the same
-# types goes straight to the compiled code; the jitted function keeps its traces
-# in `traces`. The tracing is Part 2's `_trace_to_jaxpr`, the function behind
-# `make_jaxpr`, called with `dynamic=True`, so that operations on constants are
-# recorded too (Part 2's dynamic level), and with `who="jit"`, so that its errors
-# name `jit`. The constants the jaxpr needs are moved to the device
-# once, at tracing time.
+# `jit(f)` is the user-facing wrapper. It flattens the arguments and makes each
+# leaf an array (`_as_input`, from Part 1: tracers and device `Array`s pass as
+# they are, numbers become NumPy arrays, anything else is a `TypeError` naming
+# the "jit argument"). `trace_for_call` then finds or makes `f`'s jaxpr for their
+# types, and `jit` binds `xla_call` on it. Tracing happens once per *input
+# signature* (the argument structure plus each leaf's shape and dtype), so a
+# second call with new values of the same types goes straight to the compiled
+# code; the jitted function keeps its traces in `traces`. The tracing itself is
+# Part 2's `_trace_to_jaxpr`, the function behind `make_jaxpr`, with
+# `dynamic=True`, so that operations on constants are recorded too (Part 2's
+# dynamic level), and `who="jit"`, so that its errors name `jit`. The constants
+# the jaxpr needs are moved to the device once, at tracing time.
 #
 # One subtlety: if `f` closes over a tracer of an outer transformation (say, `jit`
 # inside a `jvp` of some other function), that tracer becomes one of the jaxpr's
