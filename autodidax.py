@@ -1795,7 +1795,7 @@ JaxprTracer.__bool__ = _jaxpr_tracer_bool
 
 import functools
 
-import jax  # first: importing jax configures jaxlib
+import jax  # before jaxlib: it quiets XLA's C++ info logs
 import jax.extend.backend
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import func as mlir_func
@@ -1961,7 +1961,10 @@ def lower_jaxpr(jaxpr: Jaxpr) -> ir.Module:
     return ctx.module
 
 
-# @title runtime and device_put: XLA's CPU client; copy a NumPy array to the device
+# @title XLA's CPU client: runtime, xla_compile, xla_execute, device_put
+# device_put asks for the copy to be finished before it returns. Left to
+# choose, jaxlib on CPU may let the buffer share the NumPy array's memory, and
+# an Array would then change whenever the NumPy array is written to.
 class _Runtime(NamedTuple):
     client: Any
     device: Any
@@ -1974,6 +1977,22 @@ def runtime() -> _Runtime:
     client = jax.extend.backend.get_backend("cpu")
     device = client.local_devices()[0]
     return _Runtime(client, device, jax.sharding.SingleDeviceSharding(device))
+
+
+def xla_compile(module_text: str) -> Any:
+    """XLA's executable for a StableHLO module, on our one device."""
+    from jax._src.lib import xla_client
+
+    rt = runtime()
+    devices = xla_client.DeviceList((rt.device,))
+    return rt.client.compile_and_load(module_text, devices, xla_client.CompileOptions())
+
+
+def xla_execute(executable: Any, buffers: list) -> list:
+    """Run ``executable`` on device buffers; the buffers of its outputs."""
+    results = executable.execute_sharded(buffers)
+    per_output = results.disassemble_into_single_device_arrays()
+    return [bufs[0] for bufs in per_output]
 
 
 def device_put(x: np.ndarray) -> Array:
@@ -2050,21 +2069,12 @@ class CompiledJaxpr:
     """An XLA executable for one jaxpr."""
 
     def __init__(self, jaxpr: Jaxpr) -> None:
-        from jax._src.lib import xla_client
-
-        rt = runtime()
         self.module_text = str(lower_jaxpr(jaxpr))
-        self.executable = rt.client.compile_and_load(
-            self.module_text,
-            xla_client.DeviceList((rt.device,)),
-            xla_client.CompileOptions(),
-        )
+        self.executable = xla_compile(self.module_text)
 
     def __call__(self, *args: Any) -> list[Array]:
         buffers = [_as_buffer(x) for x in args]
-        results = self.executable.execute_sharded(buffers)
-        per_output = results.disassemble_into_single_device_arrays()
-        return [Array(bufs[0]) for bufs in per_output]
+        return [Array(b) for b in xla_execute(self.executable, buffers)]
 
 
 _compiled: dict[Jaxpr, CompiledJaxpr] = {}
@@ -2094,7 +2104,6 @@ def trace_for_call(f, traces: Traces, args_flat: list, in_tree: PyTreeDef):
     avals = tuple(ShapedArray(x.shape, x.dtype) for x in args_flat)
     key = (in_tree, avals)
     if key not in traces:
-        check_xla_dtypes(avals)
         args = tree_unflatten(in_tree, avals)
         jaxpr, consts, out_tree = _trace_to_jaxpr(f, args, dynamic=True, who="jit")
         if any(isinstance(c, Tracer) for c in consts):
@@ -2119,25 +2128,25 @@ def jit(f: Callable) -> Callable:
     return f_jitted
 
 
-def jaxpr_type(jaxpr: Jaxpr) -> JaxprType:
-    """typecheck_jaxpr, remembered per jaxpr."""
-    if jaxpr not in _jaxpr_types:
-        _jaxpr_types[jaxpr] = typecheck_jaxpr(jaxpr)
-    return _jaxpr_types[jaxpr]
-
-
 @xla_call_p.def_rule("abstract_eval")
 def _xla_call_abstract_eval(*avals_in, jaxpr):
     check_call_types(jaxpr, avals_in)
     return jaxpr_type(jaxpr).out_types
 
 
-# @title Checks: argument types against the jaxpr; the type cache
+# @title Checks: argument types against the jaxpr; jaxpr_type and its cache
 import weakref
 
 _jaxpr_types: weakref.WeakKeyDictionary[Jaxpr, JaxprType] = (
     weakref.WeakKeyDictionary()
 )  # weak keys: a jaxpr nobody uses is not kept alive by its type
+
+
+def jaxpr_type(jaxpr: Jaxpr) -> JaxprType:
+    """typecheck_jaxpr, remembered per jaxpr."""
+    if jaxpr not in _jaxpr_types:
+        _jaxpr_types[jaxpr] = typecheck_jaxpr(jaxpr)
+    return _jaxpr_types[jaxpr]
 
 
 def check_call_types(jaxpr: Jaxpr, args: Sequence[Any]) -> None:
@@ -2152,6 +2161,7 @@ def check_call_types(jaxpr: Jaxpr, args: Sequence[Any]) -> None:
         raise TypeError(
             f"xla_call: the jaxpr takes {expected} but was called with ({got})"
         )
+    check_xla_dtypes(expected.in_types)
 
 
 def check_batched_call_types(jaxpr: Jaxpr, vals: list, batched: tuple) -> None:

@@ -82,12 +82,15 @@ book_setup.load_book(globals(), before="part3_jit")
 # The imports of this chapter: the MLIR bindings (the Python API for building
 # StableHLO programs) come with `jaxlib`, the compiled half of JAX that also
 # contains XLA. We use `jaxlib` only as a compiler and a device runtime; none of
-# JAX's own transformations are involved.
+# JAX's own transformations are involved. From `jax` itself we take only XLA's
+# CPU client and the few types its calls expect. We import it before `jaxlib`
+# because its import sets XLA's C++ log level (`TF_CPP_MIN_LOG_LEVEL`); without
+# that, starting the client prints info lines.
 
 # %% tags=["export"]
 import functools
 
-import jax  # first: importing jax configures jaxlib
+import jax  # before jaxlib: it quiets XLA's C++ info logs
 import jax.extend.backend
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import func as mlir_func
@@ -328,18 +331,21 @@ print(str(lower_jaxpr(jaxpr)).rstrip())
 # ## Compiling and running
 #
 # To run the module we need XLA's client for the CPU, which `jaxlib` provides;
-# `runtime()` in the folded cell below returns it with its first device. We also
-# need a way to move arrays onto that device and back. Device memory is managed by
-# `jaxlib` buffer objects; `device_put`, in the same cell, copies a NumPy
-# array into one, keeping float64 as float64 (JAX's own front end would narrow it
-# to float32 unless its global x64 switch is on, a switch this module never
-# touches). It asks for the copy to be finished before the call returns. Left
-# to choose, jaxlib on CPU may let the buffer share the NumPy array's memory,
-# and an `Array` would then change whenever the NumPy array is written to.
+# `runtime()` in the folded cell below returns it with its first device.
+# `xla_compile` hands it a module's text and gets an executable back;
+# `xla_execute` runs an executable on device buffers and returns the buffers of
+# its outputs. We also need a way to move arrays onto the device and back. Device
+# memory is managed by `jaxlib` buffer objects; `device_put`, in the same cell,
+# copies a NumPy array into one, keeping float64 as float64 (JAX's own front end
+# would narrow it to float32 unless its global x64 switch is on, a switch this
+# module never touches).
 
 
 # %% tags=["export", "hide-input"]
-# @title runtime and device_put: XLA's CPU client; copy a NumPy array to the device
+# @title XLA's CPU client: runtime, xla_compile, xla_execute, device_put
+# device_put asks for the copy to be finished before it returns. Left to
+# choose, jaxlib on CPU may let the buffer share the NumPy array's memory, and
+# an Array would then change whenever the NumPy array is written to.
 class _Runtime(NamedTuple):
     client: Any
     device: Any
@@ -352,6 +358,22 @@ def runtime() -> _Runtime:
     client = jax.extend.backend.get_backend("cpu")
     device = client.local_devices()[0]
     return _Runtime(client, device, jax.sharding.SingleDeviceSharding(device))
+
+
+def xla_compile(module_text: str) -> Any:
+    """XLA's executable for a StableHLO module, on our one device."""
+    from jax._src.lib import xla_client
+
+    rt = runtime()
+    devices = xla_client.DeviceList((rt.device,))
+    return rt.client.compile_and_load(module_text, devices, xla_client.CompileOptions())
+
+
+def xla_execute(executable: Any, buffers: list) -> list:
+    """Run ``executable`` on device buffers; the buffers of its outputs."""
+    results = executable.execute_sharded(buffers)
+    per_output = results.disassemble_into_single_device_arrays()
+    return [bufs[0] for bufs in per_output]
 
 
 def device_put(x: np.ndarray) -> Array:
@@ -451,21 +473,12 @@ class CompiledJaxpr:
     """An XLA executable for one jaxpr."""
 
     def __init__(self, jaxpr: Jaxpr) -> None:
-        from jax._src.lib import xla_client
-
-        rt = runtime()
         self.module_text = str(lower_jaxpr(jaxpr))
-        self.executable = rt.client.compile_and_load(
-            self.module_text,
-            xla_client.DeviceList((rt.device,)),
-            xla_client.CompileOptions(),
-        )
+        self.executable = xla_compile(self.module_text)
 
     def __call__(self, *args: Any) -> list[Array]:
         buffers = [_as_buffer(x) for x in args]
-        results = self.executable.execute_sharded(buffers)
-        per_output = results.disassemble_into_single_device_arrays()
-        return [Array(bufs[0]) for bufs in per_output]
+        return [Array(b) for b in xla_execute(self.executable, buffers)]
 
 
 _compiled: dict[Jaxpr, CompiledJaxpr] = {}
@@ -504,13 +517,18 @@ def _xla_call_impl(*args, jaxpr):
 
 
 # %% [markdown]
-# `jit(f)` is the user-facing wrapper. It flattens the arguments, traces `f` into a
-# jaxpr for their types, and binds `xla_call`. Tracing happens once per *input
-# signature* (the argument structure plus each leaf's shape and dtype), so a second
-# call with new values of the same types goes straight to the compiled code. The
-# tracing is Part 2's `_trace_to_jaxpr` (this is `make_jaxpr`, with the dynamic
-# level of Part 2, naming `jit` in its errors). The constants the jaxpr needs are
-# moved to the device once, at tracing time.
+# `jit(f)` is the user-facing wrapper. It flattens the arguments and makes each
+# leaf an array (`_as_input`, from Part 1: tracers and device `Array`s pass as
+# they are, numbers become NumPy arrays, anything else is a `TypeError` naming
+# the "jit argument"). `trace_for_call` then finds or makes `f`'s jaxpr for their
+# types, and `jit` binds `xla_call` on it. Tracing happens once per *input
+# signature* (the argument structure plus each leaf's shape and dtype), so a
+# second call with new values of the same types goes straight to the compiled
+# code; the jitted function keeps its traces in `traces`. The tracing itself is
+# Part 2's `_trace_to_jaxpr`, the function behind `make_jaxpr`, with
+# `dynamic=True`, so that operations on constants are recorded too (Part 2's
+# dynamic level), and `who="jit"`, so that its errors name `jit`. The constants
+# the jaxpr needs are moved to the device once, at tracing time.
 #
 # One subtlety: if `f` closes over a tracer of an outer transformation (say, `jit`
 # inside a `jvp` of some other function), that tracer becomes one of the jaxpr's
@@ -526,7 +544,6 @@ def trace_for_call(f, traces: Traces, args_flat: list, in_tree: PyTreeDef):
     avals = tuple(ShapedArray(x.shape, x.dtype) for x in args_flat)
     key = (in_tree, avals)
     if key not in traces:
-        check_xla_dtypes(avals)
         args = tree_unflatten(in_tree, avals)
         jaxpr, consts, out_tree = _trace_to_jaxpr(f, args, dynamic=True, who="jit")
         if any(isinstance(c, Tracer) for c in consts):
@@ -554,21 +571,14 @@ def jit(f: Callable) -> Callable:
 # %% [markdown]
 # Before `jit` works under other interpreters, `xla_call` needs their rules. The
 # abstract evaluation rule checks the argument types against the jaxpr's input
-# types and returns its output types; we remember each jaxpr's type (in
-# `_jaxpr_types`, made in the folded cell after it), since checking a jaxpr takes
-# time proportional to its size. The same check guards the
-# `impl` rule above and the `jvp` and `vmap` rules below: a compiled program would
-# happily read the bits of an integer array as floats.
+# types and returns its output types. `jaxpr_type(jaxpr)` is Part 2's
+# `typecheck_jaxpr` remembered per jaxpr (its cache is in the folded cell
+# below), since checking a jaxpr takes time proportional to its size. The same
+# check guards the `impl` rule above and the `jvp` and `vmap` rules below: a
+# compiled program would happily read the bits of an integer array as floats.
 
 
 # %% tags=["export"]
-def jaxpr_type(jaxpr: Jaxpr) -> JaxprType:
-    """typecheck_jaxpr, remembered per jaxpr."""
-    if jaxpr not in _jaxpr_types:
-        _jaxpr_types[jaxpr] = typecheck_jaxpr(jaxpr)
-    return _jaxpr_types[jaxpr]
-
-
 @xla_call_p.def_rule("abstract_eval")
 def _xla_call_abstract_eval(*avals_in, jaxpr):
     check_call_types(jaxpr, avals_in)
@@ -578,15 +588,24 @@ def _xla_call_abstract_eval(*avals_in, jaxpr):
 # %% [markdown]
 # The folded cell holds the checks: `check_call_types` raises a `TypeError`
 # naming both signatures when the arguments' shapes or dtypes differ from the
-# jaxpr's inputs, and `check_xla_dtypes` refuses dtypes that XLA cannot hold.
+# jaxpr's inputs, and refuses dtypes that XLA cannot hold (`check_xla_dtypes`);
+# `check_batched_call_types`, which the `vmap` rule uses, does the same for one
+# example of a batch.
 
 # %% tags=["export", "hide-input"]
-# @title Checks: argument types against the jaxpr; the type cache
+# @title Checks: argument types against the jaxpr; jaxpr_type and its cache
 import weakref
 
 _jaxpr_types: weakref.WeakKeyDictionary[Jaxpr, JaxprType] = (
     weakref.WeakKeyDictionary()
 )  # weak keys: a jaxpr nobody uses is not kept alive by its type
+
+
+def jaxpr_type(jaxpr: Jaxpr) -> JaxprType:
+    """typecheck_jaxpr, remembered per jaxpr."""
+    if jaxpr not in _jaxpr_types:
+        _jaxpr_types[jaxpr] = typecheck_jaxpr(jaxpr)
+    return _jaxpr_types[jaxpr]
 
 
 def check_call_types(jaxpr: Jaxpr, args: Sequence[Any]) -> None:
@@ -601,6 +620,7 @@ def check_call_types(jaxpr: Jaxpr, args: Sequence[Any]) -> None:
         raise TypeError(
             f"xla_call: the jaxpr takes {expected} but was called with ({got})"
         )
+    check_xla_dtypes(expected.in_types)
 
 
 def check_batched_call_types(jaxpr: Jaxpr, vals: list, batched: tuple) -> None:
@@ -655,8 +675,10 @@ def _xla_call_jvp(primals, tangents, *, jaxpr):
 
 # %% [markdown]
 # Here is the derivative's jaxpr for `scaled_wave` from above. Its inputs are `a b
-# c`: `b` is the primal and `c` the tangent, and `a` is a constant, the zero
-# tangent of the broadcast `2.0`.
+# c`: `b` is the primal and `c` the tangent. `a` is the tangent of the broadcast
+# `2.0`, three zeros. Our `jvp` has no symbolic zeros, so that tangent is a real
+# NumPy array made while tracing; like every array the traced function closes
+# over, it becomes a constant of the jaxpr, passed in as its first input.
 
 # %%
 print(jvp_jaxpr(jaxpr)[0])
@@ -743,11 +765,13 @@ print(sin(x) * y + cos(y))  # eager, for comparison
 
 # %% [markdown]
 # The result is a device `Array`. It feeds the next jitted call without a trip
-# through host memory, and converts to NumPy when asked:
+# through host memory (`_as_buffer` hands the executable the very buffer `z`
+# holds), and converts to NumPy when asked:
 
 # %%
 z = wave(x, y)
 print(type(z).__name__, z.shape, z.dtype)
+print(_as_buffer(z) is z._buffer)
 print(repr(wave(z, z)))
 print(np.asarray(z, dtype=np.float32))
 
@@ -828,18 +852,19 @@ show_error(jit(lambda x, y: x * y), np.ones(3), np.ones(2))
 #   without running any Python. The {ref}`performance page <performance>` builds
 #   the same shortcut in Python and compares the two.
 # - We pass a jaxpr's constants to the executable as extra arguments, uploaded
-#   once. JAX, with its default settings, embeds every closed-over array in the
-#   StableHLO module as a `stablehlo.constant`, however large, so the array is
-#   compiled into the program. Passing large constants as arguments, above the
-#   size `jax_embedded_constants_max_bytes`, belongs to a new scheme that only
-#   the temporary flag `jax_use_simplified_jaxpr_constants` (off by default)
-#   switches on (see `jax/_src/config.py` and `jax/_src/core.py`, and
+#   once; JAX, by default, embeds every closed-over array in the StableHLO module
+#   as a `stablehlo.constant`, however large. Only the flag
+#   `jax_use_simplified_jaxpr_constants`, off by default, makes it pass the large
+#   ones as arguments (see `jax/_src/core.py` and
 #   [the JAX docs on constants](https://docs.jax.dev/en/latest/internals/constants.html)).
-# - On CPU, `jax.device_put` and `jax.jit` in JAX 0.10.2 let a device array
-#   share a NumPy argument's memory when that memory is 64-byte aligned, so
-#   writing to the NumPy array afterwards changes the JAX array, an open bug
+# - On CPU, `jax.device_put` and `jax.jit` in JAX 0.10.2 copy a NumPy argument
+#   to the device asynchronously: the copy may still be under way when they
+#   return, so writing to the NumPy array right after the call can change the
+#   JAX array or the result. `jax.device_put`
+#   of an array whose memory is 64-byte aligned does not copy at all: the JAX
+#   array shares the memory, and every later write changes it, an open bug
 #   ([jax-ml/jax#37830](https://github.com/jax-ml/jax/issues/37830)). Our
-#   `device_put` always copies.
+#   `device_put` copies before it returns.
 # - JAX can also donate argument buffers to the computation and can keep compiled
 #   programs in a [cache on disk](https://docs.jax.dev/en/latest/persistent_compilation_cache.html).
 # - JAX lowers with source locations attached to every operation, so compiler

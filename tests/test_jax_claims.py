@@ -311,9 +311,17 @@ def test_part3_jitted_function_is_a_cpp_object():
     assert type(f).__module__.startswith("jaxlib")
 
 
+def test_part3_importing_jax_sets_the_cpp_log_level():
+    # part3_jit: "We import it before `jaxlib` because its import sets XLA's C++
+    # log level (`TF_CPP_MIN_LOG_LEVEL`)".
+    source = inspect.getsource(jax)
+    assert "_os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')" in source
+    assert source.index("TF_CPP_MIN_LOG_LEVEL") < source.index("from jax")
+
+
 def test_part3_closed_over_arrays_are_embedded_by_default():
-    # part3_jit: "JAX, with its default settings, embeds every closed-over array
-    # in the StableHLO module as a `stablehlo.constant`, however large".
+    # part3_jit: "JAX, by default, embeds every closed-over array in the
+    # StableHLO module as a `stablehlo.constant`, however large".
     big = jnp.arange(100_000.0)
     text = lowered_text(lambda x: x + big, 1.0)
     (main,) = re.findall(r"func\.func public @main\(([^)]*)\)", text)
@@ -322,10 +330,9 @@ def test_part3_closed_over_arrays_are_embedded_by_default():
 
 
 def test_part3_constants_max_bytes_belongs_to_a_flag_that_is_off():
-    # part3_jit: "Passing large constants as arguments, above the size
-    # `jax_embedded_constants_max_bytes`, belongs to a new scheme that only the
-    # temporary flag `jax_use_simplified_jaxpr_constants` (off by default)
-    # switches on".
+    # part3_jit: "Only the flag `jax_use_simplified_jaxpr_constants`, off by
+    # default, makes it pass the large ones as arguments" (the large ones: above
+    # `jax_embedded_constants_max_bytes`).
     assert jax.config.values["jax_use_simplified_jaxpr_constants"] is False
     assert "jax_embedded_constants_max_bytes" in jax.config.values
     source = inspect.getsource(core).split("def jaxpr_const_args(", 1)[1]
@@ -333,10 +340,32 @@ def test_part3_constants_max_bytes_belongs_to_a_flag_that_is_off():
     assert "if not config.use_simplified_jaxpr_constants.value:\n    return []" in body
 
 
+def test_part3_numpy_arguments_are_put_with_zero_copy_semantics():
+    # part3_jit: "On CPU, `jax.device_put` and `jax.jit` in JAX 0.10.2 copy a
+    # NumPy argument to the device asynchronously: the copy may still be under
+    # way when they return". Whether a write lands before the copy is a race,
+    # so this checks the cause, not the race (seen in experiments for both, on
+    # arrays of a million float64s that are not 64-byte aligned): a NumPy array
+    # is put on the device by pxla._shard_np_array, whose batched_device_put
+    # leaves jaxlib's host-buffer semantics at its default, ZERO_COPY, which
+    # lets the runtime read the NumPy memory after the call returns
+    # (IMMUTABLE_ONLY_DURING_CALL, what autodidax asks for, copies first).
+    from jax._src.interpreters import pxla
+    from jaxlib import _jax
+
+    assert "batched_device_put(" in inspect.getsource(pxla._shard_np_array)
+
+    assert "host_buffer_semantics: jaxlib._jax.HostBufferSemantics = " in (
+        _jax.batched_device_put.__doc__
+    )
+    assert "HostBufferSemantics.ZERO_COPY" in _jax.batched_device_put.__doc__
+    assert "host_buffer_semantics" not in inspect.getsource(pxla.batched_device_put)
+
+
 def test_part3_device_put_shares_aligned_numpy_memory():
-    # part3_jit: "On CPU, `jax.device_put` ... in JAX 0.10.2 let a device array
-    # share a NumPy argument's memory when that memory is 64-byte aligned, so
-    # writing to the NumPy array afterwards changes the JAX array, an open bug".
+    # part3_jit: "`jax.device_put` of an array whose memory is 64-byte aligned
+    # does not copy at all: the JAX array shares the memory, and every later
+    # write changes it, an open bug".
     raw = np.zeros(64 + 8 * 16, np.uint8)
     start = (-raw.ctypes.data) % 64
     host = raw[start : start + 8 * 16].view(np.float64)
