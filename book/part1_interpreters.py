@@ -616,46 +616,55 @@ class Trace:
 # Tracers have Python's operators, `+ - * > <` and unary `-`, from a small mixin,
 # `ArrayOperators`, whose methods call our wrappers (`x * y` is `mul(x, y)`), so
 # the same rules hold: in this chapter both operands must have the same shape and
-# dtype, and a Python number is the one exception. The appendix's NumPy front end
-# later replaces these operators with ones that broadcast like NumPy (and `x - y`
-# then records a single `sub`); that is how the finished module, `import
-# autodidax`, behaves.
-
+# dtype, and a Python number is the one exception. Each method first looks in a
+# registry, `OPERATORS`, which stays empty until the appendix's NumPy front end
+# registers functions that broadcast like NumPy (with them, `x - y` records a
+# single `sub`); that is how the finished module, `import autodidax`, behaves.
 
 # %% tags=["export", "hide-input"]
 # @title The operators of tracers (and of Part 3's device arrays)
+OPERATORS: dict[str, Callable] = {}
+"""Functions for the operators by name ("add", "sub", "mul", "greater",
+"less"), registered by a later chapter (the appendix's NumPy front end); an
+operator with none registered calls our wrapper."""
+
+
+def _add_negated(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """``x - y`` as ``add`` and ``neg``. A Python number is negated by Python,
+    so it stays a Python number and keeps broadcasting like one."""
+    return add(x, -y if _is_python_scalar(y) else neg(y))
+
+
 class ArrayOperators:
     """Python's operators, spelled with our wrappers (shared by tracers and,
     in Part 3, by arrays that live on a device)."""
 
     def __add__(self, other):
-        return add(self, other)
+        return OPERATORS.get("add", add)(self, other)
 
     def __radd__(self, other):
-        return add(other, self)
+        return OPERATORS.get("add", add)(other, self)
 
     def __mul__(self, other):
-        return mul(self, other)
+        return OPERATORS.get("mul", mul)(self, other)
 
     def __rmul__(self, other):
-        return mul(other, self)
+        return OPERATORS.get("mul", mul)(other, self)
 
     def __neg__(self):
         return neg(self)
 
     def __sub__(self, other):
-        # A Python number is negated by Python, so it stays a Python number
-        # and keeps broadcasting like one.
-        return add(self, -other if _is_python_scalar(other) else neg(other))
+        return OPERATORS.get("sub", _add_negated)(self, other)
 
     def __rsub__(self, other):
-        return add(other, neg(self))
+        return OPERATORS.get("sub", _add_negated)(other, self)
 
     def __gt__(self, other):
-        return greater(self, other)
+        return OPERATORS.get("greater", greater)(self, other)
 
     def __lt__(self, other):
-        return less(self, other)
+        return OPERATORS.get("less", less)(self, other)
 
 
 # %% tags=["export"]
