@@ -1912,6 +1912,13 @@ show_error(lambda: jit(lambda a: a @ 2.0)(a))
 #   also takes a `precision`, a `preferred_element_type` (for instance, to
 #   accumulate a `bfloat16` product in `float32`) and an `out_sharding`; XLA
 #   picks the algorithm.
+# - **Who gives tracers their operators.** JAX's core defines no arithmetic
+#   operators on its `Tracer`: `jax.numpy` installs them once, when it is
+#   imported (`register_jax_array_methods` in
+#   `jax/_src/numpy/array_methods.py` sets `Tracer.__add__` and the others to
+#   forward to the aval, whose `_add` is the NumPy-style function). Our Part 1
+#   needs operators before there is a front end, so it gives them the strict
+#   wrappers as defaults and a registry for the front end to fill.
 # - **Powers.** JAX has a general `pow` primitive for non-integer exponents;
 #   `x ** 2` still becomes `integer_pow`, lowered by repeated squaring as here.
 # - **Ties.** JAX's rules for `max` and `reduce_max` split the derivative among
@@ -1938,6 +1945,10 @@ show_error(lambda: jit(lambda a: a @ 2.0)(a))
 #   through dimension numbers; `vmap` and transposition only renumber axes.
 # - NumPy broadcasting becomes explicit `reshape` and `broadcast` equations in
 #   the front end, while the primitives and their wrappers stay strict.
+# - Everything here is added, nothing replaced: primitives register their rules,
+#   the front end is a new module, the operators find its functions in Part 1's
+#   registry `OPERATORS`, and `/`, `@` and `**` are operators tracers did not
+#   have.
 # - The table of primitives and rules is generated from the registries, and has
 #   no gaps.
 #
