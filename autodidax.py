@@ -304,38 +304,48 @@ def _short_repr(x: Any, limit: int = 40) -> str:
 
 
 # @title Operators on tracers: `x * y` is `mul(x, y)`
+OPERATORS: dict[str, Callable] = {}
+"""Functions for the operators by name ("add", "sub", "mul", "greater",
+"less"), registered by a later chapter (the appendix's NumPy front end); an
+operator with none registered calls our wrapper."""
+
+
+def _add_negated(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """``x - y`` as ``add`` and ``neg``. A Python number is negated by Python,
+    so it stays a Python number and keeps broadcasting like one."""
+    return add(x, -y if _is_python_scalar(y) else neg(y))
+
+
 class ArrayOperators:
     """Python's operators, spelled with our wrappers. Tracers have them (and
     so, from Part 3 on, do arrays that live on a device)."""
 
     def __add__(self, other):
-        return add(self, other)
+        return OPERATORS.get("add", add)(self, other)
 
     def __radd__(self, other):
-        return add(other, self)
+        return OPERATORS.get("add", add)(other, self)
 
     def __mul__(self, other):
-        return mul(self, other)
+        return OPERATORS.get("mul", mul)(self, other)
 
     def __rmul__(self, other):
-        return mul(other, self)
+        return OPERATORS.get("mul", mul)(other, self)
 
     def __neg__(self):
         return neg(self)
 
     def __sub__(self, other):
-        # A Python number is negated by Python, so it stays a Python number
-        # and keeps broadcasting like one.
-        return add(self, -other if _is_python_scalar(other) else neg(other))
+        return OPERATORS.get("sub", _add_negated)(self, other)
 
     def __rsub__(self, other):
-        return add(other, neg(self))
+        return OPERATORS.get("sub", _add_negated)(other, self)
 
     def __gt__(self, other):
-        return greater(self, other)
+        return OPERATORS.get("greater", greater)(self, other)
 
     def __lt__(self, other):
-        return less(self, other)
+        return OPERATORS.get("less", less)(self, other)
 
 
 class Tracer(ArrayOperators):
@@ -3260,8 +3270,6 @@ def _cond_transpose(cts, pred, *args, **branches):
 # ==== chapter: appendix_primitives ====
 
 import math
-import sys
-import types
 
 sub_p = Primitive("sub")
 div_p = Primitive("div")
@@ -3276,7 +3284,7 @@ reduce_max_p = Primitive("reduce_max")
 dot_general_p = Primitive("dot_general")
 
 NOT_LINEAR = {"sin", "cos", "greater", "less", "exp", "log", "tanh", "max"}
-NOT_LINEAR |= {"integer_pow", "reduce_max"}
+NOT_LINEAR.update({"integer_pow", "reduce_max"})
 
 
 def convert_element_type(x: ArrayLike, dtype: Any) -> ArrayLike:
@@ -3285,17 +3293,6 @@ def convert_element_type(x: ArrayLike, dtype: Any) -> ArrayLike:
     if get_aval(x).dtype == new_dtype:
         return x
     return bind(convert_element_type_p, x, new_dtype=new_dtype)
-
-
-@convert_element_type_p.def_rule("impl")
-def _convert_element_type_impl(x, *, new_dtype):
-    return [np.asarray(x).astype(new_dtype)]
-
-
-@convert_element_type_p.def_rule("abstract_eval")
-def _convert_element_type_abstract_eval(x, *, new_dtype):
-    check_new_dtype_param(new_dtype)
-    return [ShapedArray(x.shape, new_dtype)]
 
 
 @convert_element_type_p.def_rule("jvp")
@@ -3307,6 +3304,25 @@ def _convert_element_type_jvp(primals, tangents, *, new_dtype):
     return [out], [zeros_like(out)]
 
 
+@convert_element_type_p.def_rule("transpose")
+def _convert_element_type_transpose(cts, x, *, new_dtype):
+    (ct,) = cts
+    check_float_to_float(x.aval.dtype, new_dtype)
+    return [convert_element_type(ct, x.aval.dtype)]
+
+
+# @title convert_element_type: evaluation, abstract evaluation, batching
+@convert_element_type_p.def_rule("impl")
+def _convert_element_type_impl(x, *, new_dtype):
+    return [np.asarray(x).astype(new_dtype)]
+
+
+@convert_element_type_p.def_rule("abstract_eval")
+def _convert_element_type_abstract_eval(x, *, new_dtype):
+    check_new_dtype_param(new_dtype)
+    return [ShapedArray(x.shape, new_dtype)]
+
+
 def _elementwise_vmap_with_params(prim: Primitive) -> None:
     @prim.def_rule("vmap")
     def rule(axis, vals, dims, **params):
@@ -3315,13 +3331,6 @@ def _elementwise_vmap_with_params(prim: Primitive) -> None:
 
 
 _elementwise_vmap_with_params(convert_element_type_p)
-
-
-@convert_element_type_p.def_rule("transpose")
-def _convert_element_type_transpose(cts, x, *, new_dtype):
-    (ct,) = cts
-    check_float_to_float(x.aval.dtype, new_dtype)
-    return [convert_element_type(ct, x.aval.dtype)]
 
 
 # @title Checks: dtypes that arrays can hold
@@ -3423,6 +3432,7 @@ def check_float_arrays(name: str, *operands: ArrayLike) -> None:
             _check_kind(name, operand, "f", "a float")
 
 
+# @title The six: evaluation, abstract evaluation, batching, lowering
 for _prim, _np_fn in [
     (sub_p, np.subtract),
     (div_p, np.divide),
@@ -3548,6 +3558,7 @@ def integer_pow(x: ArrayLike, y: int) -> ArrayLike:
     return bind(integer_pow_p, x, y=int(y))
 
 
+# @title Checks: an integer exponent, a numeric base; evaluation, abstract evaluation
 @integer_pow_p.def_rule("impl")
 def _integer_pow_impl(x, *, y):
     return [np.power(x, y)]
@@ -3559,7 +3570,6 @@ def _integer_pow_abstract_eval(x, *, y):
     return [ShapedArray(x.shape, x.dtype)]
 
 
-# @title Checks: an integer exponent, a numeric base
 def check_integer_power(x: ArrayLike, y: Any) -> None:
     if not _is_axis(y):  # a Python or NumPy integer, not a bool
         raise TypeError(
@@ -3599,6 +3609,7 @@ def _integer_pow_jvp(primals, tangents, *, y):
 _elementwise_vmap_with_params(integer_pow_p)
 
 
+# @title Lowering: square repeatedly, multiply the squares the exponent's bits select
 @integer_pow_p.def_rule("lower")
 def _integer_pow_lower(ctx, avals_in, avals_out, x, *, y):
     (aval,) = avals_in
@@ -3681,6 +3692,7 @@ def check_reshape_param(x: ShapedArray, new_sizes: Any) -> tuple:
     return shape
 
 
+# @title The rules of reshape: linear; a batch axis kept in front
 @reshape_p.def_rule("impl")
 def _reshape_impl(x, *, new_sizes):
     return [np.reshape(x, new_sizes)]
@@ -3726,6 +3738,7 @@ def _max_identity(dtype: np.dtype) -> Any:
     return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
 
 
+# @title reduce_max: evaluation, abstract evaluation, batching, lowering to a reduce
 @reduce_max_p.def_rule("impl")
 def _reduce_max_impl(x, *, axes):
     return [np.max(x, axis=axes, initial=_max_identity(x.dtype))]
@@ -3737,7 +3750,6 @@ def _reduce_max_abstract_eval(x, *, axes):
     return [ShapedArray([d for i, d in enumerate(x.shape) if i not in axes], x.dtype)]
 
 
-# @title Checks, batching as for reduce_sum, lowering to a StableHLO reduce
 def check_reduce_max_types(x: ShapedArray, axes: Any) -> None:
     if x.dtype.kind not in "iuf":
         raise TypeError(f"reduce_max: expected a numeric array, got {x.str_short()}")
@@ -3848,6 +3860,7 @@ def check_canonical_dot_dims(x: ShapedArray, y: ShapedArray, dims: Any) -> None:
         )
 
 
+# @title Evaluation with np.einsum; lowering to StableHLO's dot_general
 @dot_general_p.def_rule("impl")
 def _dot_general_impl(x, y, *, dimension_numbers):
     (xc, yc), (xb, yb) = dimension_numbers
@@ -3862,7 +3875,6 @@ def _dot_general_impl(x, y, *, dimension_numbers):
     return [np.einsum(spec, x, y)]
 
 
-# @title Lowering: StableHLO's dot_general, with the same dimension numbers
 @dot_general_p.def_rule("lower")
 def _dot_general_lower(ctx, avals_in, avals_out, x, y, *, dimension_numbers):
     (xc, yc), (xb, yb) = dimension_numbers
@@ -4026,6 +4038,10 @@ def _operands_alike(name: str, *args: ArrayLike) -> list[ArrayLike]:
     return args
 
 
+# @title The module autodidax.numpy, and the decorator that fills it
+import sys
+import types
+
 numpy_namespace = types.ModuleType("autodidax.numpy", "NumPy-style functions.")
 
 
@@ -4033,6 +4049,11 @@ def numpy_function(fn: Callable) -> Callable:
     """Decorator: put ``numpy_<name>`` into the namespace as ``<name>``."""
     setattr(numpy_namespace, fn.__name__.removeprefix("numpy_"), fn)
     return fn
+
+
+numpy = numpy_namespace  # for `from autodidax import numpy as anp`
+if __name__ != "__main__":  # in the module: `import autodidax.numpy as anp`
+    sys.modules[f"{__name__}.numpy"] = numpy_namespace
 
 
 def _broadcasting(name: str, strict: Callable) -> Callable:
@@ -4054,11 +4075,6 @@ numpy_greater = _broadcasting("greater", greater)
 numpy_less = _broadcasting("less", less)
 for _fn in [sin, cos, exp, log, tanh, reshape, broadcast_to, zeros_like]:
     setattr(numpy_namespace, _fn.__name__, _fn)
-
-
-numpy = numpy_namespace  # for `from autodidax import numpy as anp`
-if __name__ != "__main__":  # in the module: `import autodidax.numpy as anp`
-    sys.modules[f"{__name__}.numpy"] = numpy_namespace
 
 
 # @title The rest of autodidax.numpy
@@ -4421,20 +4437,15 @@ def _reflected_power(x: ArrayLike, base: Any) -> ArrayLike:
     )
 
 
-def _install_operators() -> None:
-    binary = dict(add=numpy_add, sub=numpy_subtract, mul=numpy_multiply)
-    binary.update(truediv=numpy_divide, matmul=numpy_matmul)
-    for name, fn in binary.items():
-        setattr(ArrayOperators, f"__{name}__", fn)  # fn(self, other)
-        setattr(ArrayOperators, f"__r{name}__", lambda a, b, fn=fn: fn(b, a))
-    ArrayOperators.__gt__ = numpy_greater
-    ArrayOperators.__lt__ = numpy_less
-    ArrayOperators.__neg__ = neg
-    ArrayOperators.__pow__ = _power
-    ArrayOperators.__rpow__ = _reflected_power
+OPERATORS.update(add=numpy_add, sub=numpy_subtract, mul=numpy_multiply)
+OPERATORS.update(greater=numpy_greater, less=numpy_less)
 
-
-_install_operators()
+ArrayOperators.__truediv__ = numpy_divide
+ArrayOperators.__rtruediv__ = lambda self, other: numpy_divide(other, self)
+ArrayOperators.__matmul__ = numpy_matmul
+ArrayOperators.__rmatmul__ = lambda self, other: numpy_matmul(other, self)
+ArrayOperators.__pow__ = _power
+ArrayOperators.__rpow__ = _reflected_power
 
 # ==== chapter: part6_loops ====
 

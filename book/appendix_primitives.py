@@ -32,9 +32,10 @@
 # balance flips. This appendix adds what a small numerical program needs, and
 # shows along the way how little a primitive costs once the interpreters exist:
 #
-# 1. **eleven primitives**: `sub`, `div`, `max`, `exp`, `log`, `tanh`, integer
-#    powers, `convert_element_type`, `reshape`, `reduce_max`, and `dot_general`,
-#    the one contraction behind every matrix product — each with every
+# 1. **twelve primitives**: `sub`, `div`, `max`, `exp`, `log`, `tanh`,
+#    `stop_gradient`, integer powers, `convert_element_type`, `reshape`,
+#    `reduce_max`, and `dot_general`, the one contraction behind every matrix
+#    product — each with every
 #    {term}`rule <rule>` the earlier parts defined;
 # 2. **NumPy's broadcasting** for binary operations, spelled out as explicit
 #    `reshape` and `broadcast` equations so that jaxprs stay explicit;
@@ -77,6 +78,19 @@ book_setup.load_book(globals(), before="appendix_primitives")
 import jax
 import jax.numpy as jnp
 
+
+# %% [markdown]
+# The demos trace functions of float64 arrays; `f64(3, 4)` is the type of a
+# 3×4 one, and `scalar` that of a float64 number.
+
+
+# %%
+def f64(*shape):
+    return ShapedArray(shape, np.float64)
+
+
+scalar = f64()
+
 # %% [markdown]
 # ## What a primitive needs
 #
@@ -97,14 +111,13 @@ import jax.numpy as jnp
 # known. Only the higher-order primitives, `xla_call` and `cond`, bring special
 # partial-evaluation rules.
 #
-# Here are the new primitives. One more registry records which primitives are
+# Here are eleven of the new primitives (the twelfth, `stop_gradient`, gets a
+# section of its own). One more registry records which primitives are
 # *not linear in any input*: for those a transpose rule is not missing but
 # meaningless, and the table at the end of the appendix marks them as such.
 
 # %% tags=["export"]
 import math
-import sys
-import types
 
 sub_p = Primitive("sub")
 div_p = Primitive("div")
@@ -119,7 +132,7 @@ reduce_max_p = Primitive("reduce_max")
 dot_general_p = Primitive("dot_general")
 
 NOT_LINEAR = {"sin", "cos", "greater", "less", "exp", "log", "tanh", "max"}
-NOT_LINEAR |= {"integer_pow", "reduce_max"}
+NOT_LINEAR.update({"integer_pow", "reduce_max"})
 
 
 # %% [markdown]
@@ -131,8 +144,9 @@ NOT_LINEAR |= {"integer_pow", "reduce_max"}
 # Between floats the conversion is linear (up to rounding), so its derivative
 # converts the tangent and its transpose converts the cotangent back. Into or
 # out of integers and booleans nothing varies smoothly, and the tangent is zero.
-# The batching rule is the elementwise one, except that it must pass the params
-# along; integer powers will reuse it.
+# Evaluation (`astype`), abstract evaluation (the new dtype) and batching (the
+# elementwise rule, passing the params along; integer powers reuse it) are
+# routine, and folded after the main cell.
 
 
 # %% tags=["export"]
@@ -144,6 +158,24 @@ def convert_element_type(x: ArrayLike, dtype: Any) -> ArrayLike:
     return bind(convert_element_type_p, x, new_dtype=new_dtype)
 
 
+@convert_element_type_p.def_rule("jvp")
+def _convert_element_type_jvp(primals, tangents, *, new_dtype):
+    (x,), (dx,) = primals, tangents
+    out = convert_element_type(x, new_dtype)
+    if get_aval(x).dtype.kind == "f" and new_dtype.kind == "f":
+        return [out], [convert_element_type(dx, new_dtype)]
+    return [out], [zeros_like(out)]
+
+
+@convert_element_type_p.def_rule("transpose")
+def _convert_element_type_transpose(cts, x, *, new_dtype):
+    (ct,) = cts
+    check_float_to_float(x.aval.dtype, new_dtype)
+    return [convert_element_type(ct, x.aval.dtype)]
+
+
+# %% tags=["export", "hide-input"]
+# @title convert_element_type: evaluation, abstract evaluation, batching
 @convert_element_type_p.def_rule("impl")
 def _convert_element_type_impl(x, *, new_dtype):
     return [np.asarray(x).astype(new_dtype)]
@@ -155,15 +187,6 @@ def _convert_element_type_abstract_eval(x, *, new_dtype):
     return [ShapedArray(x.shape, new_dtype)]
 
 
-@convert_element_type_p.def_rule("jvp")
-def _convert_element_type_jvp(primals, tangents, *, new_dtype):
-    (x,), (dx,) = primals, tangents
-    out = convert_element_type(x, new_dtype)
-    if get_aval(x).dtype.kind == "f" and new_dtype.kind == "f":
-        return [out], [convert_element_type(dx, new_dtype)]
-    return [out], [zeros_like(out)]
-
-
 def _elementwise_vmap_with_params(prim: Primitive) -> None:
     @prim.def_rule("vmap")
     def rule(axis, vals, dims, **params):
@@ -172,13 +195,6 @@ def _elementwise_vmap_with_params(prim: Primitive) -> None:
 
 
 _elementwise_vmap_with_params(convert_element_type_p)
-
-
-@convert_element_type_p.def_rule("transpose")
-def _convert_element_type_transpose(cts, x, *, new_dtype):
-    (ct,) = cts
-    check_float_to_float(x.aval.dtype, new_dtype)
-    return [convert_element_type(ct, x.aval.dtype)]
 
 
 # %% [markdown]
@@ -313,10 +329,11 @@ def check_float_arrays(name: str, *operands: ArrayLike) -> None:
 # Evaluation, abstract evaluation, batching and lowering are one line each,
 # because {ref}`Parts 1 <part1>` to {ref}`3 <part3>` already wrote the helpers
 # that turn "this is an elementwise NumPy function / StableHLO operation" into a
-# rule. `div` has its own abstract evaluation rule because it also checks the
-# dtype.
+# rule; they are folded below. `div` has its own abstract evaluation rule because
+# it also checks the dtype.
 
-# %% tags=["export"]
+# %% tags=["export", "hide-input"]
+# @title The six: evaluation, abstract evaluation, batching, lowering
 for _prim, _np_fn in [
     (sub_p, np.subtract),
     (div_p, np.divide),
@@ -521,6 +538,15 @@ def integer_pow(x: ArrayLike, y: int) -> ArrayLike:
     return bind(integer_pow_p, x, y=int(y))
 
 
+# %% [markdown]
+# The wrapper checks that the exponent is an integer, that the base is numeric,
+# and that a negative power has a float base; the abstract evaluation rule
+# checks the same on types. Both checks are folded here, with the evaluation
+# rule (`np.power`) and the abstract evaluation rule (the input's type).
+
+
+# %% tags=["export", "hide-input"]
+# @title Checks: an integer exponent, a numeric base; evaluation, abstract evaluation
 @integer_pow_p.def_rule("impl")
 def _integer_pow_impl(x, *, y):
     return [np.power(x, y)]
@@ -532,14 +558,6 @@ def _integer_pow_abstract_eval(x, *, y):
     return [ShapedArray(x.shape, x.dtype)]
 
 
-# %% [markdown]
-# The wrapper checks that the exponent is an integer, that the base is numeric,
-# and that a negative power has a float base; the abstract evaluation rule
-# checks the same on types. Both checks are folded here.
-
-
-# %% tags=["export", "hide-input"]
-# @title Checks: an integer exponent, a numeric base
 def check_integer_power(x: ArrayLike, y: Any) -> None:
     if not _is_axis(y):  # a Python or NumPy integer, not a bool
         raise TypeError(
@@ -591,10 +609,12 @@ _elementwise_vmap_with_params(integer_pow_p)
 # few multiplications are cheaper and exact. The lowering rule squares
 # repeatedly and multiplies together the squares that the exponent's binary
 # digits select: $x^{13} = x^8 \cdot x^4 \cdot x$, since $13 = 1101_2$. That is
-# five multiplications instead of twelve.
+# five multiplications instead of twelve; the folded cell holds the rule, and the
+# lowered module below shows them.
 
 
-# %% tags=["export"]
+# %% tags=["export", "hide-input"]
+# @title Lowering: square repeatedly, multiply the squares the exponent's bits select
 @integer_pow_p.def_rule("lower")
 def _integer_pow_lower(ctx, avals_in, avals_out, x, *, y):
     (aval,) = avals_in
@@ -613,7 +633,6 @@ def _integer_pow_lower(ctx, avals_in, avals_out, x, *, y):
 
 
 # %%
-scalar = ShapedArray((), np.float64)
 power_jaxpr, _, _ = make_jaxpr(lambda x: integer_pow(x, 13), scalar)
 print(power_jaxpr)
 print(lower_jaxpr(power_jaxpr))
@@ -706,10 +725,11 @@ def check_reshape_param(x: ShapedArray, new_sizes: Any) -> tuple:
 # tangent is reshaped like the primal, a cotangent is reshaped back to the
 # input's shape, and a batch is handled by moving the batch axis to the front
 # and keeping it there, because a reshape must not mix elements of different
-# examples.
+# examples. The rules are folded.
 
 
-# %% tags=["export"]
+# %% tags=["export", "hide-input"]
+# @title The rules of reshape: linear; a batch axis kept in front
 @reshape_p.def_rule("impl")
 def _reshape_impl(x, *, new_sizes):
     return [np.reshape(x, new_sizes)]
@@ -767,6 +787,15 @@ def _max_identity(dtype: np.dtype) -> Any:
     return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
 
 
+# %% [markdown]
+# The folded cell holds the evaluation rule (`np.max` with that `initial`), the
+# abstract evaluation rule and its check (a numeric array, canonical axes), the
+# batching rule, which is `reduce_sum`'s with another primitive, and the
+# lowering rule, which builds that `reduce` and its one-line body.
+
+
+# %% tags=["export", "hide-input"]
+# @title reduce_max: evaluation, abstract evaluation, batching, lowering to a reduce
 @reduce_max_p.def_rule("impl")
 def _reduce_max_impl(x, *, axes):
     return [np.max(x, axis=axes, initial=_max_identity(x.dtype))]
@@ -778,15 +807,6 @@ def _reduce_max_abstract_eval(x, *, axes):
     return [ShapedArray([d for i, d in enumerate(x.shape) if i not in axes], x.dtype)]
 
 
-# %% [markdown]
-# The folded cell holds the abstract evaluation rule's check (a numeric array,
-# canonical axes), the batching rule, which is `reduce_sum`'s with another
-# primitive, and the lowering rule, which builds that `reduce` and its one-line
-# body.
-
-
-# %% tags=["export", "hide-input"]
-# @title Checks, batching as for reduce_sum, lowering to a StableHLO reduce
 def check_reduce_max_types(x: ShapedArray, axes: Any) -> None:
     if x.dtype.kind not in "iuf":
         raise TypeError(f"reduce_max: expected a numeric array, got {x.str_short()}")
@@ -952,11 +972,12 @@ def check_canonical_dot_dims(x: ShapedArray, y: ShapedArray, dims: Any) -> None:
 # NumPy's `einsum` speaks exactly this language, with letters for axes: paired
 # axes share a letter, and the letters of the output say what is kept and in
 # which order. The evaluation rule translates the params into an `einsum`
-# specification. Lowering hands the same params to StableHLO's own `dot_general`,
-# a direct translation, folded after it.
+# specification, and lowering hands the same params to StableHLO's own
+# `dot_general`, a direct translation; both are folded.
 
 
-# %% tags=["export"]
+# %% tags=["export", "hide-input"]
+# @title Evaluation with np.einsum; lowering to StableHLO's dot_general
 @dot_general_p.def_rule("impl")
 def _dot_general_impl(x, y, *, dimension_numbers):
     (xc, yc), (xb, yb) = dimension_numbers
@@ -971,8 +992,6 @@ def _dot_general_impl(x, y, *, dimension_numbers):
     return [np.einsum(spec, x, y)]
 
 
-# %% tags=["export", "hide-input"]
-# @title Lowering: StableHLO's dot_general, with the same dimension numbers
 @dot_general_p.def_rule("lower")
 def _dot_general_lower(ctx, avals_in, avals_out, x, y, *, dimension_numbers):
     (xc, yc), (xb, yb) = dimension_numbers
@@ -1057,10 +1076,6 @@ def _dot_general_vmap(axis, vals, dims, *, dimension_numbers):
 # %%
 def matvec(m, v):
     return dot_general(m, v, (((1,), (0,)), ((), ())))
-
-
-def f64(*shape):
-    return ShapedArray(shape, np.float64)
 
 
 print(make_jaxpr(vmap(matvec, (None, 0)), f64(3, 4), f64(5, 4))[0])
@@ -1272,10 +1287,14 @@ def _operands_alike(name: str, *args: ArrayLike) -> list[ArrayLike]:
 # shape mistake rather than broadcast it away — and a separate module,
 # `autodidax.numpy`, holds NumPy-style functions that broadcast first. Outside
 # the book you get it with `import autodidax.numpy as anp`; in this notebook it
-# is the object `numpy_namespace`. Each `numpy_<name>` function below appears in
-# it as `<name>`.
+# is the object `numpy_namespace`, made in the folded cell. Each `numpy_<name>`
+# function below is put into it as `<name>` by the decorator `numpy_function`.
 
-# %% tags=["export"]
+# %% tags=["export", "hide-input"]
+# @title The module autodidax.numpy, and the decorator that fills it
+import sys
+import types
+
 numpy_namespace = types.ModuleType("autodidax.numpy", "NumPy-style functions.")
 
 
@@ -1285,6 +1304,12 @@ def numpy_function(fn: Callable) -> Callable:
     return fn
 
 
+numpy = numpy_namespace  # for `from autodidax import numpy as anp`
+if __name__ != "__main__":  # in the module: `import autodidax.numpy as anp`
+    sys.modules[f"{__name__}.numpy"] = numpy_namespace
+
+
+# %% tags=["export"]
 def _broadcasting(name: str, strict: Callable) -> Callable:
     """A NumPy-style binary function: broadcast, then call ``strict``."""
 
@@ -1305,10 +1330,11 @@ numpy_less = _broadcasting("less", less)
 for _fn in [sin, cos, exp, log, tanh, reshape, broadcast_to, zeros_like]:
     setattr(numpy_namespace, _fn.__name__, _fn)
 
+# %% [markdown]
+# The demos below call it by the name it has outside the book:
 
-numpy = numpy_namespace  # for `from autodidax import numpy as anp`
-if __name__ != "__main__":  # in the module: `import autodidax.numpy as anp`
-    sys.modules[f"{__name__}.numpy"] = numpy_namespace
+# %%
+anp = numpy_namespace
 
 
 # %% [markdown]
@@ -1685,18 +1711,17 @@ def _broadcast_stacks(x: ShapedArray, y: ShapedArray) -> tuple[int, ...]:
 # %% [markdown]
 # Finally the operators. {ref}`Part 1 <part1>` gave tracers (and, in Part 3,
 # device arrays) the operators `+ * - > <` through the shared class
-# `ArrayOperators`, with `-` spelled as `add` and `neg`. Now each operator goes to
-# its NumPy-style function, so it broadcasts, `-` becomes one `sub`, and there
-# are three more: `/`, `@`, and `**` with an integer exponent.
-# Python numbers on either side work as before.
-#
-# This changes the operators of Parts 1 and 2 from here on. There, `x + y` on
-# tracers or arrays demanded operands of one shape, and `x - y` recorded a `neg`
-# and an `add`; after the cell below, `+ - * / @ ** > <` broadcast like NumPy,
-# and `x - y` records one `sub`. The jaxprs printed in the earlier parts show the
-# operators as they were when those parts ran. `import autodidax` runs every
-# chapter's library code, this cell included, so a program that imports the
-# module always gets the final behaviour.
+# `ArrayOperators`, whose methods first look for a function in the registry
+# `OPERATORS` and, finding none, call the strict wrappers (`-` spelled as `add`
+# and `neg`). The front end registers its NumPy-style functions there, so from
+# here on the operators broadcast and `x - y` records one `sub`; it also adds
+# three operators that tracers did not have: `/`, `@`, and `**` with an integer
+# exponent. Python numbers on either side work as before. Nothing of Parts 1
+# and 2 is replaced: operands that Part 1's operators accepted give the same
+# values, and what those parts printed is what their operators recorded while
+# the registry was empty (`bent - limit` in Part 2's figure was a `neg` and an
+# `add`; now it is one `sub`). `import autodidax` runs every chapter's library
+# code, so a program that imports the module gets the registered functions.
 #
 # The power operators only accept integer exponents; their checks are folded
 # (a number raised to an array's power gets a clear error instead of Python's
@@ -1722,20 +1747,15 @@ def _reflected_power(x: ArrayLike, base: Any) -> ArrayLike:
 
 
 # %% tags=["export"]
-def _install_operators() -> None:
-    binary = dict(add=numpy_add, sub=numpy_subtract, mul=numpy_multiply)
-    binary.update(truediv=numpy_divide, matmul=numpy_matmul)
-    for name, fn in binary.items():
-        setattr(ArrayOperators, f"__{name}__", fn)  # fn(self, other)
-        setattr(ArrayOperators, f"__r{name}__", lambda a, b, fn=fn: fn(b, a))
-    ArrayOperators.__gt__ = numpy_greater
-    ArrayOperators.__lt__ = numpy_less
-    ArrayOperators.__neg__ = neg
-    ArrayOperators.__pow__ = _power
-    ArrayOperators.__rpow__ = _reflected_power
+OPERATORS.update(add=numpy_add, sub=numpy_subtract, mul=numpy_multiply)
+OPERATORS.update(greater=numpy_greater, less=numpy_less)
 
-
-_install_operators()
+ArrayOperators.__truediv__ = numpy_divide
+ArrayOperators.__rtruediv__ = lambda self, other: numpy_divide(other, self)
+ArrayOperators.__matmul__ = numpy_matmul
+ArrayOperators.__rmatmul__ = lambda self, other: numpy_matmul(other, self)
+ArrayOperators.__pow__ = _power
+ArrayOperators.__rpow__ = _reflected_power
 
 # %% [markdown]
 # Here is what broadcasting records. Adding a `(3, 1)` column to a `(4,)` row
@@ -1743,7 +1763,6 @@ _install_operators()
 # 4; the row gains a leading axis of size 3.
 
 # %%
-anp = numpy_namespace
 print(make_jaxpr(lambda col, row: col + row, f64(3, 1), f64(4))[0])
 
 # %% [markdown]
@@ -1894,6 +1913,13 @@ show_error(lambda: jit(lambda a: a @ 2.0)(a))
 #   also takes a `precision`, a `preferred_element_type` (for instance, to
 #   accumulate a `bfloat16` product in `float32`) and an `out_sharding`; XLA
 #   picks the algorithm.
+# - **Who gives tracers their operators.** JAX's core defines no arithmetic
+#   operators on its `Tracer`: `jax.numpy` installs them once, when it is
+#   imported (`register_jax_array_methods` in
+#   `jax/_src/numpy/array_methods.py` sets `Tracer.__add__` and the others to
+#   forward to the aval, whose `_add` is the NumPy-style function). Our Part 1
+#   needs operators before there is a front end, so it gives them the strict
+#   wrappers as defaults and a registry for the front end to fill.
 # - **Powers.** JAX has a general `pow` primitive for non-integer exponents;
 #   `x ** 2` still becomes `integer_pow`, lowered by repeated squaring as here.
 # - **Ties.** JAX's rules for `max` and `reduce_max` split the derivative among
@@ -1920,6 +1946,10 @@ show_error(lambda: jit(lambda a: a @ 2.0)(a))
 #   through dimension numbers; `vmap` and transposition only renumber axes.
 # - NumPy broadcasting becomes explicit `reshape` and `broadcast` equations in
 #   the front end, while the primitives and their wrappers stay strict.
+# - Everything here is added, nothing replaced: primitives register their rules,
+#   the front end is a new module, the operators find its functions in Part 1's
+#   registry `OPERATORS`, and `/`, `@` and `**` are operators tracers did not
+#   have.
 # - The table of primitives and rules is generated from the registries, and has
 #   no gaps.
 #

@@ -493,45 +493,55 @@ def _short_repr(x: Any, limit: int = 40) -> str:
 # Tracers have Python's operators, `+ - *` and unary `-` (and `> <`, for the
 # comparisons that arrive with control flow), from a small mixin,
 # `ArrayOperators`, whose methods call our wrappers (`x * y` is `mul(x, y)`), so
-# the same checks apply. (The appendix's NumPy front end later makes these
-# operators broadcast like NumPy's; that is how the finished module, `import
-# autodidax`, behaves.)
-
+# the same checks apply. Each method first looks in a registry, `OPERATORS`,
+# which stays empty until the appendix's NumPy front end registers functions
+# that broadcast like NumPy's (with them, `x - y` records a single `sub`); that
+# is how the finished module, `import autodidax`, behaves.
 
 # %% tags=["export", "hide-input"]
 # @title Operators on tracers: `x * y` is `mul(x, y)`
+OPERATORS: dict[str, Callable] = {}
+"""Functions for the operators by name ("add", "sub", "mul", "greater",
+"less"), registered by a later chapter (the appendix's NumPy front end); an
+operator with none registered calls our wrapper."""
+
+
+def _add_negated(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """``x - y`` as ``add`` and ``neg``. A Python number is negated by Python,
+    so it stays a Python number and keeps broadcasting like one."""
+    return add(x, -y if _is_python_scalar(y) else neg(y))
+
+
 class ArrayOperators:
     """Python's operators, spelled with our wrappers. Tracers have them (and
     so, from Part 3 on, do arrays that live on a device)."""
 
     def __add__(self, other):
-        return add(self, other)
+        return OPERATORS.get("add", add)(self, other)
 
     def __radd__(self, other):
-        return add(other, self)
+        return OPERATORS.get("add", add)(other, self)
 
     def __mul__(self, other):
-        return mul(self, other)
+        return OPERATORS.get("mul", mul)(self, other)
 
     def __rmul__(self, other):
-        return mul(other, self)
+        return OPERATORS.get("mul", mul)(other, self)
 
     def __neg__(self):
         return neg(self)
 
     def __sub__(self, other):
-        # A Python number is negated by Python, so it stays a Python number
-        # and keeps broadcasting like one.
-        return add(self, -other if _is_python_scalar(other) else neg(other))
+        return OPERATORS.get("sub", _add_negated)(self, other)
 
     def __rsub__(self, other):
-        return add(other, neg(self))
+        return OPERATORS.get("sub", _add_negated)(other, self)
 
     def __gt__(self, other):
-        return greater(self, other)
+        return OPERATORS.get("greater", greater)(self, other)
 
     def __lt__(self, other):
-        return less(self, other)
+        return OPERATORS.get("less", less)(self, other)
 
 
 # %% tags=["export"]

@@ -24,6 +24,7 @@ NumPy, to 1e-9, including dtypes and shapes:
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import zlib
@@ -1724,6 +1725,53 @@ def test_import_autodidax_numpy_in_a_fresh_interpreter(tmp_path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout == "'autodidax.numpy' 12.0\n"
     assert done.stderr == ""
+
+
+def test_the_appendix_replaces_nothing_earlier_chapters_defined() -> None:
+    """The appendix extends (new primitives, rules, functions, operators that
+    did not exist, entries in Part 1's empty registry OPERATORS); it rebinds no
+    name, class attribute or primitive rule of Parts 1-5. Runs the module's
+    chapters up to the appendix, snapshots them, then runs the appendix."""
+    with open(ad.__file__, encoding="utf-8") as source_file:
+        lines = source_file.read().splitlines(keepends=True)
+    marker = re.compile(r"# ==== chapter: (\S+) ====$")
+    starts = {}
+    for number, line in enumerate(lines):
+        if found := marker.match(line.rstrip("\n")):
+            starts[found.group(1)] = number
+    chapters = list(starts)
+    appendix = chapters.index("appendix_primitives")
+    begin, end = starts["appendix_primitives"], starts[chapters[appendix + 1]]
+    namespace: dict = {"__name__": "__main__"}
+    exec(compile("".join(lines[:begin]), ad.__file__, "exec"), namespace)
+
+    def bindings() -> dict:
+        found = {}
+        for name, value in list(namespace.items()):
+            found[name] = value
+            if isinstance(value, type) and value.__module__ == "__main__":
+                for attr, attr_value in vars(value).items():
+                    found[f"{name}.{attr}"] = attr_value
+        for prim in namespace["PRIMITIVES"].values():
+            for kind, rule in prim.rules.items():
+                found[f"{prim.name} rule {kind}"] = rule
+        return found
+
+    earlier = bindings()
+    loop_variables = {"_prim", "_np_fn"}  # `for _prim in ...` in several chapters
+    exec(
+        compile("\n" * begin + "".join(lines[begin:end]), ad.__file__, "exec"),
+        namespace,
+    )
+    later = bindings()
+    replaced = [
+        name
+        for name, value in earlier.items()
+        if name not in loop_variables and later.get(name) is not value
+    ]
+    assert replaced == []
+    assert {"sub", "div", "dot_general"} <= set(namespace["PRIMITIVES"])
+    assert set(namespace["OPERATORS"]) == {"add", "sub", "mul", "greater", "less"}
 
 
 # ---------------------------------------------------------------------------
