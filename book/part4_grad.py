@@ -892,18 +892,19 @@ print(y_bar, np.sin(x0) * ct["s"] + x0)
 # (part4-jit)=
 # ## Reverse mode through `jit`
 #
-# Nothing differentiated so far called `jit`. A jitted function reaches the
-# interpreters as one `xla_call` equation whose work is hidden in its jaxpr, and
-# reverse mode needs two rules for it: one that splits it into a known and an
-# unknown half, and one that transposes it.
+# Nothing differentiated so far called `jit`. A jitted function is one `xla_call`
+# whose work is hidden in its jaxpr, and reverse mode needs two more rules for it:
+# one that splits a call into a known and an unknown half, and one that
+# transposes it. Both work on the text of the jaxpr.
 #
 # (part4-pe-jaxprs)=
 # ### Partial evaluation of jaxprs
 #
 # Under `linearize`, a jitted function reaches the partial evaluator as one
-# `xla_call` with its primal inputs known and its tangent inputs unknown. The default rule would stage the whole call, so even
-# the primal outputs would come out unknown, and `linearize` would stop with
-# "a primal output depends on the tangents". Instead, `xla_call` gets a
+# `xla_call` with its primal inputs known and its tangent inputs unknown. The
+# default rule would stage the whole call, so even the primal outputs would come
+# out unknown, and `linearize` would stop with "a primal output depends on the
+# tangents". Instead, `xla_call` gets a
 # `partial_eval` rule that splits its jaxpr in two: a **known jaxpr** that runs
 # now (compiled) and also returns the residuals the other half needs, and an
 # **unknown jaxpr** that is staged, taking the residuals and the unknown inputs.
