@@ -2383,6 +2383,7 @@ class PartialEvalTrace(Trace):
 def toposort(roots: Sequence[Any], parents: Callable[[Any], Sequence[Any]]) -> list:
     """Nodes reachable from ``roots``, each after all of its parents."""
     order, seen = [], set()
+    # A stack, not recursion: no depth limit.
     stack = [(root, False) for root in reversed(roots)]
     while stack:
         node, parents_done = stack.pop()
@@ -2435,8 +2436,7 @@ def partial_eval_flat(
     with new_level(PartialEvalTrace) as level:
         trace = PartialEvalTrace(level)
         tracers_in = [trace.new_arg(pval) for pval in pvals_in]
-        outs = f(*tracers_in)
-        tracers_out = [trace.full_raise(_as_input(out, "linearize")) for out in outs]
+        tracers_out = [trace.full_raise(out) for out in f(*tracers_in)]
         tracers_out = [
             trace.instantiate_const(t) if inst else t
             for t, inst in zip(tracers_out, instantiate(len(tracers_out)))
@@ -2507,100 +2507,6 @@ def _flatten_and_check_tangents(
     tangents_flat = [_as_input(t, "linearize tangent") for t in tangents_flat]
     _check_tangents("linearize", primals_flat, tangents_flat)
     return tangents_flat
-
-
-def partial_eval_jaxpr(
-    jaxpr: Jaxpr, in_unknowns: Sequence[bool], instantiate: Sequence[bool] | None = None
-) -> tuple[Jaxpr, Jaxpr, list[bool], int]:
-    """Split ``jaxpr`` into ``(known, unknown, out_unknowns, num_residuals)``."""
-    if instantiate is None:
-        instantiate = [False] * len(jaxpr.outs)
-    unknown = {v for v, u in zip(jaxpr.in_binders, in_unknowns) if u}
-    known_eqns, unknown_eqns = [], []
-    residuals: dict[Var, None] = {}  # an ordered set
-
-    def is_unknown(x: Atom) -> bool:
-        return isinstance(x, Var) and x in unknown
-
-    for eqn in jaxpr.eqns:
-        unks = [is_unknown(x) for x in eqn.inputs]
-        rule = eqn.primitive.rules.get("partial_eval_jaxpr")
-        if not any(unks):
-            known_eqns.append(eqn)
-        elif rule is not None:
-            eqn_known, eqn_unknown, outs_unknown, res = rule(unks, eqn)
-            if eqn_known is not None:  # None: nothing of it can run early
-                known_eqns.append(eqn_known)
-            unknown_eqns.append(eqn_unknown)
-            residuals.update(dict.fromkeys(res))
-            unknown.update(v for v, u in zip(eqn.out_binders, outs_unknown) if u)
-        else:
-            known_ins = [x for x, u in zip(eqn.inputs, unks) if not u]
-            residuals.update(dict.fromkeys(x for x in known_ins if isinstance(x, Var)))
-            unknown_eqns.append(eqn)
-            unknown.update(eqn.out_binders)
-
-    out_unknowns = [is_unknown(x) or inst for x, inst in zip(jaxpr.outs, instantiate)]
-    for x, unk in zip(jaxpr.outs, out_unknowns):
-        if unk and isinstance(x, Var) and x not in unknown:
-            residuals[x] = None  # a known output that must come out unknown
-    residual_vars = list(residuals)
-    known_in = [v for v, u in zip(jaxpr.in_binders, in_unknowns) if not u]
-    unknown_in = [v for v, u in zip(jaxpr.in_binders, in_unknowns) if u]
-    known_outs = [x for x, u in zip(jaxpr.outs, out_unknowns) if not u]
-    unknown_outs = [x for x, u in zip(jaxpr.outs, out_unknowns) if u]
-    jaxpr_known = Jaxpr(known_in, known_eqns, known_outs + residual_vars)
-    jaxpr_unknown = Jaxpr(residual_vars + unknown_in, unknown_eqns, unknown_outs)
-    typecheck_jaxpr(jaxpr_known)
-    typecheck_jaxpr(jaxpr_unknown)
-    return jaxpr_known, jaxpr_unknown, out_unknowns, len(residual_vars)
-
-
-@functools.cache
-def split_call_jaxpr(jaxpr: Jaxpr, in_unknowns: tuple[bool, ...]) -> tuple:
-    return partial_eval_jaxpr(jaxpr, in_unknowns)
-
-
-@xla_call_p.def_rule("partial_eval")
-def _xla_call_partial_eval(trace, tracers, *, jaxpr):
-    in_unknowns = [not t.pval.is_known for t in tracers]
-    jaxpr_known, jaxpr_unknown, out_unknowns, num_res = split_call_jaxpr(
-        jaxpr, tuple(in_unknowns)
-    )
-    known_vals = [t.pval.const for t in tracers if t.pval.is_known]
-    known_outs_and_res = bind(xla_call_p, *known_vals, jaxpr=jaxpr_known)
-    split = len(known_outs_and_res) - num_res
-    known_outs, residuals = known_outs_and_res[:split], known_outs_and_res[split:]
-    residual_tracers = [trace.instantiate_const(trace.pure(r)) for r in residuals]
-    unknown_tracers = [t for t in tracers if not t.pval.is_known]
-    unknown_outs = trace.stage(
-        xla_call_p, residual_tracers + unknown_tracers, dict(jaxpr=jaxpr_unknown)
-    )
-    known_iter, unknown_iter = iter(known_outs), iter(unknown_outs)
-    return [
-        next(unknown_iter) if unk else trace.pure(next(known_iter))
-        for unk in out_unknowns
-    ]
-
-
-@xla_call_p.def_rule("partial_eval_jaxpr")
-def _xla_call_partial_eval_jaxpr(unks_in, eqn):
-    jaxpr = eqn.params["jaxpr"]
-    jaxpr_known, jaxpr_unknown, out_unknowns, num_res = split_call_jaxpr(
-        jaxpr, tuple(unks_in)
-    )
-    known_outs = [v for v, u in zip(eqn.out_binders, out_unknowns) if not u]
-    unknown_outs = [v for v, u in zip(eqn.out_binders, out_unknowns) if u]
-    residuals = [Var(v.aval) for v in jaxpr_known.outs[len(known_outs) :]]
-    known_ins = [x for x, u in zip(eqn.inputs, unks_in) if not u]
-    unknown_ins = [x for x, u in zip(eqn.inputs, unks_in) if u]
-    eqn_known = JaxprEqn(
-        xla_call_p, known_ins, dict(jaxpr=jaxpr_known), known_outs + residuals
-    )
-    eqn_unknown = JaxprEqn(
-        xla_call_p, residuals + unknown_ins, dict(jaxpr=jaxpr_unknown), unknown_outs
-    )
-    return eqn_known, eqn_unknown, out_unknowns, residuals
 
 
 class UndefPrimal(NamedTuple):
@@ -2721,42 +2627,6 @@ def _transpose_transpose(cts, x, *, perm):
 def _check_one_operand_linear(x: Any, y: Any) -> None:
     if _is_undef(x) and _is_undef(y):
         raise TypeError("mul: transposing a product of two linear values")
-
-
-def transpose_jaxpr_uncached(
-    jaxpr: Jaxpr, undefined: tuple[bool, ...]
-) -> tuple[Jaxpr, list]:
-    """A jaxpr from (defined inputs, output cotangents) to input cotangents."""
-    in_types = jaxpr_type(jaxpr).in_types
-    out_types = jaxpr_type(jaxpr).out_types
-    defined_types = [t for t, u in zip(in_types, undefined) if not u]
-
-    def transposed(*args):
-        defined, cts_out = args[: len(defined_types)], args[len(defined_types) :]
-        it = iter(defined)
-        full_args = [
-            UndefPrimal(t) if u else next(it) for t, u in zip(in_types, undefined)
-        ]
-        return backward_pass(jaxpr, full_args, cts_out)
-
-    new_jaxpr, consts, _ = make_jaxpr(transposed, *defined_types, *out_types)
-    return new_jaxpr, [device_put(c) for c in consts]
-
-
-transpose_jaxpr = functools.cache(transpose_jaxpr_uncached)
-
-
-@xla_call_p.def_rule("transpose")
-def _xla_call_transpose(cts, *args, jaxpr):
-    undefined = tuple(_is_undef(x) for x in args)
-    new_jaxpr, consts = transpose_jaxpr(jaxpr, undefined)
-    defined = [x for x in args if not _is_undef(x)]
-    cts = [
-        zeros_like_aval(t) if ct is None else ct
-        for ct, t in zip(cts, jaxpr_type(jaxpr).out_types)
-    ]
-    cts_in = iter(bind(xla_call_p, *consts, *defined, *cts, jaxpr=new_jaxpr))
-    return [next(cts_in) if u else None for u in undefined]
 
 
 def vjp(f: Callable, *primals: Any) -> tuple[Any, Callable]:
@@ -2897,6 +2767,136 @@ def jacrev_at(f: Callable, x: Any) -> Any:
 
 def hessian(f: Callable, argnums=0) -> Callable:
     return jacfwd(jacrev(f, argnums), argnums)
+
+
+def partial_eval_jaxpr(
+    jaxpr: Jaxpr, in_unknowns: Sequence[bool], instantiate: Sequence[bool] | None = None
+) -> tuple[Jaxpr, Jaxpr, list[bool], int]:
+    """Split ``jaxpr`` into ``(known, unknown, out_unknowns, num_residuals)``."""
+    if instantiate is None:
+        instantiate = [False] * len(jaxpr.outs)
+    unknown = {v for v, u in zip(jaxpr.in_binders, in_unknowns) if u}
+    known_eqns, unknown_eqns = [], []
+    residuals: dict[Var, None] = {}  # an ordered set
+
+    def is_unknown(x: Atom) -> bool:
+        return isinstance(x, Var) and x in unknown
+
+    for eqn in jaxpr.eqns:
+        unks = [is_unknown(x) for x in eqn.inputs]
+        rule = eqn.primitive.rules.get("partial_eval_jaxpr")
+        if not any(unks):
+            known_eqns.append(eqn)
+        elif rule is not None:
+            eqn_known, eqn_unknown, outs_unknown, res = rule(unks, eqn)
+            if eqn_known is not None:  # None: nothing of it can run early
+                known_eqns.append(eqn_known)
+            unknown_eqns.append(eqn_unknown)
+            residuals.update(dict.fromkeys(res))
+            unknown.update(v for v, u in zip(eqn.out_binders, outs_unknown) if u)
+        else:
+            known_ins = [x for x, u in zip(eqn.inputs, unks) if not u]
+            residuals.update(dict.fromkeys(x for x in known_ins if isinstance(x, Var)))
+            unknown_eqns.append(eqn)
+            unknown.update(eqn.out_binders)
+
+    out_unknowns = [is_unknown(x) or inst for x, inst in zip(jaxpr.outs, instantiate)]
+    for x, unk in zip(jaxpr.outs, out_unknowns):
+        if unk and isinstance(x, Var) and x not in unknown:
+            residuals[x] = None  # a known output that must come out unknown
+    residual_vars = list(residuals)
+    known_in = [v for v, u in zip(jaxpr.in_binders, in_unknowns) if not u]
+    unknown_in = [v for v, u in zip(jaxpr.in_binders, in_unknowns) if u]
+    known_outs = [x for x, u in zip(jaxpr.outs, out_unknowns) if not u]
+    unknown_outs = [x for x, u in zip(jaxpr.outs, out_unknowns) if u]
+    jaxpr_known = Jaxpr(known_in, known_eqns, known_outs + residual_vars)
+    jaxpr_unknown = Jaxpr(residual_vars + unknown_in, unknown_eqns, unknown_outs)
+    typecheck_jaxpr(jaxpr_known)
+    typecheck_jaxpr(jaxpr_unknown)
+    return jaxpr_known, jaxpr_unknown, out_unknowns, len(residual_vars)
+
+
+@functools.cache
+def split_call_jaxpr(jaxpr: Jaxpr, in_unknowns: tuple[bool, ...]) -> tuple:
+    return partial_eval_jaxpr(jaxpr, in_unknowns)
+
+
+@xla_call_p.def_rule("partial_eval")
+def _xla_call_partial_eval(trace, tracers, *, jaxpr):
+    in_unknowns = [not t.pval.is_known for t in tracers]
+    jaxpr_known, jaxpr_unknown, out_unknowns, num_res = split_call_jaxpr(
+        jaxpr, tuple(in_unknowns)
+    )
+    known_vals = [t.pval.const for t in tracers if t.pval.is_known]
+    known_outs_and_res = bind(xla_call_p, *known_vals, jaxpr=jaxpr_known)
+    split = len(known_outs_and_res) - num_res
+    known_outs, residuals = known_outs_and_res[:split], known_outs_and_res[split:]
+    residual_tracers = [trace.instantiate_const(trace.pure(r)) for r in residuals]
+    unknown_tracers = [t for t in tracers if not t.pval.is_known]
+    unknown_outs = trace.stage(
+        xla_call_p, residual_tracers + unknown_tracers, dict(jaxpr=jaxpr_unknown)
+    )
+    known_iter, unknown_iter = iter(known_outs), iter(unknown_outs)
+    return [
+        next(unknown_iter) if unk else trace.pure(next(known_iter))
+        for unk in out_unknowns
+    ]
+
+
+@xla_call_p.def_rule("partial_eval_jaxpr")
+def _xla_call_partial_eval_jaxpr(unks_in, eqn):
+    jaxpr = eqn.params["jaxpr"]
+    jaxpr_known, jaxpr_unknown, out_unknowns, num_res = split_call_jaxpr(
+        jaxpr, tuple(unks_in)
+    )
+    known_outs = [v for v, u in zip(eqn.out_binders, out_unknowns) if not u]
+    unknown_outs = [v for v, u in zip(eqn.out_binders, out_unknowns) if u]
+    residuals = [Var(v.aval) for v in jaxpr_known.outs[len(known_outs) :]]
+    known_ins = [x for x, u in zip(eqn.inputs, unks_in) if not u]
+    unknown_ins = [x for x, u in zip(eqn.inputs, unks_in) if u]
+    eqn_known = JaxprEqn(
+        xla_call_p, known_ins, dict(jaxpr=jaxpr_known), known_outs + residuals
+    )
+    eqn_unknown = JaxprEqn(
+        xla_call_p, residuals + unknown_ins, dict(jaxpr=jaxpr_unknown), unknown_outs
+    )
+    return eqn_known, eqn_unknown, out_unknowns, residuals
+
+
+def transpose_jaxpr_uncached(
+    jaxpr: Jaxpr, undefined: tuple[bool, ...]
+) -> tuple[Jaxpr, list]:
+    """A jaxpr from (defined inputs, output cotangents) to input cotangents."""
+    in_types = jaxpr_type(jaxpr).in_types
+    out_types = jaxpr_type(jaxpr).out_types
+    defined_types = [t for t, u in zip(in_types, undefined) if not u]
+
+    def transposed(*args):
+        defined, cts_out = args[: len(defined_types)], args[len(defined_types) :]
+        it = iter(defined)
+        full_args = [
+            UndefPrimal(t) if u else next(it) for t, u in zip(in_types, undefined)
+        ]
+        return backward_pass(jaxpr, full_args, cts_out)
+
+    new_jaxpr, consts, _ = make_jaxpr(transposed, *defined_types, *out_types)
+    return new_jaxpr, [device_put(c) for c in consts]
+
+
+transpose_jaxpr = functools.cache(transpose_jaxpr_uncached)
+
+
+@xla_call_p.def_rule("transpose")
+def _xla_call_transpose(cts, *args, jaxpr):
+    undefined = tuple(_is_undef(x) for x in args)
+    new_jaxpr, consts = transpose_jaxpr(jaxpr, undefined)
+    defined = [x for x in args if not _is_undef(x)]
+    cts = [
+        zeros_like_aval(t) if ct is None else ct
+        for ct, t in zip(cts, jaxpr_type(jaxpr).out_types)
+    ]
+    cts_in = iter(bind(xla_call_p, *consts, *defined, *cts, jaxpr=new_jaxpr))
+    return [next(cts_in) if u else None for u in undefined]
 
 
 # ==== chapter: part5_cond ====

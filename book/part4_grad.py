@@ -47,10 +47,14 @@
 #    cotangents. Transposing the linearized function gives `vjp`, and `grad` is
 #    `vjp` with a cotangent of 1.
 #
-# JAX 0.10.2 still transposes, but it does step 1 without a separate partial
-# evaluator: one interpreter linearizes each primitive directly (see
-# {ref}`the end of this chapter <part4-jax-differs>`), recording the same kind
-# of linear jaxpr that partial evaluation gives.
+# JAX 0.10.2 still transposes, but it no longer runs the whole JVP under a
+# partial evaluator: one interpreter linearizes the function primitive by
+# primitive (see {ref}`the end of this chapter <part4-jax-differs>`), recording
+# the same kind of linear jaxpr. Partial evaluation survives inside it, one
+# primitive at a time: the few primitives with a linearization rule of their own
+# (`sin`, `jit`, `scan`, `cond`, ...) use it, and the rest, `mul` and `cos` among
+# them, run their JVP rule under a partial evaluator (`fallback_linearize_rule`
+# calls `linearize_from_jvp`, in `jax/_src/interpreters/ad.py`).
 #
 # The folded cell below loads the library code of the earlier chapters from the
 # module `autodidax`, as in {ref}`Part 2 <part2-setup>`. In Colab it first installs
@@ -106,7 +110,8 @@ print(make_jaxpr(f_jvp, scalar, scalar)[0])
 # the postponed part *is* the linear map $\dot x \mapsto f'(x)\,\dot x$.
 #
 # `linearize` will not split this jaxpr after the fact; it splits while the
-# function runs (we will also need a jaxpr-splitting version, for `jit`).
+# function runs. (Splitting a jaxpr's text is needed too, for `jit`; it comes
+# after `grad`, in {ref}`Reverse mode through jit <part4-jit>`.)
 #
 # (part4-partial-eval)=
 # ## Partial evaluation
@@ -282,16 +287,15 @@ class PartialEvalTrace(Trace):
 # order where every equation comes after the equations that produce its inputs: a
 # **topological sort**. A depth-first search does it: visit a node's parents
 # first, then write the node down; a set of visited nodes makes shared parents
-# appear once. A stack of pending nodes stands in for recursion, so a long
-# program does not hit Python's recursion limit: a node is pushed once to visit
-# its parents, and again, marked done, to be written down after them. Residuals
-# become the jaxpr's leading inputs, in the order we meet them.
+# appear once. Residuals become the jaxpr's leading inputs, in the order we meet
+# them.
 
 
 # %% tags=["export"]
 def toposort(roots: Sequence[Any], parents: Callable[[Any], Sequence[Any]]) -> list:
     """Nodes reachable from ``roots``, each after all of its parents."""
     order, seen = [], set()
+    # A stack, not recursion: no depth limit.
     stack = [(root, False) for root in reversed(roots)]
     while stack:
         node, parents_done = stack.pop()
@@ -353,8 +357,7 @@ def partial_eval_flat(
     with new_level(PartialEvalTrace) as level:
         trace = PartialEvalTrace(level)
         tracers_in = [trace.new_arg(pval) for pval in pvals_in]
-        outs = f(*tracers_in)
-        tracers_out = [trace.full_raise(_as_input(out, "linearize")) for out in outs]
+        tracers_out = [trace.full_raise(out) for out in f(*tracers_in)]
         tracers_out = [
             trace.instantiate_const(t) if inst else t
             for t, inst in zip(tracers_out, instantiate(len(tracers_out)))
@@ -491,198 +494,6 @@ for x0 in [1.5, -1.5]:
 # known values; they left only their results, as residuals. At $x = -1.5$ nothing
 # is left but `neg`. The comparison itself never reached the jaxpr: it was known.
 #
-# (part4-pe-jaxprs)=
-# ## Partial evaluation of jaxprs
-#
-# `linearize(jit(f))` must work too. Under `linearize`, a jitted function reaches
-# the partial evaluator as one `xla_call` with its primal inputs known and its
-# tangent inputs unknown. The default rule would stage the whole call, so even
-# the primal outputs would come out unknown, and `linearize` would stop with
-# "a primal output depends on the tangents". Instead, `xla_call` gets a
-# `partial_eval` rule that splits its jaxpr in two: a **known jaxpr** that runs
-# now (compiled) and also returns the residuals the other half needs, and an
-# **unknown jaxpr** that is staged, taking the residuals and the unknown inputs.
-#
-# Splitting a jaxpr is partial evaluation done on the program text instead of on
-# traced values: walk the equations, mark each variable known or unknown, send
-# each equation to the half its inputs allow, and collect as residuals the known
-# variables that unknown equations read. The known jaxpr takes the known inputs
-# and returns the known outputs followed by the residuals; the unknown jaxpr
-# takes the residuals followed by the unknown inputs and returns the unknown
-# outputs. `instantiate[i]` forces output `i` into the unknown half, as
-# `instantiate` did for `partial_eval_flat`. A primitive may have its own
-# `partial_eval_jaxpr` rule for that walk (a nested `xla_call` does, so nested jits
-# split too). Such a rule returns an equation for each half, or `None` in place of
-# the known one when none of the primitive's work can be done early.
-
-
-# %% tags=["export"]
-def partial_eval_jaxpr(
-    jaxpr: Jaxpr, in_unknowns: Sequence[bool], instantiate: Sequence[bool] | None = None
-) -> tuple[Jaxpr, Jaxpr, list[bool], int]:
-    """Split ``jaxpr`` into ``(known, unknown, out_unknowns, num_residuals)``."""
-    if instantiate is None:
-        instantiate = [False] * len(jaxpr.outs)
-    unknown = {v for v, u in zip(jaxpr.in_binders, in_unknowns) if u}
-    known_eqns, unknown_eqns = [], []
-    residuals: dict[Var, None] = {}  # an ordered set
-
-    def is_unknown(x: Atom) -> bool:
-        return isinstance(x, Var) and x in unknown
-
-    for eqn in jaxpr.eqns:
-        unks = [is_unknown(x) for x in eqn.inputs]
-        rule = eqn.primitive.rules.get("partial_eval_jaxpr")
-        if not any(unks):
-            known_eqns.append(eqn)
-        elif rule is not None:
-            eqn_known, eqn_unknown, outs_unknown, res = rule(unks, eqn)
-            if eqn_known is not None:  # None: nothing of it can run early
-                known_eqns.append(eqn_known)
-            unknown_eqns.append(eqn_unknown)
-            residuals.update(dict.fromkeys(res))
-            unknown.update(v for v, u in zip(eqn.out_binders, outs_unknown) if u)
-        else:
-            known_ins = [x for x, u in zip(eqn.inputs, unks) if not u]
-            residuals.update(dict.fromkeys(x for x in known_ins if isinstance(x, Var)))
-            unknown_eqns.append(eqn)
-            unknown.update(eqn.out_binders)
-
-    out_unknowns = [is_unknown(x) or inst for x, inst in zip(jaxpr.outs, instantiate)]
-    for x, unk in zip(jaxpr.outs, out_unknowns):
-        if unk and isinstance(x, Var) and x not in unknown:
-            residuals[x] = None  # a known output that must come out unknown
-    residual_vars = list(residuals)
-    known_in = [v for v, u in zip(jaxpr.in_binders, in_unknowns) if not u]
-    unknown_in = [v for v, u in zip(jaxpr.in_binders, in_unknowns) if u]
-    known_outs = [x for x, u in zip(jaxpr.outs, out_unknowns) if not u]
-    unknown_outs = [x for x, u in zip(jaxpr.outs, out_unknowns) if u]
-    jaxpr_known = Jaxpr(known_in, known_eqns, known_outs + residual_vars)
-    jaxpr_unknown = Jaxpr(residual_vars + unknown_in, unknown_eqns, unknown_outs)
-    typecheck_jaxpr(jaxpr_known)
-    typecheck_jaxpr(jaxpr_unknown)
-    return jaxpr_known, jaxpr_unknown, out_unknowns, len(residual_vars)
-
-
-# %% [markdown]
-# (part4-unzipped)=
-# ### A jaxpr, unzipped
-#
-# Here is the split at work on the JVP jaxpr from the start of the chapter, with
-# the primal input known and the tangent unknown. The two halves are printed with
-# the variable names of that first print (the folded helper `names_as_printed`
-# collects them), so each line can be found in the original. The figure after
-# them colors each equation of the JVP jaxpr by the half it went to, and marks
-# where each residual is made: the known values that cross from the first half to
-# the second.
-
-
-# %% tags=["hide-input"]
-# @title Helper: the names pp_jaxpr gives a jaxpr's variables
-def names_as_printed(jaxpr: Jaxpr) -> _Names:
-    """The names of ``pp_jaxpr(jaxpr)``; passed on, they name its halves alike."""
-    names = _Names()
-    pp_jaxpr(jaxpr, names=names)
-    return names
-
-
-# %%
-jvp_jaxpr_demo = make_jaxpr(f_jvp, scalar, scalar)[0]
-known, unknown_half, out_unks, num_res = partial_eval_jaxpr(
-    jvp_jaxpr_demo, [False, True]
-)
-names = names_as_printed(jvp_jaxpr_demo)
-print("known half:")
-print(pp_jaxpr(known, names=names))
-print("unknown half:")
-print(pp_jaxpr(unknown_half, names=names))
-
-# %% mystnb={"image": {"alt": "The JVP jaxpr of f, one equation per line. Equations that depend only on the primal input are colored blue and go to the known half; equations that involve the tangent are colored orange and go to the unknown half. Each residual variable, computed in the known half and read by the unknown half, is marked with an arrow at the line that defines it."}} tags=["hide-input"]
-# @title Figure: the JVP jaxpr, colored by the half each equation went to
-from figures import draw_unzipped_jaxpr
-
-draw_unzipped_jaxpr(jvp_jaxpr_demo, known, unknown_half, num_res, names, ns=globals())
-
-
-# %% [markdown]
-# The blue equations form the known half: the primal computation, plus the
-# derivatives of the primitives (`cos a`, `sin f`, ...) that only need the
-# primal. The orange ones form the linear map. Everything that crosses from blue
-# to orange is a residual, and that is exactly what reverse mode has to store
-# between its forward and backward passes. The residuals `d a c k` here are
-# `linearize`'s `a b c d` above: the same four values, in the same order, under
-# the names of a different print.
-#
-# ### Splitting a jitted call
-#
-# `xla_call` gets two rules, for two situations. The `partial_eval` rule is used
-# when the partial evaluator meets a jit call as the function runs
-# (`linearize(jit(f))`): it runs the known half now (`bind` compiles and runs it)
-# and records the unknown half as an `xla_call` equation. The `partial_eval_jaxpr`
-# rule is used when the function `partial_eval_jaxpr`, walking an outer jaxpr,
-# meets an inner `xla_call` (a jit inside a jit): it turns that one equation into
-# two, joined by residual variables. Both split the inner jaxpr with `split_call_jaxpr`, which remembers
-# its answers: splitting the same jaxpr the same way must give the *same* two
-# jaxprs, or every call of `grad(jit(f))` would compile its halves again.
-
-
-# %% tags=["export"]
-@functools.cache
-def split_call_jaxpr(jaxpr: Jaxpr, in_unknowns: tuple[bool, ...]) -> tuple:
-    return partial_eval_jaxpr(jaxpr, in_unknowns)
-
-
-@xla_call_p.def_rule("partial_eval")
-def _xla_call_partial_eval(trace, tracers, *, jaxpr):
-    in_unknowns = [not t.pval.is_known for t in tracers]
-    jaxpr_known, jaxpr_unknown, out_unknowns, num_res = split_call_jaxpr(
-        jaxpr, tuple(in_unknowns)
-    )
-    known_vals = [t.pval.const for t in tracers if t.pval.is_known]
-    known_outs_and_res = bind(xla_call_p, *known_vals, jaxpr=jaxpr_known)
-    split = len(known_outs_and_res) - num_res
-    known_outs, residuals = known_outs_and_res[:split], known_outs_and_res[split:]
-    residual_tracers = [trace.instantiate_const(trace.pure(r)) for r in residuals]
-    unknown_tracers = [t for t in tracers if not t.pval.is_known]
-    unknown_outs = trace.stage(
-        xla_call_p, residual_tracers + unknown_tracers, dict(jaxpr=jaxpr_unknown)
-    )
-    known_iter, unknown_iter = iter(known_outs), iter(unknown_outs)
-    return [
-        next(unknown_iter) if unk else trace.pure(next(known_iter))
-        for unk in out_unknowns
-    ]
-
-
-@xla_call_p.def_rule("partial_eval_jaxpr")
-def _xla_call_partial_eval_jaxpr(unks_in, eqn):
-    jaxpr = eqn.params["jaxpr"]
-    jaxpr_known, jaxpr_unknown, out_unknowns, num_res = split_call_jaxpr(
-        jaxpr, tuple(unks_in)
-    )
-    known_outs = [v for v, u in zip(eqn.out_binders, out_unknowns) if not u]
-    unknown_outs = [v for v, u in zip(eqn.out_binders, out_unknowns) if u]
-    residuals = [Var(v.aval) for v in jaxpr_known.outs[len(known_outs) :]]
-    known_ins = [x for x, u in zip(eqn.inputs, unks_in) if not u]
-    unknown_ins = [x for x, u in zip(eqn.inputs, unks_in) if u]
-    eqn_known = JaxprEqn(
-        xla_call_p, known_ins, dict(jaxpr=jaxpr_known), known_outs + residuals
-    )
-    eqn_unknown = JaxprEqn(
-        xla_call_p, residuals + unknown_ins, dict(jaxpr=jaxpr_unknown), unknown_outs
-    )
-    return eqn_known, eqn_unknown, out_unknowns, residuals
-
-
-# %% [markdown]
-# With the `xla_call` rules in place, `linearize` sees through `jit`:
-
-# %%
-y_jit, f_lin_jit = linearize(jit(f), 1.5)
-print(y_jit, f_lin_jit(1.0), f_lin(1.0))
-
-
-# %% [markdown]
 # (part4-transposition)=
 # ## Transposition
 #
@@ -697,12 +508,8 @@ print(y_jit, f_lin_jit(1.0), f_lin(1.0))
 # `linearize`, the tangent inputs. We mark them with `UndefPrimal` ({term}`undefined primals <undefined primal>`), holding only
 # their type. Equations that involve no undefined value (for instance a
 # `broadcast` of a constant) are evaluated forward first, so their results are
-# available to the linear equations as ordinary values. This never happens
-# in a jaxpr from `linearize`, whose every equation reads a tangent. It does in a
-# linear function traced by hand with `make_jaxpr` (Exercise 3 traces one): for an
-# array `v`, `v * 2.0` records a `broadcast` of the literal 2.0, an equation with
-# no linear input. The same holds for the inner jaxpr of a `jit` in such a
-# function, which `xla_call`'s transpose rule hands to `backward_pass`.
+# available to the linear equations as ordinary values (a jaxpr from `linearize`
+# has none; a linear function traced by hand with `make_jaxpr` may).
 
 
 # %% tags=["export"]
@@ -779,8 +586,9 @@ def zeros_like_aval(aval: ShapedArray) -> np.ndarray:
 # primitive, written with primitives so that the result can be transformed again.
 # A rule returns one cotangent per input, `None` for inputs that are not linear.
 # The linear primitives are the five whose JVP rule in
-# {ref}`Part 1 <part1-jvp-rules>` applies the primitive itself to the tangents,
-# and `mul` when one of its operands is known.
+# {ref}`Part 1 <part1-jvp-rules>` applies the primitive itself to the tangents
+# (`add`, `neg`, `reduce_sum`, `broadcast` and `transpose`), and `mul` when one
+# of its operands is known.
 #
 # - `add`: the cotangent flows unchanged to each linear operand.
 # - `neg`: negate it.
@@ -849,50 +657,6 @@ def _transpose_transpose(cts, x, *, perm):
 def _check_one_operand_linear(x: Any, y: Any) -> None:
     if _is_undef(x) and _is_undef(y):
         raise TypeError("mul: transposing a product of two linear values")
-
-
-# %% [markdown]
-# `xla_call` is linear in whatever its jaxpr is linear in, so its transpose rule
-# transposes the jaxpr: it traces `backward_pass` over the inner jaxpr into a new
-# jaxpr (cached per jaxpr and per pattern of linear inputs), and calls that with
-# `xla_call`, so the backward pass is compiled too.
-
-
-# %% tags=["export"]
-def transpose_jaxpr_uncached(
-    jaxpr: Jaxpr, undefined: tuple[bool, ...]
-) -> tuple[Jaxpr, list]:
-    """A jaxpr from (defined inputs, output cotangents) to input cotangents."""
-    in_types = jaxpr_type(jaxpr).in_types
-    out_types = jaxpr_type(jaxpr).out_types
-    defined_types = [t for t, u in zip(in_types, undefined) if not u]
-
-    def transposed(*args):
-        defined, cts_out = args[: len(defined_types)], args[len(defined_types) :]
-        it = iter(defined)
-        full_args = [
-            UndefPrimal(t) if u else next(it) for t, u in zip(in_types, undefined)
-        ]
-        return backward_pass(jaxpr, full_args, cts_out)
-
-    new_jaxpr, consts, _ = make_jaxpr(transposed, *defined_types, *out_types)
-    return new_jaxpr, [device_put(c) for c in consts]
-
-
-transpose_jaxpr = functools.cache(transpose_jaxpr_uncached)
-
-
-@xla_call_p.def_rule("transpose")
-def _xla_call_transpose(cts, *args, jaxpr):
-    undefined = tuple(_is_undef(x) for x in args)
-    new_jaxpr, consts = transpose_jaxpr(jaxpr, undefined)
-    defined = [x for x in args if not _is_undef(x)]
-    cts = [
-        zeros_like_aval(t) if ct is None else ct
-        for ct, t in zip(cts, jaxpr_type(jaxpr).out_types)
-    ]
-    cts_in = iter(bind(xla_call_p, *consts, *defined, *cts, jaxpr=new_jaxpr))
-    return [next(cts_in) if u else None for u in undefined]
 
 
 # %% [markdown]
@@ -1123,7 +887,257 @@ J_s = jacfwd(lambda x: sin(x) * y0)(x0)
 print(x_bar, ct["s"] @ J_s + y0)
 print(y_bar, np.sin(x0) * ct["s"] + x0)
 
+
 # %% [markdown]
+# (part4-jit)=
+# ## Reverse mode through `jit`
+#
+# Nothing differentiated so far called `jit`. A jitted function is one `xla_call`
+# whose work is hidden in its jaxpr, and reverse mode needs two more rules for it:
+# one that splits a call into a known and an unknown half, and one that
+# transposes it. Both work on the text of the jaxpr.
+#
+# (part4-pe-jaxprs)=
+# ### Partial evaluation of jaxprs
+#
+# Under `linearize`, a jitted function reaches the partial evaluator as one
+# `xla_call` with its primal inputs known and its tangent inputs unknown. The
+# default rule would stage the whole call, so even the primal outputs would come
+# out unknown, and `linearize` would stop with "a primal output depends on the
+# tangents". Instead, `xla_call` gets a
+# `partial_eval` rule that splits its jaxpr in two: a **known jaxpr** that runs
+# now (compiled) and also returns the residuals the other half needs, and an
+# **unknown jaxpr** that is staged, taking the residuals and the unknown inputs.
+#
+# Splitting a jaxpr is partial evaluation done on the program text instead of on
+# traced values: walk the equations, mark each variable known or unknown, send
+# each equation to the half its inputs allow, and collect as residuals the known
+# variables that unknown equations read. The known jaxpr takes the known inputs
+# and returns the known outputs followed by the residuals; the unknown jaxpr
+# takes the residuals followed by the unknown inputs and returns the unknown
+# outputs. `instantiate[i]` forces output `i` into the unknown half, as
+# `instantiate` did for `partial_eval_flat`. A primitive may have its own
+# `partial_eval_jaxpr` rule for that walk (a nested `xla_call` does, so nested jits
+# split too). Such a rule returns an equation for each half, or `None` in place of
+# the known one when none of the primitive's work can be done early.
+
+
+# %% tags=["export"]
+def partial_eval_jaxpr(
+    jaxpr: Jaxpr, in_unknowns: Sequence[bool], instantiate: Sequence[bool] | None = None
+) -> tuple[Jaxpr, Jaxpr, list[bool], int]:
+    """Split ``jaxpr`` into ``(known, unknown, out_unknowns, num_residuals)``."""
+    if instantiate is None:
+        instantiate = [False] * len(jaxpr.outs)
+    unknown = {v for v, u in zip(jaxpr.in_binders, in_unknowns) if u}
+    known_eqns, unknown_eqns = [], []
+    residuals: dict[Var, None] = {}  # an ordered set
+
+    def is_unknown(x: Atom) -> bool:
+        return isinstance(x, Var) and x in unknown
+
+    for eqn in jaxpr.eqns:
+        unks = [is_unknown(x) for x in eqn.inputs]
+        rule = eqn.primitive.rules.get("partial_eval_jaxpr")
+        if not any(unks):
+            known_eqns.append(eqn)
+        elif rule is not None:
+            eqn_known, eqn_unknown, outs_unknown, res = rule(unks, eqn)
+            if eqn_known is not None:  # None: nothing of it can run early
+                known_eqns.append(eqn_known)
+            unknown_eqns.append(eqn_unknown)
+            residuals.update(dict.fromkeys(res))
+            unknown.update(v for v, u in zip(eqn.out_binders, outs_unknown) if u)
+        else:
+            known_ins = [x for x, u in zip(eqn.inputs, unks) if not u]
+            residuals.update(dict.fromkeys(x for x in known_ins if isinstance(x, Var)))
+            unknown_eqns.append(eqn)
+            unknown.update(eqn.out_binders)
+
+    out_unknowns = [is_unknown(x) or inst for x, inst in zip(jaxpr.outs, instantiate)]
+    for x, unk in zip(jaxpr.outs, out_unknowns):
+        if unk and isinstance(x, Var) and x not in unknown:
+            residuals[x] = None  # a known output that must come out unknown
+    residual_vars = list(residuals)
+    known_in = [v for v, u in zip(jaxpr.in_binders, in_unknowns) if not u]
+    unknown_in = [v for v, u in zip(jaxpr.in_binders, in_unknowns) if u]
+    known_outs = [x for x, u in zip(jaxpr.outs, out_unknowns) if not u]
+    unknown_outs = [x for x, u in zip(jaxpr.outs, out_unknowns) if u]
+    jaxpr_known = Jaxpr(known_in, known_eqns, known_outs + residual_vars)
+    jaxpr_unknown = Jaxpr(residual_vars + unknown_in, unknown_eqns, unknown_outs)
+    typecheck_jaxpr(jaxpr_known)
+    typecheck_jaxpr(jaxpr_unknown)
+    return jaxpr_known, jaxpr_unknown, out_unknowns, len(residual_vars)
+
+
+# %% [markdown]
+# (part4-unzipped)=
+# ### A jaxpr, unzipped
+#
+# Here is the split at work on the JVP jaxpr from the start of the chapter, with
+# the primal input known and the tangent unknown. The two halves are printed with
+# the variable names of that first print (the folded helper `names_as_printed`
+# collects them), so each line can be found in the original. The figure after
+# them colors each equation of the JVP jaxpr by the half it went to, and marks
+# where each residual is made: the known values that cross from the first half to
+# the second.
+
+
+# %% tags=["hide-input"]
+# @title Helper: the names pp_jaxpr gives a jaxpr's variables
+def names_as_printed(jaxpr: Jaxpr) -> _Names:
+    """The names of ``pp_jaxpr(jaxpr)``; passed on, they name its halves alike."""
+    names = _Names()
+    pp_jaxpr(jaxpr, names=names)
+    return names
+
+
+# %%
+jvp_jaxpr_demo = make_jaxpr(f_jvp, scalar, scalar)[0]
+known, unknown_half, out_unks, num_res = partial_eval_jaxpr(
+    jvp_jaxpr_demo, [False, True]
+)
+names = names_as_printed(jvp_jaxpr_demo)
+print("known half:")
+print(pp_jaxpr(known, names=names))
+print("unknown half:")
+print(pp_jaxpr(unknown_half, names=names))
+
+# %% mystnb={"image": {"alt": "The JVP jaxpr of f, one equation per line. Equations that depend only on the primal input are colored blue and go to the known half; equations that involve the tangent are colored orange and go to the unknown half. Each residual variable, computed in the known half and read by the unknown half, is marked with an arrow at the line that defines it."}} tags=["hide-input"]
+# @title Figure: the JVP jaxpr, colored by the half each equation went to
+from figures import draw_unzipped_jaxpr
+
+draw_unzipped_jaxpr(jvp_jaxpr_demo, known, unknown_half, num_res, names, ns=globals())
+
+
+# %% [markdown]
+# The blue equations form the known half: the primal computation, plus the
+# derivatives of the primitives (`cos a`, `sin f`, ...) that only need the
+# primal. The orange ones form the linear map. Everything that crosses from blue
+# to orange is a residual, and that is exactly what reverse mode has to store
+# between its forward and backward passes. The residuals `d a c k` here are
+# `linearize`'s `a b c d` above: the same four values, in the same order, under
+# the names of a different print.
+#
+# ### Splitting a jitted call
+#
+# `xla_call` gets two rules, for two situations. The `partial_eval` rule is used
+# when the partial evaluator meets a jit call as the function runs
+# (`linearize(jit(f))`): it runs the known half now (`bind` compiles and runs it)
+# and records the unknown half as an `xla_call` equation. The `partial_eval_jaxpr`
+# rule is used when the function `partial_eval_jaxpr`, walking an outer jaxpr,
+# meets an inner `xla_call` (a jit inside a jit): it turns that one equation into
+# two, joined by residual variables. Both split the inner jaxpr with `split_call_jaxpr`, which remembers
+# its answers: splitting the same jaxpr the same way must give the *same* two
+# jaxprs, or every call of `grad(jit(f))` would compile its halves again.
+
+
+# %% tags=["export"]
+@functools.cache
+def split_call_jaxpr(jaxpr: Jaxpr, in_unknowns: tuple[bool, ...]) -> tuple:
+    return partial_eval_jaxpr(jaxpr, in_unknowns)
+
+
+@xla_call_p.def_rule("partial_eval")
+def _xla_call_partial_eval(trace, tracers, *, jaxpr):
+    in_unknowns = [not t.pval.is_known for t in tracers]
+    jaxpr_known, jaxpr_unknown, out_unknowns, num_res = split_call_jaxpr(
+        jaxpr, tuple(in_unknowns)
+    )
+    known_vals = [t.pval.const for t in tracers if t.pval.is_known]
+    known_outs_and_res = bind(xla_call_p, *known_vals, jaxpr=jaxpr_known)
+    split = len(known_outs_and_res) - num_res
+    known_outs, residuals = known_outs_and_res[:split], known_outs_and_res[split:]
+    residual_tracers = [trace.instantiate_const(trace.pure(r)) for r in residuals]
+    unknown_tracers = [t for t in tracers if not t.pval.is_known]
+    unknown_outs = trace.stage(
+        xla_call_p, residual_tracers + unknown_tracers, dict(jaxpr=jaxpr_unknown)
+    )
+    known_iter, unknown_iter = iter(known_outs), iter(unknown_outs)
+    return [
+        next(unknown_iter) if unk else trace.pure(next(known_iter))
+        for unk in out_unknowns
+    ]
+
+
+@xla_call_p.def_rule("partial_eval_jaxpr")
+def _xla_call_partial_eval_jaxpr(unks_in, eqn):
+    jaxpr = eqn.params["jaxpr"]
+    jaxpr_known, jaxpr_unknown, out_unknowns, num_res = split_call_jaxpr(
+        jaxpr, tuple(unks_in)
+    )
+    known_outs = [v for v, u in zip(eqn.out_binders, out_unknowns) if not u]
+    unknown_outs = [v for v, u in zip(eqn.out_binders, out_unknowns) if u]
+    residuals = [Var(v.aval) for v in jaxpr_known.outs[len(known_outs) :]]
+    known_ins = [x for x, u in zip(eqn.inputs, unks_in) if not u]
+    unknown_ins = [x for x, u in zip(eqn.inputs, unks_in) if u]
+    eqn_known = JaxprEqn(
+        xla_call_p, known_ins, dict(jaxpr=jaxpr_known), known_outs + residuals
+    )
+    eqn_unknown = JaxprEqn(
+        xla_call_p, residuals + unknown_ins, dict(jaxpr=jaxpr_unknown), unknown_outs
+    )
+    return eqn_known, eqn_unknown, out_unknowns, residuals
+
+
+# %% [markdown]
+# With the `xla_call` rules in place, `linearize` sees through `jit`:
+
+# %%
+y_jit, f_lin_jit = linearize(jit(f), 1.5)
+print(y_jit, f_lin_jit(1.0), f_lin(1.0))
+
+
+# %% [markdown]
+# ### Transposing a jitted call
+#
+# `xla_call` is linear in whatever its jaxpr is linear in, so its transpose rule
+# transposes the jaxpr: it traces `backward_pass` over the inner jaxpr into a new
+# jaxpr (cached per jaxpr and per pattern of linear inputs), and calls that with
+# `xla_call`, so the backward pass is compiled too.
+
+
+# %% tags=["export"]
+def transpose_jaxpr_uncached(
+    jaxpr: Jaxpr, undefined: tuple[bool, ...]
+) -> tuple[Jaxpr, list]:
+    """A jaxpr from (defined inputs, output cotangents) to input cotangents."""
+    in_types = jaxpr_type(jaxpr).in_types
+    out_types = jaxpr_type(jaxpr).out_types
+    defined_types = [t for t, u in zip(in_types, undefined) if not u]
+
+    def transposed(*args):
+        defined, cts_out = args[: len(defined_types)], args[len(defined_types) :]
+        it = iter(defined)
+        full_args = [
+            UndefPrimal(t) if u else next(it) for t, u in zip(in_types, undefined)
+        ]
+        return backward_pass(jaxpr, full_args, cts_out)
+
+    new_jaxpr, consts, _ = make_jaxpr(transposed, *defined_types, *out_types)
+    return new_jaxpr, [device_put(c) for c in consts]
+
+
+transpose_jaxpr = functools.cache(transpose_jaxpr_uncached)
+
+
+@xla_call_p.def_rule("transpose")
+def _xla_call_transpose(cts, *args, jaxpr):
+    undefined = tuple(_is_undef(x) for x in args)
+    new_jaxpr, consts = transpose_jaxpr(jaxpr, undefined)
+    defined = [x for x in args if not _is_undef(x)]
+    cts = [
+        zeros_like_aval(t) if ct is None else ct
+        for ct, t in zip(cts, jaxpr_type(jaxpr).out_types)
+    ]
+    cts_in = iter(bind(xla_call_p, *consts, *defined, *cts, jaxpr=new_jaxpr))
+    return [next(cts_in) if u else None for u in undefined]
+
+
+# %% [markdown]
+# With both rules, `grad` sees through `jit` too; the next section checks it,
+# with `jit` inside and outside `grad` at several depths.
+#
 # ## Everything composes
 #
 # Each transformation is an interpreter or a jaxpr-to-jaxpr function built from
@@ -1165,7 +1179,7 @@ for name, value in second.items():
 # visits it once; the backward pass visits each linear equation once. So `grad`
 # of a program with $N$ primitives takes time proportional to $N$, and the
 # backward pass does work proportional to the forward pass.
-# {ref}`How fast is it? <performance>` measures this against JAX.
+# The chapter {ref}`How fast is it? <performance>` measures this against JAX.
 #
 # (part4-jax-differs)=
 # ## Where real JAX differs
@@ -1182,8 +1196,11 @@ for name, value in second.items():
 #   `jax_use_direct_linearize` is still defined, but 0.10.2 no longer reads it;
 #   direct linearization is the only path. A `jit` call, too, is split by a
 #   linearization rule of its primitive (`_pjit_linearize`, which calls
-#   `ad.linearize_jaxpr`; see `jax/_src/pjit.py`); the partial-evaluation rules
-#   JAX keeps for `jit` are not used by `grad`, `vjp` or `linearize`.
+#   `ad.linearize_jaxpr`; see `jax/_src/pjit.py`). When `grad`, `vjp` or
+#   `linearize` meets a `jit` call directly, JAX's partial-evaluation rules for
+#   `jit` are not called; they are when the call sits in the body of a `scan`
+#   or `fori_loop` (whose reverse mode partially evaluates the body) or under
+#   `jax.checkpoint`.
 # - JAX removes residuals the linear jaxpr does not need (dead-code elimination);
 #   ours keeps every known value an unknown equation read. JAX marks linear
 #   inputs with `UndefinedPrimal`, as our `UndefPrimal` does.
@@ -1202,10 +1219,11 @@ for name, value in second.items():
 #   The split happens while the function runs, so Python control flow on
 #   primal values just works.
 # - `linearize` is partial evaluation of the JVP with the tangents unknown.
-# - `partial_eval_jaxpr` does the same split on program text, which gives
-#   `xla_call` its rules, so `linearize(jit(f))` compiles the primal half.
 # - Transposition runs a linear jaxpr backwards with one rule per linear
 #   primitive; `vjp` transposes the linearized function and `grad` seeds it with 1.
+# - For `jit`, `partial_eval_jaxpr` does the same split on program text and
+#   `transpose_jaxpr` turns a linear jaxpr into its transposed jaxpr; they give
+#   `xla_call` its rules, so reverse mode sees through `jit`.
 #
 # Every function so far has made its decisions in Python. {ref}`Part 5 <part5>`
 # stages a conditional into the jaxpr itself and gives it all of these rules.
@@ -1250,7 +1268,8 @@ for n in [1, 2, 5]:
 # %% [markdown]
 # **3. Transpose by hand.** `backward_pass` works on any linear jaxpr, not just
 # those from `linearize`. Trace $v \mapsto (2v_0 + v_1, -v_1)$ with `make_jaxpr`
-# and transpose it; compare with the transposed matrix.
+# and transpose it: seeded with the cotangent $e_i$, it should give back row $i$
+# of the map's matrix $A$ (that is, $A^T e_i$).
 
 
 # %% tags=["hide-input"]
@@ -1261,7 +1280,6 @@ def linear_map(v0, v1):
 
 lin_jaxpr, lin_consts, _ = make_jaxpr(linear_map, scalar, scalar)
 undef = [UndefPrimal(scalar), UndefPrimal(scalar)]
-# The matrix is [[2, 1], [0, -1]]; its transpose maps (1, 0) to (2, 1) and
-# (0, 1) to (0, -1).
+# A = [[2, 1], [0, -1]]; the cotangent e_i gives row i of A: (2, 1), (0, -1).
 print(*backward_pass(lin_jaxpr, [*lin_consts, *undef], [1.0, 0.0]))
 print(*backward_pass(lin_jaxpr, [*lin_consts, *undef], [0.0, 1.0]))

@@ -450,14 +450,38 @@ def test_part4_direct_linearize_flag_is_defined_but_not_read(monkeypatch):
     assert log == ["lin"]
 
 
-def test_part4_jit_split_by_its_linearize_rule(monkeypatch):
-    # part4_grad: "A `jit` call, too, is split by a linearization rule of its
-    # primitive (`_pjit_linearize`, which calls `ad.linearize_jaxpr`) ...; the
-    # partial-evaluation rules JAX keeps for `jit` are not used by `grad`, `vjp`
-    # or `linearize`".
-    assert jax_ad.primitive_linearizations[jax_pjit.jit_p] is jax_pjit._pjit_linearize
-    assert "ad.linearize_jaxpr(" in inspect.getsource(jax_pjit._pjit_linearize)
-    log: list = []
+def test_part4_few_primitives_linearize_directly_the_rest_fall_back(monkeypatch):
+    # part4_grad: "the few primitives with a linearization rule of their own
+    # (`sin`, `jit`, `scan`, `cond`, ...) use it, and the rest, `mul` and `cos`
+    # among them, run their JVP rule under a partial evaluator
+    # (`fallback_linearize_rule` calls `linearize_from_jvp`, in
+    # `jax/_src/interpreters/ad.py`)".
+    rules = jax_ad.primitive_linearizations
+    for prim in [lax.sin_p, jax_pjit.jit_p, jax_loops.scan_p, jax_conditionals.cond_p]:
+        assert prim in rules
+    assert lax.mul_p not in rules and lax.cos_p not in rules
+    assert len(rules) < len(jax_ad.primitive_jvps) / 4
+    assert "linearize_from_jvp(" in inspect.getsource(jax_ad.fallback_linearize_rule)
+    assert "pe.JaxprTrace(" in inspect.getsource(jax_ad.linearize_from_jvp)
+    fell_back: list = []
+    original = jax_ad.fallback_linearize_rule
+
+    def counted(prim, *args, **kwargs):
+        fell_back.append(prim.name)
+        return original(prim, *args, **kwargs)
+
+    monkeypatch.setattr(jax_ad, "fallback_linearize_rule", counted)
+    jax.linearize(lambda x: jnp.cos(x) * x, 1.0)
+    assert sorted(fell_back) == ["cos", "mul"]
+    fell_back.clear()
+    jax.linearize(jnp.sin, 1.0)
+    assert fell_back == []
+
+
+@contextlib.contextmanager
+def counting_jit_rules(monkeypatch, log: list):
+    """Count calls of jit's linearization rule ("lin") and of its two
+    partial-evaluation rules ("pe", "pe2")."""
     jit_p = jax_pjit.jit_p
     with (
         counting_rule(monkeypatch, jax_ad.primitive_linearizations, jit_p, log, "lin"),
@@ -466,11 +490,40 @@ def test_part4_jit_split_by_its_linearize_rule(monkeypatch):
             monkeypatch, jax_pe.partial_eval_jaxpr_custom_rules, jit_p, log, "pe2"
         ),
     ):
+        yield
+
+
+def test_part4_jit_split_by_its_linearize_rule(monkeypatch):
+    # part4_grad: "A `jit` call, too, is split by a linearization rule of its
+    # primitive (`_pjit_linearize`, which calls `ad.linearize_jaxpr`) ... When
+    # `grad`, `vjp` or `linearize` meets a `jit` call directly, JAX's
+    # partial-evaluation rules for `jit` are not called".
+    assert jax_ad.primitive_linearizations[jax_pjit.jit_p] is jax_pjit._pjit_linearize
+    assert "ad.linearize_jaxpr(" in inspect.getsource(jax_pjit._pjit_linearize)
+    log: list = []
+    with counting_jit_rules(monkeypatch, log):
         f = jax.jit(lambda x: jnp.sin(x) * x)
         jax.grad(f)(1.0)
         jax.vjp(f, 1.0)
         jax.linearize(f, 1.0)
     assert log == ["lin", "lin", "lin"]
+
+
+@pytest.mark.parametrize("where", ["scan", "fori_loop", "checkpoint"])
+def test_part4_jit_partial_eval_rules_used_inside_loops(monkeypatch, where):
+    # part4_grad: "[JAX's partial-evaluation rules for `jit`] are [called] when
+    # the call sits in the body of a `scan` or `fori_loop` (whose reverse mode
+    # partially evaluates the body) or under `jax.checkpoint`".
+    f = jax.jit(lambda x: jnp.sin(x) * x)
+    loops = {
+        "scan": lambda x: lax.scan(lambda c, _: (f(c), None), x, None, length=3)[0],
+        "fori_loop": lambda x: lax.fori_loop(0, 3, lambda i, c: f(c), x),
+        "checkpoint": jax.checkpoint(f),
+    }
+    log: list = []
+    with counting_jit_rules(monkeypatch, log):
+        jax.grad(loops[where])(1.0)
+    assert {"pe", "pe2"} & set(log)
 
 
 def test_part4_residuals_not_needed_are_removed():
