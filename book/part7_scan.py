@@ -826,7 +826,7 @@ print(pp_jaxpr(unknown_half, names=names))
 # `xs`. Transposing a loop means transposing every trip, in the opposite
 # order: the last trip's output cotangents are known first. So the transpose
 # of a scan is a scan with `reverse` flipped, whose body is the transposed
-# body ({ref}`Part 4 <part4-transposition>`'s `transpose_jaxpr`):
+# body ({ref}`Part 4 <part4-jit>`'s `transpose_jaxpr`):
 #
 # - the carry's cotangent is the carry of the new loop: each backward trip
 #   turns the cotangent of a trip's output carry into that of its input carry;
