@@ -472,52 +472,6 @@ _BENCH_GREEN, _BENCH_RED, _BENCH_BLUE, _BENCH_GREY = (
 )
 
 
-# SPEC §6's targets for jit dispatch, per kind of argument (reports written
-# before the NumPy-array target became 2x carry 1.5 for it).
-DISPATCH_TARGETS = {
-    "python float": 2.0,
-    "numpy scalar": 2.0,
-    "numpy array": 2.0,
-    "device array": 1.5,
-}
-_DISPATCH_ROW_IDS = {
-    "jit_dispatch_python_float": "python float",
-    "jit_dispatch_numpy_scalar": "numpy scalar",
-    "jit_dispatch_numpy_array": "numpy array",
-    "jit_dispatch": "device array",
-}
-
-
-def report_for_page(report):
-    """``report`` with one set of numbers per benchmark: every jit-dispatch
-    row of the headline is bench_dispatch.py's measurement of that kind of
-    argument (run_all.py takes the device-array row from bench_jit.py's
-    separate measurement of the same call), judged by SPEC §6's targets."""
-    import copy
-
-    report = copy.deepcopy(report)
-    dispatch = report["results"]["dispatch"]
-    dispatch["target_ratios"] = dict(DISPATCH_TARGETS)
-    for row in report["headline"]:
-        kind = _DISPATCH_ROW_IDS.get(row["id"])
-        if kind is None:
-            continue
-        calls = dispatch["calls"][kind]
-        values = {lib: calls[lib]["median_us"] for lib in ("autodidax", "jax")}
-        ratio = values["autodidax"] / values["jax"]
-        target = DISPATCH_TARGETS[kind]
-        row.update(
-            values=values,
-            ratios={"autodidax": ratio},
-            target=f"≤ {target}×",
-            target_ratio=target,
-            met=ratio <= target,
-        )
-        report["targets"]["met"][row["id"]] = row["met"]
-    report["targets"]["all_met"] = all(report["targets"]["met"].values())
-    return report
-
-
 def _bench_dot_color(row):
     if row["met"] is None:
         return _BENCH_BLUE

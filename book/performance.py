@@ -68,7 +68,6 @@ book_setup.load_book(globals(), before="performance")
 import json
 from pathlib import Path
 
-from figures import report_for_page
 
 RESULTS = Path("../bench/results.json")  # the notebook runs in book/
 if not RESULTS.is_file():  # e.g. in Colab: fetch the committed report
@@ -80,7 +79,7 @@ if not RESULTS.is_file():  # e.g. in Colab: fetch the committed report
         "bench/results.json",
         RESULTS,
     )
-report = report_for_page(json.loads(RESULTS.read_text(encoding="utf-8")))
+report = json.loads(RESULTS.read_text(encoding="utf-8"))
 machine = report["machine"]
 commit = (machine["autodidax_commit"] or "unknown")[:10]
 changes = " plus uncommitted changes" if machine["uncommitted_changes"] else ""
@@ -429,7 +428,7 @@ for signature in scaled.fast_calls:
 # builds a whole jaxlib array object for the argument, where JAX's C++ dispatch
 # copies and runs in one call with no Python object for it. Timed with no line
 # of our Python between them, jaxlib's three calls of a fast call (copy, run,
-# make the output) already take 1.44 times JAX's whole call for a NumPy array
+# make the output) already take about 1.4 times JAX's whole call for a NumPy array
 # (the column *jaxlib alone / JAX* below), which is why host arguments have a
 # target of 2× and device arrays one of 1.5×.
 #
@@ -483,7 +482,7 @@ benchmark_tables(report)
 #   already compiled function should not cost much more than it does in JAX,
 #   even though JAX does it in C++ and we do it in Python. Host arguments get
 #   more room because each call copies them to the device: from Python,
-#   jaxlib's calls alone take 1.44 times JAX's whole call for a NumPy array.
+#   jaxlib's calls alone take about 1.4 times JAX's whole call for a NumPy array.
 # - **Compute-bound `jit` within 2% of `jax.jit`.** When the time is spent in
 #   the compiled program, both libraries run the code of the same compiler, so
 #   there is no excuse for a difference.
