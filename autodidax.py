@@ -1765,18 +1765,15 @@ def _search_start() -> Level:
 
 
 # @title _trace_to_jaxpr: v1 with the dynamic level set around the call
-from contextlib import nullcontext
-
-
-def _trace_to_jaxpr(f, avals_in, dynamic=False, who="make_jaxpr"):
-    """Trace ``f``; with ``dynamic``, operations on constants are recorded too."""
+def _trace_to_jaxpr(f, avals_in, who="make_jaxpr"):
+    """Trace ``f``, recording operations on constants too (the dynamic level)."""
     avals, in_tree = _avals_for_tracing(avals_in, who)
     flat_f = flatten_fun(f, in_tree)
     builder = JaxprBuilder()
     with new_level(JaxprTrace, builder) as level:
         trace = JaxprTrace(level)
         tracers_in = [trace.new_arg(aval) for aval in avals]
-        with new_dynamic(level) if dynamic else nullcontext():  # new
+        with new_dynamic(level):  # new
             outs = flat_f(*tracers_in)
         outs = [_as_input(out, f"{who}: output of the function") for out in outs]
         jaxpr, consts = builder.build(tracers_in, [trace.full_raise(x) for x in outs])
@@ -1785,7 +1782,7 @@ def _trace_to_jaxpr(f, avals_in, dynamic=False, who="make_jaxpr"):
 
 def make_jaxpr(f: Callable, *avals_in: Any) -> tuple[Jaxpr, list, PyTreeDef]:
     """Trace ``f`` at the given types into ``(jaxpr, consts, out_tree)``."""
-    return _trace_to_jaxpr(f, avals_in, dynamic=True)
+    return _trace_to_jaxpr(f, avals_in)
 
 
 # @title JaxprTracer's concretization error, with what to do instead
@@ -2115,7 +2112,7 @@ def trace_for_call(f, traces: Traces, args_flat: list, in_tree: PyTreeDef):
     key = (in_tree, avals)
     if key not in traces:
         args = tree_unflatten(in_tree, avals)
-        jaxpr, consts, out_tree = _trace_to_jaxpr(f, args, dynamic=True, who="jit")
+        jaxpr, consts, out_tree = _trace_to_jaxpr(f, args, who="jit")
         if any(isinstance(c, Tracer) for c in consts):
             return jaxpr, consts, out_tree  # valid for this call only
         traces[key] = (jaxpr, [device_put(c) for c in consts], out_tree)
@@ -2931,10 +2928,10 @@ def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> An
     ops_flat = [_as_input(x, "cond operand") for x in ops_flat]
     avals = tree_unflatten(in_tree, [get_aval(x) for x in ops_flat])
     true_jaxpr, true_consts, out_tree = _trace_to_jaxpr(
-        true_fn, avals, dynamic=True, who="cond: true_fn"
+        true_fn, avals, who="cond: true_fn"
     )
     false_jaxpr, false_consts, false_tree = _trace_to_jaxpr(
-        false_fn, avals, dynamic=True, who="cond: false_fn"
+        false_fn, avals, who="cond: false_fn"
     )
     check_branches_match(out_tree, true_jaxpr, false_tree, false_jaxpr)
     consts, branches = join_consts(true_jaxpr, true_consts, false_jaxpr, false_consts)
@@ -4459,11 +4456,11 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val: Any) -> Any:
     carry_types = [_type_of(x) for x in init_flat]
     carry_type = tree_unflatten(carry_tree, carry_types)
     cond_jaxpr, cond_consts, cond_tree = _trace_to_jaxpr(
-        cond_fun, (carry_type,), dynamic=True, who="while_loop: cond_fun"
+        cond_fun, (carry_type,), who="while_loop: cond_fun"
     )
     check_loop_condition(cond_tree, cond_jaxpr)
     body_jaxpr, body_consts, body_tree = _trace_to_jaxpr(
-        body_fun, (carry_type,), dynamic=True, who="while_loop: body_fun"
+        body_fun, (carry_type,), who="while_loop: body_fun"
     )
     check_carry_type_kept(carry_tree, carry_types, body_tree, body_jaxpr)
     outs = bind(
@@ -4829,9 +4826,7 @@ def scan(
     carry_types = [_type_of(x) for x in init_flat]
     carry_type = tree_unflatten(carry_tree, carry_types)
     row_type = tree_unflatten(xs_tree, [_row_type(_type_of(x)) for x in xs_flat])
-    jaxpr, consts, out_tree = _trace_to_jaxpr(
-        f, (carry_type, row_type), dynamic=True, who="scan: f"
-    )
+    jaxpr, consts, out_tree = _trace_to_jaxpr(f, (carry_type, row_type), who="scan: f")
     ys_tree = check_scan_body(carry_tree, carry_types, out_tree, jaxpr)
     outs = bind(
         scan_p,
@@ -5375,7 +5370,7 @@ def trace_custom(f: Any, args: tuple) -> TracedCall:
     flat = [_as_input(x, f"{name}: argument") for x in flat]
     avals = tree_unflatten(in_tree, [get_aval(x) for x in flat])
     jaxpr, consts, out_tree = _trace_to_jaxpr(
-        lambda *d: f.fun(*all_args(d)), avals, dynamic=True, who=name
+        lambda *d: f.fun(*all_args(d)), avals, who=name
     )
     check_no_traced_closure(name, consts)
     params = dict(name=name, call_jaxpr=jaxpr, num_consts=len(consts))
@@ -6257,7 +6252,7 @@ def trace_for_pmap(f, traces: dict, n: int, one_row: list, in_tree: PyTreeDef):
         for aval in one_row:
             check_xla_dtype(aval.dtype, "pmap")
         args = tree_unflatten(in_tree, one_row)
-        traced = _trace_to_jaxpr(f, args, dynamic=True, who="pmap")
+        traced = _trace_to_jaxpr(f, args, who="pmap")
         jaxpr, consts, out_tree = traced
         if any(isinstance(c, Tracer) for c in consts):
             return traced  # valid for this call only

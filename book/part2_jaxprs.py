@@ -849,28 +849,25 @@ def _search_start() -> Level:
 
 # %% [markdown]
 # Tracing sets the dynamic level around the call of the function. The folded
-# cell defines `_trace_to_jaxpr`: `_trace_to_jaxpr_v1` with one new line, and a
-# flag `dynamic` to switch it on:
+# cell defines `_trace_to_jaxpr`: `_trace_to_jaxpr_v1` with one new line:
 #
 # ```python
-#         with new_dynamic(level) if dynamic else nullcontext():
+#         with new_dynamic(level):
 #             outs = flat_f(*tracers_in)
 # ```
 
+
 # %% tags=["export", "hide-input"]
 # @title _trace_to_jaxpr: v1 with the dynamic level set around the call
-from contextlib import nullcontext
-
-
-def _trace_to_jaxpr(f, avals_in, dynamic=False, who="make_jaxpr"):
-    """Trace ``f``; with ``dynamic``, operations on constants are recorded too."""
+def _trace_to_jaxpr(f, avals_in, who="make_jaxpr"):
+    """Trace ``f``, recording operations on constants too (the dynamic level)."""
     avals, in_tree = _avals_for_tracing(avals_in, who)
     flat_f = flatten_fun(f, in_tree)
     builder = JaxprBuilder()
     with new_level(JaxprTrace, builder) as level:
         trace = JaxprTrace(level)
         tracers_in = [trace.new_arg(aval) for aval in avals]
-        with new_dynamic(level) if dynamic else nullcontext():  # new
+        with new_dynamic(level):  # new
             outs = flat_f(*tracers_in)
         outs = [_as_input(out, f"{who}: output of the function") for out in outs]
         jaxpr, consts = builder.build(tracers_in, [trace.full_raise(x) for x in outs])
@@ -884,7 +881,7 @@ def _trace_to_jaxpr(f, avals_in, dynamic=False, who="make_jaxpr"):
 # %% tags=["export"]
 def make_jaxpr(f: Callable, *avals_in: Any) -> tuple[Jaxpr, list, PyTreeDef]:
     """Trace ``f`` at the given types into ``(jaxpr, consts, out_tree)``."""
-    return _trace_to_jaxpr(f, avals_in, dynamic=True)
+    return _trace_to_jaxpr(f, avals_in)
 
 
 # %% [markdown]

@@ -525,9 +525,9 @@ def _xla_call_impl(*args, jaxpr):
 # signature* (the argument structure plus each leaf's shape and dtype), so a
 # second call with new values of the same types goes straight to the compiled
 # code; the jitted function keeps its traces in `traces`. The tracing itself is
-# Part 2's `_trace_to_jaxpr`, the function behind `make_jaxpr`, with
-# `dynamic=True`, so that operations on constants are recorded too (Part 2's
-# dynamic level), and `who="jit"`, so that its errors name `jit`. The constants
+# Part 2's `_trace_to_jaxpr`, the function behind `make_jaxpr` (so operations
+# on constants are recorded too, thanks to Part 2's dynamic level), with
+# `who="jit"`, so that its errors name `jit`. The constants
 # the jaxpr needs are moved to the device once, at tracing time.
 #
 # One subtlety: if `f` closes over a tracer of an outer transformation (say, `jit`
@@ -545,7 +545,7 @@ def trace_for_call(f, traces: Traces, args_flat: list, in_tree: PyTreeDef):
     key = (in_tree, avals)
     if key not in traces:
         args = tree_unflatten(in_tree, avals)
-        jaxpr, consts, out_tree = _trace_to_jaxpr(f, args, dynamic=True, who="jit")
+        jaxpr, consts, out_tree = _trace_to_jaxpr(f, args, who="jit")
         if any(isinstance(c, Tracer) for c in consts):
             return jaxpr, consts, out_tree  # valid for this call only
         traces[key] = (jaxpr, [device_put(c) for c in consts], out_tree)

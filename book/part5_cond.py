@@ -153,10 +153,10 @@ def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> An
     ops_flat = [_as_input(x, "cond operand") for x in ops_flat]
     avals = tree_unflatten(in_tree, [get_aval(x) for x in ops_flat])
     true_jaxpr, true_consts, out_tree = _trace_to_jaxpr(
-        true_fn, avals, dynamic=True, who="cond: true_fn"
+        true_fn, avals, who="cond: true_fn"
     )
     false_jaxpr, false_consts, false_tree = _trace_to_jaxpr(
-        false_fn, avals, dynamic=True, who="cond: false_fn"
+        false_fn, avals, who="cond: false_fn"
     )
     check_branches_match(out_tree, true_jaxpr, false_tree, false_jaxpr)
     consts, branches = join_consts(true_jaxpr, true_consts, false_jaxpr, false_consts)

@@ -145,11 +145,11 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val: Any) -> Any:
     carry_types = [_type_of(x) for x in init_flat]
     carry_type = tree_unflatten(carry_tree, carry_types)
     cond_jaxpr, cond_consts, cond_tree = _trace_to_jaxpr(
-        cond_fun, (carry_type,), dynamic=True, who="while_loop: cond_fun"
+        cond_fun, (carry_type,), who="while_loop: cond_fun"
     )
     check_loop_condition(cond_tree, cond_jaxpr)
     body_jaxpr, body_consts, body_tree = _trace_to_jaxpr(
-        body_fun, (carry_type,), dynamic=True, who="while_loop: body_fun"
+        body_fun, (carry_type,), who="while_loop: body_fun"
     )
     check_carry_type_kept(carry_tree, carry_types, body_tree, body_jaxpr)
     outs = bind(

@@ -142,9 +142,7 @@ def scan(
     carry_types = [_type_of(x) for x in init_flat]
     carry_type = tree_unflatten(carry_tree, carry_types)
     row_type = tree_unflatten(xs_tree, [_row_type(_type_of(x)) for x in xs_flat])
-    jaxpr, consts, out_tree = _trace_to_jaxpr(
-        f, (carry_type, row_type), dynamic=True, who="scan: f"
-    )
+    jaxpr, consts, out_tree = _trace_to_jaxpr(f, (carry_type, row_type), who="scan: f")
     ys_tree = check_scan_body(carry_tree, carry_types, out_tree, jaxpr)
     outs = bind(
         scan_p,

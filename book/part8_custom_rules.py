@@ -222,7 +222,7 @@ def trace_custom(f: Any, args: tuple) -> TracedCall:
     flat = [_as_input(x, f"{name}: argument") for x in flat]
     avals = tree_unflatten(in_tree, [get_aval(x) for x in flat])
     jaxpr, consts, out_tree = _trace_to_jaxpr(
-        lambda *d: f.fun(*all_args(d)), avals, dynamic=True, who=name
+        lambda *d: f.fun(*all_args(d)), avals, who=name
     )
     check_no_traced_closure(name, consts)
     params = dict(name=name, call_jaxpr=jaxpr, num_consts=len(consts))

@@ -846,7 +846,7 @@ def trace_for_pmap(f, traces: dict, n: int, one_row: list, in_tree: PyTreeDef):
         for aval in one_row:
             check_xla_dtype(aval.dtype, "pmap")
         args = tree_unflatten(in_tree, one_row)
-        traced = _trace_to_jaxpr(f, args, dynamic=True, who="pmap")
+        traced = _trace_to_jaxpr(f, args, who="pmap")
         jaxpr, consts, out_tree = traced
         if any(isinstance(c, Tracer) for c in consts):
             return traced  # valid for this call only
