@@ -27,31 +27,36 @@
 # The table below is not written by hand: it is read off the registries of the
 # finished module (`PRIMITIVES`, each primitive's `rules`, `RULE_KINDS` and
 # `NOT_LINEAR`) every time this page is built, with the chapter that adds each
-# primitive (*from*). CI re-runs the page, compares its printed output with the
-# stored one, and would show any missing rule in the first line of output, the
-# list of `gaps` (a gap reads `MISSING` in its cell).
+# primitive (*from*). The first line of output lists the missing rules (`gaps`,
+# which would read `MISSING` in their cells); it is empty.
 #
-# A cell that is not ✓ says why there is no rule of the usual kind:
-#
-# - *not linear*: a transpose rule would make no sense, because the primitive is
-#   not linear in any operand (`sin`, `max`, ...). `while` is listed here too,
-#   for a different reason: transposing a loop would need every trip's primal
-#   values, which the loop does not save ({ref}`Part 6 <part6>`; JAX registers
-#   a transpose rule for `while` that raises an error instead).
+# - *✓*: the primitive registers its own rule of this kind.
+# - *not linear*: no transpose rule, because none is needed or none could work.
+#   Most of these primitives are not linear in any operand (`sin`, `max`, ...).
+#   Three are here for their own reasons: `stop_gradient`'s tangent is always
+#   zero, so it never appears in a linear jaxpr; `axis_index` has no operand to
+#   be linear in; and transposing `while` would need every trip's primal values,
+#   which the loop does not save ({ref}`Part 6 <part6>`; JAX registers a
+#   transpose rule for `while` that only raises an error).
 # - *generic*: {ref}`Part 4 <part4>`'s partial evaluation handles the primitive
-#   without a rule of its own. That is every primitive except the five whose
-#   jaxpr must be split in two or kept whole by a rule: `xla_call`, `cond`,
-#   `scan` and `pmap` split theirs, and `while` keeps the whole loop known or
-#   the whole loop unknown ({ref}`Part 6 <part6>`). The custom calls of
-#   {ref}`Part 8 <part8>` carry a jaxpr too, but a call is known or staged as a
-#   whole, so the generic rule fits them.
+#   without a rule of its own. Five primitives carry a jaxpr that the generic
+#   rule would get wrong: `xla_call`, `cond`, `scan` and `pmap` split theirs
+#   into a known and an unknown half, and `while`, which cannot be split, is
+#   kept whole by a rule that refuses a known and unknown mix
+#   ({ref}`Part 6 <part6>`). The custom calls of {ref}`Part 8 <part8>` carry a
+#   jaxpr too, but for them the generic answer is right: the call is known when
+#   all its inputs are, and staged whole otherwise.
 # - *refused*: the rule exists only to raise a clear error, where this book does
 #   not support the operation: evaluating a collective outside any `vmap` or
 #   `pmap` that binds its axis, and lowering `pmap` inside `jit` (JAX runs it;
 #   ours compiles `jit` for one device, {ref}`Part 9 <part9>`); evaluating,
 #   differentiating in forward mode or lowering `custom_lin`, the primitive
-#   that stands for a `custom_vjp` rule inside `linearize` and has no forward
-#   mode ({ref}`Part 8 <part8>`).
+#   that a `custom_vjp` function leaves in a linear jaxpr
+#   ({ref}`Part 8 <part8>`). Its ✓ under transpose is where the function's
+#   `bwd` runs. A `custom_jvp_call` is transposed by transposing its jaxpr,
+#   since a JVP rule may apply a `custom_jvp` function to a tangent; a
+#   `custom_vjp_call` never reaches a linear jaxpr (its `custom_lin` does), so
+#   it is *not linear*.
 
 # %% tags=["hide-input"]
 # @title Setup: the pinned JAX, the module `autodidax`, the earlier chapters
