@@ -6485,7 +6485,7 @@ def input_signature(args: tuple) -> tuple | None:
         elif kind is not np.ndarray:
             key = SCALAR_KEYS.get(kind)
             if key is None:
-                return None  # not a number: the full path
+                return None  # not a number (a Tracer, a list): the full path
             if kind is int and not INT64_MIN <= x <= INT64_MAX:
                 return None  # NumPy makes it no int64: the full path
             signature.append(key)
