@@ -4819,10 +4819,8 @@ def scan(
 ) -> tuple[Any, Any]:
     """Loop ``carry, y = f(carry, x)`` over the rows of ``xs``; stack the ys."""
     init_flat, carry_tree = tree_flatten(init)
-    init_flat = [_as_input(x, "scan: init") for x in init_flat]
     xs_flat, xs_tree = tree_flatten(xs)
-    xs_flat = [_as_input(x, "scan: xs") for x in xs_flat]
-    length = check_scan_length(xs_flat, length)
+    init_flat, xs_flat, length = check_scan_inputs(init_flat, xs_flat, length)
     carry_types = [_type_of(x) for x in init_flat]
     carry_type = tree_unflatten(carry_tree, carry_types)
     row_type = tree_unflatten(xs_tree, [_row_type(_type_of(x)) for x in xs_flat])
@@ -4854,8 +4852,11 @@ def _stacked_type(aval: ShapedArray, length: int) -> ShapedArray:
     return ShapedArray((length, *aval.shape), aval.dtype)
 
 
-def check_scan_length(xs_flat: list, length: Any) -> int:
-    """The trip count: the leading length that xs share, or ``length``."""
+def check_scan_inputs(init_flat: list, xs_flat: list, length: Any) -> tuple:
+    """(init_flat, xs_flat, the trip count) with the leaves as arrays; the trip
+    count is the leading length that xs share, or ``length``."""
+    init_flat = [_as_input(x, "scan: init") for x in init_flat]
+    xs_flat = [_as_input(x, "scan: xs") for x in xs_flat]
     if length is not None and (
         not isinstance(length, (int, np.integer))
         or isinstance(length, bool)
@@ -4887,7 +4888,7 @@ def check_scan_length(xs_flat: list, length: Any) -> int:
             f"scan: length={length} disagrees with the leading length of xs, "
             f"{lengths[0]}"
         )
-    return int(length) if length is not None else lengths[0]
+    return init_flat, xs_flat, int(length) if length is not None else lengths[0]
 
 
 def check_scan_body(
@@ -5027,7 +5028,6 @@ def scan_fixed_point(
     return carry_fixed_point(body, consts + xs, carry, allowed)
 
 
-# @title The jvp rule: a scan of the body's JVP
 @scan_p.def_rule("jvp")
 def _scan_jvp(primals, tangents, *, jaxpr, num_consts, num_carry, length, reverse):
     nonzero = [_maybe_nonzero(t) for t in tangents]
@@ -5119,6 +5119,7 @@ def split_scan(
     return ScanSplit(carry_u, out_u, *split)
 
 
+# @title Hoisting: residuals that are the same on every trip, computed once
 def hoist_residuals(
     known: Jaxpr, unknown_body: Jaxpr, num_res: int, num_known_consts: int
 ) -> tuple[Jaxpr, Jaxpr, Jaxpr, int]:

@@ -135,10 +135,8 @@ def scan(
 ) -> tuple[Any, Any]:
     """Loop ``carry, y = f(carry, x)`` over the rows of ``xs``; stack the ys."""
     init_flat, carry_tree = tree_flatten(init)
-    init_flat = [_as_input(x, "scan: init") for x in init_flat]
     xs_flat, xs_tree = tree_flatten(xs)
-    xs_flat = [_as_input(x, "scan: xs") for x in xs_flat]
-    length = check_scan_length(xs_flat, length)
+    init_flat, xs_flat, length = check_scan_inputs(init_flat, xs_flat, length)
     carry_types = [_type_of(x) for x in init_flat]
     carry_type = tree_unflatten(carry_tree, carry_types)
     row_type = tree_unflatten(xs_tree, [_row_type(_type_of(x)) for x in xs_flat])
@@ -160,10 +158,10 @@ def scan(
 
 
 # %% [markdown]
-# The checks say in the user's terms what is wrong with the call: leaves of
-# `xs` without a leading axis or with different leading lengths, a `length`
-# that disagrees with `xs`, no `xs` and no `length`, a body that does not
-# return a pair, or one that changes the carry's type.
+# The checks (folded) say in the user's terms what is wrong with the call:
+# leaves of `xs` without a leading axis or with different leading lengths, a
+# `length` that disagrees with `xs`, no `xs` and no `length`, a body that does
+# not return a pair, or one that changes the carry's type.
 
 
 # %% tags=["export", "hide-input"]
@@ -178,8 +176,11 @@ def _stacked_type(aval: ShapedArray, length: int) -> ShapedArray:
     return ShapedArray((length, *aval.shape), aval.dtype)
 
 
-def check_scan_length(xs_flat: list, length: Any) -> int:
-    """The trip count: the leading length that xs share, or ``length``."""
+def check_scan_inputs(init_flat: list, xs_flat: list, length: Any) -> tuple:
+    """(init_flat, xs_flat, the trip count) with the leaves as arrays; the trip
+    count is the leading length that xs share, or ``length``."""
+    init_flat = [_as_input(x, "scan: init") for x in init_flat]
+    xs_flat = [_as_input(x, "scan: xs") for x in xs_flat]
     if length is not None and (
         not isinstance(length, (int, np.integer))
         or isinstance(length, bool)
@@ -211,7 +212,7 @@ def check_scan_length(xs_flat: list, length: Any) -> int:
             f"scan: length={length} disagrees with the leading length of xs, "
             f"{lengths[0]}"
         )
-    return int(length) if length is not None else lengths[0]
+    return init_flat, xs_flat, int(length) if length is not None else lengths[0]
 
 
 def check_scan_body(
@@ -408,7 +409,7 @@ print(np.allclose(jit(cumsum)(million), np.cumsum(million)))
 # Part 6's `carry_fixed_point` takes the body's inputs as (constants, carry);
 # here the rows of `xs` are inputs too, so `scan_fixed_point` hands it the body
 # with its inputs reordered, the rows counted among the constants: both are
-# fresh on every trip, neither is fed back.
+# read afresh on every trip, and neither is fed back from one trip to the next.
 
 
 # %% tags=["export"]
@@ -430,8 +431,7 @@ def scan_fixed_point(
 # over, so they become constants of the new scan.
 
 
-# %% tags=["export", "hide-input"]
-# @title The jvp rule: a scan of the body's JVP
+# %% tags=["export"]
 @scan_p.def_rule("jvp")
 def _scan_jvp(primals, tangents, *, jaxpr, num_consts, num_carry, length, reverse):
     nonzero = [_maybe_nonzero(t) for t in tangents]
@@ -570,13 +570,12 @@ print(starts[:, None] + np.cumsum(rows, axis=1))
 #
 # - **Which carries are unknown** (block 1 of `split_scan` below). A carry
 #   with a known initial value becomes unknown if the body makes it unknown on
-#   some trip: a fixed point once more. This time the dependence walk of
-#   Part 6 would be wrong, not just wasteful: it marks every output of an
-#   equation that reads an unknown input, so a `cond` or `scan` inside the
-#   body that takes primals and tangents together would have its primal
-#   outputs marked too, although its own rule computes them from the known
-#   inputs alone. So the loop asks `partial_eval_jaxpr` itself which outputs
-#   come out unknown, and its rules for `cond` and `scan` know better.
+#   some trip: a fixed point once more. Part 6's dependence walk would get
+#   this wrong: it marks every output of an equation that reads an unknown
+#   input, so the primal outputs of a `cond` or `scan` in the body that reads
+#   primals and tangents together would come out unknown. So the loop asks
+#   `partial_eval_jaxpr` which outputs are unknown; its rules for `cond` and
+#   `scan` know that those primal outputs are known.
 # - **Per-trip residuals** (block 2). The split, with those carries' outputs
 #   forced to be unknown (its `instantiate` argument, so that each half of the
 #   body returns exactly the carries it takes), gives a known body that returns
@@ -629,9 +628,9 @@ def split_scan(
 # scan's `ys`, stacked. But some residuals depend only on known constants and
 # are the same on every trip (in the RNN, the weight `w` itself); stacking
 # those would store `length` copies of one value. To find them,
-# `hoist_residuals` splits the known body a second time, with
-# `partial_eval_jaxpr` again, now treating whatever changes from trip to trip
-# (the carries and rows) as "unknown" (block 3). The known half of that split,
+# `hoist_residuals` (folded below, as it only saves memory) splits the known
+# body a second time, with `partial_eval_jaxpr` again, now treating whatever
+# changes from trip to trip (the carries and rows) as "unknown" (block 3). The known half of that split,
 # `hoisted`, depends only on the constants: it runs once, before the loop, and
 # returns the loop-invariant residuals and the known scan's constants. The
 # rest, `known_body`, is the body of the known scan. The invariant residuals
@@ -640,7 +639,8 @@ def split_scan(
 # of the per-trip residuals).
 
 
-# %% tags=["export"]
+# %% tags=["export", "hide-input"]
+# @title Hoisting: residuals that are the same on every trip, computed once
 def hoist_residuals(
     known: Jaxpr, unknown_body: Jaxpr, num_res: int, num_known_consts: int
 ) -> tuple[Jaxpr, Jaxpr, Jaxpr, int]:
@@ -835,10 +835,12 @@ print(pp_jaxpr(unknown_half, names=names))
 #   their cotangent is a sum over trips: the new loop carries it as an
 #   accumulator that starts at zero and adds each trip's part.
 #
-# Every carry is treated as linear, even one whose initial value is a known
-# residual (a zero tangent that `instantiate_const` turned into a value); its
-# cotangent is then simply dropped. The rule calls `transpose_jaxpr_uncached`,
-# since every body it gets is a new jaxpr.
+# Every carry is treated as linear, even one whose initial value is known. In
+# the RNN, the unknown scan's only carry is the tangent of `h`, which starts
+# as a known zero (the tangent of the initial 0.5, which `instantiate_const`
+# turned into a residual); the backward loop computes its cotangent anyway,
+# and the rule drops it, since a known input needs none. The rule calls
+# `transpose_jaxpr_uncached`, since every body it gets is a new jaxpr.
 
 
 # %% tags=["export"]
@@ -972,14 +974,15 @@ print(f"total {total / 1e6:.1f} MB; the inputs xs are {seq.nbytes / 1e6:.1f} MB"
 
 # %% [markdown]
 # The weight matrix is saved once, hoisted out of the loop. The two vectors
-# are zeros, which our JVP, having no symbolic zeros, keeps as values: the
-# tangent of the initial state, and the tangent of a row, which the JVP body
-# makes as zeros of a row's shape on every trip; being the same on every
-# trip, it is hoisted, so one vector of 64 numbers stands for all 10,000
-# rows. The three stacks have one row per trip: the state before the trip,
-# $1 - \tanh^2$, and the state after it, 5.12 MB each, as big as the inputs;
-# together, three times their size. Memory grows linearly with the trip count; that is the price of
-# reverse mode through a loop. The usual remedy, recomputing instead of
+# are zeros, which our JVP, having no symbolic zeros, keeps as values. The
+# first is the tangent of the initial state. The second is the tangent of a
+# row, which the JVP body makes as zeros of a row's shape on every trip; it is
+# the same on every trip, so it is hoisted, and one vector of 64 numbers
+# stands for all 10,000 rows. The three stacks have one row per trip: the
+# state before the trip, $1 - \tanh^2$, and the state after it, 5.12 MB each,
+# as big as the inputs; together, three times their size. Memory grows
+# linearly with the trip count; that is the price of reverse mode through a
+# loop. The usual remedy, recomputing instead of
 # saving, is described under {ref}`Where real JAX differs <part7-jax>`.
 #
 # ## `fori_loop`, now with reverse mode
@@ -1019,10 +1022,8 @@ print(make_jaxpr(power, scalar)[0])
 # %% [markdown]
 # ## Mistakes `scan` catches
 #
-# The checks report each mistake while tracing, in terms of the call the user
-# wrote (`xs` of two lengths, a `length` that disagrees with them, no `xs`
-# and no `length`, a body that changes the carry's type or returns no pair); the folded cell
-# shows the messages.
+# The checks of the wrapper run while tracing; the folded cell shows their
+# messages for each mistake.
 
 # %% tags=["hide-input"]
 # @title Errors: the messages of scan's checks
@@ -1076,13 +1077,7 @@ with jax.enable_x64(True):  # float64, as ours, in this cell only
 # - **Transposition.** JAX's rule (`_scan_transpose_fancy` in this release)
 #   also sorts the inputs into invariant residuals, linear constants, linear
 #   carries, linear rows and stacked residuals, and accumulates the constants'
-#   cotangents in the backward carry. It additionally handles mutable
-#   references (`jax.Ref`) among the loop's inputs.
-# - Earlier releases gave the primitive two more parameters: `linear`, which
-#   inputs are linear, and `_split_transpose`, an experimental transpose that
-#   split the backward loop in two. The primitive of 0.10.2 has neither, and
-#   `jax.lax.scan` accepts a `_split_transpose` argument only to ignore it;
-#   the JVP and linearize rules find what is linear themselves.
+#   cotangents in the backward carry.
 # - **Trading memory for time.** The memory above grows with the trip count.
 #   [`jax.checkpoint`](https://docs.jax.dev/en/latest/gradient-checkpointing.html)
 #   (also called `remat`) applied to the body makes the known loop save only
@@ -1094,11 +1089,6 @@ with jax.enable_x64(True):  # float64, as ours, in this cell only
 #   copies the body several times into one trip of the `stablehlo.while`,
 #   which gives XLA more straight-line code to optimize and fewer loop
 #   iterations; `unroll=True` removes the loop altogether.
-# - JAX, too, calls the body from the loop's region as a private function
-#   (`@closed_call` in the lowered module), next to two small private functions
-#   that read a row of `xs` and write a row of `ys`. And before it binds `scan`, JAX turns a carry that the
-#   body passes through unchanged into a constant, and takes a `y` that is just
-#   the row of an `xs` from `xs` itself instead of copying it.
 #
 # ## Summary
 #

@@ -813,8 +813,8 @@ def _rnn_loss(w, xs):
 
 def test_part7_scan_params():
     # part7_scan: "JAX's `scan` primitive has our parameters (`jaxpr`, `length`,
-    # `num_consts`, `num_carry`, `reverse`) plus `unroll`"; "The primitive of
-    # 0.10.2 has neither [`linear` nor `_split_transpose`]".
+    # `num_consts`, `num_carry`, `reverse`) plus `unroll`", and no others (the
+    # `linear` and `_split_transpose` of earlier releases are gone).
     scans = [e for e in all_eqns(jax.make_jaxpr(_rnn_loss)(0.8, jnp.ones(3)))]
     (eqn,) = [e for e in scans if e.primitive.name == "scan"]
     assert set(eqn.params) == {
@@ -828,8 +828,8 @@ def test_part7_scan_params():
 
 
 def test_part7_split_transpose_accepted_and_ignored():
-    # part7_scan: "`jax.lax.scan` accepts a `_split_transpose` argument only to
-    # ignore it".
+    # `jax.lax.scan` still accepts a `_split_transpose` argument, and the jaxpr
+    # is the same whichever value it gets: the argument is ignored.
     assert "_split_transpose" in inspect.signature(lax.scan).parameters
 
     def f(split):
@@ -958,7 +958,7 @@ def test_part7_named_scan_rules_exist():
         jax_ad.primitive_linearizations[jax_loops.scan_p] is jax_loops._scan_linearize
     )
     assert jax_ad.fancy_transposes[jax_loops.scan_p] is jax_loops._scan_transpose_fancy
-    # "It additionally handles mutable references (`jax.Ref`)"
+    # JAX's transpose rule also handles mutable references (`jax.Ref`).
     assert inspect.isclass(jax.Ref)
     assert "AbstractRef" in inspect.getsource(jax_loops._scan_transpose_fancy)
 
@@ -996,9 +996,9 @@ def test_part7_unroll_true_removes_the_loop():
 
 
 def test_part7_body_is_called_as_private_function():
-    # part7_scan: "JAX, too, calls the body from the loop's region as a private
-    # function (`@closed_call` in the lowered module), next to two small private
-    # functions that read a row of `xs` and write a row of `ys`."
+    # JAX's lowered scan calls the body from the loop's region as a private
+    # function (`@closed_call`), next to two small private functions that read
+    # a row of `xs` and write a row of `ys`.
     text = lowered_text(
         lambda xs: lax.scan(lambda c, x: (jnp.sin(c) + x, c), 0.0, xs), jnp.ones(3)
     )
