@@ -3280,8 +3280,18 @@ reshape_p = Primitive("reshape")
 reduce_max_p = Primitive("reduce_max")
 dot_general_p = Primitive("dot_general")
 
-NOT_LINEAR = {"sin", "cos", "greater", "less", "exp", "log", "tanh", "max"}
-NOT_LINEAR.update({"integer_pow", "reduce_max"})
+NOT_LINEAR = {
+    "sin",
+    "cos",
+    "greater",
+    "less",
+    "exp",
+    "log",
+    "tanh",
+    "max",
+    "integer_pow",
+    "reduce_max",
+}
 
 
 def convert_element_type(x: ArrayLike, dtype: Any) -> ArrayLike:
@@ -3429,7 +3439,6 @@ def check_float_arrays(name: str, *operands: ArrayLike) -> None:
             _check_kind(name, operand, "f", "a float")
 
 
-# @title The six: evaluation, abstract evaluation, batching, lowering
 for _prim, _np_fn in [
     (sub_p, np.subtract),
     (div_p, np.divide),
@@ -3446,15 +3455,6 @@ _unary_abstract_eval(exp_p, "f", "a float")
 _unary_abstract_eval(log_p, "f", "a float")
 _unary_abstract_eval(tanh_p, "f", "a float")
 
-
-@div_p.def_rule("abstract_eval")
-def _div_abstract_eval(x, y):
-    check_binary_operands("div", x, y)
-    if x.dtype.kind != "f":
-        raise TypeError(f"div: expected float arrays, got {x.str_short()}")
-    return [ShapedArray(x.shape, x.dtype)]
-
-
 for _prim in [sub_p, div_p, max_p]:
     _binary_vmap(_prim)
 for _prim in [exp_p, log_p, tanh_p]:
@@ -3466,6 +3466,16 @@ _lower_with(max_p, hlo.maximum)
 _lower_with(exp_p, hlo.exponential)
 _lower_with(log_p, hlo.log)
 _lower_with(tanh_p, hlo.tanh)
+
+
+# @title div's abstract evaluation: same shapes, float operands
+@div_p.def_rule("abstract_eval")
+def _div_abstract_eval(x, y):
+    check_binary_operands("div", x, y)
+    if x.dtype.kind != "f":
+        raise TypeError(f"div: expected float arrays, got {x.str_short()}")
+    return [ShapedArray(x.shape, x.dtype)]
+
 
 _linear_jvp(sub_p)
 
@@ -3539,14 +3549,13 @@ def _stop_gradient_jvp(primals, tangents):
     return [stop_gradient(x)], [zeros_like(x)]
 
 
+NOT_LINEAR.add("stop_gradient")  # its tangent is zero: never transposed
+
 # @title The other rules of stop_gradient: the identity's
 _impl_from_numpy(stop_gradient_p, np.asarray)
 _unary_abstract_eval(stop_gradient_p, "biuf", "a numeric")
 _unary_vmap(stop_gradient_p)
 _lower_with(stop_gradient_p, lambda x: x)
-# No transpose rule: its JVP is zero, so stop_gradient never appears in a
-# linear jaxpr, and the table lists it with the non-linear primitives.
-NOT_LINEAR.update({"stop_gradient"})
 
 
 def integer_pow(x: ArrayLike, y: int) -> ArrayLike:

@@ -20,7 +20,7 @@
 #
 # :::{admonition} Where we are
 # :class: note
-# The five parts built every transformation of the book — `jvp`, `vmap`,
+# Parts 1–5 built every transformation of the book — `jvp`, `vmap`,
 # `make_jaxpr`, `jit`, `linearize`, `vjp`, `grad` and `cond` — on ten
 # elementwise and shape primitives plus `select`. That was enough to explain the
 # machinery, and too little to write a real program with.
@@ -131,8 +131,18 @@ reshape_p = Primitive("reshape")
 reduce_max_p = Primitive("reduce_max")
 dot_general_p = Primitive("dot_general")
 
-NOT_LINEAR = {"sin", "cos", "greater", "less", "exp", "log", "tanh", "max"}
-NOT_LINEAR.update({"integer_pow", "reduce_max"})
+NOT_LINEAR = {
+    "sin",
+    "cos",
+    "greater",
+    "less",
+    "exp",
+    "log",
+    "tanh",
+    "max",
+    "integer_pow",
+    "reduce_max",
+}
 
 
 # %% [markdown]
@@ -329,11 +339,9 @@ def check_float_arrays(name: str, *operands: ArrayLike) -> None:
 # Evaluation, abstract evaluation, batching and lowering are one line each,
 # because {ref}`Parts 1 <part1>` to {ref}`3 <part3>` already wrote the helpers
 # that turn "this is an elementwise NumPy function / StableHLO operation" into a
-# rule; they are folded below. `div` has its own abstract evaluation rule because
-# it also checks the dtype.
+# rule. Here they are: adding a primitive is registering its rules.
 
-# %% tags=["export", "hide-input"]
-# @title The six: evaluation, abstract evaluation, batching, lowering
+# %% tags=["export"]
 for _prim, _np_fn in [
     (sub_p, np.subtract),
     (div_p, np.divide),
@@ -350,15 +358,6 @@ _unary_abstract_eval(exp_p, "f", "a float")
 _unary_abstract_eval(log_p, "f", "a float")
 _unary_abstract_eval(tanh_p, "f", "a float")
 
-
-@div_p.def_rule("abstract_eval")
-def _div_abstract_eval(x, y):
-    check_binary_operands("div", x, y)
-    if x.dtype.kind != "f":
-        raise TypeError(f"div: expected float arrays, got {x.str_short()}")
-    return [ShapedArray(x.shape, x.dtype)]
-
-
 for _prim in [sub_p, div_p, max_p]:
     _binary_vmap(_prim)
 for _prim in [exp_p, log_p, tanh_p]:
@@ -370,6 +369,22 @@ _lower_with(max_p, hlo.maximum)
 _lower_with(exp_p, hlo.exponential)
 _lower_with(log_p, hlo.log)
 _lower_with(tanh_p, hlo.tanh)
+
+
+# %% [markdown]
+# `div` has an abstract evaluation rule of its own, because it also checks that
+# the operands hold floats; it is folded.
+
+
+# %% tags=["export", "hide-input"]
+# @title div's abstract evaluation: same shapes, float operands
+@div_p.def_rule("abstract_eval")
+def _div_abstract_eval(x, y):
+    check_binary_operands("div", x, y)
+    if x.dtype.kind != "f":
+        raise TypeError(f"div: expected float arrays, got {x.str_short()}")
+    return [ShapedArray(x.shape, x.dtype)]
+
 
 # %% [markdown]
 # The derivatives are the ones from a calculus course, written with primitives
@@ -487,8 +502,12 @@ print("slopes of max at a tie:", [float(s) for s in tie])
 # ## `stop_gradient`
 #
 # `stop_gradient(x)` is `x` when evaluated, but differentiation treats it as a
-# constant: its JVP rule returns a zero tangent. Every other rule is the
-# identity's, one line each in the folded cell.
+# constant: its JVP rule returns a zero tangent. In value it is the identity,
+# which is linear, yet it gets no transpose rule, and the rule table marks its
+# transpose "not linear" along with `exp` and `max`: because its tangent is
+# always zero, it never appears in a linear jaxpr, so there is nothing to
+# transpose. Every other rule is the identity's, one line each in the folded
+# cell.
 
 # %% tags=["export"]
 stop_gradient_p = Primitive("stop_gradient")
@@ -505,15 +524,14 @@ def _stop_gradient_jvp(primals, tangents):
     return [stop_gradient(x)], [zeros_like(x)]
 
 
+NOT_LINEAR.add("stop_gradient")  # its tangent is zero: never transposed
+
 # %% tags=["export", "hide-input"]
 # @title The other rules of stop_gradient: the identity's
 _impl_from_numpy(stop_gradient_p, np.asarray)
 _unary_abstract_eval(stop_gradient_p, "biuf", "a numeric")
 _unary_vmap(stop_gradient_p)
 _lower_with(stop_gradient_p, lambda x: x)
-# No transpose rule: its JVP is zero, so stop_gradient never appears in a
-# linear jaxpr, and the table lists it with the non-linear primitives.
-NOT_LINEAR.update({"stop_gradient"})
 
 # %%
 print(grad(lambda x: x * stop_gradient(x))(3.0))  # 3.0, not 6.0
@@ -586,8 +604,10 @@ def _describe(value: Any) -> str:
 
 # %% [markdown]
 # The derivative is $\frac{d}{dx} x^n = n x^{n-1}$, itself an integer power, so
-# derivatives of every order stay within the primitive. The batching rule is the
-# elementwise one with params, from the section on dtypes.
+# derivatives of every order stay within the primitive. The batching rule is
+# `_elementwise_vmap_with_params`, defined with `convert_element_type`'s folded
+# rules: it applies the primitive, params and all, to the batched operand, and
+# the batch axis stays where it was.
 
 
 # %% tags=["export"]
@@ -1097,6 +1117,13 @@ print(make_jaxpr(vmap(matvec, (0, 1)), f64(5, 3, 4), f64(4, 5))[0])
 #    $\bar c$), then `y`'s contracted axes — which stand for `x`'s contracted
 #    axes, listed in `y`'s order;
 # 3. a final `transpose` puts those axes back in `x`'s order.
+#
+# For example, take `x` of shape `(3, 5, 4)` and `y` of shape `(4, 3, 6)`, and
+# contract `x`'s axes 0 and 2 with `y`'s axes 1 and 0. The output, and so
+# $\bar c$, has shape `(5, 6)`. Step 1 contracts $\bar c$'s axis 1 with `y`'s
+# free axis 2 and gives shape `(5, 4, 3)`: `x`'s free axis, then `y`'s axes 0 and
+# 1, which stand for `x`'s axes 2 and 0. Step 3 transposes that to `(3, 5, 4)`,
+# the shape of `x`.
 #
 # The cotangent for `y` is the mirror image. The order bookkeeping is the only
 # subtle part, and the {ref}`dot-product test <appendix-dot-test>` below checks
@@ -1714,14 +1741,12 @@ def _broadcast_stacks(x: ShapedArray, y: ShapedArray) -> tuple[int, ...]:
 # `ArrayOperators`, whose methods first look for a function in the registry
 # `OPERATORS` and, finding none, call the strict wrappers (`-` spelled as `add`
 # and `neg`). The front end registers its NumPy-style functions there, so from
-# here on the operators broadcast and `x - y` records one `sub`; it also adds
-# three operators that tracers did not have: `/`, `@`, and `**` with an integer
-# exponent. Python numbers on either side work as before. Nothing of Parts 1
-# and 2 is replaced: operands that Part 1's operators accepted give the same
-# values, and what those parts printed is what their operators recorded while
-# the registry was empty (`bent - limit` in Part 2's figure was a `neg` and an
-# `add`; now it is one `sub`). `import autodidax` runs every chapter's library
-# code, so a program that imports the module gets the registered functions.
+# here on the operators broadcast, and `x - y` records one `sub` instead of a
+# `neg` and an `add` (in Part 2's figure, `bent - limit` was still the pair); the
+# values are the same. It also adds three operators that tracers did not have:
+# `/`, `@`, and `**` with an integer exponent. Python numbers on either side work
+# as before. `import autodidax` runs every chapter's library code, so a program
+# that imports the module gets the registered functions.
 #
 # The power operators only accept integer exponents; their checks are folded
 # (a number raised to an array's power gets a clear error instead of Python's
@@ -1860,14 +1885,16 @@ def sgd_step(params, grads):
 
 
 ours, theirs = params, params
-with jax.enable_x64(True):
-    for step in range(301):
-        if step % 100 == 0:
-            print(
-                f"step {step:3}: loss {float(loss(ours, x_train, y_train)):.6f} "
-                f"(JAX: {float(jax_loss(theirs, x_train, y_train)):.6f})"
-            )
-        ours = sgd_step(ours, loss_grad(ours, x_train, y_train))
+for step in range(301):
+    if step % 100 == 0:
+        with jax.enable_x64(True):
+            their_loss = float(jax_loss(theirs, x_train, y_train))
+        print(
+            f"step {step:3}: loss {float(loss(ours, x_train, y_train)):.6f} "
+            f"(JAX: {their_loss:.6f})"
+        )
+    ours = sgd_step(ours, loss_grad(ours, x_train, y_train))
+    with jax.enable_x64(True):
         theirs = sgd_step(theirs, jax_loss_grad(theirs, x_train, y_train))
 drift = largest_difference(ours, theirs)
 print(f"largest parameter difference after 300 steps: {drift:.1e}")
@@ -1882,9 +1909,15 @@ print(f"largest parameter difference after 300 steps: {drift:.1e}")
 # %%
 a, b = np.ones((2, 3)), np.ones((4, 5))
 show_error(jit(lambda a, b: a @ b), a, b)  # inner sizes differ
+show_error(jit(lambda a: a + np.ones((3, 2))), a)  # shapes that do not broadcast
+
+# %% [markdown]
+# Six more mistakes, with their messages, are in the folded cell.
+
+# %% tags=["hide-cell"]
+# @title More mistakes: reshape, log of integers, powers, dtypes, products
 show_error(lambda: reshape(a, (4, 2)))  # 6 elements do not fill (4, 2)
 show_error(lambda: log(np.arange(3)))  # log of integers
-show_error(jit(lambda a: a + np.ones((3, 2))), a)  # shapes that do not broadcast
 show_error(lambda: jit(lambda a: a**0.5)(a))  # only integer powers
 show_error(lambda: anp.astype(a, "U3"))  # not a numeric dtype
 show_error(lambda: dot_general(a, a, (((1,), (0,)), ((), ()))))
@@ -1912,7 +1945,8 @@ show_error(lambda: jit(lambda a: a @ 2.0)(a))
 #   [`lax.dot_general`](https://docs.jax.dev/en/latest/_autosummary/jax.lax.dot_general.html)
 #   also takes a `precision`, a `preferred_element_type` (for instance, to
 #   accumulate a `bfloat16` product in `float32`) and an `out_sharding`; XLA
-#   picks the algorithm.
+#   picks the algorithm unless `precision` names one (a `lax.DotAlgorithm` or
+#   `lax.DotAlgorithmPreset`).
 # - **Who gives tracers their operators.** JAX's core defines no arithmetic
 #   operators on its `Tracer`: `jax.numpy` installs them once, when it is
 #   imported (`register_jax_array_methods` in
