@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+# @title Registries the book's rule table reads: PRIMITIVES, RULE_KINDS
 PRIMITIVES: dict[str, Primitive] = {}  # every primitive, by name
 RULE_KINDS: list[str] = []  # every kind of rule, in the order first registered
 
@@ -303,7 +304,7 @@ def _short_repr(x: Any, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-# @title Operators on tracers: `x * y` is `mul(x, y)`
+# @title Operators on tracers: `x * y` is `mul(x, y)`, or the appendix's, via OPERATORS
 OPERATORS: dict[str, Callable] = {}
 """Functions for the operators by name ("add", "sub", "mul", "greater",
 "less"), registered by a later chapter (the appendix's NumPy front end); an
@@ -1082,6 +1083,7 @@ def vmap_flat(f, axis: Axis, in_axes, args, out_axis=0):
         outs = _check_outputs("vmap", f(*tracers_in))
         tracers_out = [trace.full_raise(out) for out in outs]
     return [
+        # _out_axis: out_axis as a non-negative axis of this output (range-checked)
         move_batch_axis(axis.size, t.batch_axis, _out_axis(out_axis, t), t.val)
         for t in tracers_out
     ]
@@ -1096,7 +1098,7 @@ def vmap(
 
     def batched_f(*args: Any) -> Any:
         args_flat, axes_flat, in_tree = _flatten_vmap_args(in_axes, args)
-        (size,) = {
+        (size,) = {  # all batched inputs share one size: checked above
             get_aval(x).shape[a] for x, a in zip(args_flat, axes_flat) if a is not None
         }
         flat_f = flatten_fun(f, in_tree)

@@ -98,19 +98,19 @@ import numpy as np
 # A primitive here is just a named object that carries its *{term}`rules <rule>`*: one function
 # per interpreter that says how that interpreter handles the primitive. We store
 # the rules on the primitive itself, under a short key such as `"impl"` or `"jvp"`.
-# Two registries record what exists: `PRIMITIVES` holds every primitive, and
-# `RULE_KINDS` every kind of rule, in the order the book first registers one.
 # This part writes three kinds (`impl`, `jvp` and `vmap`); later parts add
-# theirs just by registering rules, and the book's table of which primitive has
-# which rule is read off these two registries. An interpreter looks a rule up
+# theirs just by registering rules (two folded registries record every primitive
+# and rule kind, for the book's rule table). An interpreter looks a rule up
 # with `prim.rule(kind)`, which raises a clear error when the primitive has no
-# such rule (in the folded cell).
+# such rule (in the folded cell after the class).
 
-# %% tags=["export"]
+# %% tags=["export", "hide-input"]
+# @title Registries the book's rule table reads: PRIMITIVES, RULE_KINDS
 PRIMITIVES: dict[str, Primitive] = {}  # every primitive, by name
 RULE_KINDS: list[str] = []  # every kind of rule, in the order first registered
 
 
+# %% tags=["export"]
 class Primitive:
     """A named operation with one rule per interpreter."""
 
@@ -324,8 +324,9 @@ Level.__repr__ = lambda self: f"Level({self.number}, {self.trace_type.__name__})
 #   this transformation does not own but that meets one of its own tracers (we
 #   will meet one after nesting `jvp`). In every interpreter in this book, `lift`
 #   is `pure`: to an interpreter, a lower-level tracer is just a constant it does
-#   not own (the two are separate so that an interpreter could treat them
-#   differently; ours never need to);
+#   not own (JAX-style designs keep both because such a tracer still varies for
+#   an outer transformation, and an interpreter such as a staging trace may need
+#   to tell it from a true constant);
 # - `process_primitive(prim, tracers, params)` applies a primitive to its own
 #   tracers, usually by unpacking them, calling `bind` again on what is inside,
 #   and wrapping the results.
@@ -493,13 +494,10 @@ def _short_repr(x: Any, limit: int = 40) -> str:
 # Tracers have Python's operators, `+ - *` and unary `-` (and `> <`, for the
 # comparisons that arrive with control flow), from a small mixin,
 # `ArrayOperators`, whose methods call our wrappers (`x * y` is `mul(x, y)`), so
-# the same checks apply. Each method first looks in a registry, `OPERATORS`,
-# which stays empty until the appendix's NumPy front end registers functions
-# that broadcast like NumPy's (with them, `x - y` records a single `sub`); that
-# is how the finished module, `import autodidax`, behaves.
+# the same checks apply.
 
 # %% tags=["export", "hide-input"]
-# @title Operators on tracers: `x * y` is `mul(x, y)`
+# @title Operators on tracers: `x * y` is `mul(x, y)`, or the appendix's, via OPERATORS
 OPERATORS: dict[str, Callable] = {}
 """Functions for the operators by name ("add", "sub", "mul", "greater",
 "less"), registered by a later chapter (the appendix's NumPy front end); an
@@ -964,9 +962,9 @@ print(derivative(lambda x: mul(x, derivative(lambda y: mul(x, y))(1.0)))(3.0))
 # 2 boxes it with `lift`, with a zero tangent: to the inner derivative, `x` is a
 # constant. Level 1 still sees `x` change, because the inner rules call `bind` on
 # it, and those calls have no level-2 tracer among their inputs. Had `bind` simply
-# taken the top of the stack, the level-2 rule's own `mul` calls would go back to
-# level 2 forever and never reach level 1, and the outer derivative would miss
-# the product rule. Choosing by the inputs means each level sees only the
+# taken the top of the stack, the level-2 rule's `mul` on its primals (the level-1
+# tracer `x` and the number `1.0`) would be sent back to level 2, which would run
+# the same rule again, without end. Choosing by the inputs means each level sees only the
 # operations on its own values, which keeps the two derivatives apart.
 #
 # ### Python control flow is free
@@ -1486,7 +1484,10 @@ def _check_tangents(name: str, primals: list, tangents: list) -> None:
 # %% [markdown]
 # Registering a container of our own is one call. Here a small dataclass holds the
 # parameters of a line, and we differentiate a loss with respect to both of them
-# at once by giving a tangent of the same type:
+# at once by giving a tangent of the same type. Under `jvp`, `line.slope` arrives
+# as a rank-0 tracer, not a Python number, and our strict primitives refuse to
+# combine it with a vector, so the loss first spreads both scalars to the shape
+# of `xs` with `broadcast`:
 
 
 # %%
@@ -1621,8 +1622,7 @@ def _batched_bool_error() -> ConcretizationError:
 # %% [markdown]
 # A {term}`batching rule` receives the trace's `Axis` (the batch size, `axis.size`,
 # and a name that only Part 9's collectives read), the unpacked values, their batch axes
-# (called `dims` in the code, since several primitives already use `axes` as a
-# param name) and the params, and returns the outputs with *their* batch axes. Many rules need
+# (`dims` in the code) and the params, and returns the outputs with *their* batch axes. Many rules need
 # to line up batch axes first; `move_batch_axis` moves a batch axis to a new
 # position with a `transpose`, or, for an unbatched value, creates a batch axis
 # there with a `broadcast`. Both are primitives, so batching composes with every
@@ -1743,6 +1743,7 @@ def vmap_flat(f, axis: Axis, in_axes, args, out_axis=0):
         outs = _check_outputs("vmap", f(*tracers_in))
         tracers_out = [trace.full_raise(out) for out in outs]
     return [
+        # _out_axis: out_axis as a non-negative axis of this output (range-checked)
         move_batch_axis(axis.size, t.batch_axis, _out_axis(out_axis, t), t.val)
         for t in tracers_out
     ]
@@ -1757,7 +1758,7 @@ def vmap(
 
     def batched_f(*args: Any) -> Any:
         args_flat, axes_flat, in_tree = _flatten_vmap_args(in_axes, args)
-        (size,) = {
+        (size,) = {  # all batched inputs share one size: checked above
             get_aval(x).shape[a] for x, a in zip(args_flat, axes_flat) if a is not None
         }
         flat_f = flatten_fun(f, in_tree)
@@ -2123,8 +2124,9 @@ show_error(lambda: 1 if leaked[0] else 0)
 # ## Where real JAX differs
 #
 # - JAX's primitives live in [`jax.lax`](https://docs.jax.dev/en/latest/jax.lax.html);
-#   its `broadcast` is `lax.broadcast_in_dim`, which names the axes that are *kept*
-#   rather than the ones inserted.
+#   the primitive behind our `broadcast` is JAX's `broadcast_in_dim` (`jax.lax.broadcast`
+#   also exists: it prepends axes), which names the axes that are *kept* rather
+#   than the ones inserted.
 # - JAX does not convert zero tangents to arrays eagerly: a value that is not
 #   being differentiated (a constant, or an input outside `grad`'s `argnums`) has
 #   a symbolic zero tangent, which costs nothing. A zero passed to `jax.jvp` as a
