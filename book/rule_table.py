@@ -26,24 +26,30 @@
 # operand (`mul` in either, `div` in its numerator, `select` in its branches).
 # The table below is not written by hand: it is read off the registries of the
 # finished module (`PRIMITIVES`, each primitive's `rules`, `RULE_KINDS` and
-# `NOT_LINEAR`) every time this page is built, with the chapter that adds each
-# primitive (*from*). The first line of output lists the missing rules (`gaps`,
+# `NOT_LINEAR`) every time this page is built. The *from* column names the
+# chapter that adds the primitive. The first line of output lists the missing rules (`gaps`,
 # which would read `MISSING` in their cells); it is empty.
 #
 # - *✓*: the primitive registers its own rule of this kind.
-# - *not linear*: no transpose rule, because none is needed or none could work.
-#   Most of these primitives are not linear in any operand (`sin`, `max`, ...).
-#   Three are here for their own reasons: `stop_gradient`'s tangent is always
-#   zero, so it never appears in a linear jaxpr; `axis_index` has no operand to
-#   be linear in; and transposing `while` would need every trip's primal values,
-#   which the loop does not save ({ref}`Part 6 <part6>`; JAX registers a
-#   transpose rule for `while` that only raises an error).
-# - *generic*: {ref}`Part 4 <part4>`'s partial evaluation handles the primitive
+# - *not linear* (only under `transpose`): no transpose rule, because none is
+#   needed or none could work. Most of these primitives are not linear in any
+#   operand (`sin`, `max`, ...). Four are here for their own reasons:
+#   `stop_gradient`'s tangent is always zero, so it never appears in a linear
+#   jaxpr; `axis_index` has no operand to be linear in; a `custom_vjp_call`
+#   never reaches a linear jaxpr (the `custom_lin` it leaves there does, and
+#   is transposed by running the function's `bwd`); and transposing `while`
+#   would need every trip's primal values, which the loop does not save
+#   ({ref}`Part 6 <part6>`; JAX registers a transpose rule for `while` that
+#   only raises an error). A `custom_jvp_call`, by contrast, is transposed by
+#   transposing its jaxpr, since a JVP rule may apply a `custom_jvp` function to
+#   a tangent.
+# - *generic* (only in the two partial-evaluation columns): {ref}`Part 4 <part4>`'s partial evaluation handles the primitive
 #   without a rule of its own. Five primitives carry a jaxpr that the generic
 #   rule would get wrong: `xla_call`, `cond`, `scan` and `pmap` split theirs
-#   into a known and an unknown half, and `while`, which cannot be split, is
-#   kept whole by a rule that refuses a known and unknown mix
-#   ({ref}`Part 6 <part6>`). The custom calls of {ref}`Part 8 <part8>` carry a
+#   into a known and an unknown half, and `while`, which this book does not
+#   split, is kept whole: evaluated when all its inputs are known, staged when
+#   all are unknown, and a mix of the two (what reverse mode makes) is an error
+#   that says why ({ref}`Part 6 <part6>`). The custom calls of {ref}`Part 8 <part8>` carry a
 #   jaxpr too, but for them the generic answer is right: the call is known when
 #   all its inputs are, and staged whole otherwise.
 # - *refused*: the rule exists only to raise a clear error, where this book does
@@ -52,11 +58,7 @@
 #   ours compiles `jit` for one device, {ref}`Part 9 <part9>`); evaluating,
 #   differentiating in forward mode or lowering `custom_lin`, the primitive
 #   that a `custom_vjp` function leaves in a linear jaxpr
-#   ({ref}`Part 8 <part8>`). Its ✓ under transpose is where the function's
-#   `bwd` runs. A `custom_jvp_call` is transposed by transposing its jaxpr,
-#   since a JVP rule may apply a `custom_jvp` function to a tangent; a
-#   `custom_vjp_call` never reaches a linear jaxpr (its `custom_lin` does), so
-#   it is *not linear*.
+#   ({ref}`Part 8 <part8>`).
 
 # %% tags=["hide-input"]
 # @title Setup: the pinned JAX, the module `autodidax`, the earlier chapters
@@ -79,7 +81,7 @@ book_setup.load_book(globals(), before="rule_table")
 # %%
 from figures import rule_table
 
-rule_table(globals())
+rule_table(globals())  # reads the registries of the module loaded above
 
 # %% [markdown]
 # The {ref}`appendix <appendix-rule-table>` explains how the registries came to
