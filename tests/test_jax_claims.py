@@ -1599,6 +1599,24 @@ def test_part9_collective_batching_rule_hands_on_other_names():
     np.testing.assert_allclose(out, np.broadcast_to(ROWS.sum(0), ROWS.shape))
 
 
+def python_functions_called(f, *args) -> list[str]:
+    """The Python functions that run while ``f(*args)`` is called (the result
+    is waited for afterwards, outside the profile)."""
+    called = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            called.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        out = f(*args)
+    finally:
+        sys.setprofile(None)
+    out.block_until_ready()
+    return called
+
+
 def test_performance_cached_call_runs_no_python():
     # performance: "on a hit no Python runs at all, and host arguments are
     # copied to the device in C++ too"; part3_jit: "a repeated call with a
@@ -1607,19 +1625,7 @@ def test_performance_cached_call_runs_no_python():
     f = jax.jit(lambda x: jnp.sin(x) * 2.0 + x)
     host = np.ones(8)
     f(host).block_until_ready()
-    python_calls = []
-
-    def profile(frame, event, arg):
-        if event == "call":
-            python_calls.append(frame.f_code.co_name)
-
-    sys.setprofile(profile)
-    try:
-        out = f(host)
-    finally:
-        sys.setprofile(None)
-    out.block_until_ready()
-    assert python_calls == []
+    assert python_functions_called(f, host) == []
 
 
 def test_performance_signature_includes_x64_switch():
@@ -1731,19 +1737,7 @@ def test_performance_jit_of_vmap_is_one_cpp_dispatch():
     f = jax.jit(jax.vmap(lambda x: jnp.sin(x) * 2.0 + x))
     x = jnp.ones((4, 2))
     f(x).block_until_ready()
-    python_calls = []
-
-    def profile(frame, event, arg):
-        if event == "call":
-            python_calls.append(frame.f_code.co_name)
-
-    sys.setprofile(profile)
-    try:
-        out = f(x)
-    finally:
-        sys.setprofile(None)
-    out.block_until_ready()
-    assert python_calls == []
+    assert python_functions_called(f, x) == []
 
 
 def test_part9_collectives_take_a_tuple_of_names():
