@@ -597,20 +597,20 @@ def _check_outputs(name: str, outs: list) -> list:
     return [_as_input(out, f"{name}: output of the function") for out in outs]
 
 
-greater_p = Primitive("greater")
-less_p = Primitive("less")
+gt_p = Primitive("gt")
+lt_p = Primitive("lt")
 
 
 def greater(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """Elementwise ``x > y``, a boolean array."""
+    """Elementwise ``x > y``, a boolean array (the primitive ``gt``)."""
     x, y = _binary_operands("greater", x, y)
-    return bind(greater_p, x, y)
+    return bind(gt_p, x, y)
 
 
 def less(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """Elementwise ``x < y``, a boolean array."""
+    """Elementwise ``x < y``, a boolean array (the primitive ``lt``)."""
     x, y = _binary_operands("less", x, y)
-    return bind(less_p, x, y)
+    return bind(lt_p, x, y)
 
 
 def _comparison_jvp(prim: Primitive) -> None:
@@ -620,7 +620,7 @@ def _comparison_jvp(prim: Primitive) -> None:
         return [out], [zeros_like(out)]
 
 
-for _prim, _np_fn in [(greater_p, np.greater), (less_p, np.less)]:
+for _prim, _np_fn in [(gt_p, np.greater), (lt_p, np.less)]:
     _impl_from_numpy(_prim, _np_fn)
     _comparison_jvp(_prim)
 
@@ -1042,7 +1042,7 @@ def _binary_vmap(prim: Primitive) -> None:
 
 for _prim in [neg_p, sin_p, cos_p]:
     _unary_vmap(_prim)
-for _prim in [add_p, mul_p, greater_p, less_p]:
+for _prim in [add_p, mul_p, gt_p, lt_p]:
     _binary_vmap(_prim)
 
 
@@ -1446,8 +1446,8 @@ _unary_abstract_eval(sin_p, "f", "a float")
 _unary_abstract_eval(cos_p, "f", "a float")
 _binary_abstract_eval(add_p)
 _binary_abstract_eval(mul_p)
-_binary_abstract_eval(greater_p, out_dtype=np.bool_)
-_binary_abstract_eval(less_p, out_dtype=np.bool_)
+_binary_abstract_eval(gt_p, out_dtype=np.bool_)
+_binary_abstract_eval(lt_p, out_dtype=np.bool_)
 
 
 @reduce_sum_p.def_rule("abstract_eval")
@@ -1652,12 +1652,12 @@ class JaxprBuilder:
 
     def __init__(self) -> None:
         self.eqns: list[JaxprEqn] = []
-        self.tracer_to_atom: dict[JaxprTracer, Atom] = {}
+        self.tracer_to_atom: dict[int, Atom] = {}  # by id: tracers are unhashable
         self.consts: dict[int, tuple[JaxprTracer, Any]] = {}  # by id of the value
 
     def new_tracer(self, trace, aval, atom=None):
         tracer = JaxprTracer(trace, aval)
-        self.tracer_to_atom[tracer] = atom or Var(aval)
+        self.tracer_to_atom[id(tracer)] = atom or Var(aval)
         return tracer
 
     def const_tracer(self, trace, val):
@@ -1667,19 +1667,22 @@ class JaxprBuilder:
             self.consts[id(val)] = (self.new_tracer(trace, get_aval(val), literal), val)
         return self.consts[id(val)][0]
 
+    def atom(self, tracer):
+        return self.tracer_to_atom[id(tracer)]
+
     def add_eqn(self, prim, ins, params, outs):
-        atom = self.tracer_to_atom
-        eqn = JaxprEqn(prim, [atom[t] for t in ins], params, [atom[t] for t in outs])
+        atom = self.atom
+        eqn = JaxprEqn(prim, [atom(t) for t in ins], params, [atom(t) for t in outs])
         self.eqns.append(eqn)
 
     def build(self, ins, outs):
         """The jaxpr and its constants, which come first among its inputs."""
-        atom = self.tracer_to_atom
+        atom = self.atom
         consts = [
-            (t, val) for t, val in self.consts.values() if isinstance(atom[t], Var)
+            (t, val) for t, val in self.consts.values() if isinstance(atom(t), Var)
         ]
-        in_binders = [atom[t] for t, _ in consts] + [atom[t] for t in ins]
-        jaxpr = Jaxpr(in_binders, self.eqns, [atom[t] for t in outs])
+        in_binders = [atom(t) for t, _ in consts] + [atom(t) for t in ins]
+        jaxpr = Jaxpr(in_binders, self.eqns, [atom(t) for t in outs])
         typecheck_jaxpr(jaxpr)
         return jaxpr, [val for _, val in consts]
 
@@ -1898,8 +1901,8 @@ def _lower_comparison(prim: Primitive, direction: str) -> None:
         return [hlo.compare(x, y, direction_attr, compare_type=kind_attr)]
 
 
-_lower_comparison(greater_p, "GT")
-_lower_comparison(less_p, "LT")
+_lower_comparison(gt_p, "GT")
+_lower_comparison(lt_p, "LT")
 
 
 @reduce_sum_p.def_rule("lower")
@@ -3285,8 +3288,8 @@ dot_general_p = Primitive("dot_general")
 NOT_LINEAR = {
     "sin",
     "cos",
-    "greater",
-    "less",
+    "gt",
+    "lt",
     "exp",
     "log",
     "tanh",
@@ -4244,17 +4247,11 @@ def numpy_round(x: ArrayLike, decimals: int = 0) -> ArrayLike:
     whole = convert_element_type(convert_element_type(y, np.int64), dtype)
     sign = _sign(y)
     away = mul(sub(y, whole), sign)  # distance from whole, toward y
-    odd = _equal(numpy_abs(sub(whole, mul(_trunc_half(whole), 2.0))), 1.0)
-    up = _or(greater(away, 0.5), _and(_equal(away, 0.5), odd))
+    odd = numpy_equal(numpy_abs(sub(whole, mul(_trunc_half(whole), 2.0))), 1.0)
+    up = _or(greater(away, 0.5), _and(numpy_equal(away, 0.5), odd))
     step = select(up, sign, zeros_like(sign))
     out = stop_gradient(add(whole, step))
     return div(out, scale) if decimals else out
-
-
-def _equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    x, y = _operands_alike("equal", x, y)
-    false = np.zeros(get_aval(x).shape, np.bool_)
-    return select(greater(x, y), false, select(less(x, y), false, ~false))
 
 
 def _and(p: ArrayLike, q: ArrayLike) -> ArrayLike:
@@ -4454,6 +4451,150 @@ ArrayOperators.__matmul__ = numpy_matmul
 ArrayOperators.__rmatmul__ = lambda self, other: numpy_matmul(other, self)
 ArrayOperators.__pow__ = _power
 ArrayOperators.__rpow__ = _reflected_power
+
+eq_p, ne_p, le_p, ge_p = (Primitive(name) for name in ["eq", "ne", "le", "ge"])
+NOT_LINEAR.update(["eq", "ne", "le", "ge"])
+
+for _prim, _np_fn, _direction in [
+    (eq_p, np.equal, "EQ"),
+    (ne_p, np.not_equal, "NE"),
+    (le_p, np.less_equal, "LE"),
+    (ge_p, np.greater_equal, "GE"),
+]:
+    _impl_from_numpy(_prim, _np_fn)
+    _comparison_jvp(_prim)
+    _binary_vmap(_prim)
+    _binary_abstract_eval(_prim, out_dtype=np.bool_)
+    _lower_comparison(_prim, _direction)
+
+
+def equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x == y``, a boolean array (the primitive ``eq``)."""
+    return _bind_binary(eq_p, x, y)
+
+
+def not_equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x != y``, a boolean array (the primitive ``ne``)."""
+    return _bind_binary(ne_p, x, y)
+
+
+def less_equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x <= y``, a boolean array (the primitive ``le``)."""
+    return _bind_binary(le_p, x, y)
+
+
+def greater_equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x >= y``, a boolean array (the primitive ``ge``)."""
+    return _bind_binary(ge_p, x, y)
+
+
+numpy_equal = _broadcasting("equal", equal)
+numpy_not_equal = _broadcasting("not_equal", not_equal)
+numpy_less_equal = _broadcasting("less_equal", less_equal)
+numpy_greater_equal = _broadcasting("greater_equal", greater_equal)
+
+
+# @title compares_with(fn): operands of unknown types are left to Python, as in JAX
+def compares_with(fn: Callable) -> Callable:
+    """The method ``self <op> other``: ``fn(self, other)`` for an array or a
+    number; otherwise NotImplemented, so Python asks ``other`` (``x == None``
+    is False, ``x == pytest.approx(...)`` works), as JAX's arrays do."""
+
+    def method(self, other):
+        known = (np.ndarray, np.generic, Tracer, *DEVICE_ARRAY_TYPES)
+        if not (_is_python_scalar(other) or isinstance(other, known)):
+            return NotImplemented
+        return fn(self, other)
+
+    return method
+
+
+ArrayOperators.__eq__ = compares_with(numpy_equal)
+ArrayOperators.__ne__ = compares_with(numpy_not_equal)
+ArrayOperators.__le__ = compares_with(numpy_less_equal)
+ArrayOperators.__ge__ = compares_with(numpy_greater_equal)
+
+# @title The module autodidax.lax: JAX's lax names for our primitives
+lax_namespace = types.ModuleType("autodidax.lax", "Primitives under lax's names.")
+lax = lax_namespace  # for `from autodidax import lax`
+if __name__ != "__main__":  # in the module: `import autodidax.lax as lax`
+    sys.modules[f"{__name__}.lax"] = lax_namespace
+for _name, _fn in {
+    "eq": equal,
+    "ne": not_equal,
+    "lt": less,
+    "le": less_equal,
+    "gt": greater,
+    "ge": greater_equal,
+    "max": maximum,
+    **{f.__name__: f for f in [add, sub, mul, div, neg, sin, cos, exp, log, tanh]},
+    **{f.__name__: f for f in [integer_pow, convert_element_type, reshape]},
+    **{f.__name__: f for f in [transpose, select, dot_general, stop_gradient, cond]},
+}.items():
+    setattr(lax_namespace, _name, _fn)
+
+
+# @title Every other Python protocol on a tracer: as in JAX, or a clear error
+def _unhashable(self: ArrayOperators) -> int:
+    raise TypeError(
+        f"unhashable type: {type(self).__name__} ({_describe(self)}): its == "
+        "compares elementwise, so it cannot be a dict key or a set member; "
+        "use id(x) as the key"
+    )
+
+
+def _number_conversion_error(kind: str, tracer: Tracer, instead: str) -> TypeError:
+    tracer.check_live()
+    return ConcretizationError(
+        f"{kind} of a traced {tracer.aval.str_short()} value: its value is not "
+        f"known while the function is transformed. {instead}"
+    )
+
+
+def _tracer_float(self: Tracer) -> float:
+    raise _number_conversion_error(
+        "float()", self, "To change its dtype, use x.astype(np.float64)."
+    )
+
+
+def _tracer_int(self: Tracer) -> int:
+    raise _number_conversion_error(
+        "int()", self, "To change its dtype, use x.astype(np.int64)."
+    )
+
+
+def _tracer_index(self: Tracer) -> int:
+    raise _number_conversion_error(
+        "Using as a Python index (a list index, a range, a shape)",
+        self,
+        "Pass a Python int instead, or choose with select/cond.",
+    )
+
+
+def _tracer_len(self: Tracer) -> int:
+    self.check_live()
+    if not self.aval.shape:
+        raise TypeError(f"len() of unsized object: a traced {self.aval.str_short()}")
+    return self.aval.shape[0]
+
+
+def _tracer_iter(self: Tracer):
+    self.check_live()
+    if not self.aval.shape:
+        raise TypeError(f"iteration over a 0-d array: a traced {self.aval.str_short()}")
+    raise TypeError(
+        f"iterating over a traced {self.aval.str_short()} needs indexing, which "
+        "this chapter does not have; use vmap over the leading axis, or scan"
+    )
+
+
+ArrayOperators.__hash__ = _unhashable
+Tracer.__float__ = _tracer_float
+Tracer.__int__ = _tracer_int
+Tracer.__index__ = _tracer_index
+Tracer.__complex__ = lambda self: complex(_tracer_float(self))
+Tracer.__len__ = _tracer_len
+Tracer.__iter__ = _tracer_iter
 
 # ==== chapter: part6_loops ====
 
@@ -5943,7 +6084,7 @@ def _all_gather_jvp(primals, tangents, **params):
 def _pmax_jvp(primals, tangents, *, axis_name):
     (x,), (t,) = primals, tangents
     out = pmax(x, axis_name)
-    at_max = convert_element_type(_equal(x, out), get_aval(x).dtype)
+    at_max = convert_element_type(numpy_equal(x, out), get_aval(x).dtype)
     return [out], [psum(t * at_max, axis_name) / psum(at_max, axis_name)]
 
 
@@ -5965,12 +6106,15 @@ def _all_gather_transpose(cts, x, *, axis_name, axis_size):
     if ct is None:
         return [None]
     total = psum(ct, axis_name)  # my row of the gathered sum is my cotangent
-    mine = _equal(np.arange(axis_size, dtype=np.int32), axis_index(axis_name))
+    mine = numpy_equal(np.arange(axis_size, dtype=np.int32), axis_index(axis_name))
     zeros = np.zeros(get_aval(total).shape, get_aval(total).dtype)
     return [reduce_sum(select(per_example(mine, total), total, zeros), 0)]
 
 
 NOT_LINEAR.update({"pmax", "axis_index"})
+
+for _fn in [while_loop, fori_loop, scan, psum, pmean, pmax, all_gather, axis_index]:
+    setattr(lax_namespace, _fn.__name__, _fn)
 
 
 # @title devices(): the CPU client's devices

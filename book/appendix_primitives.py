@@ -134,8 +134,8 @@ dot_general_p = Primitive("dot_general")
 NOT_LINEAR = {
     "sin",
     "cos",
-    "greater",
-    "less",
+    "gt",
+    "lt",
     "exp",
     "log",
     "tanh",
@@ -1533,17 +1533,11 @@ def numpy_round(x: ArrayLike, decimals: int = 0) -> ArrayLike:
     whole = convert_element_type(convert_element_type(y, np.int64), dtype)
     sign = _sign(y)
     away = mul(sub(y, whole), sign)  # distance from whole, toward y
-    odd = _equal(numpy_abs(sub(whole, mul(_trunc_half(whole), 2.0))), 1.0)
-    up = _or(greater(away, 0.5), _and(_equal(away, 0.5), odd))
+    odd = numpy_equal(numpy_abs(sub(whole, mul(_trunc_half(whole), 2.0))), 1.0)
+    up = _or(greater(away, 0.5), _and(numpy_equal(away, 0.5), odd))
     step = select(up, sign, zeros_like(sign))
     out = stop_gradient(add(whole, step))
     return div(out, scale) if decimals else out
-
-
-def _equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    x, y = _operands_alike("equal", x, y)
-    false = np.zeros(get_aval(x).shape, np.bool_)
-    return select(greater(x, y), false, select(less(x, y), false, ~false))
 
 
 def _and(p: ArrayLike, q: ArrayLike) -> ArrayLike:
@@ -1788,6 +1782,220 @@ ArrayOperators.__rpow__ = _reflected_power
 
 # %%
 print(make_jaxpr(lambda col, row: col + row, f64(3, 1), f64(4))[0])
+
+# %% [markdown]
+# (appendix-comparisons)=
+# ## Comparisons, and why `==` must be a primitive
+#
+# Tracers so far had `<` and `>`, and nothing for `==`. Python does not complain
+# about that: a class without `__eq__` inherits `object.__eq__`, which asks
+# whether the two operands are *the same object*. On a concrete number that
+# question is harmless; on a tracer it is a silent wrong answer. Under `jit`,
+# `x == 3.0` compares a tracer with a float, finds two different objects, and
+# returns `False`, so `cond` below took the `mul` branch whatever `x` was, and
+# `f(3.0)` gave 9.0 where JAX gives 6.0. Nothing failed; the program just
+# computed something else.
+#
+# The cure is to make equality what the other operators already are, a
+# primitive. Four comparison primitives join `gt` and `lt` from
+# {ref}`Part 1 <part1>`, with JAX's names: `eq`, `ne`, `le` and `ge`. They need
+# no new idea. Each reuses the rules `gt` and `lt` got chapter by chapter: NumPy
+# evaluates it, its output is a boolean array with a zero tangent, batching
+# aligns the two batch axes, abstract evaluation checks the operands and
+# answers `bool`, and lowering emits `stablehlo.compare` with a direction.
+
+# %% tags=["export"]
+eq_p, ne_p, le_p, ge_p = (Primitive(name) for name in ["eq", "ne", "le", "ge"])
+NOT_LINEAR.update(["eq", "ne", "le", "ge"])
+
+for _prim, _np_fn, _direction in [
+    (eq_p, np.equal, "EQ"),
+    (ne_p, np.not_equal, "NE"),
+    (le_p, np.less_equal, "LE"),
+    (ge_p, np.greater_equal, "GE"),
+]:
+    _impl_from_numpy(_prim, _np_fn)
+    _comparison_jvp(_prim)
+    _binary_vmap(_prim)
+    _binary_abstract_eval(_prim, out_dtype=np.bool_)
+    _lower_comparison(_prim, _direction)
+
+
+# %% [markdown]
+# The wrappers are strict like `greater` and `less`; `autodidax.numpy` gets
+# the broadcasting versions under NumPy's names, and the operators
+# `== != <= >=` call those, as `< >` now do.
+
+
+# %% tags=["export"]
+def equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x == y``, a boolean array (the primitive ``eq``)."""
+    return _bind_binary(eq_p, x, y)
+
+
+def not_equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x != y``, a boolean array (the primitive ``ne``)."""
+    return _bind_binary(ne_p, x, y)
+
+
+def less_equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x <= y``, a boolean array (the primitive ``le``)."""
+    return _bind_binary(le_p, x, y)
+
+
+def greater_equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x >= y``, a boolean array (the primitive ``ge``)."""
+    return _bind_binary(ge_p, x, y)
+
+
+numpy_equal = _broadcasting("equal", equal)
+numpy_not_equal = _broadcasting("not_equal", not_equal)
+numpy_less_equal = _broadcasting("less_equal", less_equal)
+numpy_greater_equal = _broadcasting("greater_equal", greater_equal)
+
+
+# %% tags=["export", "hide-input"]
+# @title compares_with(fn): operands of unknown types are left to Python, as in JAX
+def compares_with(fn: Callable) -> Callable:
+    """The method ``self <op> other``: ``fn(self, other)`` for an array or a
+    number; otherwise NotImplemented, so Python asks ``other`` (``x == None``
+    is False, ``x == pytest.approx(...)`` works), as JAX's arrays do."""
+
+    def method(self, other):
+        known = (np.ndarray, np.generic, Tracer, *DEVICE_ARRAY_TYPES)
+        if not (_is_python_scalar(other) or isinstance(other, known)):
+            return NotImplemented
+        return fn(self, other)
+
+    return method
+
+
+# %% tags=["export"]
+ArrayOperators.__eq__ = compares_with(numpy_equal)
+ArrayOperators.__ne__ = compares_with(numpy_not_equal)
+ArrayOperators.__le__ = compares_with(numpy_less_equal)
+ArrayOperators.__ge__ = compares_with(numpy_greater_equal)
+
+# %% [markdown]
+# JAX's `lax` module holds its primitives' wrappers under the primitives'
+# names (`lax.eq`, `lax.gt`, `lax.add`, ...); the folded cell makes the same
+# module for ours, `autodidax.lax`, with the names whose call forms match.
+
+# %% tags=["export", "hide-input"]
+# @title The module autodidax.lax: JAX's lax names for our primitives
+lax_namespace = types.ModuleType("autodidax.lax", "Primitives under lax's names.")
+lax = lax_namespace  # for `from autodidax import lax`
+if __name__ != "__main__":  # in the module: `import autodidax.lax as lax`
+    sys.modules[f"{__name__}.lax"] = lax_namespace
+for _name, _fn in {
+    "eq": equal,
+    "ne": not_equal,
+    "lt": less,
+    "le": less_equal,
+    "gt": greater,
+    "ge": greater_equal,
+    "max": maximum,
+    **{f.__name__: f for f in [add, sub, mul, div, neg, sin, cos, exp, log, tanh]},
+    **{f.__name__: f for f in [integer_pow, convert_element_type, reshape]},
+    **{f.__name__: f for f in [transpose, select, dot_general, stop_gradient, cond]},
+}.items():
+    setattr(lax_namespace, _name, _fn)
+
+
+# %% [markdown]
+# Fixing `==` alone would leave the same trap one protocol over. Python asks
+# an object for many things besides its operators: a hash (for a dict key or
+# a set), a truth value (`if`), a number (`float()`, `int()`, a list index),
+# a length, an iterator. Each either works as it does in JAX or refuses with
+# an error that names the traced value and says what to use instead, never
+# falls back to Python's default. A tracer is unhashable, as in JAX: an object
+# whose `==` returns an array cannot honour the contract between `__eq__` and
+# `__hash__`. The folded cell has the rest.
+
+
+# %% tags=["export", "hide-input"]
+# @title Every other Python protocol on a tracer: as in JAX, or a clear error
+def _unhashable(self: ArrayOperators) -> int:
+    raise TypeError(
+        f"unhashable type: {type(self).__name__} ({_describe(self)}): its == "
+        "compares elementwise, so it cannot be a dict key or a set member; "
+        "use id(x) as the key"
+    )
+
+
+def _number_conversion_error(kind: str, tracer: Tracer, instead: str) -> TypeError:
+    tracer.check_live()
+    return ConcretizationError(
+        f"{kind} of a traced {tracer.aval.str_short()} value: its value is not "
+        f"known while the function is transformed. {instead}"
+    )
+
+
+def _tracer_float(self: Tracer) -> float:
+    raise _number_conversion_error(
+        "float()", self, "To change its dtype, use x.astype(np.float64)."
+    )
+
+
+def _tracer_int(self: Tracer) -> int:
+    raise _number_conversion_error(
+        "int()", self, "To change its dtype, use x.astype(np.int64)."
+    )
+
+
+def _tracer_index(self: Tracer) -> int:
+    raise _number_conversion_error(
+        "Using as a Python index (a list index, a range, a shape)",
+        self,
+        "Pass a Python int instead, or choose with select/cond.",
+    )
+
+
+def _tracer_len(self: Tracer) -> int:
+    self.check_live()
+    if not self.aval.shape:
+        raise TypeError(f"len() of unsized object: a traced {self.aval.str_short()}")
+    return self.aval.shape[0]
+
+
+def _tracer_iter(self: Tracer):
+    self.check_live()
+    if not self.aval.shape:
+        raise TypeError(f"iteration over a 0-d array: a traced {self.aval.str_short()}")
+    raise TypeError(
+        f"iterating over a traced {self.aval.str_short()} needs indexing, which "
+        "this chapter does not have; use vmap over the leading axis, or scan"
+    )
+
+
+ArrayOperators.__hash__ = _unhashable
+Tracer.__float__ = _tracer_float
+Tracer.__int__ = _tracer_int
+Tracer.__index__ = _tracer_index
+Tracer.__complex__ = lambda self: complex(_tracer_float(self))
+Tracer.__len__ = _tracer_len
+Tracer.__iter__ = _tracer_iter
+
+
+# %% [markdown]
+# Here is the program that went wrong, under `jit`, `vmap` and `grad`, next to
+# JAX:
+
+
+# %%
+def add_if_three(x):
+    return cond(x == 3.0, add, mul, x, x)
+
+
+def jax_add_if_three(x):
+    return jax.lax.cond(x == 3.0, jnp.add, jnp.multiply, x, x)
+
+
+xs = np.array([3.0, 4.0])
+print(jit(add_if_three)(3.0), jax.jit(jax_add_if_three)(3.0))
+print(vmap(add_if_three)(xs), jax.vmap(jax_add_if_three)(xs))
+print(grad(add_if_three)(3.0), jax.grad(jax_add_if_three)(3.0))
+print(make_jaxpr(add_if_three, scalar)[0])
 
 # %% [markdown]
 # (appendix-rule-table)=

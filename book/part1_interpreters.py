@@ -949,9 +949,16 @@ print(d4(3.0), np.sin(3.0))
 # differentiates those in turn, and its rule finally calls `sin` and `cos` on
 # plain numbers at level 0, the bottom.
 #
-# Choosing the interpreter by the inputs matters when the inner function closes
-# over the outer variable. Below, the inner derivative of $x y$ with respect to $y$
-# is $x$, so the outer function is $x^2$, whose derivative at 3 is 6:
+# Why does `bind` look at the inputs instead of simply taking the top of the
+# stack? Because a rule runs while its own level is still pushed. When level 2's
+# rule for `sin` calls `sin` and `cos` on its primal, level 2 is still the top;
+# had `bind` taken the top, those calls would go back to the same rule, which
+# would call `sin` again, without end, and even `d1` would never finish.
+# Choosing by the inputs sends them to the level of the primal, one level down.
+#
+# The same choice keeps two derivatives apart when the inner function closes
+# over the outer variable. Below, the inner derivative of $x y$ with respect to
+# $y$ is $x$, so the outer function is $x^2$, whose derivative at 3 is 6:
 
 # %%
 print(derivative(lambda x: mul(x, derivative(lambda y: mul(x, y))(1.0)))(3.0))
@@ -959,12 +966,11 @@ print(derivative(lambda x: mul(x, derivative(lambda y: mul(x, y))(1.0)))(3.0))
 # %% [markdown]
 # Inside the inner `jvp`, `x` is a level-1 tracer meeting level-2 tracers. Level
 # 2 boxes it with `lift`, with a zero tangent: to the inner derivative, `x` is a
-# constant. Level 1 still sees `x` change, because the inner rules call `bind` on
-# it, and those calls have no level-2 tracer among their inputs. Had `bind` simply
-# taken the top of the stack, the level-2 rule's `mul` on its primals (the level-1
-# tracer `x` and the number `1.0`) would be sent back to level 2, which would run
-# the same rule again, without end. Choosing by the inputs means each level sees only the
-# operations on its own values, which keeps the two derivatives apart.
+# constant. Level 1 still sees `x` change, because the inner rule's `mul` on its
+# primals (the level-1 tracer `x` and the number `1.0`) has no level-2 input and
+# goes to level 1. Each level sees only the operations on its own values. (Real
+# JAX reaches the same result another way, by running a rule's operations under
+# the parent of its trace; see {ref}`Where real JAX differs <part1-jax-differs>`.)
 #
 # ### Python control flow is free
 #
@@ -975,23 +981,24 @@ print(derivative(lambda x: mul(x, derivative(lambda y: mul(x, y))(1.0)))(3.0))
 # as `add` was, with a wrapper and an `impl` rule. Their outputs are booleans,
 # which do not vary smoothly, so their tangent is zero. (Real JAX gives such
 # outputs a special tangent dtype called `float0`; we use a zero array of the
-# output's dtype.)
+# output's dtype.) The primitives get JAX's names, `gt` and `lt`; the wrappers
+# keep NumPy's, `greater` and `less`.
 
 # %% tags=["export"]
-greater_p = Primitive("greater")
-less_p = Primitive("less")
+gt_p = Primitive("gt")
+lt_p = Primitive("lt")
 
 
 def greater(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """Elementwise ``x > y``, a boolean array."""
+    """Elementwise ``x > y``, a boolean array (the primitive ``gt``)."""
     x, y = _binary_operands("greater", x, y)
-    return bind(greater_p, x, y)
+    return bind(gt_p, x, y)
 
 
 def less(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """Elementwise ``x < y``, a boolean array."""
+    """Elementwise ``x < y``, a boolean array (the primitive ``lt``)."""
     x, y = _binary_operands("less", x, y)
-    return bind(less_p, x, y)
+    return bind(lt_p, x, y)
 
 
 def _comparison_jvp(prim: Primitive) -> None:
@@ -1001,7 +1008,7 @@ def _comparison_jvp(prim: Primitive) -> None:
         return [out], [zeros_like(out)]
 
 
-for _prim, _np_fn in [(greater_p, np.greater), (less_p, np.less)]:
+for _prim, _np_fn in [(gt_p, np.greater), (lt_p, np.less)]:
     _impl_from_numpy(_prim, _np_fn)
     _comparison_jvp(_prim)
 
@@ -1672,7 +1679,7 @@ def _binary_vmap(prim: Primitive) -> None:
 
 for _prim in [neg_p, sin_p, cos_p]:
     _unary_vmap(_prim)
-for _prim in [add_p, mul_p, greater_p, less_p]:
+for _prim in [add_p, mul_p, gt_p, lt_p]:
     _binary_vmap(_prim)
 
 
@@ -2122,6 +2129,7 @@ show_error(lambda: sin(leaked[0]))
 show_error(lambda: 1 if leaked[0] else 0)
 
 # %% [markdown]
+# (part1-jax-differs)=
 # ## Where real JAX differs
 #
 # - JAX's primitives live in [`jax.lax`](https://docs.jax.dev/en/latest/jax.lax.html);

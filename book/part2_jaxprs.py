@@ -311,8 +311,8 @@ _unary_abstract_eval(sin_p, "f", "a float")
 _unary_abstract_eval(cos_p, "f", "a float")
 _binary_abstract_eval(add_p)
 _binary_abstract_eval(mul_p)
-_binary_abstract_eval(greater_p, out_dtype=np.bool_)
-_binary_abstract_eval(less_p, out_dtype=np.bool_)
+_binary_abstract_eval(gt_p, out_dtype=np.bool_)
+_binary_abstract_eval(lt_p, out_dtype=np.bool_)
 
 
 @reduce_sum_p.def_rule("abstract_eval")
@@ -492,7 +492,7 @@ a, b, c, stray = (Var(ShapedArray((), np.float64)) for _ in range(4))
 vec = Var(ShapedArray((3,), np.float64))
 unbound = Jaxpr([a], [JaxprEqn(mul_p, [a, stray], {}, [b])], [b])
 rebound = Jaxpr([a], [JaxprEqn(sin_p, [a], {}, [a])], [a])
-bool_as_float = Jaxpr([a], [JaxprEqn(greater_p, [a, a], {}, [b])], [b])
+bool_as_float = Jaxpr([a], [JaxprEqn(gt_p, [a, a], {}, [b])], [b])
 mismatch = Jaxpr([a, vec], [JaxprEqn(add_p, [a, vec], {}, [c])], [c])
 
 for bad in [unbound, rebound, bool_as_float, mismatch]:
@@ -603,12 +603,12 @@ class JaxprBuilder:
 
     def __init__(self) -> None:
         self.eqns: list[JaxprEqn] = []
-        self.tracer_to_atom: dict[JaxprTracer, Atom] = {}
+        self.tracer_to_atom: dict[int, Atom] = {}  # by id: tracers are unhashable
         self.consts: dict[int, tuple[JaxprTracer, Any]] = {}  # by id of the value
 
     def new_tracer(self, trace, aval, atom=None):
         tracer = JaxprTracer(trace, aval)
-        self.tracer_to_atom[tracer] = atom or Var(aval)
+        self.tracer_to_atom[id(tracer)] = atom or Var(aval)
         return tracer
 
     def const_tracer(self, trace, val):
@@ -618,19 +618,22 @@ class JaxprBuilder:
             self.consts[id(val)] = (self.new_tracer(trace, get_aval(val), literal), val)
         return self.consts[id(val)][0]
 
+    def atom(self, tracer):
+        return self.tracer_to_atom[id(tracer)]
+
     def add_eqn(self, prim, ins, params, outs):
-        atom = self.tracer_to_atom
-        eqn = JaxprEqn(prim, [atom[t] for t in ins], params, [atom[t] for t in outs])
+        atom = self.atom
+        eqn = JaxprEqn(prim, [atom(t) for t in ins], params, [atom(t) for t in outs])
         self.eqns.append(eqn)
 
     def build(self, ins, outs):
         """The jaxpr and its constants, which come first among its inputs."""
-        atom = self.tracer_to_atom
+        atom = self.atom
         consts = [
-            (t, val) for t, val in self.consts.values() if isinstance(atom[t], Var)
+            (t, val) for t, val in self.consts.values() if isinstance(atom(t), Var)
         ]
-        in_binders = [atom[t] for t, _ in consts] + [atom[t] for t in ins]
-        jaxpr = Jaxpr(in_binders, self.eqns, [atom[t] for t in outs])
+        in_binders = [atom(t) for t, _ in consts] + [atom(t) for t in ins]
+        jaxpr = Jaxpr(in_binders, self.eqns, [atom(t) for t in outs])
         typecheck_jaxpr(jaxpr)
         return jaxpr, [val for _, val in consts]
 

@@ -223,8 +223,8 @@ def _lower_comparison(prim: Primitive, direction: str) -> None:
         return [hlo.compare(x, y, direction_attr, compare_type=kind_attr)]
 
 
-_lower_comparison(greater_p, "GT")
-_lower_comparison(less_p, "LT")
+_lower_comparison(gt_p, "GT")
+_lower_comparison(lt_p, "LT")
 
 
 # %% [markdown]

@@ -414,7 +414,7 @@ def _all_gather_jvp(primals, tangents, **params):
 def _pmax_jvp(primals, tangents, *, axis_name):
     (x,), (t,) = primals, tangents
     out = pmax(x, axis_name)
-    at_max = convert_element_type(_equal(x, out), get_aval(x).dtype)
+    at_max = convert_element_type(numpy_equal(x, out), get_aval(x).dtype)
     return [out], [psum(t * at_max, axis_name) / psum(at_max, axis_name)]
 
 
@@ -436,12 +436,20 @@ def _all_gather_transpose(cts, x, *, axis_name, axis_size):
     if ct is None:
         return [None]
     total = psum(ct, axis_name)  # my row of the gathered sum is my cotangent
-    mine = _equal(np.arange(axis_size, dtype=np.int32), axis_index(axis_name))
+    mine = numpy_equal(np.arange(axis_size, dtype=np.int32), axis_index(axis_name))
     zeros = np.zeros(get_aval(total).shape, get_aval(total).dtype)
     return [reduce_sum(select(per_example(mine, total), total, zeros), 0)]
 
 
 NOT_LINEAR.update({"pmax", "axis_index"})
+
+# %% [markdown]
+# The collectives, and the loops of Parts 6 and 7, join `autodidax.lax` under
+# JAX's names:
+
+# %% tags=["export"]
+for _fn in [while_loop, fori_loop, scan, psum, pmean, pmax, all_gather, axis_index]:
+    setattr(lax_namespace, _fn.__name__, _fn)
 
 
 # %% [markdown]

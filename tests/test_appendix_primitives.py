@@ -1109,21 +1109,30 @@ def test_broadcasting(seed: int) -> None:
     assert_close(ad.vmap(ours_both, in_axes)(*batched), refs["vmap"], "vmap")
 
 
-ELEMENTWISE = {"add", "sub", "mul", "div", "max", "greater", "less", "select", "neg"}
+ELEMENTWISE = {"add", "sub", "mul", "div", "max", "select", "neg"}
+ELEMENTWISE |= {"eq", "ne", "lt", "le", "gt", "ge"}
 SIMPLE_BROADCASTING = {
     "anp.add": (anp.add, "add"),
     "anp.subtract": (anp.subtract, "sub"),
     "anp.multiply": (anp.multiply, "mul"),
     "anp.divide": (anp.divide, "div"),
     "anp.maximum": (anp.maximum, "max"),
-    "anp.greater": (anp.greater, "greater"),
-    "anp.less": (anp.less, "less"),
+    "anp.greater": (anp.greater, "gt"),
+    "anp.less": (anp.less, "lt"),
+    "anp.equal": (anp.equal, "eq"),
+    "anp.not_equal": (anp.not_equal, "ne"),
+    "anp.less_equal": (anp.less_equal, "le"),
+    "anp.greater_equal": (anp.greater_equal, "ge"),
     "+": (lambda a, b: a + b, "add"),
     "-": (lambda a, b: a - b, "sub"),
     "*": (lambda a, b: a * b, "mul"),
     "/": (lambda a, b: a / b, "div"),
-    ">": (lambda a, b: a > b, "greater"),
-    "<": (lambda a, b: a < b, "less"),
+    ">": (lambda a, b: a > b, "gt"),
+    "<": (lambda a, b: a < b, "lt"),
+    "==": (lambda a, b: a == b, "eq"),
+    "!=": (lambda a, b: a != b, "ne"),
+    "<=": (lambda a, b: a <= b, "le"),
+    ">=": (lambda a, b: a >= b, "ge"),
 }
 
 
@@ -1511,8 +1520,12 @@ NONLINEAR_WITNESSES = {
     "integer_pow": lambda x, y: ad.integer_pow(x, 2),
     "reduce_max": lambda x, y: ad.reduce_max(x, 0),
     "max": lambda x, y: ad.maximum(x, y),
-    "greater": lambda x, y: ad.convert_element_type(ad.greater(x, y), F64),
-    "less": lambda x, y: ad.convert_element_type(ad.less(x, y), F64),
+    "gt": lambda x, y: ad.convert_element_type(ad.greater(x, y), F64),
+    "lt": lambda x, y: ad.convert_element_type(ad.less(x, y), F64),
+    "ge": lambda x, y: ad.convert_element_type(ad.greater_equal(x, y), F64),
+    "le": lambda x, y: ad.convert_element_type(ad.less_equal(x, y), F64),
+    "eq": lambda x, y: ad.convert_element_type(ad.equal(x, y), F64),
+    "ne": lambda x, y: ad.convert_element_type(ad.not_equal(x, y), F64),
     # Part 8: a custom_vjp function (sin, with its true backward pass).
     "custom_vjp_call": lambda x, y: _sin_with_vjp(x),
     # Part 6: square until the sum passes 100 (elements are positive).
@@ -1541,8 +1554,12 @@ def test_not_linear_primitives_are_not_linear(name: str) -> None:
     rng = rng_for("nonlinear", name)
     a = [draw(rng, "pos", (5,)) for _ in range(2)]
     b = [draw(rng, "pos", (5,)) for _ in range(2)]
-    if name in ("greater", "less", "max"):
+    if name in ("gt", "lt", "ge", "le", "max"):
         b = [b[0], -b[0]]  # flips which operand is larger
+    if name == "eq":  # a's operands are equal, a + b's are not
+        a, b = [a[0], a[0]], [b[0], -b[0]]
+    if name == "ne":  # a's and b's operands differ, a + b's are equal
+        b = [a[1], a[0]]
     avals = [ad.get_aval(v) for v in a]
     if name in OVER_NAMED_AXIS:  # one member's view: a scalar, axis "i" bound
         traced = ad.with_axis(fn, "i", 5)

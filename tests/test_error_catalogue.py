@@ -1188,3 +1188,46 @@ def test_17_pmap_inside_jit_or_another_pmap(outer):
     with clear_error(ad.PmapInsideJitError, r"pmap inside jit.*put jit inside pmap"):
         run()
     assert issubclass(ad.PmapInsideJitError, TypeError)
+
+
+# ---------------------------------------------------------------------------
+# 18. Python's protocols on a traced value: float(), int(), use as an index,
+#     hash(), len() and iteration of a 0-d value. Each raises an error that
+#     names the traced value (never Python's "must be a real number", never
+#     a silent fallback such as hashing by identity)
+# ---------------------------------------------------------------------------
+
+PROTOCOLS = {
+    "float": (lambda x: float(x), ad.ConcretizationError, r"float\(\).*traced float64"),
+    "int": (lambda x: int(x), ad.ConcretizationError, r"int\(\).*traced float64"),
+    "index": (
+        lambda x: [1.0, 2.0][ad.convert_element_type(x, np.int64)],
+        ad.ConcretizationError,
+        r"(?s)index.*traced int64.*Python int",
+    ),
+    "hash": (lambda x: hash(x), TypeError, r"unhashable type: \w*Tracer"),
+    "dict-key": (lambda x: {x: 1}, TypeError, r"unhashable type: \w*Tracer"),
+    "len-0d": (lambda x: len(x), TypeError, r"len\(\) of unsized object.*float64\[\]"),
+    "iter-0d": (lambda x: list(x), TypeError, r"iteration over a 0-d.*float64\[\]"),
+}
+
+
+@pytest.mark.parametrize("mode", ["jit", "vmap", "grad", "jit-of-grad"])
+@pytest.mark.parametrize("which", PROTOCOLS, ids=list(PROTOCOLS))
+def test_18_python_protocol_on_a_traced_value(which, mode):
+    protocol, exc_type, match = PROTOCOLS[which]
+
+    def f(x):
+        protocol(ad.reduce_sum(x))
+        return x
+
+    with clear_error(exc_type, match):
+        with in_mode(mode):
+            under(mode, f)(V3)
+
+
+def test_18_device_arrays_are_unhashable_and_compare_elementwise():
+    a = ad.jit(lambda x: x * 1.0)(V3)
+    with clear_error(TypeError, r"unhashable type: Array \(.*float64\[3\]"):
+        hash(a)
+    np.testing.assert_array_equal(np.asarray(a == 0.5), V3 == 0.5)

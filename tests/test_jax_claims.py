@@ -1340,6 +1340,67 @@ def test_part9_collectives_take_pytrees():
 # ------------------------------------------------------------------ appendix
 
 
+def test_part1_comparison_primitives_named_gt_lt():
+    # part1_interpreters: "The primitives get JAX's names, `gt` and `lt`; the
+    # wrappers keep NumPy's, `greater` and `less`."
+    jaxpr = jax.make_jaxpr(lambda x: (jnp.greater(x, 1.0), jnp.less(x, 1.0)))(2.0)
+    assert [e.primitive.name for e in jaxpr.eqns] == ["gt", "lt"]
+
+
+def test_part1_rules_run_under_the_parent_trace():
+    # part1_interpreters: "(Real JAX reaches the same result another way, by
+    # running a rule's operations under the parent of its trace ...)": a JVP
+    # trace keeps the trace it was started under and binds its rules there.
+    source = inspect.getsource(jax_ad.JVPTrace.process_primitive)
+    assert "set_current_trace(self.parent_trace)" in source
+
+
+@pytest.mark.parametrize("name", ["eq", "ne", "lt", "le", "gt", "ge"])
+def test_appendix_comparisons_are_primitives_named_as_lax(name):
+    # appendix_primitives: "Four comparison primitives join `gt` and `lt` ...
+    # with JAX's names: `eq`, `ne`, `le` and `ge`"; "JAX's `lax` module holds
+    # its primitives' wrappers under the primitives' names (`lax.eq`, ...)".
+    op = {"eq": "__eq__", "ne": "__ne__", "lt": "__lt__", "le": "__le__",
+          "gt": "__gt__", "ge": "__ge__"}[name]  # fmt: skip
+    jaxpr = jax.make_jaxpr(lambda x: getattr(x, op)(3.0))(2.0)
+    assert [e.primitive.name for e in jaxpr.eqns] == [name]
+    (eqn,) = jax.make_jaxpr(getattr(lax, name))(2.0, 3.0).eqns
+    assert eqn.primitive.name == name
+
+
+def test_appendix_eq_under_jit_in_cond_gives_six():
+    # appendix_primitives: "`f(3.0)` gave 9.0 where JAX gives 6.0".
+    f = jax.jit(lambda x: lax.cond(x == 3.0, jnp.add, jnp.multiply, x, x))
+    assert float(f(3.0)) == 6.0
+
+
+def test_appendix_comparison_lowers_to_stablehlo_compare():
+    # appendix_primitives: "lowering emits `stablehlo.compare` with a direction".
+    text = jax.jit(lambda x, y: x == y).lower(1.0, 2.0).as_text()
+    assert re.search(r"stablehlo\.compare\s+EQ", text)
+
+
+def test_appendix_tracers_and_arrays_are_unhashable():
+    # appendix_primitives: "A tracer is unhashable, as in JAX".
+    with pytest.raises(TypeError, match="unhashable"):
+        jax.jit(lambda x: hash(x))(1.0)
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(jnp.ones(2))
+
+
+def test_appendix_python_protocols_on_tracers():
+    # appendix_primitives: each protocol "works as it does in JAX or refuses":
+    # float()/int()/index of a traced value raise, len() is the leading size,
+    # iterating a 0-d value raises; JAX's == defers to unknown types.
+    for protocol in (float, int, lambda x: [0, 1][x]):
+        with pytest.raises(TypeError):
+            jax.jit(lambda x, p=protocol: p(x))(1)
+    assert int(jax.jit(lambda x: len(x))(jnp.ones(4))) == 4
+    with pytest.raises(TypeError, match="0-d"):
+        jax.jit(lambda x: list(x))(1.0)
+    assert jnp.ones(2).__eq__(None) is NotImplemented
+
+
 def test_appendix_promotion_lattice():
     # appendix_primitives: "`jax.numpy` combines different dtypes by a promotion
     # lattice (`int32 + float32` is `float32`)".

@@ -133,7 +133,7 @@ def test_bound_twice_as_two_inputs():
 @pytest.mark.parametrize(
     "prim, in_avals, params, declared, produced",
     [
-        (ad.greater_p, [SCALAR, SCALAR], {}, SCALAR, r"bool\[\]"),
+        (ad.gt_p, [SCALAR, SCALAR], {}, SCALAR, r"bool\[\]"),
         (ad.sin_p, [SCALAR], {}, VEC3, r"float64\[\]"),
         (ad.sin_p, [ShapedArray((3,), np.float32)], {}, VEC3, r"float32\[3\]"),
         (
@@ -167,7 +167,7 @@ def test_declared_output_type_wrong(prim, in_avals, params, declared, produced):
         ad.typecheck_jaxpr(jaxpr)
 
 
-@pytest.mark.parametrize("prim", [ad.add_p, ad.mul_p, ad.greater_p, ad.less_p])
+@pytest.mark.parametrize("prim", [ad.add_p, ad.mul_p, ad.gt_p, ad.lt_p])
 def test_shape_mismatch_in_binary_equation(prim):
     a, v, c = var(), var((3,)), var()
     jaxpr = Jaxpr([a, v], [JaxprEqn(prim, [a, v], {}, [c])], [c])
@@ -175,7 +175,7 @@ def test_shape_mismatch_in_binary_equation(prim):
         ad.typecheck_jaxpr(jaxpr)
 
 
-@pytest.mark.parametrize("prim", [ad.add_p, ad.mul_p, ad.greater_p])
+@pytest.mark.parametrize("prim", [ad.add_p, ad.mul_p, ad.gt_p])
 def test_dtype_mismatch_in_binary_equation(prim):
     a, i, c = var(), var((), np.int64), var()
     jaxpr = Jaxpr([a, i], [JaxprEqn(prim, [a, i], {}, [c])], [c])

@@ -928,8 +928,8 @@ def test_lowering_emits_stablehlo_for_every_primitive():
         found = re.findall(rf"\b{re.escape(op)}\b", text)
         assert len(found) == names.count(prim) > 0, (prim, text)
     assert re.search(r"stablehlo\.add\b", text)
-    assert len(re.findall(r"stablehlo\.compare\s+GT,", text)) == names.count("greater")
-    assert len(re.findall(r"stablehlo\.compare\s+LT,", text)) == names.count("less")
+    assert len(re.findall(r"stablehlo\.compare\s+GT,", text)) == names.count("gt")
+    assert len(re.findall(r"stablehlo\.compare\s+LT,", text)) == names.count("lt")
     assert "stablehlo.constant" in text  # the literal 2.0 and the reduce's 0.0
     assert "tensor<2x3xf64>" in text and "tensor<2x3xi1>" in text
     assert "tensor<4x2xf64>" in text
