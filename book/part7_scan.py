@@ -592,6 +592,10 @@ print(starts[:, None] + np.cumsum(rows, axis=1))
 #                  -> (unknown carries, unknown ys)          residuals: extra xs
 # ```
 #
+# (Hoisting, an optional memory saving described after the rule, later moves
+# the residuals that are the same on every trip out of the known loop and
+# into the unknown loop's constants.)
+#
 # `split_scan` builds the two bodies. Block 1 decides which carries are
 # unknown: a carry with a known initial value becomes unknown if the body
 # makes it unknown on some trip (the tangent of `state` does, through the
@@ -652,9 +656,10 @@ def split_scan(
 # with the stacked residuals as its last `xs`. The unknown scan also needs the
 # initial value of every unknown carry; when that value is known (the tangent
 # of the initial `state` is a known zero), `instantiate_const` makes it an
-# input of the staged program, so it is kept as a residual too. The two lines
-# marked *optional* are a memory saving, explained next; without them
-# `before` would do nothing and every residual would be stacked.
+# input of the staged program, so it is kept as a residual too. The two
+# statements under the comment `# optional` are a memory saving, explained
+# next; without them every residual would be stacked and `res_consts` would
+# be empty.
 
 
 # %% tags=["export"]
