@@ -5152,8 +5152,7 @@ def _lower_less(x: ir.Value, y: ir.Value) -> ir.Value:
 
 def _row_start(row: ir.Value, ndim: int) -> list[ir.Value]:
     """The index of the first element of ``row``: (row, 0, 0, ...)."""
-    zero = ir_constant(0, ShapedArray((), np.int64))
-    return [row] + [zero] * (ndim - 1)
+    return [row] + [ir_constant(0, ShapedArray((), np.int64)) for _ in range(ndim - 1)]
 
 
 def _read_row(x: ir.Value, row: ir.Value, aval: ShapedArray) -> ir.Value:
@@ -5243,17 +5242,16 @@ class ScanSplit(NamedTuple):
 
     carry_unknown: list[bool]
     out_unknown: list[bool]  # of the scan's outputs: carries, then ys
-    hoisted: Jaxpr  # known consts -> (invariant residuals, known loop's consts)
-    known_body: Jaxpr  # its ys end with the per-trip residuals
-    unknown_body: Jaxpr
-    num_invariant: int
+    known_body: Jaxpr  # (consts; carries; rows) -> (carries, ys, residuals)
+    unknown_body: Jaxpr  # (consts; carries; rows, residuals) -> (carries, ys)
+    num_res_consts: int = 0  # residuals read as constants, first: see hoisting
 
 
 def split_scan(
     jaxpr: Jaxpr, num_consts: int, num_carry: int, unknown: list[bool]
 ) -> ScanSplit:
-    """Split a scan body into a known and an unknown loop (residuals
-    hoisted out of both by hoist_residuals)."""
+    """Split a scan body into a known loop, whose ys end with one row of
+    residuals per trip, and an unknown loop, which reads them as its last xs."""
     consts_u, carry_u, xs_u = _split(unknown, num_consts, num_carry)
     # 1: fixed point on unknown carries
     while True:
@@ -5264,32 +5262,13 @@ def split_scan(
         carry_u = new
     # 2: split known/unknown; the known body returns the residuals last
     num_ys = len(jaxpr.outs) - num_carry
-    known, unknown_body, out_u, num_res = partial_eval_jaxpr(
+    known_body, unknown_body, out_u, num_res = partial_eval_jaxpr(
         jaxpr, consts_u + carry_u + xs_u, carry_u + [False] * num_ys
     )
-    split = hoist_residuals(known, unknown_body, num_res, consts_u.count(False))
-    return ScanSplit(carry_u, out_u, *split)
-
-
-# @title Hoisting: residuals that are the same on every trip, computed once
-def hoist_residuals(
-    known: Jaxpr, unknown_body: Jaxpr, num_res: int, num_known_consts: int
-) -> tuple[Jaxpr, Jaxpr, Jaxpr, int]:
-    """(hoisted, known_body, unknown_body, number of invariant residuals):
-    the residuals that depend only on known constants, computed once."""
-    # 3: split the known body again: loop-invariant vs per-trip residuals
-    varies = [i >= num_known_consts for i in range(len(known.in_binders))]
-    num_known_outs = len(known.outs) - num_res
-    hoisted, known_body, outs_vary, _ = partial_eval_jaxpr(
-        known, varies, [True] * num_known_outs + [False] * num_res
-    )
-    # 4: reorder the unknown body's binders
+    # 3: the unknown body reads the residuals as its last rows
     residuals, rest = _split(unknown_body.in_binders, num_res)
-    invariant, per_trip = _split_by(outs_vary[num_known_outs:], residuals)
-    unknown_body = Jaxpr(
-        invariant + rest + per_trip, unknown_body.eqns, unknown_body.outs
-    )
-    return hoisted, known_body, unknown_body, len(invariant)
+    unknown_body = Jaxpr(rest + residuals, unknown_body.eqns, unknown_body.outs)
+    return ScanSplit(carry_u, out_u, known_body, unknown_body)
 
 
 @scan_p.def_rule("partial_eval")
@@ -5302,35 +5281,63 @@ def _scan_partial_eval(
     known_consts, unknown_consts = _split_by(unknown[:num_consts], consts)
     known_xs, unknown_xs = _split_by(unknown[num_consts + num_carry :], xs)
     known_init, unknown_init = _split_by(s.carry_unknown, init)
-    hoisted = eval_jaxpr(s.hoisted, [t.pval.const for t in known_consts])  # once
-    invariant, loop_consts = _split(hoisted, s.num_invariant)
+    known_consts = [t.pval.const for t in known_consts]
+    # optional: residuals that are the same on every trip, computed once
+    before, s = hoist_residuals(s, len(known_consts))
+    res_consts, known_consts = _split(
+        eval_jaxpr(before, known_consts), s.num_res_consts
+    )
+    # the known loop runs now; its ys end with the residual rows
     known_outs = bind(
         scan_p,
-        *loop_consts,
+        *known_consts,
         *[t.pval.const for t in known_init + known_xs],
         jaxpr=s.known_body,
-        num_consts=len(loop_consts),
+        num_consts=len(known_consts),
         num_carry=len(known_init),
         length=length,
         reverse=reverse,
     )
-    known_outs, per_trip = _split(known_outs, s.out_unknown.count(False))
-    residuals = [trace.instantiate_const(trace.pure(r)) for r in invariant + per_trip]
-    invariant, per_trip = _split(residuals, s.num_invariant)
+    known_outs, res_rows = _split(known_outs, s.out_unknown.count(False))
+    # the unknown loop is staged; it reads the residual rows as its last xs
+    residuals = [trace.instantiate_const(trace.pure(r)) for r in res_consts + res_rows]
+    res_consts, res_rows = _split(residuals, len(res_consts))
     unknown_init = [trace.instantiate_const(t) for t in unknown_init]
     unknown_params = dict(
         jaxpr=s.unknown_body,
-        num_consts=len(invariant) + len(unknown_consts),
+        num_consts=len(res_consts) + len(unknown_consts),
         num_carry=len(unknown_init),
         length=length,
         reverse=reverse,
     )
-    staged = [*invariant, *unknown_consts, *unknown_init, *unknown_xs, *per_trip]
+    staged = [*res_consts, *unknown_consts, *unknown_init, *unknown_xs, *res_rows]
     unknown_outs = iter(trace.stage(scan_p, staged, unknown_params))
     known_outs = iter(known_outs)
     return [
         next(unknown_outs) if u else trace.pure(next(known_outs)) for u in s.out_unknown
     ]
+
+
+# @title Hoisting: residuals that are the same on every trip, computed once
+def hoist_residuals(s: ScanSplit, num_known_consts: int) -> tuple[Jaxpr, ScanSplit]:
+    """(before, split): ``before`` takes the known loop's constants to (the
+    residuals that are the same on every trip, the new known loop's
+    constants); the new unknown body reads those residuals as constants."""
+    num_known_outs = s.out_unknown.count(False)
+    num_res = len(s.known_body.outs) - num_known_outs
+    varies = [i >= num_known_consts for i in range(len(s.known_body.in_binders))]
+    before, known_body, outs_vary, _ = partial_eval_jaxpr(
+        s.known_body, varies, [True] * num_known_outs + [False] * num_res
+    )
+    binders = s.unknown_body.in_binders
+    rest, residuals = _split(binders, len(binders) - num_res)
+    invariant, per_trip = _split_by(outs_vary[num_known_outs:], residuals)
+    unknown_body = Jaxpr(
+        invariant + rest + per_trip, s.unknown_body.eqns, s.unknown_body.outs
+    )
+    return before, s._replace(
+        known_body=known_body, unknown_body=unknown_body, num_res_consts=len(invariant)
+    )
 
 
 # @title The partial_eval_jaxpr rule: the same split, as equations
@@ -5361,15 +5368,15 @@ def _scan_partial_eval_jaxpr(unks_in, eqn):
     known_xs, unknown_xs = _split_by(unks_in[num_consts + num_carry :], xs)
     known_init, unknown_init = _split_by(s.carry_unknown, init)
     known_outs, unknown_outs = _split_by(s.out_unknown, eqn.out_binders)
-    # The known side, in one xla_call: the hoisted equations, then the loop.
+    before, s = hoist_residuals(s, len(known_consts))
+    # The known side, in one xla_call: the equations of before, then the loop.
     ins = [Var(x.aval) for x in known_consts + known_init + known_xs]
     ins_consts, ins_loop = _split(ins, len(known_consts))
-    hoisted_eqns, hoisted_outs = _inline_jaxpr(s.hoisted, ins_consts)
-    invariant_in, loop_consts = _split(hoisted_outs, s.num_invariant)
-    body_outs = s.known_body.outs
-    trip_avals = [x.aval for x in body_outs[len(known_outs) :]]
+    before_eqns, before_outs = _inline_jaxpr(before, ins_consts)
+    res_consts_in, loop_consts = _split(before_outs, s.num_res_consts)
+    row_avals = [x.aval for x in s.known_body.outs[len(known_outs) :]]
     loop_outs = [Var(x.aval) for x in known_outs]
-    loop_outs += [Var(_stacked_type(a, params["length"])) for a in trip_avals]
+    loop_outs += [Var(_stacked_type(a, params["length"])) for a in row_avals]
     known_params = dict(
         params,
         jaxpr=s.known_body,
@@ -5377,30 +5384,30 @@ def _scan_partial_eval_jaxpr(unks_in, eqn):
         num_carry=len(known_init),
     )
     loop = JaxprEqn(scan_p, [*loop_consts, *ins_loop], known_params, loop_outs)
-    inner = Jaxpr(ins, [*hoisted_eqns, loop], [*loop_outs, *invariant_in])
-    invariant = [Var(x.aval) for x in invariant_in]
-    per_trip = [Var(x.aval) for x in loop_outs[len(known_outs) :]]
+    inner = Jaxpr(ins, [*before_eqns, loop], [*loop_outs, *res_consts_in])
+    res_consts = [Var(x.aval) for x in res_consts_in]
+    res_rows = [Var(x.aval) for x in loop_outs[len(known_outs) :]]
     eqn_known = JaxprEqn(
         xla_call_p,
         known_consts + known_init + known_xs,
         dict(jaxpr=inner),
-        [*known_outs, *per_trip, *invariant],
+        [*known_outs, *res_rows, *res_consts],
     )
     unknown_params = dict(
         params,
         jaxpr=s.unknown_body,
-        num_consts=len(invariant) + len(unknown_consts),
+        num_consts=len(res_consts) + len(unknown_consts),
         num_carry=len(unknown_init),
     )
-    staged = [*invariant, *unknown_consts, *unknown_init, *unknown_xs, *per_trip]
+    staged = [*res_consts, *unknown_consts, *unknown_init, *unknown_xs, *res_rows]
     eqn_unknown = JaxprEqn(scan_p, staged, unknown_params, unknown_outs)
     init_unknown = unks_in[num_consts : num_consts + num_carry]
-    instantiated = [
+    instantiated = [  # known initial values of unknown carries that are variables
         x
         for x, u, carry_u in zip(init, init_unknown, s.carry_unknown)
         if carry_u and not u and isinstance(x, Var)
     ]
-    return eqn_known, eqn_unknown, s.out_unknown, invariant + per_trip + instantiated
+    return eqn_known, eqn_unknown, s.out_unknown, res_consts + res_rows + instantiated
 
 
 @scan_p.def_rule("transpose")

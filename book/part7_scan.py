@@ -32,7 +32,9 @@
 # count is a Python number when the function is traced. That is all reverse
 # mode needs: the known half of the loop can then save the values each trip's
 # derivative needs in arrays with one row per trip, and the backward pass can
-# read them from the last row to the first.
+# read them from the last row to the first. A staged or compiled program must
+# know the shape of every array before it runs; with the trip count known,
+# the shape of those arrays is known too.
 #
 # This chapter builds that loop, `scan(f, init, xs)`. It walks along the
 # leading axis of `xs`, threads a carry through the trips like `while_loop`,
@@ -368,8 +370,7 @@ def _lower_less(x: ir.Value, y: ir.Value) -> ir.Value:
 
 def _row_start(row: ir.Value, ndim: int) -> list[ir.Value]:
     """The index of the first element of ``row``: (row, 0, 0, ...)."""
-    zero = ir_constant(0, ShapedArray((), np.int64))
-    return [row] + [zero] * (ndim - 1)
+    return [row] + [ir_constant(0, ShapedArray((), np.int64)) for _ in range(ndim - 1)]
 
 
 def _read_row(x: ir.Value, row: ir.Value, aval: ShapedArray) -> ir.Value:
@@ -387,16 +388,15 @@ def _write_row(stack: ir.Value, y: ir.Value, row: ir.Value) -> ir.Value:
 
 
 # %% [markdown]
-# The body of the lowered running total's loop, and the compiled loop at work
-# on a million numbers:
+# The lowered running total of four numbers. The loop's state is the counter,
+# the carry, the input and the buffer of `ys`; the `cond` region compares the
+# counter with 4, and the `do` region reads row `%iterArg` of the input with
+# `dynamic_slice`, calls the body (`@jaxpr_0`), writes its `y` into the
+# buffer with `dynamic_update_slice`, and adds one to the counter. For a
+# million numbers only the shapes and the bound 4 would change.
 
 # %%
-module = str(lower_jaxpr(make_jaxpr(cumsum, ShapedArray((4,), np.float64))[0]))
-print(module.split("} do {\n")[1].split("\n    }\n")[0])  # the while's body
-
-# %%
-million = np.random.default_rng(0).normal(size=1_000_000)
-print(np.allclose(jit(cumsum)(million), np.cumsum(million)))
+print(lower_jaxpr(make_jaxpr(cumsum, ShapedArray((4,), np.float64))[0]))
 
 
 # %% [markdown]
@@ -461,37 +461,45 @@ def _scan_jvp(primals, tangents, *, jaxpr, num_consts, num_carry, length, revers
 
 # %% [markdown]
 # The running example of the rest of the chapter is a recurrence of the kind
-# a recurrent network computes: a hidden state `h`, updated from each input
-# `x` by $h \mapsto \tanh(w h + x)$, where the weight `w` is closed over. The
-# loss adds the squares of all hidden states:
+# a recurrent network computes: a hidden `state`, updated from each input
+# `x` by $\text{state} \mapsto \tanh(\text{weight} \cdot \text{state} + x)$,
+# where the `weight` is closed over. The loss adds the squares of all hidden
+# states. (The names are whole words so that they do not clash with the
+# one-letter names of printed jaxprs.)
 
 
 # %%
-def rnn_loss(w, xs):
-    def step(h, x):
-        h = tanh(h * w + x)
-        return h, h * h
+def rnn_loss(weight, xs):
+    def step(state, x):
+        state = tanh(state * weight + x)
+        return state, state * state
 
-    h, squares = scan(step, 0.5, xs)
+    state, squares = scan(step, 0.5, xs)
     return reduce_sum(squares, 0)
 
 
 inputs = np.sin(np.arange(20.0))
-w, h = 0.8, 1e-6
-numeric = (rnn_loss(w + h, inputs) - rnn_loss(w - h, inputs)) / (2 * h)
-print(jvp(lambda w: rnn_loss(w, inputs), (w,), (1.0,)), numeric)
+weight, eps = 0.8, 1e-6
+numeric = (rnn_loss(weight + eps, inputs) - rnn_loss(weight - eps, inputs)) / (2 * eps)
+print(jvp(lambda w: rnn_loss(w, inputs), (weight,), (1.0,)), numeric)
 
 
 # %% [markdown]
-# The weight's tangent is closed over by the new body; here it is a concrete
-# 1.0, which shows up as the literal in `mul h 1.0`. The carry holds `h` and
-# its tangent, which starts at 0.0, and the body emits each square and its
-# tangent:
+# The jaxpr of that JVP, three steps long. The scan's constant is `weight`
+# (`b`, read in the body as `g`); the weight's tangent is closed over by the
+# new body, and here it is a concrete 1.0, the literal in `mul h 1.0`. The
+# carry holds the state and its tangent (`h` and `i` in the body), starting at
+# 0.5 and 0.0, the row is `j`, and the body emits the new state and its
+# tangent (`q`, `t`), then the square and its tangent (`u`, `x`). Two lines are
+# noise: our JVP has no symbolic zeros, so the row's tangent, which is zero,
+# is a real `0.0` that `add n 0.0` adds; and `r` and `u` are both `mul q q`,
+# once for the derivative of `tanh` and once for the square, since nothing
+# removes duplicates.
 
 
 # %%
-def loss_jvp(w):
-    return jvp(lambda w: rnn_loss(w, inputs[:3]), (w,), (1.0,))
+def loss_jvp(weight):
+    return jvp(lambda w: rnn_loss(w, inputs[:3]), (weight,), (1.0,))
 
 
 print(make_jaxpr(loss_jvp, scalar)[0])
@@ -562,33 +570,42 @@ print(starts[:, None] + np.cumsum(rows, axis=1))
 # ## Partial evaluation: a known loop that saves every trip
 #
 # `linearize` runs the JVP with the primals known and the tangents unknown.
-# In the JVP scan above, the carry holds `h` (known) next to its tangent
-# (unknown), the constants hold `w` (known) and its tangent (unknown), and the
-# body mixes them. The default rule would stage the whole scan as unknown,
-# primal work included, and `linearize` could not return the primal output.
-# So, as for `cond` in {ref}`Part 5 <part5-partial-eval>`, the rule splits the
-# body with {ref}`Part 4 <part4-pe-jaxprs>`'s `partial_eval_jaxpr` and makes two
-# scans of the halves. Two things are new.
+# In the JVP scan above, the carry holds `state` (known) next to its tangent
+# (unknown), the constants hold `weight` (known) and its tangent (unknown),
+# and the body mixes them. The default rule would stage the whole scan as
+# unknown, primal work included, and `linearize` could not return the primal
+# output. So, as for `cond` in {ref}`Part 5 <part5-partial-eval>`, the rule
+# splits the body with {ref}`Part 4 <part4-pe-jaxprs>`'s `partial_eval_jaxpr`
+# and makes two scans of the halves: a known loop that runs now and an
+# unknown loop that is staged. The new problem is the residuals. The known
+# body computes them on every trip, and trip $k$ of the unknown loop needs
+# those of trip $k$. So the known scan emits them as extra stacked `ys`, one
+# row per trip, in arrays whose size is known because `length` is; the
+# unknown scan reads them back as extra `xs`, row $k$ on trip $k$. This is
+# what `while_loop` could not do. The two loops, with each scan's three
+# groups of inputs (constants; carries; rows) separated by semicolons:
 #
-# - **Which carries are unknown** (block 1 of `split_scan` below). A carry
-#   with a known initial value becomes unknown if the body makes it unknown on
-#   some trip: a fixed point once more. Part 6's dependence walk would get
-#   this wrong: it marks every output of an equation that reads an unknown
-#   input, so the primal outputs of a `cond` or `scan` in the body that reads
-#   primals and tangents together would come out unknown. So the loop asks
-#   `partial_eval_jaxpr` which outputs are unknown; its rules for `cond` and
-#   `scan` know that those primal outputs are known.
-# - **Per-trip residuals** (block 2). The split, with those carries' outputs
-#   forced to be unknown (its `instantiate` argument, so that each half of the
-#   body returns exactly the carries it takes), gives a known body that returns
-#   residuals for the unknown body. But trip $k$ of the unknown loop needs the
-#   residuals of trip $k$. So the known scan emits them as extra `ys`: stacked,
-#   one row per trip, in an array whose size is known because `length` is. The
-#   unknown scan reads them back as extra `xs`, row $k$ on trip $k$. This is
-#   what `while_loop` could not do.
+# ```text
+# known loop:    (known consts; known carries; known rows)
+#                  -> (known carries, known ys, residuals)   residuals: extra ys
+# unknown loop:  (unknown consts; unknown carries; unknown rows, residuals)
+#                  -> (unknown carries, unknown ys)          residuals: extra xs
+# ```
 #
-# `split_scan` does these two steps, then hands the halves to
-# `hoist_residuals`, below, which returns the three jaxprs the rules use.
+# (Hoisting, an optional memory saving described after the rule, later moves
+# the residuals that are the same on every trip out of the known loop and
+# into the unknown loop's constants.)
+#
+# `split_scan` builds the two bodies. Block 1 decides which carries are
+# unknown: a carry with a known initial value becomes unknown if the body
+# makes it unknown on some trip (the tangent of `state` does, through the
+# tangent of `weight`), a fixed point as for `jvp`, in which each round asks
+# `partial_eval_jaxpr` which outputs of the body are unknown. Block 2 splits
+# the body with those carries' outputs forced to be unknown (the
+# `instantiate` argument), so that each half returns exactly the carries it
+# takes; the known half returns the residuals after its ys. Block 3 moves the
+# residuals, which `partial_eval_jaxpr` puts first among the unknown half's
+# inputs, to the end, where a scan's rows are.
 
 
 # %% tags=["export"]
@@ -597,17 +614,16 @@ class ScanSplit(NamedTuple):
 
     carry_unknown: list[bool]
     out_unknown: list[bool]  # of the scan's outputs: carries, then ys
-    hoisted: Jaxpr  # known consts -> (invariant residuals, known loop's consts)
-    known_body: Jaxpr  # its ys end with the per-trip residuals
-    unknown_body: Jaxpr
-    num_invariant: int
+    known_body: Jaxpr  # (consts; carries; rows) -> (carries, ys, residuals)
+    unknown_body: Jaxpr  # (consts; carries; rows, residuals) -> (carries, ys)
+    num_res_consts: int = 0  # residuals read as constants, first: see hoisting
 
 
 def split_scan(
     jaxpr: Jaxpr, num_consts: int, num_carry: int, unknown: list[bool]
 ) -> ScanSplit:
-    """Split a scan body into a known and an unknown loop (residuals
-    hoisted out of both by hoist_residuals)."""
+    """Split a scan body into a known loop, whose ys end with one row of
+    residuals per trip, and an unknown loop, which reads them as its last xs."""
     consts_u, carry_u, xs_u = _split(unknown, num_consts, num_carry)
     # 1: fixed point on unknown carries
     while True:
@@ -618,55 +634,32 @@ def split_scan(
         carry_u = new
     # 2: split known/unknown; the known body returns the residuals last
     num_ys = len(jaxpr.outs) - num_carry
-    known, unknown_body, out_u, num_res = partial_eval_jaxpr(
+    known_body, unknown_body, out_u, num_res = partial_eval_jaxpr(
         jaxpr, consts_u + carry_u + xs_u, carry_u + [False] * num_ys
     )
-    split = hoist_residuals(known, unknown_body, num_res, consts_u.count(False))
-    return ScanSplit(carry_u, out_u, *split)
-
-
-# %% [markdown]
-# That split is already correct: every residual could go through the known
-# scan's `ys`, stacked. But some residuals depend only on known constants and
-# are the same on every trip (in the RNN, the weight `w` itself); stacking
-# those would store `length` copies of one value. To find them,
-# `hoist_residuals` (folded below, as it only saves memory) splits the known
-# body a second time, with `partial_eval_jaxpr` again, now treating whatever
-# changes from trip to trip (the carries and rows) as "unknown". The known half of that split,
-# `hoisted`, depends only on the constants: it runs once, before the loop, and
-# returns the loop-invariant residuals and the known scan's constants. The
-# rest, `known_body`, is the body of the known scan. The invariant residuals
-# become *constants* of the unknown scan, which takes them first, before its
-# own constants, carries, rows and the rows of the per-trip residuals.
-
-
-# %% tags=["export", "hide-input"]
-# @title Hoisting: residuals that are the same on every trip, computed once
-def hoist_residuals(
-    known: Jaxpr, unknown_body: Jaxpr, num_res: int, num_known_consts: int
-) -> tuple[Jaxpr, Jaxpr, Jaxpr, int]:
-    """(hoisted, known_body, unknown_body, number of invariant residuals):
-    the residuals that depend only on known constants, computed once."""
-    # 3: split the known body again: loop-invariant vs per-trip residuals
-    varies = [i >= num_known_consts for i in range(len(known.in_binders))]
-    num_known_outs = len(known.outs) - num_res
-    hoisted, known_body, outs_vary, _ = partial_eval_jaxpr(
-        known, varies, [True] * num_known_outs + [False] * num_res
-    )
-    # 4: reorder the unknown body's binders
+    # 3: the unknown body reads the residuals as its last rows
     residuals, rest = _split(unknown_body.in_binders, num_res)
-    invariant, per_trip = _split_by(outs_vary[num_known_outs:], residuals)
-    unknown_body = Jaxpr(
-        invariant + rest + per_trip, unknown_body.eqns, unknown_body.outs
-    )
-    return hoisted, known_body, unknown_body, len(invariant)
+    unknown_body = Jaxpr(rest + residuals, unknown_body.eqns, unknown_body.outs)
+    return ScanSplit(carry_u, out_u, known_body, unknown_body)
 
 
 # %% [markdown]
-# The rule for tracing then runs the hoisted part and the known scan now, and
-# stages the unknown scan, with the invariant residuals among its constants
-# and the stacked ones among its `xs`. A known initial value of an unknown
-# carry becomes a residual too (`instantiate_const`).
+# Why block 1 asks `partial_eval_jaxpr` rather than use Part 6's dependence
+# walk `reached_from`: that walk marks *every* output of an equation with an
+# unknown input. A `cond` or `scan` inside the body that reads a primal and a
+# tangent computes primal outputs too, and the walk would call them unknown;
+# a primal carry fed by them would then be computed in the unknown loop,
+# which must hold only linear work. `partial_eval_jaxpr` splits such nested
+# equations with their own rules, and reports their primal outputs known.
+#
+# The rule for tracing runs the known scan now and stages the unknown one,
+# with the stacked residuals as its last `xs`. The unknown scan also needs the
+# initial value of every unknown carry; when that value is known (the tangent
+# of the initial `state` is a known zero), `instantiate_const` makes it an
+# input of the staged program, so it is kept as a residual too. The two
+# statements under the comment `# optional` are a memory saving, explained
+# next; without them every residual would be stacked and `res_consts` would
+# be empty.
 
 
 # %% tags=["export"]
@@ -680,30 +673,36 @@ def _scan_partial_eval(
     known_consts, unknown_consts = _split_by(unknown[:num_consts], consts)
     known_xs, unknown_xs = _split_by(unknown[num_consts + num_carry :], xs)
     known_init, unknown_init = _split_by(s.carry_unknown, init)
-    hoisted = eval_jaxpr(s.hoisted, [t.pval.const for t in known_consts])  # once
-    invariant, loop_consts = _split(hoisted, s.num_invariant)
+    known_consts = [t.pval.const for t in known_consts]
+    # optional: residuals that are the same on every trip, computed once
+    before, s = hoist_residuals(s, len(known_consts))
+    res_consts, known_consts = _split(
+        eval_jaxpr(before, known_consts), s.num_res_consts
+    )
+    # the known loop runs now; its ys end with the residual rows
     known_outs = bind(
         scan_p,
-        *loop_consts,
+        *known_consts,
         *[t.pval.const for t in known_init + known_xs],
         jaxpr=s.known_body,
-        num_consts=len(loop_consts),
+        num_consts=len(known_consts),
         num_carry=len(known_init),
         length=length,
         reverse=reverse,
     )
-    known_outs, per_trip = _split(known_outs, s.out_unknown.count(False))
-    residuals = [trace.instantiate_const(trace.pure(r)) for r in invariant + per_trip]
-    invariant, per_trip = _split(residuals, s.num_invariant)
+    known_outs, res_rows = _split(known_outs, s.out_unknown.count(False))
+    # the unknown loop is staged; it reads the residual rows as its last xs
+    residuals = [trace.instantiate_const(trace.pure(r)) for r in res_consts + res_rows]
+    res_consts, res_rows = _split(residuals, len(res_consts))
     unknown_init = [trace.instantiate_const(t) for t in unknown_init]
     unknown_params = dict(
         jaxpr=s.unknown_body,
-        num_consts=len(invariant) + len(unknown_consts),
+        num_consts=len(res_consts) + len(unknown_consts),
         num_carry=len(unknown_init),
         length=length,
         reverse=reverse,
     )
-    staged = [*invariant, *unknown_consts, *unknown_init, *unknown_xs, *per_trip]
+    staged = [*res_consts, *unknown_consts, *unknown_init, *unknown_xs, *res_rows]
     unknown_outs = iter(trace.stage(scan_p, staged, unknown_params))
     known_outs = iter(known_outs)
     return [
@@ -712,11 +711,47 @@ def _scan_partial_eval(
 
 
 # %% [markdown]
+# **Hoisting, to save memory.** The split above is already correct. But some
+# residuals depend only on known constants and are the same on every trip (in
+# the RNN, `weight` itself); stacking them would store `length` copies of one
+# value. `hoist_residuals` (folded) finds them by splitting the known body a
+# second time with `partial_eval_jaxpr`, now treating what changes from trip
+# to trip (the carries and rows) as "unknown". The half that depends only on
+# the constants, `before`, runs once before the loop and returns the
+# loop-invariant residuals and the known scan's constants; the other half is
+# the new known body. The unknown body then reads the invariant residuals as
+# its first constants (`num_res_consts` of them), and only the rest as rows.
+
+
+# %% tags=["export", "hide-input"]
+# @title Hoisting: residuals that are the same on every trip, computed once
+def hoist_residuals(s: ScanSplit, num_known_consts: int) -> tuple[Jaxpr, ScanSplit]:
+    """(before, split): ``before`` takes the known loop's constants to (the
+    residuals that are the same on every trip, the new known loop's
+    constants); the new unknown body reads those residuals as constants."""
+    num_known_outs = s.out_unknown.count(False)
+    num_res = len(s.known_body.outs) - num_known_outs
+    varies = [i >= num_known_consts for i in range(len(s.known_body.in_binders))]
+    before, known_body, outs_vary, _ = partial_eval_jaxpr(
+        s.known_body, varies, [True] * num_known_outs + [False] * num_res
+    )
+    binders = s.unknown_body.in_binders
+    rest, residuals = _split(binders, len(binders) - num_res)
+    invariant, per_trip = _split_by(outs_vary[num_known_outs:], residuals)
+    unknown_body = Jaxpr(
+        invariant + rest + per_trip, s.unknown_body.eqns, s.unknown_body.outs
+    )
+    return before, s._replace(
+        known_body=known_body, unknown_body=unknown_body, num_res_consts=len(invariant)
+    )
+
+
+# %% [markdown]
 # The rule for jaxprs, which `grad` of a jitted function uses
 # ({ref}`Part 4 <part4-pe-jaxprs>`), builds the same two scans as equations. A
-# rule returns one known equation, so the hoisted equations and the known scan
-# go into one `xla_call` (a nested `jit`); the folded cell has it, with a helper
-# that copies a jaxpr's equations onto other inputs.
+# rule returns one known equation, so `before` and the known scan go into one
+# `xla_call` (a nested `jit`); the folded cell has it, with a helper that
+# copies a jaxpr's equations onto other inputs.
 
 
 # %% tags=["export", "hide-input"]
@@ -748,15 +783,15 @@ def _scan_partial_eval_jaxpr(unks_in, eqn):
     known_xs, unknown_xs = _split_by(unks_in[num_consts + num_carry :], xs)
     known_init, unknown_init = _split_by(s.carry_unknown, init)
     known_outs, unknown_outs = _split_by(s.out_unknown, eqn.out_binders)
-    # The known side, in one xla_call: the hoisted equations, then the loop.
+    before, s = hoist_residuals(s, len(known_consts))
+    # The known side, in one xla_call: the equations of before, then the loop.
     ins = [Var(x.aval) for x in known_consts + known_init + known_xs]
     ins_consts, ins_loop = _split(ins, len(known_consts))
-    hoisted_eqns, hoisted_outs = _inline_jaxpr(s.hoisted, ins_consts)
-    invariant_in, loop_consts = _split(hoisted_outs, s.num_invariant)
-    body_outs = s.known_body.outs
-    trip_avals = [x.aval for x in body_outs[len(known_outs) :]]
+    before_eqns, before_outs = _inline_jaxpr(before, ins_consts)
+    res_consts_in, loop_consts = _split(before_outs, s.num_res_consts)
+    row_avals = [x.aval for x in s.known_body.outs[len(known_outs) :]]
     loop_outs = [Var(x.aval) for x in known_outs]
-    loop_outs += [Var(_stacked_type(a, params["length"])) for a in trip_avals]
+    loop_outs += [Var(_stacked_type(a, params["length"])) for a in row_avals]
     known_params = dict(
         params,
         jaxpr=s.known_body,
@@ -764,41 +799,53 @@ def _scan_partial_eval_jaxpr(unks_in, eqn):
         num_carry=len(known_init),
     )
     loop = JaxprEqn(scan_p, [*loop_consts, *ins_loop], known_params, loop_outs)
-    inner = Jaxpr(ins, [*hoisted_eqns, loop], [*loop_outs, *invariant_in])
-    invariant = [Var(x.aval) for x in invariant_in]
-    per_trip = [Var(x.aval) for x in loop_outs[len(known_outs) :]]
+    inner = Jaxpr(ins, [*before_eqns, loop], [*loop_outs, *res_consts_in])
+    res_consts = [Var(x.aval) for x in res_consts_in]
+    res_rows = [Var(x.aval) for x in loop_outs[len(known_outs) :]]
     eqn_known = JaxprEqn(
         xla_call_p,
         known_consts + known_init + known_xs,
         dict(jaxpr=inner),
-        [*known_outs, *per_trip, *invariant],
+        [*known_outs, *res_rows, *res_consts],
     )
     unknown_params = dict(
         params,
         jaxpr=s.unknown_body,
-        num_consts=len(invariant) + len(unknown_consts),
+        num_consts=len(res_consts) + len(unknown_consts),
         num_carry=len(unknown_init),
     )
-    staged = [*invariant, *unknown_consts, *unknown_init, *unknown_xs, *per_trip]
+    staged = [*res_consts, *unknown_consts, *unknown_init, *unknown_xs, *res_rows]
     eqn_unknown = JaxprEqn(scan_p, staged, unknown_params, unknown_outs)
     init_unknown = unks_in[num_consts : num_consts + num_carry]
-    instantiated = [
+    instantiated = [  # known initial values of unknown carries that are variables
         x
         for x, u, carry_u in zip(init, init_unknown, s.carry_unknown)
         if carry_u and not u and isinstance(x, Var)
     ]
-    return eqn_known, eqn_unknown, s.out_unknown, invariant + per_trip + instantiated
+    return eqn_known, eqn_unknown, s.out_unknown, res_consts + res_rows + instantiated
 
 
 # %% [markdown]
 # Here is the split on the JVP of the RNN loss, three steps long, with the
-# primal inputs known and the tangent unknown. The known side is the
-# `xla_call`: inside it, the loop computes `h`, the squares, and three stacked
-# residuals per trip (`h` before the update, $1 - \tanh^2$, the new `h`); no
-# equation was hoisted here, but the weight `w` is a residual that is the same
-# on every trip, and it goes to the unknown scan as a constant, not as a stack
-# of three copies. The unknown scan takes the tangent of `w` and reads the
-# stacked residuals row by row.
+# primal inputs known and the tangent of `weight` unknown. Both halves are
+# printed with one set of names, so a residual has the same name in both.
+#
+# - The known half is the `xla_call`. Inside it, the loop's body (`q` is
+#   `weight`, `r` the old `state`, `s` the row) returns the new state `v`,
+#   the square `y`, and three residuals per trip: the old state `r`,
+#   $1 - \tanh^2$ `x`, and the new state `v`, stacked into `n`, `o`, `p`,
+#   which leave the call as `e`, `f`, `g`. `weight` is a residual too, but
+#   the same on every trip: it leaves the call once, as `h`, not as a stack
+#   of three copies. (Here `before` has no equations,
+#   since `weight` is itself a known constant.)
+# - The unknown half's scan takes `h` and the tangent of `weight`, `aa`, as
+#   constants, the tangent of the state as its carry, and the stacks `e`,
+#   `f`, `g` as rows; its body reads them as `q`, `r`, `x`, `v`. The
+#   initial tangent of the state appears as the literal `0.0`: in a jaxpr, a
+#   known literal needs no residual. (The tracing rule, which holds a value
+#   rather than a literal, makes it a residual: see {ref}`What reverse mode
+#   saves <part7-memory>`.) `add ah 0.0` adds the row's zero tangent, as in
+#   the JVP above.
 
 # %%
 three = ShapedArray((3,), np.float64)
@@ -832,15 +879,21 @@ print(pp_jaxpr(unknown_half, names=names))
 # - each trip's `y` cotangent is a row of the new loop's `xs`, next to that
 #   trip's residual rows, and the cotangent of each row of `xs` is a `y` of
 #   the new loop;
-# - the linear constants (here the tangent of `w`) are used on every trip, so
+# - the linear constants (here the tangent of `weight`) are used on every trip, so
 #   their cotangent is a sum over trips: the new loop carries it as an
 #   accumulator that starts at zero and adds each trip's part.
 #
 # Every carry is treated as linear, even one whose initial value is known. In
-# the RNN, the unknown scan's only carry is the tangent of `h`, which starts
-# as a known zero (the tangent of the initial 0.5, which `instantiate_const`
-# turned into a residual); the backward loop computes its cotangent anyway,
-# and the rule drops it, since a known input needs none.
+# the RNN, the unknown scan's only carry is the tangent of `state`, which
+# starts as a known zero (the tangent of the initial 0.5: the literal `0.0` in
+# the jaxpr above, a residual under `linearize`); the backward loop computes
+# its cotangent anyway, and the rule drops it, since a known input needs none.
+#
+# The rule relies on the order of `transpose_jaxpr`'s result: the transposed
+# body takes its own constants, then the body's known inputs in order (the
+# residual constants, then the residual rows), then the cotangents of the
+# body's outputs (carries, then ys); it returns the cotangents of the body's
+# linear inputs in order (linear constants, carries, linear rows).
 
 
 # %% tags=["export"]
@@ -878,18 +931,17 @@ def _scan_transpose(cts, *args, jaxpr, num_consts, num_carry, length, reverse):
 
 # %% [markdown]
 # `scan` is linear in the inputs its body is linear in, so unlike `while` it
-# gets a transpose rule and stays out of `NOT_LINEAR`, the appendix's list of
-# primitives without one. That was the last rule. The gradient of
+# gets a transpose rule. That was the last rule. The gradient of
 # the RNN loss with respect to the weight, eagerly, compiled, and through a
 # jitted loss, next to JAX's:
 
 
 # %% tags=["hide-input"]
 # @title The same loss in JAX, to compare with
-def jax_rnn_loss(w, xs):
-    def step(h, x):
-        h = jnp.tanh(h * w + x)
-        return h, h * h
+def jax_rnn_loss(weight, xs):
+    def step(state, x):
+        state = jnp.tanh(state * weight + x)
+        return state, state * state
 
     return jnp.sum(jax.lax.scan(step, 0.5, xs)[1])
 
@@ -907,8 +959,11 @@ for name, g in [
 
 # %% [markdown]
 # The transposed loop of the linear map, with `reverse=True`: its carry is
-# the cotangent of `w` being summed and the cotangent of `h`; its rows are the
-# residuals and the cotangents of the squares.
+# the cotangent of `weight` being summed (`h`) and the cotangent of `state`
+# (`i`); its rows are the three stacked residuals and the cotangents of the
+# squares. The residuals here are concrete values, so `make_jaxpr` shows the
+# stacks as the constants `a`, `b`, `c` and inlines the scalar `weight` as
+# the literal `0.8`; that is why the loop has `num_consts=0`.
 
 # %%
 _, lin_jaxpr, res = linearize_flat(
@@ -943,6 +998,7 @@ print(float(second), float(jax_second), np.isclose(second, jax_second))
 
 
 # %% [markdown]
+# (part7-memory)=
 # ## What reverse mode saves
 #
 # Forward mode carries a tangent alongside the primal and forgets each trip as
@@ -975,7 +1031,8 @@ print(f"total {total / 1e6:.1f} MB; the inputs xs are {seq.nbytes / 1e6:.1f} MB"
 # %% [markdown]
 # The weight matrix is saved once, hoisted out of the loop. The two vectors
 # are zeros, which our JVP, having no symbolic zeros, keeps as values. The
-# first is the tangent of the initial state. The second is the tangent of a
+# first is the tangent of the initial state, the known initial value of an
+# unknown carry that `instantiate_const` made a residual. The second is the tangent of a
 # row, which the JVP body makes as zeros of a row's shape on every trip; it is
 # the same on every trip, so it is hoisted, and one vector of 64 numbers
 # stands for all 10,000 rows. The three stacks have one row per trip: the
@@ -1041,7 +1098,7 @@ show_error(scan, lambda c, x: (c > 0.0, x), 0.0, np.ones(3))  # carry changes dt
 #
 # The folded cell prints the linear map that JAX 0.10.2's `jax.linearize`
 # returns for the RNN loss, three steps long, as a jaxpr: its constants `a`,
-# `b`, `c` are the residuals, and `d` is the tangent of `w`.
+# `b`, `c` are the residuals, and `d` is the tangent of `weight`.
 
 # %% tags=["hide-input"]
 # @title JAX's linear map of the RNN loss, from jax.linearize
@@ -1054,11 +1111,11 @@ with jax.enable_x64(True):  # float64, as ours, in this cell only
 # - JAX's `scan` primitive has our parameters (`jaxpr`, `length`,
 #   `num_consts`, `num_carry`, `reverse`) plus `unroll`. Its linear loop above
 #   reads the same kind of stacked residuals as ours, one row per trip (`a`,
-#   `b`, `c`: the old `h`, the new one, and one minus the new one, a factor of
-#   the derivative of `tanh`), and the weight `w` is a constant of the loop
+#   `b`, `c`: the old state, the new one, and one minus the new one, a factor of
+#   the derivative of `tanh`), and `weight` is a constant of the loop
 #   (the literal `0.8`), not a stack. In the gradient, the transposed loop has
-#   `reverse=True`, and its carry holds the cotangent of `w` being summed next
-#   to that of `h`, as in our transpose rule.
+#   `reverse=True`, and its carry holds the cotangent of `weight` being summed
+#   next to that of the state, as in our transpose rule.
 # - **Hoisting.** JAX hoists loop-invariant residuals the same way we do: it
 #   partially evaluates the known body once more with the carries and rows
 #   unknown (`_scan_known_hoisting` in `jax/_src/lax/control_flow/loops.py`,
@@ -1102,12 +1159,13 @@ with jax.enable_x64(True):  # float64, as ours, in this cell only
 # - `jvp` and `vmap` transform the body and find, by a fixed point, which
 #   carries they touch; rows of `xs` count like constants in that search.
 # - Partial evaluation splits the body into a known loop and an unknown loop;
-#   the known loop runs now and saves its residuals as extra stacked outputs,
-#   and residuals that depend only on known constants are computed once,
-#   outside. Transposition is a scan in the other direction over the
+#   the known loop runs now and saves its residuals as extra stacked `ys`,
+#   which the unknown loop reads back as extra `xs`. As an optional memory
+#   saving, residuals that depend only on known constants are computed once,
+#   outside the loop. Transposition is a scan in the other direction over the
 #   transposed body, summing the cotangents of the constants in its carry.
-# - Together they give `grad` through loops, under `jit` and `vmap`, to any
-#   order, and `fori_loop` with Python-int bounds becomes a scan that has them
+# - Together they give `grad` through loops, under `jit` and `vmap`, and to
+#   second order, and `fori_loop` with Python-int bounds becomes a scan that has them
 #   too. The price is memory: one row of residuals per trip.
 #
 # ## Exercises
@@ -1161,22 +1219,24 @@ print(np.array([sum(0.9 ** (t - s) for s in range(t + 1)) for t in range(4)]))
 vjp_jaxpr = make_jaxpr(
     lambda r, ct: vjp(lambda r: reduce_sum(returns(r), 0), r)[1](ct), rewards, scalar
 )[0]
-print([eqn.params["reverse"] for eqn in vjp_jaxpr.eqns if eqn.primitive is scan_p])
+print(
+    "reverse:", [e.params["reverse"] for e in vjp_jaxpr.eqns if e.primitive is scan_p]
+)
 
 
 # %% [markdown]
-# **3. What is hoisted.** Change the RNN's body so that it uses `cos(w)` as
-# well as `w`: `tanh(h * cos(w) + x)`. How many residuals does `linearize`
+# **3. What is hoisted.** Change the RNN's body so that it uses
+# `cos(weight)` as well as `weight`: `tanh(state * cos(weight) + x)`. How many residuals does `linearize`
 # keep for 1,000 steps, which are stacked and which are not? Does the linear
 # loop compute anything on every trip that is the same on every trip?
 
 
 # %% tags=["hide-input"]
 # @title A solution
-def cos_rnn_loss(w, xs):
-    def step(h, x):
-        h = tanh(h * cos(w) + x)
-        return h, h * h
+def cos_rnn_loss(weight, xs):
+    def step(state, x):
+        state = tanh(state * cos(weight) + x)
+        return state, state * state
 
     return reduce_sum(scan(step, 0.5, xs)[1], 0)
 
@@ -1185,10 +1245,11 @@ inputs_1000 = np.sin(np.arange(1000.0))
 _, _, residuals = linearize_flat(
     lambda w: [cos_rnn_loss(w, inputs_1000)], [np.float64(0.8)]
 )
-print([get_aval(r).str_short() for r in residuals])
-# The scalars are sin(w) and cos(w), computed once before the loop, and the
-# zero tangent of the initial h. The stacked ones are per trip: the old h,
-# 1 - tanh^2 and the new h. The linear loop reads cos(w) as a constant; it
-# does recompute sin(w) * (tangent of w) on every trip, since that product
-# involves the tangent, which is unknown.
-print(residuals[0], np.sin(0.8), residuals[1], np.cos(0.8))
+print("residuals:", [get_aval(r).str_short() for r in residuals])
+# The scalars are sin(weight) and cos(weight), computed once before the loop,
+# and the zero tangent of the initial state. The stacked ones are per trip:
+# the old state, 1 - tanh^2 and the new state. The linear loop reads
+# cos(weight) as a constant; it does recompute sin(weight) * (its tangent) on
+# every trip, since that product involves the tangent, which is unknown.
+print("sin(0.8):", residuals[0], np.sin(0.8))
+print("cos(0.8):", residuals[1], np.cos(0.8))
