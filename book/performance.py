@@ -175,20 +175,6 @@ dispatch_profile_chart(report["results"]["dispatch"], paths=["full_path"])
 
 
 # %% [markdown]
-# **What these times leave out.** Each bar is the sum of per-step medians; the
-# number in parentheses is the median of whole calls, timed separately. The two
-# need not agree. The written-out steps leave out the Python calls that join
-# them in the real code (entering the jitted function, `bind`, the `impl` rule)
-# and add the cost of reading the clock; and the two were measured at different
-# moments on a busy machine. For the device `Array` the steps sum to less than
-# the whole call; for the Python float, to more. So read a bar for which steps
-# are long and which are short, and the table further down for whole calls.
-# Three more things are not in any number here: a call is timed until it
-# returns, not until its result is ready, so these are times of *dispatch*, for
-# both libraries alike; the garbage collector is switched off while calls are
-# timed, so the cost of collecting what a call leaves behind is missing; and a
-# median hides the slow calls (the report also keeps the 90th percentile).
-#
 # Reading the bars: with Part 3's `jit`, a host argument is flattened as a
 # pytree, converted to a NumPy array and checked; an aval is built for the
 # cache key; `bind` finds the top trace, boxes the argument and calls the
@@ -202,6 +188,20 @@ dispatch_profile_chart(report["results"]["dispatch"], paths=["full_path"])
 # interpreter handles the call, that the types match the jaxpr, which
 # executable to run, how to copy a value of each type. So we can remember,
 # per signature, what running needs, and skip the rest.
+#
+# **What these times leave out.** Each bar is the sum of per-step medians; the
+# number in parentheses is the median of whole calls, timed separately. The two
+# need not agree. The written-out steps leave out the Python calls that join
+# them in the real code (entering the jitted function, `bind`, the `impl` rule)
+# and add the cost of reading the clock; and the two were measured at different
+# moments on a busy machine. For the device `Array` the steps sum to less than
+# the whole call; for the Python float, to more. So read a bar for which steps
+# are long and which are short, and the table further down for whole calls.
+# Three more things are missing from these dispatch times: a call is timed until it
+# returns, not until its result is ready, so these are times of *dispatch*, for
+# both libraries alike; the garbage collector is switched off while calls are
+# timed, so the cost of collecting what a call leaves behind is missing; and a
+# median hides the slow calls (the report also keeps the 90th percentile).
 #
 # ## A fast path for repeated calls
 #
@@ -409,8 +409,9 @@ for module, name in python_calls(scaled, a, b):
 # `Array`'s shape and dtype, which JAX's array class provides as Python
 # properties; `FastCall.__call__` runs the entry; the copier of the NumPy
 # argument `b` calls jaxlib, which asks one method of JAX's sharding class, in
-# Python, for its description; the executable runs, and the result handler
-# calls our `Array` class on the output, with no Python in between.
+# Python, for its description; then the executable runs and the result handler
+# builds the output in C++, calling back into Python only for our `Array`
+# class.
 #
 # The results agree with NumPy, whichever path a call takes. A NumPy array with
 # the type of `a` has `a`'s key and finds its entry. A Python float and a NumPy
@@ -462,7 +463,8 @@ dispatch_kinds_table(report["results"]["dispatch"])
 # device `Array` that Python is the whole gap to `jax.jit`. For a host argument
 # the copy is the largest piece left, about as long as the run itself: jaxlib's
 # `batched_device_put` builds a complete jaxlib array object for the argument,
-# where JAX's C++ dispatch copies and runs without one. Rows that should be
+# where JAX's dispatch copies the argument in C++, without running any
+# Python. Rows that should be
 # alike differ more than the ratios suggest: in this run JAX's own call took
 # almost twice as long with a NumPy scalar as with a Python float, which this
 # page does not explain; single rows of a run on a shared machine can be off.
@@ -471,9 +473,9 @@ dispatch_kinds_table(report["results"]["dispatch"])
 #
 # The same benchmark run compares the two libraries on other small programs.
 # JAX runs them written with `jax.lax` or `jax.numpy`, with 64-bit mode on, so
-# both compute in `float64`. None of them uses the fast path's ideas beyond
-# what the table above shows; they are here so the dispatch numbers have
-# company. Some have targets:
+# both compute in `float64`. They use nothing this page built; they show where
+# the two libraries' costs differ when dispatch is not the question. Some have
+# targets:
 #
 # - **Compute-bound `jit` within 2% of `jax.jit`**: with the work inside the
 #   compiled program, both run code from the same compiler.
