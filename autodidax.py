@@ -6570,49 +6570,53 @@ _pmap_lower.only_raises = True  # the rule table says so
 # ==== chapter: performance ====
 
 
-# @title Copiers and result handlers: jaxlib moves the values, in C++
 def host_copiers(avals: Sequence[ShapedArray]) -> list[Callable[[Any], Any]]:
-    """Per aval, a function copying a Python number, NumPy scalar or NumPy
-    array of that type to the device as a jaxlib array."""
+    """Per input aval: a function copying a host value of that type to the
+    device, returning a jaxlib array."""
     from jaxlib import _jax
 
-    sharding, devices = runtime().sharding, [runtime().device]
+    rt = runtime()
     copy_now = _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL  # as device_put
 
     def copier(aval: ShapedArray) -> Callable[[Any], Any]:
-        jax_aval = jax.core.ShapedArray(aval.shape, aval.dtype)
+        jax_aval = jax.core.ShapedArray(aval.shape, aval.dtype)  # built once
+        # (aval, sharding, values, devices, committed, force_copy, semantics, x64)
         return lambda x: _jax.batched_device_put(
-            jax_aval, sharding, [x], devices, True, False, copy_now, True
+            jax_aval, rt.sharding, [x], [rt.device], True, False, copy_now, True
         )
 
     return [copier(aval) for aval in avals]
 
 
 def result_handlers(jaxpr: Jaxpr) -> list[Any]:
-    """Per output of ``jaxpr``, a jaxlib handler that turns an executable's
-    output buffer into an ``Array``, building jaxlib's array object in C++."""
+    """Per output of ``jaxpr``: a jaxlib handler that makes the output's
+    jaxlib array and wraps it in our ``Array``."""
     from jaxlib import _jax
 
-    sharding = runtime().sharding
     handlers = []
     for out in jaxpr.outs:
-        aval = out.aval
+        jax_aval = jax.core.ShapedArray(out.aval.shape, out.aval.dtype)
         handler = _jax.array_result_handler(
-            jax.core.ShapedArray(aval.shape, aval.dtype),
-            sharding,
-            committed=True,
-            _skip_checks=True,
+            jax_aval, runtime().sharding, committed=True, _skip_checks=True
         )
         handlers.append(handler.wrap(Array))
     return handlers
 
 
+# @title Checks: the keys of numbers, and which calls may have an entry
 # The key of a number, by its type: the shape and dtype that np.asarray (the
 # full path's conversion) gives it. Python's numbers, and NumPy's scalars of
 # booleans, integers and floats of up to 64 bits.
 NUMBER_TYPES = (bool, int, float, *(np.dtype(c).type for c in "?bhilqBHILQefd"))
 SCALAR_KEYS = {kind: ((), np.asarray(kind()).dtype) for kind in NUMBER_TYPES}
 INT64_MIN, INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
+
+
+def stands_alone(jaxpr: Jaxpr, consts: list) -> bool:
+    """Whether a call needs nothing but its arguments: no tracer among its
+    constants, no collective over an axis an enclosing vmap binds (Part 9)."""
+    closed = not any(isinstance(c, Tracer) for c in consts)
+    return closed and not free_axis_names(jaxpr)
 
 
 class FastCall:
@@ -6644,7 +6648,7 @@ def input_signature(args: tuple) -> tuple | None:
     for x in args:
         kind = type(x)
         if kind is Array:
-            x = x._buffer  # jaxlib's array: shape and dtype are read in C++
+            x = x._buffer  # the jaxlib array inside: its shape and dtype
         elif kind is not np.ndarray:
             key = SCALAR_KEYS.get(kind)
             if key is None:
@@ -6658,13 +6662,6 @@ def input_signature(args: tuple) -> tuple | None:
 
 
 full_path_jit = jit  # Part 3's jit, kept under this name before jit is replaced
-
-
-def stands_alone(jaxpr: Jaxpr, consts: list) -> bool:
-    """Whether a call needs nothing but its arguments: no tracer among its
-    constants, no collective over an axis an enclosing vmap binds (Part 9)."""
-    closed = not any(isinstance(c, Tracer) for c in consts)
-    return closed and not free_axis_names(jaxpr)
 
 
 def jit(f: Callable) -> Callable:

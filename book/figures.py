@@ -655,9 +655,10 @@ _DISPATCH_KINDS = {
 }
 
 
-def dispatch_profile_chart(dispatch):
+def dispatch_profile_chart(dispatch, paths=("full_path", "fast_path")):
     """Stacked bars: the median of every step of one call, per kind of
-    argument, Part 3's jit above the fast path; a tick at jax.jit's call."""
+    argument, Part 3's jit above the fast path (``paths`` picks which of the
+    two are drawn); a tick at jax.jit's call."""
     steps, calls, labels = dispatch["steps"], dispatch["calls"], dispatch["step_labels"]
     longest = max(row["full_path"]["sum_us"] for row in steps.values())
     jax_times = [
@@ -666,7 +667,7 @@ def dispatch_profile_chart(dispatch):
     scale_max = max([longest, *jax_times]) * 1.05
     left, right, top, bar, gap = 110, 470, 70, 18, 26
     width = 690
-    height = top + len(steps) * (2 * bar + gap) + 40
+    height = top + len(steps) * (len(paths) * bar + gap) + 40
 
     def x(us):
         return left + us / scale_max * (right - left)
@@ -674,7 +675,7 @@ def dispatch_profile_chart(dispatch):
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
         f'height="{height}" font-family="sans-serif" font-size="13">',
-        "<title>The steps of one jitted call, before and after the fast path</title>",
+        "<title>The steps of one jitted call</title>",
     ]
     for i, (step, label) in enumerate(labels.items()):
         column, line = i % 3, i // 3
@@ -691,7 +692,7 @@ def dispatch_profile_chart(dispatch):
             f"{escape(_DISPATCH_KINDS.get(kind, kind))}</text>"
         )
         for path, name in (("full_path", "Part 3's jit"), ("fast_path", "fast path")):
-            if path not in row:
+            if path not in row or path not in paths:
                 continue
             start = 0.0
             for step, us in row[path]["steps_us"].items():
@@ -716,7 +717,7 @@ def dispatch_profile_chart(dispatch):
         if "jax" in calls[kind]:
             jx = x(calls[kind]["jax"]["median_us"])
             parts.append(
-                f'<line x1="{jx:.1f}" y1="{y - 2 * bar - 3}" x2="{jx:.1f}" y2="{y + 1}" '
+                f'<line x1="{jx:.1f}" y1="{y - len(paths) * bar - 3}" x2="{jx:.1f}" y2="{y + 1}" '
                 'stroke="#000000" stroke-width="2.5"/>'
             )
         y += gap

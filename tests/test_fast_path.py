@@ -303,3 +303,40 @@ def test_numbers_results_feed_back_in(fast_entries):
         x_np = x_np - 0.1 * np.sin(x_np)
     assert isinstance(x, ad.Array) and len(fast_entries) == 9
     np.testing.assert_allclose(float(x), x_np, rtol=TOL)
+
+
+def python_functions_of_a_call(f: Callable, *args: Any) -> list[str]:
+    """The names of the Python functions that start while ``f(*args)`` runs."""
+    import sys
+
+    names: list[str] = []
+
+    def note(frame, event, arg):
+        if event == "call":
+            names.append(frame.f_code.co_name)
+
+    sys.setprofile(note)
+    try:
+        f(*args)
+    finally:
+        sys.setprofile(None)
+    return names
+
+
+def test_a_repeated_call_skips_bind_and_the_caches():
+    # the page's demo: a repeated call of Part 3's jit runs bind once and about a
+    # hundred Python functions; the new jit's runs neither bind nor a cache lookup.
+    def scaled(x, y):
+        return ad.sin(x) * 2.0 + y
+
+    a, b = ad.device_put(np.linspace(0.0, 1.0, 4)), np.ones(4)
+    full, fast = ad.full_path_jit(scaled), ad.jit(scaled)
+    full(a, b), fast(a, b)  # the first calls trace and compile
+    full_names = python_functions_of_a_call(full, a, b)
+    fast_names = python_functions_of_a_call(fast, a, b)
+    assert full_names.count("bind") == 1
+    assert "trace_for_call" in full_names
+    assert len(full_names) > 50
+    assert "bind" not in fast_names and "trace_for_call" not in fast_names
+    assert fast_names[:2] == ["f_jitted", "input_signature"]
+    assert "__call__" in fast_names and len(fast_names) <= 10

@@ -1689,6 +1689,43 @@ def test_performance_cached_call_runs_no_python():
     assert python_functions_called(f, host) == []
 
 
+def test_performance_array_shape_and_dtype_are_python_properties():
+    # performance: the fast path reads "the device `Array`'s shape and dtype,
+    # which JAX's array class provides as Python properties" (the demo lists
+    # ArrayImpl.shape and ArrayImpl.dtype among the Python calls).
+    from jax._src.array import ArrayImpl
+
+    for name in ("shape", "dtype"):
+        attribute = inspect.getattr_static(ArrayImpl, name)
+        assert isinstance(attribute, property)
+        assert inspect.isfunction(attribute.fget)
+    x = jax.device_put(np.ones(4))
+    assert "shape" in python_functions_called(lambda: (x.shape, x)[1])
+    assert "dtype" in python_functions_called(lambda: (x.dtype, x)[1])
+
+
+def test_performance_batched_device_put_asks_the_sharding_in_python():
+    # performance: "the copier of the NumPy argument `b` calls jaxlib, which
+    # asks one method of JAX's sharding class, in Python, for its description"
+    # (SingleDeviceSharding._to_xla_hlo_sharding in the demo's list).
+    from jax._src import sharding_impls
+    from jaxlib import _jax
+
+    device = jax.devices()[0]
+    sharding = sharding_impls.SingleDeviceSharding(device)
+    aval = core.ShapedArray((4,), np.float64)
+    semantics = _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL
+
+    copy = functools.partial(  # a C function: the profile sees jaxlib's calls only
+        _jax.batched_device_put,
+        *(aval, sharding, [np.ones(4)], [device], True, False, semantics, True),
+    )
+    copy()
+    called = python_functions_called(copy)
+    assert called == ["_to_xla_hlo_sharding"]
+    assert "_to_xla_hlo_sharding" in vars(sharding_impls.SingleDeviceSharding)
+
+
 def test_performance_signature_includes_x64_switch():
     # performance: "Its signature covers more than ours (weak types, shardings,
     # static arguments, and configuration such as the x64 switch)".
