@@ -733,12 +733,12 @@ def _check_broadcast(x: ArrayLike, shape: Sequence[int], axes: Sequence[int]):
 
 @reduce_sum_p.def_rule("impl")
 def _reduce_sum_impl(x, *, axes):
-    return [np.sum(x, axis=axes, dtype=x.dtype)]  # booleans stay booleans
+    return [np.sum(np.asarray(x), axis=axes, dtype=x.dtype)]  # booleans stay booleans
 
 
 @transpose_p.def_rule("impl")
 def _transpose_impl(x, *, perm):
-    return [np.transpose(x, perm)]
+    return [np.transpose(np.asarray(x), perm)]
 
 
 @broadcast_p.def_rule("impl")
@@ -3454,8 +3454,17 @@ for _prim, _np_fn in [
 ]:
     _impl_from_numpy(_prim, _np_fn)
 
-_binary_abstract_eval(sub_p)
 _binary_abstract_eval(max_p)
+
+
+@sub_p.def_rule("abstract_eval")
+def _sub_abstract_eval(x, y):
+    check_binary_operands("sub", x, y)
+    if x.dtype == np.bool_:  # as in NumPy and JAX
+        raise TypeError("sub: booleans cannot be subtracted; use != for exclusive or")
+    return [ShapedArray(x.shape, x.dtype)]
+
+
 _unary_abstract_eval(exp_p, "f", "a float")
 _unary_abstract_eval(log_p, "f", "a float")
 _unary_abstract_eval(tanh_p, "f", "a float")
@@ -3706,7 +3715,7 @@ def check_reshape_param(x: ShapedArray, new_sizes: Any) -> tuple:
 # @title The rules of reshape: linear; a batch axis kept in front
 @reshape_p.def_rule("impl")
 def _reshape_impl(x, *, new_sizes):
-    return [np.reshape(x, new_sizes)]
+    return [np.reshape(np.asarray(x), new_sizes)]
 
 
 @reshape_p.def_rule("abstract_eval")
@@ -3752,7 +3761,7 @@ def _max_identity(dtype: np.dtype) -> Any:
 # @title reduce_max: evaluation, abstract evaluation, batching, lowering to a reduce
 @reduce_max_p.def_rule("impl")
 def _reduce_max_impl(x, *, axes):
-    return [np.max(x, axis=axes, initial=_max_identity(x.dtype))]
+    return [np.max(np.asarray(x), axis=axes, initial=_max_identity(x.dtype))]
 
 
 @reduce_max_p.def_rule("abstract_eval")
@@ -4034,9 +4043,9 @@ def check_broadcast_to(aval: ShapedArray, shape: Any) -> tuple:
 
 
 def _operands_alike(name: str, *args: ArrayLike) -> list[ArrayLike]:
-    """Broadcast, then make Python numbers arrays like the other operands, and
-    check that all have one dtype: what the strict wrappers would accept."""
-    args = _broadcast_operands(name, *args)
+    """Promote and broadcast, then make Python numbers arrays like the other
+    operands: what the strict wrappers would accept."""
+    args = _broadcast_operands(name, *promote_operands(name, *args))
     arrays = [a for a in args if not _is_python_scalar(a)]
     if not arrays:
         dtype = np.result_type(*(type(a) for a in args))
@@ -4049,11 +4058,91 @@ def _operands_alike(name: str, *args: ArrayLike) -> list[ArrayLike]:
     return args
 
 
+import functools
+
+PROMOTION_LATTICE = {  # each dtype -> the dtypes just above it
+    "bool": ["int"],  # "int", "float": Python's weakly typed numbers
+    "int": ["uint8", "int8"],
+    "uint8": ["uint16", "int16"],
+    "uint16": ["uint32", "int32"],
+    "uint32": ["uint64", "int64"],
+    "uint64": ["float"],
+    "int8": ["int16"],
+    "int16": ["int32"],
+    "int32": ["int64"],
+    "int64": ["float"],
+    "float": ["float16"],
+    "float16": ["float32"],
+    "float32": ["float64"],
+    "float64": [],
+}
+
+
+@functools.cache
+def _at_or_above(name: str) -> frozenset:
+    return frozenset([name]).union(*map(_at_or_above, PROMOTION_LATTICE[name]))
+
+
+def promote_types(*names: str) -> np.dtype:
+    """The lowest dtype at or above all of ``names``; a weak result is 64-bit."""
+    common = frozenset.intersection(*map(_at_or_above, names))
+    lowest = next(n for n in common if common <= _at_or_above(n))
+    return np.dtype({"int": "int64", "float": "float64"}.get(lowest, lowest))
+
+
+def promote_operands(name: str, *args: ArrayLike) -> list[ArrayLike]:
+    """Convert the arrays among ``args`` to their promoted dtype; Python
+    numbers stay numbers (the strict wrappers shape them like the arrays)."""
+    if all(map(_is_python_scalar, args)):
+        return list(args)
+    dtype = promote_types(*(_dtype_name(name, a) for a in args))
+    return [a if _is_python_scalar(a) else convert_element_type(a, dtype) for a in args]
+
+
+# @title _dtype_name (a node of the lattice) and as_inexact (ints become floats)
+def _dtype_name(name: str, x: Any) -> str:
+    if type(x) in (int, float):  # bool is not weak, as in JAX
+        return type(x).__name__
+    dtype = np.dtype(bool) if type(x) is bool else get_aval(x, name).dtype
+    if dtype.name not in PROMOTION_LATTICE:
+        raise TypeError(f"{name}: unsupported dtype {dtype.name}")
+    return dtype.name
+
+
+def inexact_dtype(dtype: np.dtype) -> np.dtype:
+    """A float dtype stays; an integer or boolean one becomes a float of
+    its width (64-bit integers: float64; narrower: float32), as in JAX."""
+    if dtype.kind == "f":
+        return dtype
+    return np.dtype(np.float64 if dtype.itemsize == 8 else np.float32)
+
+
+def _on_inexact(fn: Callable) -> Callable:
+    """``fn`` (a float-only wrapper) applied to ``as_inexact`` of its input."""
+
+    def on_inexact(x: ArrayLike) -> ArrayLike:
+        return fn(as_inexact(fn.__name__, x))
+
+    on_inexact.__name__, on_inexact.__doc__ = fn.__name__, fn.__doc__
+    return on_inexact
+
+
+def as_inexact(name: str, x: ArrayLike) -> ArrayLike:
+    """``x`` converted to its inexact dtype (a Python number to a float)."""
+    if _is_python_scalar(x):
+        return float(x)
+    x = _as_input(x, name)
+    return convert_element_type(x, inexact_dtype(get_aval(x).dtype))
+
+
 # @title The module autodidax.numpy, and the decorator that fills it
 import sys
 import types
 
 numpy_namespace = types.ModuleType("autodidax.numpy", "NumPy-style functions.")
+
+
+Axes = int | Sequence[int] | None  # the axis argument of the reductions
 
 
 def numpy_function(fn: Callable) -> Callable:
@@ -4068,13 +4157,13 @@ if __name__ != "__main__":  # in the module: `import autodidax.numpy as anp`
 
 
 def _broadcasting(name: str, strict: Callable) -> Callable:
-    """A NumPy-style binary function: broadcast, then call ``strict``."""
+    """A NumPy-style binary function: promote, broadcast, call ``strict``."""
 
     def fn(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-        return strict(*_broadcast_operands(name, x, y))
+        return strict(*_broadcast_operands(name, *promote_operands(name, x, y)))
 
     fn.__name__ = f"numpy_{name}"
-    fn.__doc__ = f"``{strict.__name__}`` with NumPy broadcasting."
+    fn.__doc__ = f"``{strict.__name__}`` with JAX's promotion and broadcasting."
     return numpy_function(fn)
 
 
@@ -4084,19 +4173,30 @@ numpy_multiply = _broadcasting("multiply", mul)
 numpy_maximum = _broadcasting("maximum", maximum)
 numpy_greater = _broadcasting("greater", greater)
 numpy_less = _broadcasting("less", less)
-for _fn in [sin, cos, exp, log, tanh, reshape, broadcast_to, zeros_like]:
+for _fn in [reshape, broadcast_to, zeros_like]:
     setattr(numpy_namespace, _fn.__name__, _fn)
+for _fn in [sin, cos, exp, log, tanh]:  # integers become floats first
+    setattr(numpy_namespace, _fn.__name__, _on_inexact(_fn))
 
 
 # @title The rest of autodidax.numpy
 @numpy_function
-def numpy_mean(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:
-    """Average over ``axis`` (all axes by default); integers give float64."""
-    x = _as_float(_as_input(x, "mean"))
+def numpy_mean(x: ArrayLike, axis: Axes = None, keepdims: bool = False) -> ArrayLike:
+    """Average over ``axis`` (all axes by default); integers give floats."""
+    x = as_inexact("mean", x)
     ndim = get_aval(x).ndim
     axes = range(ndim) if axis is None else _normalize_axes("mean", axis, ndim)
     count = math.prod(get_aval(x).shape[a] for a in axes)
-    return div(reduce_sum(x, axis), float(count))
+    return _keep_dims(div(reduce_sum(x, axis), float(count)), x, axis, keepdims)
+
+
+def _keep_dims(out: ArrayLike, x: ArrayLike, axis: Axes, keepdims: bool) -> ArrayLike:
+    """With ``keepdims``, ``out`` reshaped so the reduced axes stay, as 1s."""
+    if not keepdims:
+        return out
+    shape = get_aval(x).shape
+    axes = range(len(shape)) if axis is None else _normalize_axes("", axis, len(shape))
+    return reshape(out, tuple(1 if i in axes else n for i, n in enumerate(shape)))
 
 
 numpy_namespace.negative = neg
@@ -4106,25 +4206,10 @@ for _name in ["bool_", "int32", "int64", "float32", "float64"]:
 
 @numpy_function
 def numpy_divide(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """True division with NumPy broadcasting; integers become float64 first."""
-    x, y = _broadcast_operands("divide", x, y)
-    x_float, y_float = _as_float(x), _as_float(y)
-    if not (_is_python_scalar(x) or _is_python_scalar(y)):
-        if get_aval(x_float).dtype != get_aval(y_float).dtype:
-            raise TypeError(
-                f"divide: cannot divide {get_aval(x).str_short()} by "
-                f"{get_aval(y).str_short()}: integers become 64-bit floats, and "
-                "then both dtypes must be the same"
-            )
-    return div(x_float, y_float)
-
-
-def _as_float(x: ArrayLike) -> ArrayLike:
-    if _is_python_scalar(x):
-        return float(x)
-    if get_aval(x).dtype.kind != "f":
-        return convert_element_type(x, np.float64)
-    return x
+    """True division: promote, make integers floats, broadcast."""
+    x, y = promote_operands("divide", x, y)
+    x, y = as_inexact("divide", x), as_inexact("divide", y)
+    return div(*_broadcast_operands("divide", x, y))
 
 
 @numpy_function
@@ -4160,7 +4245,7 @@ def numpy_where(pred: ArrayLike, x: ArrayLike, y: ArrayLike) -> ArrayLike:
 
 
 @numpy_function
-def numpy_sum(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:
+def numpy_sum(x: ArrayLike, axis: Axes = None, keepdims: bool = False) -> ArrayLike:
     """Sum over ``axis`` (all axes by default). As in NumPy, booleans and
     integers narrower than 64 bits are summed as 64-bit integers."""
     dtype = get_aval(_as_input(x, "sum")).dtype
@@ -4168,13 +4253,32 @@ def numpy_sum(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLik
         x = convert_element_type(x, np.int64)
     elif dtype.kind == "u" and dtype.itemsize < 8:
         x = convert_element_type(x, np.uint64)
-    return reduce_sum(x, axis)
+    return _keep_dims(reduce_sum(x, axis), x, axis, keepdims)
 
 
 @numpy_function
-def numpy_max(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:
+def numpy_max(x: ArrayLike, axis: Axes = None, keepdims: bool = False) -> ArrayLike:
     """Largest element over ``axis`` (all axes by default)."""
-    return reduce_max(x, axis)
+    x = _as_input(x, "max")
+    if get_aval(x).dtype == np.bool_:  # any: the largest of 0s and 1s
+        as_int = convert_element_type(x, np.int8)
+        return convert_element_type(numpy_max(as_int, axis, keepdims), np.bool_)
+    return _keep_dims(reduce_max(x, axis), x, axis, keepdims)
+
+
+@numpy_function
+def numpy_min(x: ArrayLike, axis: Axes = None, keepdims: bool = False) -> ArrayLike:
+    """Smallest element over ``axis``: the largest of an order-reversed copy
+    (-x for floats; top - x for integers, which cannot overflow)."""
+    x = _as_input(x, "min")
+    dtype = get_aval(x).dtype
+    if dtype.kind == "b":
+        as_int = convert_element_type(x, np.int8)
+        return convert_element_type(numpy_min(as_int, axis, keepdims), np.bool_)
+    if dtype.kind == "f":
+        return neg(numpy_max(neg(x), axis, keepdims))
+    top = int(np.iinfo(dtype).max) if dtype.kind == "u" else -1
+    return sub(top, numpy_max(sub(top, x), axis, keepdims))
 
 
 @numpy_function
@@ -4375,7 +4479,7 @@ def _contract_last_axis(name: str, x: Any, y: Any) -> Any:
 @numpy_function
 def numpy_matmul(x: ArrayLike, y: ArrayLike) -> ArrayLike:
     """NumPy's ``matmul``, the ``@`` operator."""
-    x, y = (_as_input(v, "matmul") for v in (x, y))
+    x, y = promote_operands("matmul", *(_as_input(v, "matmul") for v in (x, y)))
     x_aval, y_aval = get_aval(x), get_aval(y)
     check_matmul_operands(x_aval, y_aval)  # no scalars, inner sizes that agree
     if max(x_aval.ndim, y_aval.ndim) <= 2 or min(x_aval.ndim, y_aval.ndim) == 1:
@@ -4392,7 +4496,7 @@ def numpy_matmul(x: ArrayLike, y: ArrayLike) -> ArrayLike:
 @numpy_function
 def numpy_dot(x: ArrayLike, y: ArrayLike) -> ArrayLike:
     """NumPy's ``dot``; with a scalar operand, a multiplication."""
-    x, y = (_as_input(v, "dot") for v in (x, y))
+    x, y = promote_operands("dot", *(_as_input(v, "dot") for v in (x, y)))
     if get_aval(x).ndim == 0 or get_aval(y).ndim == 0:
         return numpy_multiply(x, y)
     return _contract_last_axis("dot", x, y)
@@ -4451,6 +4555,33 @@ ArrayOperators.__matmul__ = numpy_matmul
 ArrayOperators.__rmatmul__ = lambda self, other: numpy_matmul(other, self)
 ArrayOperators.__pow__ = _power
 ArrayOperators.__rpow__ = _reflected_power
+
+
+# @title Array methods as in jax.numpy: sum mean max min astype dot reshape T size
+def _reshape_method(self: ArrayOperators, *shape: Any) -> ArrayLike:
+    """``x.reshape(2, 3)`` or ``x.reshape((2, 3))``, as NumPy allows both."""
+    if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
+        shape = shape[0]
+    return reshape(self, tuple(shape))
+
+
+def _transpose_method(self: ArrayOperators, *axes: Any) -> ArrayLike:
+    """``x.transpose()``, ``x.transpose(1, 0)`` or ``x.transpose((1, 0))``."""
+    if len(axes) == 1 and not isinstance(axes[0], (int, np.integer)):
+        axes = axes[0]
+    return numpy_transpose(self, tuple(axes) if axes else None)
+
+
+ArrayOperators.sum = numpy_sum
+ArrayOperators.mean = numpy_mean
+ArrayOperators.max = numpy_max
+ArrayOperators.min = numpy_min
+ArrayOperators.astype = numpy_astype
+ArrayOperators.dot = numpy_dot
+ArrayOperators.reshape = _reshape_method
+ArrayOperators.transpose = _transpose_method
+ArrayOperators.T = property(numpy_transpose)
+ArrayOperators.size = property(lambda self: get_aval(self).size)
 
 eq_p, ne_p, le_p, ge_p = (Primitive(name) for name in ["eq", "ne", "le", "ge"])
 NOT_LINEAR.update(["eq", "ne", "le", "ge"])

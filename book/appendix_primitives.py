@@ -39,9 +39,11 @@
 #    {term}`rule <rule>` the earlier parts defined;
 # 2. **NumPy's broadcasting** for binary operations, spelled out as explicit
 #    `reshape` and `broadcast` equations so that jaxprs stay explicit;
-# 3. the **operators** `- / ** @` on tracers and arrays, and a small module
-#    `autodidax.numpy` (`sum`, `mean`, `exp`, `where`, `matmul`, ...) so that user
-#    code reads like code written for `jax.numpy`;
+#    and **JAX's dtype rules**, the promotion lattice with weak Python numbers;
+# 3. the **operators** `- / ** @` and the comparisons `== != <= >=` (four
+#    more primitives) on tracers and arrays, NumPy's array methods, and a small
+#    module `autodidax.numpy` (`sum`, `mean`, `exp`, `where`, `matmul`, ...) so
+#    that user code reads like code written for `jax.numpy`;
 # 4. the **table of every primitive and every rule**, generated from the
 #    registries, with no gaps;
 # 5. a worked example: the gradient of a two-layer neural network's loss with
@@ -352,8 +354,17 @@ for _prim, _np_fn in [
 ]:
     _impl_from_numpy(_prim, _np_fn)
 
-_binary_abstract_eval(sub_p)
 _binary_abstract_eval(max_p)
+
+
+@sub_p.def_rule("abstract_eval")
+def _sub_abstract_eval(x, y):
+    check_binary_operands("sub", x, y)
+    if x.dtype == np.bool_:  # as in NumPy and JAX
+        raise TypeError("sub: booleans cannot be subtracted; use != for exclusive or")
+    return [ShapedArray(x.shape, x.dtype)]
+
+
 _unary_abstract_eval(exp_p, "f", "a float")
 _unary_abstract_eval(log_p, "f", "a float")
 _unary_abstract_eval(tanh_p, "f", "a float")
@@ -751,7 +762,7 @@ def check_reshape_param(x: ShapedArray, new_sizes: Any) -> tuple:
 # @title The rules of reshape: linear; a batch axis kept in front
 @reshape_p.def_rule("impl")
 def _reshape_impl(x, *, new_sizes):
-    return [np.reshape(x, new_sizes)]
+    return [np.reshape(np.asarray(x), new_sizes)]
 
 
 @reshape_p.def_rule("abstract_eval")
@@ -817,7 +828,7 @@ def _max_identity(dtype: np.dtype) -> Any:
 # @title reduce_max: evaluation, abstract evaluation, batching, lowering to a reduce
 @reduce_max_p.def_rule("impl")
 def _reduce_max_impl(x, *, axes):
-    return [np.max(x, axis=axes, initial=_max_identity(x.dtype))]
+    return [np.max(np.asarray(x), axis=axes, initial=_max_identity(x.dtype))]
 
 
 @reduce_max_p.def_rule("abstract_eval")
@@ -1288,9 +1299,9 @@ def check_broadcast_to(aval: ShapedArray, shape: Any) -> tuple:
 
 
 def _operands_alike(name: str, *args: ArrayLike) -> list[ArrayLike]:
-    """Broadcast, then make Python numbers arrays like the other operands, and
-    check that all have one dtype: what the strict wrappers would accept."""
-    args = _broadcast_operands(name, *args)
+    """Promote and broadcast, then make Python numbers arrays like the other
+    operands: what the strict wrappers would accept."""
+    args = _broadcast_operands(name, *promote_operands(name, *args))
     arrays = [a for a in args if not _is_python_scalar(a)]
     if not arrays:
         dtype = np.result_type(*(type(a) for a in args))
@@ -1302,6 +1313,117 @@ def _operands_alike(name: str, *args: ArrayLike) -> list[ArrayLike]:
         check_binary_operands(name, get_aval(args[0]), get_aval(other))
     return args
 
+
+# %% [markdown]
+# (appendix-dtypes)=
+# ## JAX's dtype rules
+#
+# The wrappers are strict about dtypes as well as shapes: `add` of an `int32`
+# and a `float32` array is an error, as `lax.add` is in JAX. User code mixes
+# dtypes all the time, though (`counts / total`, `x * 2` with `x` a float
+# array, `mask + 1.5`), and `jax.numpy` decides the result's dtype by a small
+# fixed order, a *promotion lattice*. Each dtype points to the dtypes just
+# above it; the result of combining two dtypes is the lowest dtype above both.
+# Python's `int` and `float` are nodes of their own, *weak* types, placed low:
+# a Python number takes the dtype of the array next to it (`x * 2` keeps
+# `x`'s dtype), and only when nothing else decides does it become a 64-bit
+# type (we follow JAX with 64-bit types enabled, the mode this book runs in).
+
+# %% tags=["export"]
+import functools
+
+PROMOTION_LATTICE = {  # each dtype -> the dtypes just above it
+    "bool": ["int"],  # "int", "float": Python's weakly typed numbers
+    "int": ["uint8", "int8"],
+    "uint8": ["uint16", "int16"],
+    "uint16": ["uint32", "int32"],
+    "uint32": ["uint64", "int64"],
+    "uint64": ["float"],
+    "int8": ["int16"],
+    "int16": ["int32"],
+    "int32": ["int64"],
+    "int64": ["float"],
+    "float": ["float16"],
+    "float16": ["float32"],
+    "float32": ["float64"],
+    "float64": [],
+}
+
+
+@functools.cache
+def _at_or_above(name: str) -> frozenset:
+    return frozenset([name]).union(*map(_at_or_above, PROMOTION_LATTICE[name]))
+
+
+def promote_types(*names: str) -> np.dtype:
+    """The lowest dtype at or above all of ``names``; a weak result is 64-bit."""
+    common = frozenset.intersection(*map(_at_or_above, names))
+    lowest = next(n for n in common if common <= _at_or_above(n))
+    return np.dtype({"int": "int64", "float": "float64"}.get(lowest, lowest))
+
+
+def promote_operands(name: str, *args: ArrayLike) -> list[ArrayLike]:
+    """Convert the arrays among ``args`` to their promoted dtype; Python
+    numbers stay numbers (the strict wrappers shape them like the arrays)."""
+    if all(map(_is_python_scalar, args)):
+        return list(args)
+    dtype = promote_types(*(_dtype_name(name, a) for a in args))
+    return [a if _is_python_scalar(a) else convert_element_type(a, dtype) for a in args]
+
+
+# %% [markdown]
+# Functions that only make sense on floats (`sin`, `exp`, true division,
+# `mean`) first promote, then move an integer or boolean result to a float of
+# the same width, as `jax.numpy` does: 64-bit integers become `float64`,
+# narrower ones `float32`. Both helpers are folded.
+
+
+# %% tags=["export", "hide-input"]
+# @title _dtype_name (a node of the lattice) and as_inexact (ints become floats)
+def _dtype_name(name: str, x: Any) -> str:
+    if type(x) in (int, float):  # bool is not weak, as in JAX
+        return type(x).__name__
+    dtype = np.dtype(bool) if type(x) is bool else get_aval(x, name).dtype
+    if dtype.name not in PROMOTION_LATTICE:
+        raise TypeError(f"{name}: unsupported dtype {dtype.name}")
+    return dtype.name
+
+
+def inexact_dtype(dtype: np.dtype) -> np.dtype:
+    """A float dtype stays; an integer or boolean one becomes a float of
+    its width (64-bit integers: float64; narrower: float32), as in JAX."""
+    if dtype.kind == "f":
+        return dtype
+    return np.dtype(np.float64 if dtype.itemsize == 8 else np.float32)
+
+
+def _on_inexact(fn: Callable) -> Callable:
+    """``fn`` (a float-only wrapper) applied to ``as_inexact`` of its input."""
+
+    def on_inexact(x: ArrayLike) -> ArrayLike:
+        return fn(as_inexact(fn.__name__, x))
+
+    on_inexact.__name__, on_inexact.__doc__ = fn.__name__, fn.__doc__
+    return on_inexact
+
+
+def as_inexact(name: str, x: ArrayLike) -> ArrayLike:
+    """``x`` converted to its inexact dtype (a Python number to a float)."""
+    if _is_python_scalar(x):
+        return float(x)
+    x = _as_input(x, name)
+    return convert_element_type(x, inexact_dtype(get_aval(x).dtype))
+
+
+# %% [markdown]
+# Here is the table of results for every pair of seven types, ours, with each
+# cell checked against what `jax.numpy` gives for the same pair (the table code
+# is in `book/figures.py`):
+
+# %%
+from figures import promotion_table
+
+promotion_table(promote_types)
 
 # %% [markdown]
 # (appendix-numpy)=
@@ -1324,6 +1446,9 @@ import types
 numpy_namespace = types.ModuleType("autodidax.numpy", "NumPy-style functions.")
 
 
+Axes = int | Sequence[int] | None  # the axis argument of the reductions
+
+
 def numpy_function(fn: Callable) -> Callable:
     """Decorator: put ``numpy_<name>`` into the namespace as ``<name>``."""
     setattr(numpy_namespace, fn.__name__.removeprefix("numpy_"), fn)
@@ -1337,13 +1462,13 @@ if __name__ != "__main__":  # in the module: `import autodidax.numpy as anp`
 
 # %% tags=["export"]
 def _broadcasting(name: str, strict: Callable) -> Callable:
-    """A NumPy-style binary function: broadcast, then call ``strict``."""
+    """A NumPy-style binary function: promote, broadcast, call ``strict``."""
 
     def fn(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-        return strict(*_broadcast_operands(name, x, y))
+        return strict(*_broadcast_operands(name, *promote_operands(name, x, y)))
 
     fn.__name__ = f"numpy_{name}"
-    fn.__doc__ = f"``{strict.__name__}`` with NumPy broadcasting."
+    fn.__doc__ = f"``{strict.__name__}`` with JAX's promotion and broadcasting."
     return numpy_function(fn)
 
 
@@ -1353,8 +1478,10 @@ numpy_multiply = _broadcasting("multiply", mul)
 numpy_maximum = _broadcasting("maximum", maximum)
 numpy_greater = _broadcasting("greater", greater)
 numpy_less = _broadcasting("less", less)
-for _fn in [sin, cos, exp, log, tanh, reshape, broadcast_to, zeros_like]:
+for _fn in [reshape, broadcast_to, zeros_like]:
     setattr(numpy_namespace, _fn.__name__, _fn)
+for _fn in [sin, cos, exp, log, tanh]:  # integers become floats first
+    setattr(numpy_namespace, _fn.__name__, _on_inexact(_fn))
 
 # %% [markdown]
 # The demos below call it by the name it has outside the book:
@@ -1365,8 +1492,8 @@ anp = numpy_namespace
 
 # %% [markdown]
 # The rest of the namespace is folded: `mean` (a sum, then a division by the
-# count), `divide` (which turns integers into
-# float64 first, as NumPy's `/` does), `minimum`, `power`, `where`, `sum` (which
+# count), `divide` (which promotes, then turns integers into floats, as
+# `jax.numpy`'s `/` does), `minimum`, `power`, `where`, `sum` (which
 # widens small integers, as NumPy does), `max`, `transpose`, `astype`, `zeros`,
 # `ones`, `ones_like`, and the dtype names. Each is a few lines on top of a
 # primitive or two.
@@ -1375,13 +1502,22 @@ anp = numpy_namespace
 # %% tags=["export", "hide-input"]
 # @title The rest of autodidax.numpy
 @numpy_function
-def numpy_mean(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:
-    """Average over ``axis`` (all axes by default); integers give float64."""
-    x = _as_float(_as_input(x, "mean"))
+def numpy_mean(x: ArrayLike, axis: Axes = None, keepdims: bool = False) -> ArrayLike:
+    """Average over ``axis`` (all axes by default); integers give floats."""
+    x = as_inexact("mean", x)
     ndim = get_aval(x).ndim
     axes = range(ndim) if axis is None else _normalize_axes("mean", axis, ndim)
     count = math.prod(get_aval(x).shape[a] for a in axes)
-    return div(reduce_sum(x, axis), float(count))
+    return _keep_dims(div(reduce_sum(x, axis), float(count)), x, axis, keepdims)
+
+
+def _keep_dims(out: ArrayLike, x: ArrayLike, axis: Axes, keepdims: bool) -> ArrayLike:
+    """With ``keepdims``, ``out`` reshaped so the reduced axes stay, as 1s."""
+    if not keepdims:
+        return out
+    shape = get_aval(x).shape
+    axes = range(len(shape)) if axis is None else _normalize_axes("", axis, len(shape))
+    return reshape(out, tuple(1 if i in axes else n for i, n in enumerate(shape)))
 
 
 numpy_namespace.negative = neg
@@ -1391,25 +1527,10 @@ for _name in ["bool_", "int32", "int64", "float32", "float64"]:
 
 @numpy_function
 def numpy_divide(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """True division with NumPy broadcasting; integers become float64 first."""
-    x, y = _broadcast_operands("divide", x, y)
-    x_float, y_float = _as_float(x), _as_float(y)
-    if not (_is_python_scalar(x) or _is_python_scalar(y)):
-        if get_aval(x_float).dtype != get_aval(y_float).dtype:
-            raise TypeError(
-                f"divide: cannot divide {get_aval(x).str_short()} by "
-                f"{get_aval(y).str_short()}: integers become 64-bit floats, and "
-                "then both dtypes must be the same"
-            )
-    return div(x_float, y_float)
-
-
-def _as_float(x: ArrayLike) -> ArrayLike:
-    if _is_python_scalar(x):
-        return float(x)
-    if get_aval(x).dtype.kind != "f":
-        return convert_element_type(x, np.float64)
-    return x
+    """True division: promote, make integers floats, broadcast."""
+    x, y = promote_operands("divide", x, y)
+    x, y = as_inexact("divide", x), as_inexact("divide", y)
+    return div(*_broadcast_operands("divide", x, y))
 
 
 @numpy_function
@@ -1445,7 +1566,7 @@ def numpy_where(pred: ArrayLike, x: ArrayLike, y: ArrayLike) -> ArrayLike:
 
 
 @numpy_function
-def numpy_sum(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:
+def numpy_sum(x: ArrayLike, axis: Axes = None, keepdims: bool = False) -> ArrayLike:
     """Sum over ``axis`` (all axes by default). As in NumPy, booleans and
     integers narrower than 64 bits are summed as 64-bit integers."""
     dtype = get_aval(_as_input(x, "sum")).dtype
@@ -1453,13 +1574,32 @@ def numpy_sum(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLik
         x = convert_element_type(x, np.int64)
     elif dtype.kind == "u" and dtype.itemsize < 8:
         x = convert_element_type(x, np.uint64)
-    return reduce_sum(x, axis)
+    return _keep_dims(reduce_sum(x, axis), x, axis, keepdims)
 
 
 @numpy_function
-def numpy_max(x: ArrayLike, axis: int | Sequence[int] | None = None) -> ArrayLike:
+def numpy_max(x: ArrayLike, axis: Axes = None, keepdims: bool = False) -> ArrayLike:
     """Largest element over ``axis`` (all axes by default)."""
-    return reduce_max(x, axis)
+    x = _as_input(x, "max")
+    if get_aval(x).dtype == np.bool_:  # any: the largest of 0s and 1s
+        as_int = convert_element_type(x, np.int8)
+        return convert_element_type(numpy_max(as_int, axis, keepdims), np.bool_)
+    return _keep_dims(reduce_max(x, axis), x, axis, keepdims)
+
+
+@numpy_function
+def numpy_min(x: ArrayLike, axis: Axes = None, keepdims: bool = False) -> ArrayLike:
+    """Smallest element over ``axis``: the largest of an order-reversed copy
+    (-x for floats; top - x for integers, which cannot overflow)."""
+    x = _as_input(x, "min")
+    dtype = get_aval(x).dtype
+    if dtype.kind == "b":
+        as_int = convert_element_type(x, np.int8)
+        return convert_element_type(numpy_min(as_int, axis, keepdims), np.bool_)
+    if dtype.kind == "f":
+        return neg(numpy_max(neg(x), axis, keepdims))
+    top = int(np.iinfo(dtype).max) if dtype.kind == "u" else -1
+    return sub(top, numpy_max(sub(top, x), axis, keepdims))
 
 
 @numpy_function
@@ -1671,7 +1811,7 @@ def _contract_last_axis(name: str, x: Any, y: Any) -> Any:
 @numpy_function
 def numpy_matmul(x: ArrayLike, y: ArrayLike) -> ArrayLike:
     """NumPy's ``matmul``, the ``@`` operator."""
-    x, y = (_as_input(v, "matmul") for v in (x, y))
+    x, y = promote_operands("matmul", *(_as_input(v, "matmul") for v in (x, y)))
     x_aval, y_aval = get_aval(x), get_aval(y)
     check_matmul_operands(x_aval, y_aval)  # no scalars, inner sizes that agree
     if max(x_aval.ndim, y_aval.ndim) <= 2 or min(x_aval.ndim, y_aval.ndim) == 1:
@@ -1695,7 +1835,7 @@ def numpy_matmul(x: ArrayLike, y: ArrayLike) -> ArrayLike:
 @numpy_function
 def numpy_dot(x: ArrayLike, y: ArrayLike) -> ArrayLike:
     """NumPy's ``dot``; with a scalar operand, a multiplication."""
-    x, y = (_as_input(v, "dot") for v in (x, y))
+    x, y = promote_operands("dot", *(_as_input(v, "dot") for v in (x, y)))
     if get_aval(x).ndim == 0 or get_aval(y).ndim == 0:
         return numpy_multiply(x, y)
     return _contract_last_axis("dot", x, y)
@@ -1775,6 +1915,40 @@ ArrayOperators.__rmatmul__ = lambda self, other: numpy_matmul(other, self)
 ArrayOperators.__pow__ = _power
 ArrayOperators.__rpow__ = _reflected_power
 
+
+# %% [markdown]
+# Arrays in JAX also have NumPy's methods (`x.sum(axis=0)`, `x.T`,
+# `x.astype(np.float32)`, ...); ours get the same ones, each a call into
+# `autodidax.numpy`, in the folded cell.
+
+
+# %% tags=["export", "hide-input"]
+# @title Array methods as in jax.numpy: sum mean max min astype dot reshape T size
+def _reshape_method(self: ArrayOperators, *shape: Any) -> ArrayLike:
+    """``x.reshape(2, 3)`` or ``x.reshape((2, 3))``, as NumPy allows both."""
+    if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
+        shape = shape[0]
+    return reshape(self, tuple(shape))
+
+
+def _transpose_method(self: ArrayOperators, *axes: Any) -> ArrayLike:
+    """``x.transpose()``, ``x.transpose(1, 0)`` or ``x.transpose((1, 0))``."""
+    if len(axes) == 1 and not isinstance(axes[0], (int, np.integer)):
+        axes = axes[0]
+    return numpy_transpose(self, tuple(axes) if axes else None)
+
+
+ArrayOperators.sum = numpy_sum
+ArrayOperators.mean = numpy_mean
+ArrayOperators.max = numpy_max
+ArrayOperators.min = numpy_min
+ArrayOperators.astype = numpy_astype
+ArrayOperators.dot = numpy_dot
+ArrayOperators.reshape = _reshape_method
+ArrayOperators.transpose = _transpose_method
+ArrayOperators.T = property(numpy_transpose)
+ArrayOperators.size = property(lambda self: get_aval(self).size)
+
 # %% [markdown]
 # Here is what broadcasting records. Adding a `(3, 1)` column to a `(4,)` row
 # stretches both: the column loses its size-1 axis and gains a new one of size
@@ -1782,6 +1956,14 @@ ArrayOperators.__rpow__ = _reflected_power
 
 # %%
 print(make_jaxpr(lambda col, row: col + row, f64(3, 1), f64(4))[0])
+
+# %% [markdown]
+# Mixed dtypes follow {ref}`JAX's rules <appendix-dtypes>`: below, the integer
+# input is converted once, explicitly, and the Python number adapts to the
+# float array.
+
+# %%
+print(make_jaxpr(lambda i, x: i * x + 1.5, ShapedArray((3,), np.int32), f64(3))[0])
 
 # %% [markdown]
 # (appendix-comparisons)=
@@ -2134,12 +2316,15 @@ show_error(lambda: jit(lambda a: a @ 2.0)(a))
 # %% [markdown]
 # ## Where real JAX differs
 #
-# - **Type promotion.** `jax.numpy` combines different dtypes by a
-#   [promotion lattice](https://docs.jax.dev/en/latest/type_promotion.html)
-#   (`int32 + float32` is `float32`) with "weak" types for Python numbers; we
-#   refuse mixed dtypes and only let Python numbers adapt, so any conversion is
-#   an explicit `convert_element_type` in the jaxpr. JAX's `convert_element_type`
-#   accordingly has a `weak_type` param.
+# - **Weak types on arrays.** Our lattice is JAX's
+#   ([type promotion](https://docs.jax.dev/en/latest/type_promotion.html)),
+#   but only a Python number is weak here. JAX also keeps weakness on arrays
+#   and tracers made from Python numbers (a jitted function's argument `2.0`
+#   is a weak `float64`, so its product with a `float32` array is `float32`),
+#   and its `convert_element_type` has a `weak_type` param for that. JAX with its default
+#   32-bit mode also narrows every 64-bit result to 32 bits; we always run as
+#   JAX does with 64-bit types enabled. `bfloat16` and complex types are not in
+#   our lattice.
 # - **Broadcasting in fewer steps.** JAX's
 #   [`broadcast_in_dim`](https://docs.jax.dev/en/latest/_autosummary/jax.lax.broadcast_in_dim.html)
 #   can stretch axes of size 1 directly, and JAX's binary primitives themselves
@@ -2187,6 +2372,12 @@ show_error(lambda: jit(lambda a: a @ 2.0)(a))
 #   through dimension numbers; `vmap` and transposition only renumber axes.
 # - NumPy broadcasting becomes explicit `reshape` and `broadcast` equations in
 #   the front end, while the primitives and their wrappers stay strict.
+# - Mixed dtypes meet in JAX's promotion lattice: the result is the lowest
+#   dtype above both, Python numbers are weak and adapt to the arrays, and the
+#   front end stages each conversion as a `convert_element_type`.
+# - `==` has to be a primitive: a Python protocol left to its default answers
+#   silently wrong on a tracer. Every protocol either works as in JAX or raises
+#   an error that says what to use instead.
 # - Everything here is added, nothing replaced: primitives register their rules,
 #   the front end is a new module, the operators find its functions in Part 1's
 #   registry `OPERATORS`, and `/`, `@` and `**` are operators tracers did not

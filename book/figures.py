@@ -973,3 +973,47 @@ def draw_rows_on_devices(x, y, collective="psum: all_reduce (add)"):
         "every replica gets the total</text></svg>"
     )
     return SVG("".join(parts))
+
+
+# --------------------------------------------------------------- dtype promotion
+
+PROMOTION_TYPES = ["bool", "int32", "int64", "float32", "float64", "int", "float"]
+_SHORT = {"bool": "bool", "int32": "i32", "int64": "i64", "float32": "f32"}
+_SHORT.update({"float64": "f64", "int": "int", "float": "float"})
+
+
+def _jax_result_dtype(a, b):
+    """The dtype jax.numpy gives ``x + y`` for two types of PROMOTION_TYPES
+    ("int" and "float" are Python numbers), with 64-bit types on."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    def operand(name):
+        if name in ("int", "float"):
+            return {"int": 1, "float": 1.5}[name]
+        return jnp.ones(2, np.dtype(name))
+
+    with jax.enable_x64(True):
+        return np.dtype(jnp.add(operand(a), operand(b)).dtype)
+
+
+def promotion_table(promote_types, types=PROMOTION_TYPES):
+    """Print ours for every pair of ``types``, and how many pairs agree with
+    jax.numpy (a cell that disagrees is marked with ``!`` and JAX's dtype)."""
+    width = 9
+    print(" " * 7 + "".join(_SHORT[t].rjust(width) for t in types))
+    disagree = 0
+    for a in types:
+        cells = []
+        for b in types:
+            ours = promote_types(a, b)
+            theirs = _jax_result_dtype(a, b)
+            cell = _SHORT.get(ours.name, ours.name)
+            if ours != theirs:
+                disagree += 1
+                cell += "!" + _SHORT.get(theirs.name, theirs.name)
+            cells.append(cell.rjust(width))
+        print(_SHORT[a].ljust(7) + "".join(cells))
+    pairs = len(types) ** 2
+    print(f"\nagrees with jax.numpy on {pairs - disagree} of {pairs} pairs")

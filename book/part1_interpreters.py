@@ -1197,12 +1197,12 @@ def _check_broadcast(x: ArrayLike, shape: Sequence[int], axes: Sequence[int]):
 # %% tags=["export"]
 @reduce_sum_p.def_rule("impl")
 def _reduce_sum_impl(x, *, axes):
-    return [np.sum(x, axis=axes, dtype=x.dtype)]  # booleans stay booleans
+    return [np.sum(np.asarray(x), axis=axes, dtype=x.dtype)]  # booleans stay booleans
 
 
 @transpose_p.def_rule("impl")
 def _transpose_impl(x, *, perm):
-    return [np.transpose(x, perm)]
+    return [np.transpose(np.asarray(x), perm)]
 
 
 @broadcast_p.def_rule("impl")
@@ -2143,7 +2143,9 @@ show_error(lambda: 1 if leaked[0] else 0)
 # - Python numbers in JAX are *weakly typed*: `x * 2.0` keeps the dtype of a
 #   `float32` array `x`, and an integer `x` is promoted to a float by JAX's
 #   [type promotion rules](https://docs.jax.dev/en/latest/type_promotion.html).
-#   Ours refuses to mix a float number with an integer array instead.
+#   Our wrappers refuse to mix a float number with an integer array, as
+#   `lax.add` refuses; the operators and `autodidax.numpy` follow JAX's rules
+#   from the {ref}`appendix <appendix-dtypes>` on.
 # - JAX's `jax.vmap` supports `in_axes` given as a pytree prefix, as ours does,
 #   as well as `out_axes` trees, named axes and `spmd_axis_name`; see the
 #   [`vmap` docs](https://docs.jax.dev/en/latest/_autosummary/jax.vmap.html).

@@ -539,8 +539,9 @@ scaling_chart(report)
 # - **Weak types.** JAX remembers that an argument was a Python number: its
 #   type is *weak*, and gives way to the other operand's dtype, so
 #   `jax.jit(lambda x, y: x * y)(np.ones(3, np.float32), 2.0)` computes in
-#   `float32`. We have no weak types: the `2.0` is a `float64`, as `np.asarray`
-#   makes it, and the mixed dtypes are an error, on both paths alike. Weak
+#   `float32`. Our jitted functions have no weak arguments: the `2.0` is a
+#   `float64`, as `np.asarray` makes it, and the product is promoted to
+#   `float64`, on both paths alike. Weak
 #   types are part of JAX's signature, so a Python float and a NumPy `float64`
 #   scalar are two entries of JAX's cache (two traces), where they are one
 #   here.

@@ -1872,3 +1872,51 @@ def test_part9_all_gather_carries_axis_size():
         e for e in all_eqns(jax.make_jaxpr(f)(ROWS)) if e.primitive.name == "all_gather"
     ]
     assert eqn.params["axis_size"] == 4 and eqn.outvars[0].aval.shape == (4, 3)
+
+
+# ------------------------------------------------------------------ dtypes
+
+
+def test_part1_lax_add_refuses_a_float_with_an_int_array():
+    # part1_interpreters: "Our wrappers refuse to mix a float number with an
+    # integer array, as `lax.add` refuses".
+    with pytest.raises(TypeError, match="same dtypes"):
+        lax.add(jnp.ones(3, jnp.int32), 1.5)
+
+
+def test_appendix_lax_add_refuses_mixed_dtypes():
+    # appendix_primitives: "`add` of an `int32` and a `float32` array is an
+    # error, as `lax.add` is in JAX".
+    with pytest.raises(TypeError, match="same dtypes"):
+        lax.add(jnp.ones(3, jnp.int32), jnp.ones(3, jnp.float32))
+
+
+@pytest.mark.parametrize(
+    "dtype, inexact",
+    [("bool", "float32"), ("int8", "float32"), ("int32", "float32"),
+     ("uint32", "float32"), ("int64", "float64"), ("uint64", "float64"),
+     ("float16", "float16"), ("float32", "float32"), ("float64", "float64")],
+)  # fmt: skip
+def test_appendix_float_functions_make_integers_floats_of_their_width(dtype, inexact):
+    # appendix_primitives: "64-bit integers become `float64`, narrower ones
+    # `float32`" (sin, true division, mean), with 64-bit types on.
+    x = jnp.ones(3, dtype)
+    for out in (jnp.sin(x), jnp.mean(x), x / x):
+        assert out.dtype == np.dtype(inexact)
+
+
+def test_appendix_weak_argument_of_a_jitted_function():
+    # appendix_primitives: "a jitted function's argument `2.0` is a weak
+    # `float64`, so its product with a `float32` array is `float32`".
+    out = jax.jit(lambda x, y: x * y)(np.ones(3, np.float32), 2.0)
+    assert out.dtype == np.float32
+
+
+def test_appendix_python_number_takes_the_arrays_dtype():
+    # appendix_primitives: "a Python number takes the dtype of the array next
+    # to it (`x * 2` keeps `x`'s dtype)", and only when nothing else decides
+    # does it become a 64-bit type.
+    for dtype in (jnp.int32, jnp.float32, jnp.uint8):
+        assert (jnp.ones(2, dtype) * 2).dtype == dtype
+    assert (jnp.ones(2, jnp.int32) * 2.0).dtype == jnp.float64
+    assert (jnp.ones(2, jnp.bool_) + 1).dtype == jnp.int64
