@@ -4127,12 +4127,12 @@ def _on_inexact(fn: Callable) -> Callable:
     return on_inexact
 
 
-def as_inexact(name: str, x: ArrayLike) -> ArrayLike:
+def as_inexact(name: str, x: ArrayLike, position: int = 0) -> ArrayLike:
     """``x`` converted to its inexact dtype (a Python number to a float)."""
     if _is_python_scalar(x):
         return float(x)
-    x = _as_input(x, name)
-    return convert_element_type(x, inexact_dtype(get_aval(x).dtype))
+    dtype = get_aval(x, name, position).dtype  # a clear error for a non-array
+    return convert_element_type(x, inexact_dtype(dtype))
 
 
 # @title The module autodidax.numpy, and the decorator that fills it
@@ -4207,9 +4207,8 @@ for _name in ["bool_", "int32", "int64", "float32", "float64"]:
 @numpy_function
 def numpy_divide(x: ArrayLike, y: ArrayLike) -> ArrayLike:
     """True division: promote, make integers floats, broadcast."""
-    x, y = promote_operands("divide", x, y)
-    x, y = as_inexact("divide", x), as_inexact("divide", y)
-    return div(*_broadcast_operands("divide", x, y))
+    x, y = _broadcast_operands("divide", *promote_operands("divide", x, y))
+    return div(as_inexact("divide", x), as_inexact("divide", y, 1))
 
 
 @numpy_function

@@ -6,7 +6,7 @@ rank 3) and input values. A program is plain data: it is interpreted once with
 autodidax and once with jax.numpy/jax.lax, and the results must agree to 1e-9
 in float64. The programs use
 
-- the primitives ``neg sin cos tanh exp log add sub mul div max greater less
+- the primitives ``neg sin cos tanh exp log add sub mul div max eq ne lt le gt ge
   integer_pow convert_element_type reshape reduce_sum reduce_max transpose
   broadcast select dot_general cond`` (``cond`` branches are generated programs
   themselves, may nest and close over outer values);
@@ -61,6 +61,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -167,6 +168,8 @@ INT_SCALARS = [1, 2, -1, 0, 3]
 EXPONENTS = [2, 1, 3, 0, -1, 4, -2, 5]
 DIMS = [1, 2, 3, 2, 3, 1, 2, 3, 2, 3, 1, 0]  # a size-0 axis now and then
 
+COMPARISONS = ["greater", "less", "equal", "not_equal", "less_equal", "greater_equal"]
+
 # How each kind of op may be spelled (see Op.style).
 STYLES = {
     "neg": ("fn", "np", "op"),
@@ -174,8 +177,7 @@ STYLES = {
     "mul": ("fn", "np", "op"),
     "sub": ("fn", "np", "op"),
     "div": ("fn", "np", "op"),
-    "greater": ("fn", "np", "op"),
-    "less": ("fn", "np", "op"),
+    **{name: ("fn", "np", "op") for name in COMPARISONS},
     "pow": ("fn", "np", "op"),
     "maximum": ("fn", "np"),
     "minimum": ("np",),
@@ -187,7 +189,7 @@ for _kind in ["sin", "cos", "tanh", "exp", "log", "convert", "reshape"]:
     STYLES[_kind] = ("fn", "np")
 for _kind in ["reduce_sum", "reduce_max", "transpose"]:
     STYLES[_kind] = ("fn", "np")
-BINARY = ["add", "mul", "sub", "div", "maximum", "minimum", "greater", "less"]
+BINARY = ["add", "mul", "sub", "div", "maximum", "minimum", *COMPARISONS]
 
 
 def size(shape: Shape) -> int:
@@ -347,13 +349,13 @@ class Builder:
         how = self.draw(st.sampled_from(["compare", "convert", "f32"]))
         if how == "f32":
             a, b = self.float_of_shape(shape), self.float_of_shape(shape)
-            name = self.draw(st.sampled_from(["greater", "less"]))
+            name = self.draw(st.sampled_from(COMPARISONS))
             return self.emit("f32_compare", [a, b], (name,), [(shape, BOOL)])
         dtype = self.draw(st.sampled_from([FLT, INT]))
         a = self.value_of(shape, dtype)
         if how == "convert":
             return self.convert(a, BOOL)
-        name = self.draw(st.sampled_from(["greater", "less"]))
+        name = self.draw(st.sampled_from(COMPARISONS))
         if self.draw(st.booleans()):
             return self.binary(name, a, self.value_of(shape, dtype))
         return self.scalar(name, a, self.constant(dtype), self.draw(st.booleans()))
@@ -480,12 +482,12 @@ class Builder:
         styles = STYLES[name]
         if self.shape(a) != self.shape(b):
             styles = tuple(s for s in styles if s != "fn")
-        dtype = BOOL if name in ("greater", "less") else self.dtype(a)
+        dtype = BOOL if name in COMPARISONS else self.dtype(a)
         return self.emit(name, [a, b], (), [(out_shape, dtype)], styles, why)
 
     def scalar(self, name: str, a: int, c: Any, left: bool, why: str = "") -> int:
         """``name(c, a)`` if ``left`` else ``name(a, c)``, c a Python number."""
-        dtype = BOOL if name in ("greater", "less") else self.dtype(a)
+        dtype = BOOL if name in COMPARISONS else self.dtype(a)
         out = (self.shape(a), dtype)
         return self.emit("scalar", [a], (name, c, left), [out], STYLES[name], why)
 
@@ -527,7 +529,7 @@ class Builder:
     def step_scalar(self) -> None:
         a = self.pick_number()
         dtype = self.dtype(a)
-        names = ["add", "mul", "sub", "greater", "less", "maximum", "minimum"]
+        names = ["add", "mul", "sub", *COMPARISONS, "maximum", "minimum"]
         if dtype == FLT:
             names.append("div")
         name = self.draw(st.sampled_from(names))
@@ -553,7 +555,7 @@ class Builder:
         b = self.partner(a)
         if self.draw(st.booleans()):
             a, b = b, a
-        self.binary(self.draw(st.sampled_from(["greater", "less"])), a, b)
+        self.binary(self.draw(st.sampled_from(COMPARISONS)), a, b)
 
     def step_reduce_sum(self) -> None:
         a = self.pick_number()
@@ -701,7 +703,7 @@ class Builder:
         shape = self.shape(a)
         if self.draw(st.booleans()):
             b = self.float_of_shape(shape)
-            name = self.draw(st.sampled_from(["greater", "less"]))
+            name = self.draw(st.sampled_from(COMPARISONS))
             self.emit("f32_compare", [a, b], (name,), [(shape, BOOL)])
             return
         inner = self.draw(st.sampled_from(["none", "neg", "max", "transpose", "flat"]))
@@ -888,6 +890,10 @@ class Autodidax:
         "maximum": ad.maximum,
         "greater": ad.greater,
         "less": ad.less,
+        "equal": ad.equal,
+        "not_equal": ad.not_equal,
+        "less_equal": ad.less_equal,
+        "greater_equal": ad.greater_equal,
         "pow": ad.integer_pow,
         "convert": ad.convert_element_type,
         "reshape": ad.reshape,
@@ -913,6 +919,10 @@ class Autodidax:
         "minimum": anp.minimum,
         "greater": anp.greater,
         "less": anp.less,
+        "equal": anp.equal,
+        "not_equal": anp.not_equal,
+        "less_equal": anp.less_equal,
+        "greater_equal": anp.greater_equal,
         "pow": anp.power,
         "convert": anp.astype,
         "reshape": anp.reshape,
@@ -934,6 +944,10 @@ class Autodidax:
         "div": operator.truediv,
         "greater": operator.gt,
         "less": operator.lt,
+        "equal": operator.eq,
+        "not_equal": operator.ne,
+        "less_equal": operator.le,
+        "greater_equal": operator.ge,
         "pow": operator.pow,
         "matmul": operator.matmul,
     }
@@ -1006,6 +1020,10 @@ class Jax:
         "minimum": jnp.minimum,
         "greater": jnp.greater,
         "less": jnp.less,
+        "equal": jnp.equal,
+        "not_equal": jnp.not_equal,
+        "less_equal": jnp.less_equal,
+        "greater_equal": jnp.greater_equal,
         "select": lax.select,
         "dot": jnp.dot,
         "matmul": jnp.matmul,
@@ -1455,13 +1473,13 @@ def test_generator_covers_every_primitive_and_form():
     }
     expected |= {f"{kind}/fn" for kind in ["broadcast", "select", "dot_general"]}
     expected |= {"cond/fn", "f32/fn", "f32_compare/fn"}
-    scalar_names = ["add", "mul", "sub", "div", "greater", "less"]
+    scalar_names = ["add", "mul", "sub", "div", *COMPARISONS]
     scalar_names += ["maximum", "minimum"]
     expected |= {f"scalar-{n}/{s}" for n in scalar_names for s in STYLES[n]}
     # Broadcasting through the NumPy functions and the operators.
     expected |= {f"{n}-broadcasting/np" for n in BINARY + ["where"]}
     expected |= {f"{n}-broadcasting/op" for n in ["add", "mul", "sub", "div"]}
-    expected |= {"greater-broadcasting/op", "less-broadcasting/op"}
+    expected |= {f"{n}-broadcasting/op" for n in COMPARISONS}
     expected |= {"rank-promotion", "size-1-stretching", "where-scalar-1"}
     expected |= {"where-scalar-2"}
     # Ties, integers, conversions, powers, reshapes, reductions, products.
@@ -1493,7 +1511,21 @@ def test_generator_covers_every_primitive_and_form():
     expected |= {"cond-const-pred", "cond-pred", "cond-closure", "cond-nested"}
     expected |= {"cond-operands-0", "cond-operands-1", "cond-operands-2"}
     expected |= {"cond-f-out", "cond-b-out", "cond-i-out"}
+    # The six comparisons share one generator path: each of them must appear,
+    # and every form must appear for some comparison (not each for each).
+    for name in COMPARISONS:
+        assert any(re.match(rf"{name}[/-]", f) for f in seen), name
+    expected, seen = (
+        {_one_comparison(f) for f in expected},
+        {_one_comparison(f) for f in seen},
+    )
     assert expected <= seen, str(sorted(expected - seen))
+
+
+def _one_comparison(feature: str) -> str:
+    """``feature`` with any comparison's name replaced by "compare"."""
+    names = "|".join(sorted(COMPARISONS, key=len, reverse=True))
+    return re.sub(rf"\b({names})\b", "compare", feature)
 
 
 # ---------------------------------------------------------------------------

@@ -459,13 +459,13 @@ def test_if_on_static_information_is_fine():
             r"subtract: .*shapes that broadcast.*float64\[2,3\] and float64\[2\]",
         ),
         (
-            lambda x, y: x + y,
+            lambda x, y: ad.add(x, y),
             (VEC3, ShapedArray((3,), np.float32)),
             TypeError,
             r"add: operands must have the same dtype.*float32",
         ),
         (
-            lambda x, y: x * y,
+            lambda x, y: ad.mul(x, y),
             (VEC3, ShapedArray((3,), np.int64)),
             TypeError,
             r"mul: .*same dtype.*int64",
@@ -483,7 +483,7 @@ def test_if_on_static_information_is_fine():
             r"cos: expected a float array, got dtype int32",
         ),
         (
-            lambda x: x * 2.5,
+            lambda x: ad.mul(x, 2.5),
             (ShapedArray((3,), np.int64),),
             TypeError,
             r"mul: cannot combine the float 2.5 with an array of dtype int64",

@@ -224,7 +224,7 @@ def mismatched_shapes(x, y):
 
 def mismatched_dtypes(x, y):
     z = ad.cos(x)
-    return z + y  # the mistake
+    return ad.add(z, y)  # the mistake (the operator + would promote, as jnp)
 
 
 def compared_shapes(x, y):
@@ -245,7 +245,7 @@ def sin_of_ints(x, y):
 
 
 def float_times_ints(x, y):
-    return y * 2.5  # the mistake
+    return ad.mul(y, 2.5)  # the mistake (the operator * would promote)
 
 
 @pytest.mark.parametrize(
