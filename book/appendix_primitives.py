@@ -1373,13 +1373,13 @@ def promote_operands(name: str, *args: ArrayLike) -> list[ArrayLike]:
 
 # %% [markdown]
 # Functions that only make sense on floats (`sin`, `exp`, true division,
-# `mean`) first promote, then move an integer or boolean result to a float of
-# the same width, as `jax.numpy` does: 64-bit integers become `float64`,
-# narrower ones `float32`. Both helpers are folded.
+# `mean`) first promote, then move an integer or boolean result to a float,
+# as `jax.numpy` does: 64-bit integers become `float64`, narrower ones and
+# booleans `float32`. Both helpers are folded.
 
 
 # %% tags=["export", "hide-input"]
-# @title _dtype_name (a node of the lattice) and as_inexact (ints become floats)
+# @title _dtype_name (a node of the lattice) and as_inexact (integers become floats)
 def _dtype_name(name: str, x: Any) -> str:
     if type(x) in (int, float):  # bool is not weak, as in JAX
         return type(x).__name__
@@ -1390,8 +1390,8 @@ def _dtype_name(name: str, x: Any) -> str:
 
 
 def inexact_dtype(dtype: np.dtype) -> np.dtype:
-    """A float dtype stays; an integer or boolean one becomes a float of
-    its width (64-bit integers: float64; narrower: float32), as in JAX."""
+    """A float dtype stays; an integer or boolean one becomes a float
+    (64-bit integers: float64; narrower ones and booleans: float32), as JAX."""
     if dtype.kind == "f":
         return dtype
     return np.dtype(np.float64 if dtype.itemsize == 8 else np.float32)
