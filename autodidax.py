@@ -6750,22 +6750,37 @@ def _pmap_partial_eval_jaxpr(unks_in, eqn):
     return eqn_known, eqn_unknown, out_unknowns, residuals
 
 
-# @title Lowering pmap inside jit: refused
+# @title Lowering pmap inside jit: its rows as a batch on jit's device
 class PmapInsideJitError(TypeError):
-    """pmap was staged into a program compiled for one device."""
+    """pmap was staged into a program that already runs one row per device."""
 
 
 @pmap_p.def_rule("lower")
 def _pmap_lower(ctx, avals_in, avals_out, *args, jaxpr, axis_name, axis_size):
-    raise PmapInsideJitError(
-        "pmap inside jit (or inside another pmap) is not supported: the "
-        "enclosing program is compiled for one device (or one row per device); "
-        "put jit inside pmap instead (pmap compiles its function anyway), and "
-        "use vmap for a second mapped axis"
-    )
+    if ctx.replicas is not None:
+        raise PmapInsideJitError(
+            "pmap inside another pmap is not supported: the enclosing program "
+            "already runs one row per device; use vmap for the inner mapped "
+            "axis (jit inside pmap, and pmap inside jit, are fine)"
+        )
+    # The same values as pmap: the body batched over the rows, collectives
+    # and all (vmap with the same axis name), called on jit's one device.
+    batched, consts = vmap_jaxpr(jaxpr, Axis(axis_size, axis_name), (True,) * len(args))
+    operands = [*(dense_constant(c) for c in consts), *args]
+    callee = ctx.function_for(batched)
+    out_types = [ir_type(a) for a in avals_out]
+    call = mlir_func.CallOp(out_types, ir.FlatSymbolRefAttr.get(callee), operands)
+    return list(call.results)
 
 
-_pmap_lower.only_raises = True  # the rule table says so
+def dense_constant(value: Any) -> ir.Value:
+    """A StableHLO constant holding the array ``value``."""
+    x = np.ascontiguousarray(np.asarray(value))
+    if x.dtype == np.bool_:  # MLIR packs booleans; build them from int8
+        as_int = hlo.constant(ir.DenseElementsAttr.get(x.astype(np.int8)))
+        return hlo.convert(ir_type(ShapedArray(x.shape, x.dtype)), as_int)
+    return hlo.constant(ir.DenseElementsAttr.get(x))
+
 
 # ==== chapter: performance ====
 

@@ -1813,6 +1813,11 @@ def vmap(
 def _flatten_vmap_args(in_axes: Any, args: tuple) -> tuple[list, list, PyTreeDef]:
     """Flatten ``args`` and ``in_axes`` to one checked batch axis per leaf."""
     axes_spec = tuple(in_axes) if isinstance(in_axes, list) else in_axes
+    if not (axes_spec is None or _is_axis(axes_spec) or type(axes_spec) is tuple):
+        raise TypeError(  # JAX's rule too: a namedtuple or dict is no list of arguments
+            "vmap: in_axes must be an int, None, or a tuple with one entry per "
+            f"positional argument, got {in_axes!r}"
+        )
     if isinstance(axes_spec, tuple) and len(axes_spec) != len(args):
         raise ValueError(
             f"vmap: in_axes has {len(axes_spec)} entries but the function "

@@ -659,8 +659,9 @@ def _str_tuple(names: Any, name: str) -> tuple[str, ...]:
 
 
 def _resolve_static(f: Callable, nums: tuple, names: tuple) -> tuple[tuple, tuple]:
-    """As JAX: negative positions count from the end of ``f``'s positional
-    parameters; a static position also makes its name static, and back."""
+    """As JAX: positions are checked against ``f``'s positional parameters
+    (negative ones count from the end of each call's positional arguments); a
+    static position also makes its name static, and back."""
     try:
         params = list(inspect.signature(f).parameters.values())
     except (TypeError, ValueError):  # no signature: take the numbers as given
@@ -679,7 +680,6 @@ def _resolve_static(f: Callable, nums: tuple, names: tuple) -> tuple[tuple, tupl
                     f"jit: static_argnums {i} is out of range: "
                     f"{getattr(f, '__name__', 'f')} takes {n} positional argument(s)"
                 )
-        nums = tuple(i % n for i in nums)
     keyword = [p.name for p in params if p.kind != kinds.POSITIONAL_ONLY]
     unknown = [s for s in names if s not in keyword]
     if unknown and not any(p.kind == kinds.VAR_KEYWORD for p in params):

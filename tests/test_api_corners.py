@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import collections
 
+import autodidax.numpy as anp
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import autodidax as ad
-import autodidax.numpy as anp
 
 Pair = collections.namedtuple("Pair", "a b")
 
@@ -155,24 +155,32 @@ def test_keyword_arguments_under_jvp_and_grad_of_jit():
 
 def test_static_argument_must_be_hashable():
     f = ad.jit(scale_by, static_argnums=1)
-    with pytest.raises(ValueError, match=r"jit: static argument 1 must be hashable.*ndarray"):
+    with pytest.raises(
+        ValueError, match=r"jit: static argument 1 must be hashable.*ndarray"
+    ):
         f(np.ones(2), np.ones(2))
     with pytest.raises(ValueError, match="Non-hashable static arguments"):
         jax.jit(scale_by, static_argnums=1)(np.ones(2), np.ones(2))
     g = ad.jit(scale_by, static_argnames="n")
-    with pytest.raises(ValueError, match=r"jit: static argument 'n' must be hashable.*list"):
+    with pytest.raises(
+        ValueError, match=r"jit: static argument 'n' must be hashable.*list"
+    ):
         g(np.ones(2), n=[1, 2])
 
 
 def test_static_argnums_out_of_range():
-    with pytest.raises(ValueError, match=r"static_argnums 5 is out of range.*scale_by takes 2"):
+    with pytest.raises(
+        ValueError, match=r"static_argnums 5 is out of range.*scale_by takes 2"
+    ):
         ad.jit(scale_by, static_argnums=5)
     with pytest.raises(ValueError, match="static_argnums"):
         jax.jit(scale_by, static_argnums=5)(np.ones(2), 2)
 
 
 def test_static_argnames_not_a_parameter():
-    with pytest.raises(ValueError, match=r"static_argnames \['zz'\] are not parameters of scale_by"):
+    with pytest.raises(
+        ValueError, match=r"static_argnames \['zz'\] are not parameters of scale_by"
+    ):
         ad.jit(scale_by, static_argnames="zz")
     with pytest.raises(ValueError, match="invalid argnames"):
         jax.jit(scale_by, static_argnames="zz")(np.ones(2), 2)
@@ -331,7 +339,10 @@ def test_namedtuples_are_pytree_nodes():
 )
 def test_vmap_in_axes_as_pytree_prefixes(in_axes):
     if isinstance(in_axes, list):
-        close(ad.vmap(lambda x: x * 2.0, in_axes)(XS), jax.vmap(lambda x: x * 2.0, in_axes)(XS))
+        close(
+            ad.vmap(lambda x: x * 2.0, in_axes)(XS),
+            jax.vmap(lambda x: x * 2.0, in_axes)(XS),
+        )
         return
     if isinstance(in_axes[0], dict):
         arg = {"w": XS, "b": np.ones(3)}
@@ -385,7 +396,9 @@ def test_vmap_out_axes_as_pytree_prefixes(out_axes):
         close(ours, theirs)
         return
     c = np.array([1.0, 2.0])
-    close(ad.vmap(f, (0, None), out_axes)(XS, c), jax.vmap(f, (0, None), out_axes)(XS, c))
+    close(
+        ad.vmap(f, (0, None), out_axes)(XS, c), jax.vmap(f, (0, None), out_axes)(XS, c)
+    )
 
 
 @pytest.mark.parametrize(
@@ -447,3 +460,44 @@ def test_vmap_top_level_in_axes_must_be_a_tuple(in_axes):
 def test_vmap_namedtuple_prefix_mismatch_is_an_error():
     with pytest.raises(ValueError, match=r"in_axes\[0\] has structure Pair\(\*, \*\)"):
         ad.vmap(lambda p: p, in_axes=(Pair(0, 0),))((XS, XS))
+
+
+# ---- pmap inside jit -------------------------------------------------------------
+
+
+def _pmap_body(lib, psum, axis_index, convert):
+    def body(x):
+        rank = convert(axis_index("i"))
+        return psum(x * x, "i") * 2.0 + rank + convert(x > 2.0)
+
+    return lib(body, axis_name="i")
+
+
+OURS_PMAP = _pmap_body(
+    ad.pmap, ad.psum, ad.axis_index, lambda v: ad.convert_element_type(v, np.float64)
+)
+JAX_PMAP = _pmap_body(
+    jax.pmap, jax.lax.psum, jax.lax.axis_index, lambda v: v.astype(np.float64)
+)
+ROWS = np.arange(8.0).reshape(4, 2)
+
+
+def test_pmap_inside_jit_has_pmaps_values():
+    close(ad.jit(OURS_PMAP)(ROWS), jax.jit(JAX_PMAP)(ROWS))
+    close(ad.jit(OURS_PMAP)(ROWS), OURS_PMAP(ROWS))
+    close(
+        ad.jit(lambda x: OURS_PMAP(x) * x + 1.0)(ROWS),
+        jax.jit(lambda x: JAX_PMAP(x) * x + 1.0)(ROWS),
+    )
+
+
+def test_pmap_inside_jit_composes():
+    def ours(x):
+        return anp.sum(ad.jit(OURS_PMAP)(x) * x)
+
+    def theirs(x):
+        return jnp.sum(jax.jit(JAX_PMAP)(x) * x)
+
+    close(ad.grad(ours)(ROWS), jax.grad(theirs)(ROWS))
+    stacked = np.stack([ROWS, 2 * ROWS])
+    close(ad.jit(ad.vmap(OURS_PMAP))(stacked), jax.jit(jax.vmap(JAX_PMAP))(stacked))

@@ -1872,3 +1872,13 @@ def test_part9_all_gather_carries_axis_size():
         e for e in all_eqns(jax.make_jaxpr(f)(ROWS)) if e.primitive.name == "all_gather"
     ]
     assert eqn.params["axis_size"] == 4 and eqn.outvars[0].aval.shape == (4, 3)
+
+
+def test_jax_compiles_pmap_inside_jit_across_devices():
+    """Part 9, "Where real JAX differs": jit(pmap(f)) is one program with a
+    shard_map inside the jit, and its rows stay spread over the devices."""
+    f = jax.pmap(lambda x: jax.lax.psum(x, "i"), axis_name="i")
+    rows = np.arange(8.0).reshape(4, 2)
+    text = str(jax.make_jaxpr(jax.jit(f))(rows))
+    assert "shard_map" in text and "psum" in text
+    assert len(jax.jit(f)(rows).devices()) == 4
