@@ -787,7 +787,7 @@ def tree_flatten(tree: Any) -> tuple[list[Any], PyTreeDef]:
     leaves: list[Any] = []
 
     def visit(node: Any) -> PyTreeDef:
-        handler = PYTREE_NODES.get(type(node))
+        handler = node_handler(type(node))  # None for a leaf
         if handler is None:
             leaves.append(node)
             return LEAF
@@ -819,6 +819,24 @@ def _num_leaves(self: PyTreeDef) -> int:
 
 
 PyTreeDef.num_leaves = property(_num_leaves)
+
+
+def node_handler(node_type: type) -> NodeHandler | None:
+    """How to take ``node_type`` apart, or None for a leaf; a namedtuple class
+    is registered on first sight."""
+    handler = PYTREE_NODES.get(node_type)
+    if (
+        handler is None
+        and issubclass(node_type, tuple)
+        and hasattr(node_type, "_fields")
+    ):
+        register_pytree_node(
+            node_type, lambda t: (tuple(t), None), lambda _, kids: node_type(*kids)
+        )
+        handler = PYTREE_NODES[node_type]
+    return handler
+
+
 register_pytree_node(list, lambda xs: (xs, None), lambda _, kids: list(kids))
 register_pytree_node(
     dict,
@@ -1009,14 +1027,14 @@ def _batched_bool_error() -> ConcretizationError:
     )
 
 
-def move_batch_axis(axis_size: int, src: BatchAxis, dst: int, x: Any) -> Any:
+def move_batch_axis(axis_size: int, src: BatchAxis, dst: BatchAxis, x: Any) -> Any:
     """Put the batch axis of ``x`` at position ``dst``."""
+    if src == dst:
+        return x
     if src is None:
         shape = list(get_aval(x).shape)
         shape.insert(dst, axis_size)
         return broadcast(x, shape, (dst,))
-    if src == dst:
-        return x
     perm = list(range(get_aval(x).ndim))
     perm.remove(src)
     perm.insert(dst, src)
@@ -1072,7 +1090,7 @@ def _broadcast_vmap(axis, vals, dims, *, shape, axes):
     return [bind(broadcast_p, front, shape=full_shape, axes=full_axes)], [0]
 
 
-def vmap_flat(f, axis: Axis, in_axes, args, out_axis=0):
+def vmap_flat(f, axis: Axis, in_axes, args, out_axes=0):
     """Batch ``f`` (flat lists in and out) over ``axis``; ``in_axes`` are checked."""
     with new_level(BatchTrace, axis) as level:
         trace = BatchTrace(level)
@@ -1083,17 +1101,18 @@ def vmap_flat(f, axis: Axis, in_axes, args, out_axis=0):
         outs = _check_outputs("vmap", f(*tracers_in))
         tracers_out = [trace.full_raise(out) for out in outs]
     return [
-        # _out_axis: out_axis as a non-negative axis of this output (range-checked)
-        move_batch_axis(axis.size, t.batch_axis, _out_axis(out_axis, t), t.val)
-        for t in tracers_out
+        # _out_axis: output i's entry of out_axes, non-negative (range-checked)
+        move_batch_axis(axis.size, t.batch_axis, _out_axis(out_axes, i, t), t.val)
+        for i, t in enumerate(tracers_out)
     ]
 
 
 def vmap(
-    f: Callable, in_axes: Any = 0, out_axes: int = 0, axis_name: Hashable = None
+    f: Callable, in_axes: Any = 0, out_axes: Any = 0, axis_name: Hashable = None
 ) -> Callable:
     """Vectorize ``f`` over the batch axes ``in_axes`` of its arguments; the
-    batch axis of every output goes to position ``out_axes``."""
+    batch axis of each output goes to its position in ``out_axes`` (a pytree
+    prefix of the output, as ``in_axes`` is of the arguments)."""
     _check_out_axes(out_axes)
 
     def batched_f(*args: Any) -> Any:
@@ -1102,7 +1121,10 @@ def vmap(
             get_aval(x).shape[a] for x, a in zip(args_flat, axes_flat) if a is not None
         }
         flat_f = flatten_fun(f, in_tree)
-        outs = vmap_flat(flat_f, Axis(size, axis_name), axes_flat, args_flat, out_axes)
+        out_axes_flat = OutAxes(out_axes, flat_f)  # one per output leaf, once f ran
+        outs = vmap_flat(
+            flat_f, Axis(size, axis_name), axes_flat, args_flat, out_axes_flat
+        )
         return tree_unflatten(flat_f.out_tree, outs)
 
     return batched_f
@@ -1112,6 +1134,11 @@ def vmap(
 def _flatten_vmap_args(in_axes: Any, args: tuple) -> tuple[list, list, PyTreeDef]:
     """Flatten ``args`` and ``in_axes`` to one checked batch axis per leaf."""
     axes_spec = tuple(in_axes) if isinstance(in_axes, list) else in_axes
+    if not (axes_spec is None or _is_axis(axes_spec) or type(axes_spec) is tuple):
+        raise TypeError(  # JAX's rule too: a namedtuple or dict is no list of arguments
+            "vmap: in_axes must be an int, None, or a tuple with one entry per "
+            f"positional argument, got {in_axes!r}"
+        )
     if isinstance(axes_spec, tuple) and len(axes_spec) != len(args):
         raise ValueError(
             f"vmap: in_axes has {len(axes_spec)} entries but the function "
@@ -1119,17 +1146,56 @@ def _flatten_vmap_args(in_axes: Any, args: tuple) -> tuple[list, list, PyTreeDef
         )
     axes_flat = _broadcast_prefix(axes_spec, args, "")
     args_flat, in_tree = tree_flatten(args)
-    args_flat = [_as_input(x, "vmap argument") for x in args_flat]
+    args_flat = [
+        _unbatched_input(x) if ax is None else _as_input(x, "vmap argument")
+        for x, ax in zip(args_flat, axes_flat)
+    ]
     return args_flat, _check_batch_axes(args_flat, axes_flat), in_tree
 
 
+def _unbatched_input(x: Any) -> Any:
+    """An argument with in_axes None: an array if it is one, else untouched."""
+    try:
+        return _as_input(x, "vmap argument")
+    except TypeError:
+        return x  # a function, a string, any Python object: f gets it as it is
+
+
 def _check_out_axes(out_axes: Any) -> None:
-    if not _is_axis(out_axes):
-        raise TypeError(f"vmap: out_axes must be an int, got {out_axes!r}")
+    for leaf in tree_flatten(out_axes)[0]:
+        if not _is_axis(leaf):
+            raise TypeError(
+                "vmap: out_axes must be an int, None or a container of those, "
+                f"got {out_axes!r}"
+            )
 
 
-def _out_axis(out_axis: int, tracer: BatchTracer) -> int:
-    """``out_axis`` as a non-negative axis of the batched output."""
+class OutAxes:
+    """vmap's ``out_axes``, one entry per output leaf, read once ``flat_f``
+    has run (the output's structure is known only then)."""
+
+    def __init__(self, out_axes: Any, flat_f: Callable) -> None:
+        self.out_axes, self.flat_f, self.flat = out_axes, flat_f, None
+
+    def __getitem__(self, i: int) -> BatchAxis:
+        if self.flat is None:
+            tree = self.flat_f.out_tree
+            outs = tree_unflatten(tree, [0] * tree.num_leaves)
+            self.flat = _broadcast_prefix(self.out_axes, outs, "", "out_axes")
+        return self.flat[i]
+
+
+def _out_axis(out_axes: Any, i: int, tracer: BatchTracer) -> BatchAxis:
+    """Output ``i``'s entry of ``out_axes`` as a non-negative axis of the
+    batched output (None only for an output that is not batched)."""
+    out_axis = out_axes[i] if isinstance(out_axes, OutAxes) else out_axes
+    if out_axis is None:
+        if tracer.batch_axis is not None:
+            raise ValueError(
+                f"vmap: out_axes is None for output leaf {i}, but that output "
+                "depends on the batched inputs; give it an int axis"
+            )
+        return None
     ndim = get_aval(tracer.val).ndim + (tracer.batch_axis is None)
     if not -ndim <= out_axis < ndim:
         raise ValueError(
@@ -1139,15 +1205,17 @@ def _out_axis(out_axis: int, tracer: BatchTracer) -> int:
     return out_axis % ndim
 
 
-def _broadcast_prefix(prefix: Any, tree: Any, where: str) -> list[BatchAxis]:
+def _broadcast_prefix(
+    prefix: Any, tree: Any, where: str, name: str = "in_axes"
+) -> list[BatchAxis]:
     """One entry of ``prefix`` per leaf of ``tree``; an int or None covers a
     whole subtree, a container must match the tree's structure."""
     if prefix is None or _is_axis(prefix):
         return [prefix] * tree_flatten(tree)[1].num_leaves
-    handler = PYTREE_NODES.get(type(prefix))
+    handler = node_handler(type(prefix))
     if handler is None:
         raise TypeError(
-            f"vmap: in_axes{where} must be an int, None or a container of those, "
+            f"vmap: {name}{where} must be an int, None or a container of those, "
             f"got {type(prefix).__name__} {_short_repr(prefix)}"
         )
     prefix_kids, prefix_aux = handler.to_children(prefix)
@@ -1159,14 +1227,15 @@ def _broadcast_prefix(prefix: Any, tree: Any, where: str) -> list[BatchAxis]:
         or prefix_aux != tree_aux
         or len(prefix_kids) != len(tree_kids)
     ):
+        what = "argument" if name == "in_axes" else "output"
         raise ValueError(
-            f"vmap: in_axes{where} has structure {tree_flatten(prefix)[1]} but the "
-            f"argument it describes has structure {tree_flatten(tree)[1]}"
+            f"vmap: {name}{where} has structure {tree_flatten(prefix)[1]} but the "
+            f"{what} it describes has structure {tree_flatten(tree)[1]}"
         )
     out: list[BatchAxis] = []
     for i, (p, t) in enumerate(zip(prefix_kids, tree_kids)):
         key = repr(prefix_aux[i]) if isinstance(prefix, dict) else str(i)
-        out.extend(_broadcast_prefix(p, t, f"{where}[{key}]"))
+        out.extend(_broadcast_prefix(p, t, f"{where}[{key}]", name))
     return out
 
 
@@ -1250,9 +1319,12 @@ def _check_argnums(argnums: Any, nargs: int, name: str) -> tuple[int, ...]:
 def jacobian_per_leaf(jac_at: Callable, f: Callable, argnums: Any) -> Callable:
     """The Jacobian function in JAX's pytree layout from a one-array Jacobian
     ``jac_at(g, x)``: the output's structure, each leaf holding the chosen
-    arguments' structure."""
+    arguments' structure. Keyword arguments pass through to ``f`` (not
+    differentiated), as in JAX."""
     name = jac_at.__name__.removesuffix("_at")
-    return lambda *args: _jacobian_per_leaf(jac_at, f, args, argnums, name)
+    return lambda *args, **kwargs: _jacobian_per_leaf(
+        jac_at, lambda *a: f(*a, **kwargs), args, argnums, name
+    )
 
 
 def _jacobian_per_leaf(jac_at, f, args, argnums, name):
@@ -2124,20 +2196,138 @@ def trace_for_call(f, traces: Traces, args_flat: list, in_tree: PyTreeDef):
     return traces[key]
 
 
-def jit(f: Callable) -> Callable:
-    """Compile ``f`` with XLA; trace once per input signature."""
+def jit(f: Callable, static_argnums=(), static_argnames=()) -> Callable:
+    """Compile ``f`` with XLA; trace once per input signature, which includes
+    the values of the static arguments; keyword arguments are traced too."""
     traces: Traces = {}
+    call_f = StaticArgs(f, static_argnums, static_argnames)  # call_f(args, kwargs)
 
     @functools.wraps(f)
-    def f_jitted(*args: Any) -> Any:
-        args_flat, in_tree = tree_flatten(args)
+    def f_jitted(*args: Any, **kwargs: Any) -> Any:
+        args_flat, in_tree = tree_flatten(call_f.mark_static(args, kwargs))
         args_flat = [_as_input(x, "jit argument") for x in args_flat]
-        jaxpr, consts, out_tree = trace_for_call(f, traces, args_flat, in_tree)
+        jaxpr, consts, out_tree = trace_for_call(call_f, traces, args_flat, in_tree)
         outs = bind(xla_call_p, *consts, *args_flat, jaxpr=jaxpr)
         return tree_unflatten(out_tree, outs)
 
     f_jitted.traces = traces  # for the curious: what has been traced so far
     return f_jitted
+
+
+# @title Static and keyword arguments: jit's signature is (args, kwargs)
+import inspect
+
+
+class Static:
+    """A static argument: a pytree node with no leaves whose structure is
+    its value, so the value is part of the signature and is never traced."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+register_pytree_node(Static, lambda s: ((), s.value), lambda value, _: Static(value))
+
+
+def _unmark(x: Any) -> Any:
+    return x.value if isinstance(x, Static) else x
+
+
+class StaticArgs:
+    """``f`` called as ``call_f(args, kwargs)``, and which of its arguments
+    are static (positions and names resolved against ``f``'s signature)."""
+
+    def __init__(self, f: Callable, static_argnums: Any, static_argnames: Any):
+        self.f = f
+        nums = _int_tuple(static_argnums, "static_argnums")
+        names = _str_tuple(static_argnames, "static_argnames")
+        self.static = bool(nums or names)
+        if self.static:
+            nums, names = _resolve_static(f, nums, names)
+        self.nums, self.names = frozenset(nums), frozenset(names)
+
+    def __call__(self, args: tuple, kwargs: dict) -> Any:
+        if not self.static:
+            return self.f(*args, **kwargs)
+        kwargs = {k: _unmark(v) for k, v in kwargs.items()}
+        return self.f(*map(_unmark, args), **kwargs)
+
+    def mark_static(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """``(args, kwargs)`` with each static value wrapped in ``Static``."""
+        if not self.static:
+            return args, kwargs
+        n = len(args)
+        nums = {i % n for i in self.nums if -n <= i < n}  # f(*args): per call
+        args = tuple(
+            _static(x, f"argument {i}") if i in nums else x for i, x in enumerate(args)
+        )
+        kwargs = {
+            k: _static(v, f"argument {k!r}") if k in self.names else v
+            for k, v in kwargs.items()
+        }
+        return args, kwargs
+
+
+def _static(value: Any, what: str) -> Static:
+    try:
+        hash(value)
+    except TypeError:
+        raise ValueError(
+            f"jit: static {what} must be hashable (its value is part of the "
+            f"signature), got {type(value).__name__} {_short_repr(value)}; pass "
+            "arrays as ordinary (traced) arguments"
+        ) from None
+    return Static(value)
+
+
+def _int_tuple(nums: Any, name: str) -> tuple[int, ...]:
+    nums = nums if isinstance(nums, (tuple, list)) else (nums,)
+    if not all(_is_axis(i) for i in nums):
+        raise TypeError(f"jit: {name} must be an int or a tuple of ints, got {nums!r}")
+    return tuple(int(i) for i in nums)
+
+
+def _str_tuple(names: Any, name: str) -> tuple[str, ...]:
+    names = (names,) if isinstance(names, str) else names
+    if not isinstance(names, (tuple, list)) or not all(
+        isinstance(s, str) for s in names
+    ):
+        raise TypeError(f"jit: {name} must be a str or a tuple of strs, got {names!r}")
+    return tuple(names)
+
+
+def _resolve_static(f: Callable, nums: tuple, names: tuple) -> tuple[tuple, tuple]:
+    """As JAX: positions are checked against ``f``'s positional parameters
+    (negative ones count from the end of each call's positional arguments); a
+    static position also makes its name static, and back."""
+    try:
+        params = list(inspect.signature(f).parameters.values())
+    except (TypeError, ValueError):  # no signature: take the numbers as given
+        return nums, names
+    kinds = inspect.Parameter
+    positional = [
+        p.name
+        for p in params
+        if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)
+    ]
+    if not any(p.kind == kinds.VAR_POSITIONAL for p in params):
+        n = len(positional)
+        for i in nums:
+            if not -n <= i < n:
+                raise ValueError(
+                    f"jit: static_argnums {i} is out of range: "
+                    f"{getattr(f, '__name__', 'f')} takes {n} positional argument(s)"
+                )
+    keyword = [p.name for p in params if p.kind != kinds.POSITIONAL_ONLY]
+    unknown = [s for s in names if s not in keyword]
+    if unknown and not any(p.kind == kinds.VAR_KEYWORD for p in params):
+        raise ValueError(
+            f"jit: static_argnames {unknown} are not parameters of "
+            f"{getattr(f, '__name__', 'f')}"
+        )
+    names += tuple(positional[i] for i in nums if 0 <= i < len(positional))
+    nums += tuple(positional.index(s) for s in names if s in positional)
+    return nums, names
 
 
 @xla_call_p.def_rule("abstract_eval")
@@ -2652,8 +2842,8 @@ def vjp(f: Callable, *primals: Any) -> tuple[Any, Callable]:
 def grad(f: Callable, argnums=0, has_aux=False) -> Callable:
     """The gradient of a scalar-output ``f`` with respect to argument(s) ``argnums``."""
 
-    def gradient(*args: Any) -> Any:
-        f_x, x = _fix_other_args(f, args, argnums, has_aux)
+    def gradient(*args: Any, **kwargs: Any) -> Any:
+        f_x, x = _fix_other_args(f, args, kwargs, argnums, has_aux)
         _check_float_inputs(x)
         y, aux, f_vjp = _vjp_with_aux(f_x, x)
         _check_scalar_float_output(y)
@@ -2664,16 +2854,19 @@ def grad(f: Callable, argnums=0, has_aux=False) -> Callable:
 
 
 # @title Checks: cotangents, grad's input and output types; argnums, has_aux
-def _fix_other_args(f: Callable, args: tuple, argnums: Any, has_aux: bool):
-    """``f`` as a function of the chosen argument (or tuple of them) only,
-    returning ``(value, aux)``; ``aux`` is None without ``has_aux``."""
+def _fix_other_args(
+    f: Callable, args: tuple, kwargs: dict, argnums: Any, has_aux: bool
+):
+    """``f`` as a function of the chosen positional argument (or tuple of them)
+    only, returning ``(value, aux)``; ``aux`` is None without ``has_aux``. The
+    keyword arguments are held fixed, as JAX does: never differentiated."""
     nums = _check_argnums(argnums, len(args), "grad")
 
     def f_x(x: Any) -> tuple[Any, Any]:
         new_args = list(args)
         for i, xi in zip(nums, x if isinstance(argnums, tuple) else (x,)):
             new_args[i] = xi
-        out = f(*new_args)
+        out = f(*new_args, **kwargs)
         if not has_aux:
             return out, None
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
@@ -2690,8 +2883,8 @@ def _fix_other_args(f: Callable, args: tuple, argnums: Any, has_aux: bool):
 def value_and_grad(f: Callable, argnums=0, has_aux=False) -> Callable:
     """``f``'s value (with ``aux``) and ``grad(f, argnums, has_aux)``'s gradient."""
 
-    def value_and_gradient(*args: Any) -> tuple[Any, Any]:
-        f_x, x = _fix_other_args(f, args, argnums, has_aux)
+    def value_and_gradient(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        f_x, x = _fix_other_args(f, args, kwargs, argnums, has_aux)
         _check_float_inputs(x)
         y, aux, f_vjp = _vjp_with_aux(f_x, x)
         _check_scalar_float_output(y)
@@ -2769,6 +2962,9 @@ def jacrev_at(f: Callable, x: Any) -> Any:
 
 def hessian(f: Callable, argnums=0) -> Callable:
     return jacfwd(jacrev(f, argnums), argnums)
+
+
+jacobian = jacrev  # JAX's other name for it
 
 
 def partial_eval_jaxpr(
@@ -4582,7 +4778,10 @@ ArrayOperators.transpose = _transpose_method
 ArrayOperators.T = property(numpy_transpose)
 ArrayOperators.size = property(lambda self: get_aval(self).size)
 
-eq_p, ne_p, le_p, ge_p = (Primitive(name) for name in ["eq", "ne", "le", "ge"])
+eq_p = Primitive("eq")
+ne_p = Primitive("ne")
+le_p = Primitive("le")
+ge_p = Primitive("ge")
 NOT_LINEAR.update(["eq", "ne", "le", "ge"])
 
 for _prim, _np_fn, _direction in [
@@ -5097,7 +5296,11 @@ scan_p = Primitive("scan", multiple_results=True)
 
 
 def scan(
-    f: Callable, init: Any, xs: Any, length: int | None = None, reverse: bool = False
+    f: Callable,
+    init: Any,
+    xs: Any = None,
+    length: int | None = None,
+    reverse: bool = False,
 ) -> tuple[Any, Any]:
     """Loop ``carry, y = f(carry, x)`` over the rows of ``xs``; stack the ys."""
     init_flat, carry_tree = tree_flatten(init)
@@ -6680,22 +6883,37 @@ def _pmap_partial_eval_jaxpr(unks_in, eqn):
     return eqn_known, eqn_unknown, out_unknowns, residuals
 
 
-# @title Lowering pmap inside jit: refused
+# @title Lowering pmap inside jit: its rows as a batch on jit's device
 class PmapInsideJitError(TypeError):
-    """pmap was staged into a program compiled for one device."""
+    """pmap was staged into a program that already runs one row per device."""
 
 
 @pmap_p.def_rule("lower")
 def _pmap_lower(ctx, avals_in, avals_out, *args, jaxpr, axis_name, axis_size):
-    raise PmapInsideJitError(
-        "pmap inside jit (or inside another pmap) is not supported: the "
-        "enclosing program is compiled for one device (or one row per device); "
-        "put jit inside pmap instead (pmap compiles its function anyway), and "
-        "use vmap for a second mapped axis"
-    )
+    if ctx.replicas is not None:
+        raise PmapInsideJitError(
+            "pmap inside another pmap is not supported: the enclosing program "
+            "already runs one row per device; use vmap for the inner mapped "
+            "axis (jit inside pmap, and pmap inside jit, are fine)"
+        )
+    # The same values as pmap: the body batched over the rows, collectives
+    # and all (vmap with the same axis name), called on jit's one device.
+    batched, consts = vmap_jaxpr(jaxpr, Axis(axis_size, axis_name), (True,) * len(args))
+    operands = [*(dense_constant(c) for c in consts), *args]
+    callee = ctx.function_for(batched)
+    out_types = [ir_type(a) for a in avals_out]
+    call = mlir_func.CallOp(out_types, ir.FlatSymbolRefAttr.get(callee), operands)
+    return list(call.results)
 
 
-_pmap_lower.only_raises = True  # the rule table says so
+def dense_constant(value: Any) -> ir.Value:
+    """A StableHLO constant holding the array ``value``."""
+    x = np.ascontiguousarray(np.asarray(value))
+    if x.dtype == np.bool_:  # MLIR packs booleans; build them from int8
+        as_int = hlo.constant(ir.DenseElementsAttr.get(x.astype(np.int8)))
+        return hlo.convert(ir_type(ShapedArray(x.shape, x.dtype)), as_int)
+    return hlo.constant(ir.DenseElementsAttr.get(x))
+
 
 # ==== chapter: performance ====
 
@@ -6794,22 +7012,24 @@ def input_signature(args: tuple) -> tuple | None:
 full_path_jit = jit  # Part 3's jit, kept under this name before jit is replaced
 
 
-def jit(f: Callable) -> Callable:
+def jit(f: Callable, static_argnums=(), static_argnames=()) -> Callable:
     """Compile ``f`` with XLA; trace once per input signature; repeated calls
     on arrays and numbers skip the interpreters (the fast path)."""
     traces: Traces = {}
     fast_calls: dict[tuple, FastCall] = {}  # new
+    call_f = StaticArgs(f, static_argnums, static_argnames)
 
     @functools.wraps(f)
-    def f_jitted(*args: Any) -> Any:
-        signature = input_signature(args)  # new: the fast path, on a hit
+    def f_jitted(*args: Any, **kwargs: Any) -> Any:
+        # new: the fast path, on a hit (static or keyword arguments: the full path)
+        signature = None if kwargs or call_f.static else input_signature(args)
         if signature is not None:  # new
             fast_call = fast_calls.get(signature)  # new
             if fast_call is not None:  # new
                 return fast_call(args)  # new
-        args_flat, in_tree = tree_flatten(args)
+        args_flat, in_tree = tree_flatten(call_f.mark_static(args, kwargs))
         args_flat = [_as_input(x, "jit argument") for x in args_flat]
-        jaxpr, consts, out_tree = trace_for_call(f, traces, args_flat, in_tree)
+        jaxpr, consts, out_tree = trace_for_call(call_f, traces, args_flat, in_tree)
         outs = bind(xla_call_p, *consts, *args_flat, jaxpr=jaxpr)
         if signature is not None and stands_alone(jaxpr, consts):  # new
             fast_calls[signature] = FastCall(jaxpr, consts, out_tree)  # new

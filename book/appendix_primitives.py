@@ -1964,6 +1964,7 @@ print(make_jaxpr(lambda col, row: col + row, f64(3, 1), f64(4))[0])
 # %%
 print(make_jaxpr(lambda i, x: i * x + 1.5, ShapedArray((3,), np.int32), f64(3))[0])
 
+
 # %% [markdown]
 # (appendix-comparisons)=
 # ## Comparisons, and why `==` must be a primitive
@@ -1977,8 +1978,21 @@ print(make_jaxpr(lambda i, x: i * x + 1.5, ShapedArray((3,), np.int32), f64(3))[
 # `f(3.0)` gave 9.0 where JAX gives 6.0. Nothing failed; the program just
 # computed something else.
 #
+# Here is Python's default spelled out, `a is b`, in the program's place:
+
+
+# %%
+def python_default_eq(a, b):  # what `==` means for a class without __eq__
+    return a is b
+
+
+print(jit(lambda x: cond(python_default_eq(x, 3.0), add, mul, x, x))(3.0))
+
+# %% [markdown]
 # The cure is to make equality what the other operators already are, a
-# primitive. Four comparison primitives join `gt` and `lt` from
+# primitive. (Spelling `x == y` as "neither `x < y` nor `x > y`" would be
+# wrong for NaN, which is neither smaller nor larger than itself and yet not
+# equal to it; one `eq` equation is also shorter.) Four comparison primitives join `gt` and `lt` from
 # {ref}`Part 1 <part1>`, with JAX's names: `eq`, `ne`, `le` and `ge`. They need
 # no new idea. Each reuses the rules `gt` and `lt` got chapter by chapter: NumPy
 # evaluates it, its output is a boolean array with a zero tangent, batching
@@ -1986,7 +2000,10 @@ print(make_jaxpr(lambda i, x: i * x + 1.5, ShapedArray((3,), np.int32), f64(3))[
 # answers `bool`, and lowering emits `stablehlo.compare` with a direction.
 
 # %% tags=["export"]
-eq_p, ne_p, le_p, ge_p = (Primitive(name) for name in ["eq", "ne", "le", "ge"])
+eq_p = Primitive("eq")
+ne_p = Primitive("ne")
+le_p = Primitive("le")
+ge_p = Primitive("ge")
 NOT_LINEAR.update(["eq", "ne", "le", "ge"])
 
 for _prim, _np_fn, _direction in [
@@ -2355,10 +2372,10 @@ show_error(lambda: jit(lambda a: a @ 2.0)(a))
 #   internally; ours is a couple of dozen functions, enough for the example
 #   above. Programs written for JAX that ran here with only their imports
 #   changed still missed: indexing and slicing of traced arrays (`x[:, 0]`,
-#   `x.at[...]`), `jax.lax` and `jax.tree_util`/`jax.tree` as namespaces (ours
-#   has `stop_gradient` and the tree functions at the top level), `jax.random`,
-#   `jax.nn`, `sqrt` (exercise 2 below), `jnp.linalg`, and the methods of arrays
-#   (`x.sum()`, `x.T`, `x.reshape`).
+#   `x.at[...]`), `jax.tree_util`/`jax.tree` as namespaces (ours has the tree
+#   functions at the top level), `jax.random`, `jax.nn`, `sqrt` (exercise 2
+#   below) and `jnp.linalg`. `autodidax.lax` has only the names of the
+#   primitives we have.
 #
 # ## Summary
 #

@@ -1299,7 +1299,7 @@ def tree_flatten(tree: Any) -> tuple[list[Any], PyTreeDef]:
     leaves: list[Any] = []
 
     def visit(node: Any) -> PyTreeDef:
-        handler = PYTREE_NODES.get(type(node))
+        handler = node_handler(type(node))  # None for a leaf
         if handler is None:
             leaves.append(node)
             return LEAF
@@ -1326,7 +1326,8 @@ def tree_unflatten(treedef: PyTreeDef, leaves: Sequence[Any]) -> Any:
 # %% [markdown]
 # Lists, dicts and `None` are registered like tuples in the folded cell below: a
 # dict's children are its values in sorted key order, and its keys are the
-# auxiliary data. A structure prints in Python's own notation, with `*` for each
+# auxiliary data. `node_handler` looks a type up, and registers each namedtuple
+# class the first time it meets one, so namedtuples are containers as in JAX. A structure prints in Python's own notation, with `*` for each
 # leaf; the printing code, and the check that `tree_unflatten` gets as many leaves
 # as the structure has (`num_leaves`), are in the same cell.
 
@@ -1340,6 +1341,24 @@ def _num_leaves(self: PyTreeDef) -> int:
 
 
 PyTreeDef.num_leaves = property(_num_leaves)
+
+
+def node_handler(node_type: type) -> NodeHandler | None:
+    """How to take ``node_type`` apart, or None for a leaf; a namedtuple class
+    is registered on first sight."""
+    handler = PYTREE_NODES.get(node_type)
+    if (
+        handler is None
+        and issubclass(node_type, tuple)
+        and hasattr(node_type, "_fields")
+    ):
+        register_pytree_node(
+            node_type, lambda t: (tuple(t), None), lambda _, kids: node_type(*kids)
+        )
+        handler = PYTREE_NODES[node_type]
+    return handler
+
+
 register_pytree_node(list, lambda xs: (xs, None), lambda _, kids: list(kids))
 register_pytree_node(
     dict,
@@ -1638,14 +1657,14 @@ def _batched_bool_error() -> ConcretizationError:
 
 
 # %% tags=["export"]
-def move_batch_axis(axis_size: int, src: BatchAxis, dst: int, x: Any) -> Any:
+def move_batch_axis(axis_size: int, src: BatchAxis, dst: BatchAxis, x: Any) -> Any:
     """Put the batch axis of ``x`` at position ``dst``."""
+    if src == dst:
+        return x
     if src is None:
         shape = list(get_aval(x).shape)
         shape.insert(dst, axis_size)
         return broadcast(x, shape, (dst,))
-    if src == dst:
-        return x
     perm = list(range(get_aval(x).ndim))
     perm.remove(src)
     perm.insert(dst, src)
@@ -1736,11 +1755,14 @@ def _broadcast_vmap(axis, vals, dims, *, shape, axes):
 # all arguments, or a tuple with one entry per argument, where each entry is an
 # int, `None`, or a pytree of those matching that argument's structure. Negative
 # axes count from the end. `_flatten_vmap_args` flattens the arguments and
-# `in_axes` into one batch axis per leaf.
+# `in_axes` into one batch axis per leaf; a leaf whose axis is `None` (a
+# function, a string, any Python object) reaches `f` untouched. `out_axes` is a
+# pytree prefix of the output in the same way, and `None` there keeps an output
+# that does not depend on the batch unbatched.
 
 
 # %% tags=["export"]
-def vmap_flat(f, axis: Axis, in_axes, args, out_axis=0):
+def vmap_flat(f, axis: Axis, in_axes, args, out_axes=0):
     """Batch ``f`` (flat lists in and out) over ``axis``; ``in_axes`` are checked."""
     with new_level(BatchTrace, axis) as level:
         trace = BatchTrace(level)
@@ -1751,17 +1773,18 @@ def vmap_flat(f, axis: Axis, in_axes, args, out_axis=0):
         outs = _check_outputs("vmap", f(*tracers_in))
         tracers_out = [trace.full_raise(out) for out in outs]
     return [
-        # _out_axis: out_axis as a non-negative axis of this output (range-checked)
-        move_batch_axis(axis.size, t.batch_axis, _out_axis(out_axis, t), t.val)
-        for t in tracers_out
+        # _out_axis: output i's entry of out_axes, non-negative (range-checked)
+        move_batch_axis(axis.size, t.batch_axis, _out_axis(out_axes, i, t), t.val)
+        for i, t in enumerate(tracers_out)
     ]
 
 
 def vmap(
-    f: Callable, in_axes: Any = 0, out_axes: int = 0, axis_name: Hashable = None
+    f: Callable, in_axes: Any = 0, out_axes: Any = 0, axis_name: Hashable = None
 ) -> Callable:
     """Vectorize ``f`` over the batch axes ``in_axes`` of its arguments; the
-    batch axis of every output goes to position ``out_axes``."""
+    batch axis of each output goes to its position in ``out_axes`` (a pytree
+    prefix of the output, as ``in_axes`` is of the arguments)."""
     _check_out_axes(out_axes)
 
     def batched_f(*args: Any) -> Any:
@@ -1770,7 +1793,10 @@ def vmap(
             get_aval(x).shape[a] for x, a in zip(args_flat, axes_flat) if a is not None
         }
         flat_f = flatten_fun(f, in_tree)
-        outs = vmap_flat(flat_f, Axis(size, axis_name), axes_flat, args_flat, out_axes)
+        out_axes_flat = OutAxes(out_axes, flat_f)  # one per output leaf, once f ran
+        outs = vmap_flat(
+            flat_f, Axis(size, axis_name), axes_flat, args_flat, out_axes_flat
+        )
         return tree_unflatten(flat_f.out_tree, outs)
 
     return batched_f
@@ -1787,6 +1813,11 @@ def vmap(
 def _flatten_vmap_args(in_axes: Any, args: tuple) -> tuple[list, list, PyTreeDef]:
     """Flatten ``args`` and ``in_axes`` to one checked batch axis per leaf."""
     axes_spec = tuple(in_axes) if isinstance(in_axes, list) else in_axes
+    if not (axes_spec is None or _is_axis(axes_spec) or type(axes_spec) is tuple):
+        raise TypeError(  # JAX's rule too: a namedtuple or dict is no list of arguments
+            "vmap: in_axes must be an int, None, or a tuple with one entry per "
+            f"positional argument, got {in_axes!r}"
+        )
     if isinstance(axes_spec, tuple) and len(axes_spec) != len(args):
         raise ValueError(
             f"vmap: in_axes has {len(axes_spec)} entries but the function "
@@ -1794,17 +1825,56 @@ def _flatten_vmap_args(in_axes: Any, args: tuple) -> tuple[list, list, PyTreeDef
         )
     axes_flat = _broadcast_prefix(axes_spec, args, "")
     args_flat, in_tree = tree_flatten(args)
-    args_flat = [_as_input(x, "vmap argument") for x in args_flat]
+    args_flat = [
+        _unbatched_input(x) if ax is None else _as_input(x, "vmap argument")
+        for x, ax in zip(args_flat, axes_flat)
+    ]
     return args_flat, _check_batch_axes(args_flat, axes_flat), in_tree
 
 
+def _unbatched_input(x: Any) -> Any:
+    """An argument with in_axes None: an array if it is one, else untouched."""
+    try:
+        return _as_input(x, "vmap argument")
+    except TypeError:
+        return x  # a function, a string, any Python object: f gets it as it is
+
+
 def _check_out_axes(out_axes: Any) -> None:
-    if not _is_axis(out_axes):
-        raise TypeError(f"vmap: out_axes must be an int, got {out_axes!r}")
+    for leaf in tree_flatten(out_axes)[0]:
+        if not _is_axis(leaf):
+            raise TypeError(
+                "vmap: out_axes must be an int, None or a container of those, "
+                f"got {out_axes!r}"
+            )
 
 
-def _out_axis(out_axis: int, tracer: BatchTracer) -> int:
-    """``out_axis`` as a non-negative axis of the batched output."""
+class OutAxes:
+    """vmap's ``out_axes``, one entry per output leaf, read once ``flat_f``
+    has run (the output's structure is known only then)."""
+
+    def __init__(self, out_axes: Any, flat_f: Callable) -> None:
+        self.out_axes, self.flat_f, self.flat = out_axes, flat_f, None
+
+    def __getitem__(self, i: int) -> BatchAxis:
+        if self.flat is None:
+            tree = self.flat_f.out_tree
+            outs = tree_unflatten(tree, [0] * tree.num_leaves)
+            self.flat = _broadcast_prefix(self.out_axes, outs, "", "out_axes")
+        return self.flat[i]
+
+
+def _out_axis(out_axes: Any, i: int, tracer: BatchTracer) -> BatchAxis:
+    """Output ``i``'s entry of ``out_axes`` as a non-negative axis of the
+    batched output (None only for an output that is not batched)."""
+    out_axis = out_axes[i] if isinstance(out_axes, OutAxes) else out_axes
+    if out_axis is None:
+        if tracer.batch_axis is not None:
+            raise ValueError(
+                f"vmap: out_axes is None for output leaf {i}, but that output "
+                "depends on the batched inputs; give it an int axis"
+            )
+        return None
     ndim = get_aval(tracer.val).ndim + (tracer.batch_axis is None)
     if not -ndim <= out_axis < ndim:
         raise ValueError(
@@ -1814,15 +1884,17 @@ def _out_axis(out_axis: int, tracer: BatchTracer) -> int:
     return out_axis % ndim
 
 
-def _broadcast_prefix(prefix: Any, tree: Any, where: str) -> list[BatchAxis]:
+def _broadcast_prefix(
+    prefix: Any, tree: Any, where: str, name: str = "in_axes"
+) -> list[BatchAxis]:
     """One entry of ``prefix`` per leaf of ``tree``; an int or None covers a
     whole subtree, a container must match the tree's structure."""
     if prefix is None or _is_axis(prefix):
         return [prefix] * tree_flatten(tree)[1].num_leaves
-    handler = PYTREE_NODES.get(type(prefix))
+    handler = node_handler(type(prefix))
     if handler is None:
         raise TypeError(
-            f"vmap: in_axes{where} must be an int, None or a container of those, "
+            f"vmap: {name}{where} must be an int, None or a container of those, "
             f"got {type(prefix).__name__} {_short_repr(prefix)}"
         )
     prefix_kids, prefix_aux = handler.to_children(prefix)
@@ -1834,14 +1906,15 @@ def _broadcast_prefix(prefix: Any, tree: Any, where: str) -> list[BatchAxis]:
         or prefix_aux != tree_aux
         or len(prefix_kids) != len(tree_kids)
     ):
+        what = "argument" if name == "in_axes" else "output"
         raise ValueError(
-            f"vmap: in_axes{where} has structure {tree_flatten(prefix)[1]} but the "
-            f"argument it describes has structure {tree_flatten(tree)[1]}"
+            f"vmap: {name}{where} has structure {tree_flatten(prefix)[1]} but the "
+            f"{what} it describes has structure {tree_flatten(tree)[1]}"
         )
     out: list[BatchAxis] = []
     for i, (p, t) in enumerate(zip(prefix_kids, tree_kids)):
         key = repr(prefix_aux[i]) if isinstance(prefix, dict) else str(i)
-        out.extend(_broadcast_prefix(p, t, f"{where}[{key}]"))
+        out.extend(_broadcast_prefix(p, t, f"{where}[{key}]", name))
     return out
 
 
@@ -1981,9 +2054,12 @@ def _check_argnums(argnums: Any, nargs: int, name: str) -> tuple[int, ...]:
 def jacobian_per_leaf(jac_at: Callable, f: Callable, argnums: Any) -> Callable:
     """The Jacobian function in JAX's pytree layout from a one-array Jacobian
     ``jac_at(g, x)``: the output's structure, each leaf holding the chosen
-    arguments' structure."""
+    arguments' structure. Keyword arguments pass through to ``f`` (not
+    differentiated), as in JAX."""
     name = jac_at.__name__.removesuffix("_at")
-    return lambda *args: _jacobian_per_leaf(jac_at, f, args, argnums, name)
+    return lambda *args, **kwargs: _jacobian_per_leaf(
+        jac_at, lambda *a: f(*a, **kwargs), args, argnums, name
+    )
 
 
 def _jacobian_per_leaf(jac_at, f, args, argnums, name):
@@ -2146,8 +2222,8 @@ show_error(lambda: 1 if leaked[0] else 0)
 #   Our wrappers refuse to mix a float number with an integer array, as
 #   `lax.add` refuses; the operators and `autodidax.numpy` follow JAX's rules
 #   from the {ref}`appendix <appendix-dtypes>` on.
-# - JAX's `jax.vmap` supports `in_axes` given as a pytree prefix, as ours does,
-#   as well as `out_axes` trees, named axes and `spmd_axis_name`; see the
+# - JAX's `jax.vmap` supports `in_axes` and `out_axes` given as pytree prefixes,
+#   as ours does, as well as `spmd_axis_name`; see the
 #   [`vmap` docs](https://docs.jax.dev/en/latest/_autosummary/jax.vmap.html).
 # - JAX no longer keeps a stack of numbered levels (the JAX installed here,
 #   0.10.2, is "stackless"): the trace of the running transformation is held in a

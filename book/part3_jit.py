@@ -552,20 +552,144 @@ def trace_for_call(f, traces: Traces, args_flat: list, in_tree: PyTreeDef):
     return traces[key]
 
 
-def jit(f: Callable) -> Callable:
-    """Compile ``f`` with XLA; trace once per input signature."""
+def jit(f: Callable, static_argnums=(), static_argnames=()) -> Callable:
+    """Compile ``f`` with XLA; trace once per input signature, which includes
+    the values of the static arguments; keyword arguments are traced too."""
     traces: Traces = {}
+    call_f = StaticArgs(f, static_argnums, static_argnames)  # call_f(args, kwargs)
 
     @functools.wraps(f)
-    def f_jitted(*args: Any) -> Any:
-        args_flat, in_tree = tree_flatten(args)
+    def f_jitted(*args: Any, **kwargs: Any) -> Any:
+        args_flat, in_tree = tree_flatten(call_f.mark_static(args, kwargs))
         args_flat = [_as_input(x, "jit argument") for x in args_flat]
-        jaxpr, consts, out_tree = trace_for_call(f, traces, args_flat, in_tree)
+        jaxpr, consts, out_tree = trace_for_call(call_f, traces, args_flat, in_tree)
         outs = bind(xla_call_p, *consts, *args_flat, jaxpr=jaxpr)
         return tree_unflatten(out_tree, outs)
 
     f_jitted.traces = traces  # for the curious: what has been traced so far
     return f_jitted
+
+
+# %% [markdown]
+# As in JAX, `static_argnums` and `static_argnames` name arguments that are not
+# traced: their values become part of the signature (so they must be hashable,
+# and a new value traces again), and the folded cell below marks them.
+
+# %% tags=["export", "hide-input"]
+# @title Static and keyword arguments: jit's signature is (args, kwargs)
+import inspect
+
+
+class Static:
+    """A static argument: a pytree node with no leaves whose structure is
+    its value, so the value is part of the signature and is never traced."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+register_pytree_node(Static, lambda s: ((), s.value), lambda value, _: Static(value))
+
+
+def _unmark(x: Any) -> Any:
+    return x.value if isinstance(x, Static) else x
+
+
+class StaticArgs:
+    """``f`` called as ``call_f(args, kwargs)``, and which of its arguments
+    are static (positions and names resolved against ``f``'s signature)."""
+
+    def __init__(self, f: Callable, static_argnums: Any, static_argnames: Any):
+        self.f = f
+        nums = _int_tuple(static_argnums, "static_argnums")
+        names = _str_tuple(static_argnames, "static_argnames")
+        self.static = bool(nums or names)
+        if self.static:
+            nums, names = _resolve_static(f, nums, names)
+        self.nums, self.names = frozenset(nums), frozenset(names)
+
+    def __call__(self, args: tuple, kwargs: dict) -> Any:
+        if not self.static:
+            return self.f(*args, **kwargs)
+        kwargs = {k: _unmark(v) for k, v in kwargs.items()}
+        return self.f(*map(_unmark, args), **kwargs)
+
+    def mark_static(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """``(args, kwargs)`` with each static value wrapped in ``Static``."""
+        if not self.static:
+            return args, kwargs
+        n = len(args)
+        nums = {i % n for i in self.nums if -n <= i < n}  # f(*args): per call
+        args = tuple(
+            _static(x, f"argument {i}") if i in nums else x for i, x in enumerate(args)
+        )
+        kwargs = {
+            k: _static(v, f"argument {k!r}") if k in self.names else v
+            for k, v in kwargs.items()
+        }
+        return args, kwargs
+
+
+def _static(value: Any, what: str) -> Static:
+    try:
+        hash(value)
+    except TypeError:
+        raise ValueError(
+            f"jit: static {what} must be hashable (its value is part of the "
+            f"signature), got {type(value).__name__} {_short_repr(value)}; pass "
+            "arrays as ordinary (traced) arguments"
+        ) from None
+    return Static(value)
+
+
+def _int_tuple(nums: Any, name: str) -> tuple[int, ...]:
+    nums = nums if isinstance(nums, (tuple, list)) else (nums,)
+    if not all(_is_axis(i) for i in nums):
+        raise TypeError(f"jit: {name} must be an int or a tuple of ints, got {nums!r}")
+    return tuple(int(i) for i in nums)
+
+
+def _str_tuple(names: Any, name: str) -> tuple[str, ...]:
+    names = (names,) if isinstance(names, str) else names
+    if not isinstance(names, (tuple, list)) or not all(
+        isinstance(s, str) for s in names
+    ):
+        raise TypeError(f"jit: {name} must be a str or a tuple of strs, got {names!r}")
+    return tuple(names)
+
+
+def _resolve_static(f: Callable, nums: tuple, names: tuple) -> tuple[tuple, tuple]:
+    """As JAX: positions are checked against ``f``'s positional parameters
+    (negative ones count from the end of each call's positional arguments); a
+    static position also makes its name static, and back."""
+    try:
+        params = list(inspect.signature(f).parameters.values())
+    except (TypeError, ValueError):  # no signature: take the numbers as given
+        return nums, names
+    kinds = inspect.Parameter
+    positional = [
+        p.name
+        for p in params
+        if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)
+    ]
+    if not any(p.kind == kinds.VAR_POSITIONAL for p in params):
+        n = len(positional)
+        for i in nums:
+            if not -n <= i < n:
+                raise ValueError(
+                    f"jit: static_argnums {i} is out of range: "
+                    f"{getattr(f, '__name__', 'f')} takes {n} positional argument(s)"
+                )
+    keyword = [p.name for p in params if p.kind != kinds.POSITIONAL_ONLY]
+    unknown = [s for s in names if s not in keyword]
+    if unknown and not any(p.kind == kinds.VAR_KEYWORD for p in params):
+        raise ValueError(
+            f"jit: static_argnames {unknown} are not parameters of "
+            f"{getattr(f, '__name__', 'f')}"
+        )
+    names += tuple(positional[i] for i in nums if 0 <= i < len(positional))
+    nums += tuple(positional.index(s) for s in names if s in positional)
+    return nums, names
 
 
 # %% [markdown]

@@ -694,7 +694,8 @@ figure
 # folded cell after them: cotangents must match the outputs' structure, shapes and
 # dtypes; `grad` needs a float input and a scalar float output. As in JAX,
 # `grad` differentiates the argument (or tuple of arguments) named by `argnums`,
-# and with `has_aux` lets `f` return `(value, aux)`; that plumbing and
+# passes keyword arguments through without differentiating them, and with
+# `has_aux` lets `f` return `(value, aux)`; that plumbing and
 # `value_and_grad` are folded there too.
 
 
@@ -720,8 +721,8 @@ def vjp(f: Callable, *primals: Any) -> tuple[Any, Callable]:
 def grad(f: Callable, argnums=0, has_aux=False) -> Callable:
     """The gradient of a scalar-output ``f`` with respect to argument(s) ``argnums``."""
 
-    def gradient(*args: Any) -> Any:
-        f_x, x = _fix_other_args(f, args, argnums, has_aux)
+    def gradient(*args: Any, **kwargs: Any) -> Any:
+        f_x, x = _fix_other_args(f, args, kwargs, argnums, has_aux)
         _check_float_inputs(x)
         y, aux, f_vjp = _vjp_with_aux(f_x, x)
         _check_scalar_float_output(y)
@@ -733,16 +734,19 @@ def grad(f: Callable, argnums=0, has_aux=False) -> Callable:
 
 # %% tags=["export", "hide-input"]
 # @title Checks: cotangents, grad's input and output types; argnums, has_aux
-def _fix_other_args(f: Callable, args: tuple, argnums: Any, has_aux: bool):
-    """``f`` as a function of the chosen argument (or tuple of them) only,
-    returning ``(value, aux)``; ``aux`` is None without ``has_aux``."""
+def _fix_other_args(
+    f: Callable, args: tuple, kwargs: dict, argnums: Any, has_aux: bool
+):
+    """``f`` as a function of the chosen positional argument (or tuple of them)
+    only, returning ``(value, aux)``; ``aux`` is None without ``has_aux``. The
+    keyword arguments are held fixed, as JAX does: never differentiated."""
     nums = _check_argnums(argnums, len(args), "grad")
 
     def f_x(x: Any) -> tuple[Any, Any]:
         new_args = list(args)
         for i, xi in zip(nums, x if isinstance(argnums, tuple) else (x,)):
             new_args[i] = xi
-        out = f(*new_args)
+        out = f(*new_args, **kwargs)
         if not has_aux:
             return out, None
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
@@ -759,8 +763,8 @@ def _fix_other_args(f: Callable, args: tuple, argnums: Any, has_aux: bool):
 def value_and_grad(f: Callable, argnums=0, has_aux=False) -> Callable:
     """``f``'s value (with ``aux``) and ``grad(f, argnums, has_aux)``'s gradient."""
 
-    def value_and_gradient(*args: Any) -> tuple[Any, Any]:
-        f_x, x = _fix_other_args(f, args, argnums, has_aux)
+    def value_and_gradient(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        f_x, x = _fix_other_args(f, args, kwargs, argnums, has_aux)
         _check_float_inputs(x)
         y, aux, f_vjp = _vjp_with_aux(f_x, x)
         _check_scalar_float_output(y)
@@ -846,7 +850,7 @@ print(grad(loss)(w), np.cos(w) * w + np.sin(w))
 # $e_i$ is row $i$. Batching those VJPs with `vmap` over the rows of an identity
 # gives `jacrev`, the mirror image of Part 1's `jacfwd`, which builds it a column
 # at a time. It wins when a function has fewer outputs than inputs. Composing the
-# two gives the Hessian: forward over reverse.
+# two gives the Hessian: forward over reverse. `jacobian` is JAX's other name for `jacrev`.
 
 
 # %% tags=["export"]
@@ -863,6 +867,8 @@ def jacrev_at(f: Callable, x: Any) -> Any:
 def hessian(f: Callable, argnums=0) -> Callable:
     return jacfwd(jacrev(f, argnums), argnums)
 
+
+jacobian = jacrev  # JAX's other name for it
 
 # %%
 print(np.allclose(jacrev(loss)(w), grad(loss)(w)))

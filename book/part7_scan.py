@@ -115,7 +115,7 @@ print([len(make_jaxpr(running_total, [scalar] * n)[0].eqns) for n in [4, 8, 100]
 # `while_loop`. The inputs `xs` are a pytree of arrays that share one leading
 # length, the trip count; `f` receives one row of each. The outputs `y` are a
 # pytree too, and the scan returns them stacked along a new leading axis. With
-# `xs=None` the trips read nothing, and `length` gives their number. With
+# `xs=None` (the default) the trips read nothing, and `length` gives their number. With
 # `reverse=True` the trips run from the last row to the first, and row `i` of
 # `ys` still belongs to row `i` of `xs`.
 #
@@ -133,7 +133,11 @@ scan_p = Primitive("scan", multiple_results=True)
 
 
 def scan(
-    f: Callable, init: Any, xs: Any, length: int | None = None, reverse: bool = False
+    f: Callable,
+    init: Any,
+    xs: Any = None,
+    length: int | None = None,
+    reverse: bool = False,
 ) -> tuple[Any, Any]:
     """Loop ``carry, y = f(carry, x)`` over the rows of ``xs``; stack the ys."""
     init_flat, carry_tree = tree_flatten(init)

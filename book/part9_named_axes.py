@@ -930,7 +930,9 @@ show_error(pmap(lambda a, b: a + b), np.ones((4, 3)), np.ones((2, 3)))
 #
 # Each of these traces a new body, which may contain collectives over the
 # `pmap`'s own axis (the JVP of a `psum` is a `psum`), so the axis name is bound
-# while the new body is traced.
+# while the new body is traced. A `pmap` inside `jit` is lowered as its body
+# batched over the rows (the folded lowering rule below), so `jit(pmap(f))`
+# gives `pmap(f)`'s values.
 
 
 # %% tags=["export"]
@@ -1049,22 +1051,37 @@ def _pmap_partial_eval_jaxpr(unks_in, eqn):
 
 
 # %% tags=["export", "hide-input"]
-# @title Lowering pmap inside jit: refused
+# @title Lowering pmap inside jit: its rows as a batch on jit's device
 class PmapInsideJitError(TypeError):
-    """pmap was staged into a program compiled for one device."""
+    """pmap was staged into a program that already runs one row per device."""
 
 
 @pmap_p.def_rule("lower")
 def _pmap_lower(ctx, avals_in, avals_out, *args, jaxpr, axis_name, axis_size):
-    raise PmapInsideJitError(
-        "pmap inside jit (or inside another pmap) is not supported: the "
-        "enclosing program is compiled for one device (or one row per device); "
-        "put jit inside pmap instead (pmap compiles its function anyway), and "
-        "use vmap for a second mapped axis"
-    )
+    if ctx.replicas is not None:
+        raise PmapInsideJitError(
+            "pmap inside another pmap is not supported: the enclosing program "
+            "already runs one row per device; use vmap for the inner mapped "
+            "axis (jit inside pmap, and pmap inside jit, are fine)"
+        )
+    # The same values as pmap: the body batched over the rows, collectives
+    # and all (vmap with the same axis name), called on jit's one device.
+    batched, consts = vmap_jaxpr(jaxpr, Axis(axis_size, axis_name), (True,) * len(args))
+    operands = [*(dense_constant(c) for c in consts), *args]
+    callee = ctx.function_for(batched)
+    out_types = [ir_type(a) for a in avals_out]
+    call = mlir_func.CallOp(out_types, ir.FlatSymbolRefAttr.get(callee), operands)
+    return list(call.results)
 
 
-_pmap_lower.only_raises = True  # the rule table says so
+def dense_constant(value: Any) -> ir.Value:
+    """A StableHLO constant holding the array ``value``."""
+    x = np.ascontiguousarray(np.asarray(value))
+    if x.dtype == np.bool_:  # MLIR packs booleans; build them from int8
+        as_int = hlo.constant(ir.DenseElementsAttr.get(x.astype(np.int8)))
+        return hlo.convert(ir_type(ShapedArray(x.shape, x.dtype)), as_int)
+    return hlo.constant(ir.DenseElementsAttr.get(x))
+
 
 # %% [markdown]
 # A `jit` inside the `pmap`ped function is an ordinary call in the body: its
@@ -1165,6 +1182,10 @@ with jax.enable_x64(True):
 
 
 # %% [markdown]
+# - **`pmap` inside `jit`.** JAX compiles `jit(pmap(f))` into one program that
+#   still spreads the rows over the devices (a `shard_map` inside the `jit`);
+#   ours lowers the `pmap` as a `vmap` with the same axis name into `jit`'s
+#   one-device program, so the values agree but the rows share one device.
 # - **No levels, no frames pointing at them.** JAX's tracing no longer keeps
 #   an interpreter stack of levels (it became "stackless"): `bind` goes to the
 #   *current*, innermost trace, and a trace passes an operation it does not

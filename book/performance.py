@@ -226,6 +226,8 @@ dispatch_profile_chart(report["results"]["dispatch"], paths=["full_path"])
 # argument is a tracer, `bind` would pick the evaluation interpreter, whose
 # `impl` rule checks types and runs the executable. That is the only case the
 # fast path handles; under `jvp`, `vmap` or `grad`, calls still go through `bind`.
+# Calls with keyword arguments, and every call of a function with static
+# arguments, take the full path too.
 #
 # **Why skipping the checks is safe.** A signature gets an entry only after a
 # full call with it succeeded: every argument was accepted, tracing worked, and
@@ -357,22 +359,24 @@ def input_signature(args: tuple) -> tuple | None:
 full_path_jit = jit  # Part 3's jit, kept under this name before jit is replaced
 
 
-def jit(f: Callable) -> Callable:
+def jit(f: Callable, static_argnums=(), static_argnames=()) -> Callable:
     """Compile ``f`` with XLA; trace once per input signature; repeated calls
     on arrays and numbers skip the interpreters (the fast path)."""
     traces: Traces = {}
     fast_calls: dict[tuple, FastCall] = {}  # new
+    call_f = StaticArgs(f, static_argnums, static_argnames)
 
     @functools.wraps(f)
-    def f_jitted(*args: Any) -> Any:
-        signature = input_signature(args)  # new: the fast path, on a hit
+    def f_jitted(*args: Any, **kwargs: Any) -> Any:
+        # new: the fast path, on a hit (static or keyword arguments: the full path)
+        signature = None if kwargs or call_f.static else input_signature(args)
         if signature is not None:  # new
             fast_call = fast_calls.get(signature)  # new
             if fast_call is not None:  # new
                 return fast_call(args)  # new
-        args_flat, in_tree = tree_flatten(args)
+        args_flat, in_tree = tree_flatten(call_f.mark_static(args, kwargs))
         args_flat = [_as_input(x, "jit argument") for x in args_flat]
-        jaxpr, consts, out_tree = trace_for_call(f, traces, args_flat, in_tree)
+        jaxpr, consts, out_tree = trace_for_call(call_f, traces, args_flat, in_tree)
         outs = bind(xla_call_p, *consts, *args_flat, jaxpr=jaxpr)
         if signature is not None and stands_alone(jaxpr, consts):  # new
             fast_calls[signature] = FastCall(jaxpr, consts, out_tree)  # new

@@ -54,8 +54,7 @@
 #   all its inputs are, and staged whole otherwise.
 # - *refused*: the rule exists only to raise a clear error, where this book does
 #   not support the operation: evaluating a collective outside any `vmap` or
-#   `pmap` that binds its axis, and lowering `pmap` inside `jit` (JAX runs it;
-#   ours compiles `jit` for one device, {ref}`Part 9 <part9>`); evaluating,
+#   `pmap` that binds its axis; evaluating,
 #   differentiating in forward mode or lowering `custom_lin`, the primitive
 #   that a `custom_vjp` function leaves in a linear jaxpr
 #   ({ref}`Part 8 <part8>`).

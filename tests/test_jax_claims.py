@@ -1920,3 +1920,13 @@ def test_appendix_python_number_takes_the_arrays_dtype():
         assert (jnp.ones(2, dtype) * 2).dtype == dtype
     assert (jnp.ones(2, jnp.int32) * 2.0).dtype == jnp.float64
     assert (jnp.ones(2, jnp.bool_) + 1).dtype == jnp.int64
+
+
+def test_jax_compiles_pmap_inside_jit_across_devices():
+    """Part 9, "Where real JAX differs": jit(pmap(f)) is one program with a
+    shard_map inside the jit, and its rows stay spread over the devices."""
+    f = jax.pmap(lambda x: jax.lax.psum(x, "i"), axis_name="i")
+    rows = np.arange(8.0).reshape(4, 2)
+    text = str(jax.make_jaxpr(jax.jit(f))(rows))
+    assert "shard_map" in text and "psum" in text
+    assert len(jax.jit(f)(rows).devices()) == 4
