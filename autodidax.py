@@ -6944,6 +6944,9 @@ def result_handlers(jaxpr: Jaxpr) -> list[Any]:
     handlers = []
     for out in jaxpr.outs:
         jax_aval = jax.core.ShapedArray(out.aval.shape, out.aval.dtype)
+        # _skip_checks skips JAX's Python check that the buffer's device, shape
+        # and dtype match the sharding and aval (ArrayImpl._check_and_rearrange);
+        # safe: this jaxpr's executable, on this one device, made the buffer.
         handler = _jax.array_result_handler(
             jax_aval, runtime().sharding, committed=True, _skip_checks=True
         )

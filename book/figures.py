@@ -639,6 +639,59 @@ def benchmark_tables(report):
     )
 
 
+def benchmark_summary_table(report, groups):
+    """HTML table, one row per group of benchmarks: the range of autodidax /
+    JAX over the group's rows of ``report["headline"]``, their targets and
+    growth targets, and a note on what decides the ratio.
+
+    ``groups``: (label, headline ids, growth ids, note) per row.
+    """
+    headline = {row["id"]: row for row in report["headline"]}
+    growth = {row["id"]: row for row in report["growth"]}
+    rows = []
+    for label, ids, growth_ids, note in groups:
+        ratios = [headline[i]["ratios"]["autodidax"] for i in ids]
+        low, high = min(ratios), max(ratios)
+        span = (
+            f"{low:.2f}" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}–{high:.2f}"
+        )
+        by_target = {}  # target -> the benchmarks it applies to
+        for i in ids:
+            row = headline[i]
+            if row["target"] is not None:
+                target = row["target"]
+                if target.startswith("<") and "/" in row["unit"]:  # a time per unit
+                    target += " per " + row["unit"].split("/", 1)[1]
+                by_target.setdefault(target, []).append(row["benchmark"])
+        verdicts = [
+            escape(target)
+            + (f" ({escape(', '.join(names))})" if len(by_target) > 1 else "")
+            for target, names in by_target.items()
+        ]
+        met = [headline[i]["met"] for i in ids if headline[i]["target"] is not None]
+        if verdicts:
+            verdicts = [
+                "; ".join(verdicts)
+                + (": met" if all(met) else ": <strong>missed</strong>")
+            ]
+        for i in growth_ids:
+            g = growth[i]
+            verdicts.append(
+                f"{g['size_ratio']:.0f}× the primitives in ≤ {g['max_time_ratio']:.1f}×"
+                f" the time ({g['time_ratios']['autodidax']:.2f}×): "
+                + ("met" if g["met"] else "<strong>missed</strong>")
+            )
+        rows.append([escape(label), span, "; ".join(verdicts), escape(note)])
+    return HTML(
+        _bench_html_table(
+            "Other programs: autodidax's median time / JAX's",
+            ["benchmark", "autodidax / JAX", "target", "what decides the ratio"],
+            rows,
+            numeric={1},
+        )
+    )
+
+
 _STEP_COLORS = {
     "arguments": "#9e9e9e",
     "signature": "#f9a825",

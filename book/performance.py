@@ -106,35 +106,14 @@ for name in ["bind", "trace_for_call", "check_call_types", "device_put"]:
 
 # %% [markdown]
 # About a hundred Python calls, for a call that finds everything it needs in
-# caches. Counting says how much runs, not how long it takes. Python's profiler,
-# `cProfile`, would say how long, but its own bookkeeping for each of those calls
-# costs about as much as the many small ones do, so it would change the
-# proportions we want to see. A stopwatch does better: write out the steps of
-# one call by hand, read `time.perf_counter_ns()` between every two steps,
-# repeat many thousands of times, and take each step's median. For Part 3's
-# `jit`, the timed steps look like this (a sketch of the benchmark's code in
-# `bench/bench_dispatch.py`, not run here):
-#
-# ```python
-# t0 = time.perf_counter_ns()
-# args_flat, in_tree = tree_flatten(args)
-# args_flat = [_as_input(x, "jit argument") for x in args_flat]
-# t1 = time.perf_counter_ns()  # 1. flatten and check the arguments
-# jaxpr, consts, out_tree = trace_for_call(f, traces, args_flat, in_tree)
-# t2 = time.perf_counter_ns()  # 2. avals, the cache key, the cache lookup
-# # and so on, a clock reading after each of the other four steps:
-# # 3. bind: box the arguments, find the top trace, check types against the jaxpr
-# # 4. copy the arguments to the device
-# # 5. run the executable
-# # 6. split the results into outputs and wrap each in an Array
-# ```
-#
-# Nothing is timed while this page is built. The times come from
-# `bench/results.json`, written by one run of `python bench/run_all.py`; the
-# folded cell reads it and prints where it was measured. The machine is small
-# and shared with other work, so absolute times are noisy. Comparisons are
-# ratios, autodidax's time divided by JAX's, which are steadier, because the
-# libraries take turns in the same process.
+# caches. Counting says how much runs, not how long it takes. For that, the
+# benchmark `bench/bench_dispatch.py` writes out the steps of one call by hand,
+# reads `time.perf_counter_ns()` between every two of them over thousands of
+# calls, and keeps each step's median. Nothing is timed while this page is
+# built: the folded cell reads the report of one run of `python
+# bench/run_all.py`. The machine is small and shared, so absolute times are
+# noisy; comparisons are ratios, autodidax's time divided by JAX's, measured
+# in turns in the same process.
 
 # %% tags=["hide-input"]
 # @title Read the benchmark report
@@ -153,19 +132,19 @@ if not RESULTS.is_file():  # e.g. in Colab: fetch the committed report
     )
 report = json.loads(RESULTS.read_text(encoding="utf-8"))
 machine = report["machine"]
-load = machine["load_average_at_start"][0]
-print(f"measured:  {machine['timestamp']}, load average {load:.2f} at the start")
-print(f"machine:   {machine['platform']}, {machine['cpu_count']} CPUs")
 print(
-    f"versions:  Python {machine['python']}, NumPy {machine['numpy']}, "
-    f"JAX {machine['jax']}, jaxlib {machine['jaxlib']}"
+    f"measured {machine['timestamp'][:10]} on {machine['cpu_count']} CPUs, "
+    f"JAX {machine['jax']}"
 )
 
 # %% [markdown]
 # The chart shows the median of every step of a call of `sin(x) * 2.0 + x`,
 # for four kinds of argument: three that live on the host (a Python float, a
 # NumPy scalar, a NumPy array of eight numbers) and a device `Array`. A black
-# tick marks a whole `jax.jit` call with the same argument.
+# tick marks a whole `jax.jit` call with the same argument. A bar sums the
+# steps' medians, and shows which steps are long; the number in parentheses,
+# the median of whole calls, is the better total. Both stop when the call
+# returns, before its result is ready (they time *dispatch*).
 
 # %% mystnb={"image": {"alt": "Stacked horizontal bars, one per kind of argument (Python float, NumPy scalar, NumPy array, device Array), for Part 3's jit. Each bar is split into the steps of one call (flatten and check the arguments, signature and cache lookup, bind and type checks, copy to the device, run the executable, wrap the outputs), and a black tick marks the time of a jax.jit call with the same argument."}} tags=["hide-input"]
 # @title Chart: the steps of one call of Part 3's jit
@@ -189,20 +168,6 @@ dispatch_profile_chart(report["results"]["dispatch"], paths=["full_path"])
 # executable to run, how to copy a value of each type. So we can remember,
 # per signature, what running needs, and skip the rest.
 #
-# **What these times leave out.** Each bar is the sum of per-step medians; the
-# number in parentheses is the median of whole calls, timed separately. The two
-# need not agree. The written-out steps leave out the Python calls that join
-# them in the real code (entering the jitted function, `bind`, the `impl` rule)
-# and add the cost of reading the clock; and the two were measured at different
-# moments on a busy machine. For the device `Array` the steps sum to less than
-# the whole call; for the Python float, to more. So read a bar for which steps
-# are long and which are short, and the table further down for whole calls.
-# Three more things are missing from these dispatch times: a call is timed until it
-# returns, not until its result is ready, so these are times of *dispatch*, for
-# both libraries alike; the garbage collector is switched off while calls are
-# timed, so the cost of collecting what a call leaves behind is missing; and a
-# median hides the slow calls (the report also keeps the 90th percentile).
-#
 # ## A fast path for repeated calls
 #
 # **This replaces `jit` from Part 3 because a table of known signatures must be
@@ -211,14 +176,16 @@ dispatch_profile_chart(report["results"]["dispatch"], paths=["full_path"])
 #
 # **The key.** When every argument is an array or a number on its own (no
 # lists or dicts around it), the signature is the tuple of each argument's
-# shape and dtype. NumPy arrays and scalars have both as attributes, and so
-# does the jaxlib array inside an `Array`. For a Python number, the key is the
-# shape and dtype that the full path's `np.asarray` would give it
-# (`np.asarray(3.0)` is a 0-d `float64` array, `np.asarray(True)` a `bool`,
-# `np.asarray(3)` an `int64`), looked up in a table by the number's type. So a
-# Python float, `np.float64(3.0)` and `np.array(3.0)` have one key, as they have
-# one trace. An integer beyond the range of `int64` gets no key (NumPy would not
-# make it an `int64`), and takes the full path.
+# shape and dtype. A NumPy array has both as attributes, and so does the jaxlib
+# array inside an `Array`. A number, whether a Python `bool`, `int` or `float`
+# or a NumPy scalar such as `np.float64(3.0)`, is looked up by its exact type
+# in a table, `SCALAR_KEYS`, which holds the shape and dtype the full path's
+# `np.asarray` gives a number of that type (`np.asarray(3.0)` is a 0-d
+# `float64` array, `np.asarray(True)` a `bool`, `np.asarray(3)` an `int64`).
+# So a Python float, `np.float64(3.0)` and `np.array(3.0)` have one key, as
+# they have one trace. A type not in the table (a tracer, a list) gets no key
+# and takes the full path, and so does an integer beyond the range of `int64`,
+# which NumPy would not make an `int64`.
 #
 # **When the shortcut may be taken.** `bind` gives an operation to the highest
 # of the dynamic level and the levels of the arguments' tracers. When the
@@ -274,6 +241,9 @@ def result_handlers(jaxpr: Jaxpr) -> list[Any]:
     handlers = []
     for out in jaxpr.outs:
         jax_aval = jax.core.ShapedArray(out.aval.shape, out.aval.dtype)
+        # _skip_checks skips JAX's Python check that the buffer's device, shape
+        # and dtype match the sharding and aval (ArrayImpl._check_and_rearrange);
+        # safe: this jaxpr's executable, on this one device, made the buffer.
         handler = _jax.array_result_handler(
             jax_aval, runtime().sharding, committed=True, _skip_checks=True
         )
@@ -283,7 +253,7 @@ def result_handlers(jaxpr: Jaxpr) -> list[Any]:
 
 # %% [markdown]
 # The folded cell holds two checks that the code below calls by name: the table
-# of keys for numbers, with the `int64` range, and `stands_alone`, which refuses
+# `SCALAR_KEYS`, with the `int64` range, and `stands_alone`, which refuses
 # an entry to a call that needs more than its arguments (a constant that is a
 # tracer of an outer transformation, or a collective over an axis that an
 # enclosing `vmap` binds, {ref}`Part 9 <part9>`, which only `bind` would find).
@@ -418,17 +388,21 @@ for module, name in python_calls(scaled, a, b):
 # class.
 #
 # The results agree with NumPy, whichever path a call takes. A NumPy array with
-# the type of `a` has `a`'s key and finds its entry. A Python float and a NumPy
-# `float64` scalar share an entry, so only the first of the two calls below
-# traces. Under `make_jaxpr` the dynamic level is not 0, so the call goes
-# through `bind` and the jaxpr keeps its `xla_call` equation (no "tracing!":
-# the full path finds the trace from before). Two signatures, two entries:
+# the type of `a` has `a`'s key and finds its entry. A Python float traces and
+# adds an entry; a NumPy `float64` scalar has the same key, so its call takes
+# the fast path at once, without tracing or `bind`. Under `make_jaxpr` the
+# dynamic level is not 0, so the call goes through `bind` and the jaxpr keeps
+# its `xla_call` equation (no "tracing!": the full path finds the trace from
+# before). Two signatures, two entries:
 
 # %%
 print(scaled(np.linspace(0.0, 1.0, 4), b))  # a NumPy array: the entry of (a, b)
 print(np.sin(np.linspace(0.0, 1.0, 4)) * 2.0 + 1.0)
-print(scaled(0.5, 1.0), scaled(np.float64(0.5), 1.0))  # one trace, one entry
-print(np.sin(0.5) * 2.0 + 1.0)
+print(scaled(0.5, 1.0), np.sin(0.5) * 2.0 + 1.0)  # a Python float: a new entry
+calls = python_calls(scaled, np.float64(0.5), 1.0)  # a NumPy scalar: that entry
+names = Counter(name for module, name in calls)
+print(f"np.float64(0.5): {len(calls)} Python calls, bind {names['bind']}")
+print(scaled(np.float64(0.5), 1.0))
 vector = ShapedArray((4,), np.float64)
 print(make_jaxpr(scaled, vector, vector)[0])  # staged out: the full path
 for signature in scaled.fast_calls:
@@ -465,70 +439,89 @@ dispatch_kinds_table(report["results"]["dispatch"])
 # What remains of a fast call is the run, the copy of a host argument, making
 # the output in C++, and a few microseconds of the Python listed above. For a
 # device `Array` that Python is the whole gap to `jax.jit`. For a host argument
-# the copy is the largest piece left, about as long as the run itself: jaxlib's
-# `batched_device_put` builds a complete jaxlib array object for the argument,
-# where JAX's dispatch copies the argument in C++, without running any
-# Python. Rows that should be
-# alike differ more than the ratios suggest: in this run JAX's own call took
-# almost twice as long with a NumPy scalar as with a Python float, which this
-# page does not explain; single rows of a run on a shared machine can be off.
+# the copy is the largest piece left, about as long as the run itself (for the
+# NumPy array, 6.4 µs of copy and 6.0 µs of run): jaxlib's `batched_device_put`
+# builds a complete jaxlib array object for the argument, where JAX's dispatch
+# copies the argument in C++, without running any Python. The NumPy-scalar row
+# is slower than the Python-float row for Part 3's `jit`, the fast path and
+# `jax.jit` alike, while the fastest calls of the two kinds (the report keeps
+# the minimum too) took about the same time in all three: read that difference
+# as the noise of one run on a shared machine.
 #
 # ## Other programs, in brief
 #
-# The same benchmark run compares the two libraries on other small programs.
-# JAX runs them written with `jax.lax` or `jax.numpy`, with 64-bit mode on, so
-# both compute in `float64`. They use nothing this page built; they show where
-# the two libraries' costs differ when dispatch is not the question. Some have
-# targets:
-#
-# - **Compute-bound `jit` within 2% of `jax.jit`**: with the work inside the
-#   compiled program, both run code from the same compiler.
-# - **Tracing and eager `grad` linear in program size** (four times the
-#   primitives may take at most 4.4 times as long), **and tracing under 30 µs
-#   per primitive.**
-# - **Jitted `while_loop` and `scan` within 1.5× of `jax.lax`'s, the gradient
-#   through `scan` within 2×**: all of them run as XLA loops.
-# - **`pmap` dispatch within 2× of `jax.pmap`** on eight host devices.
+# The same benchmark run compares the two libraries on other small programs,
+# written for JAX with `jax.lax` or `jax.numpy`, in `float64` for both. They use
+# nothing this page built; they show where the two libraries' costs differ when
+# dispatch is not the question. A ratio below 1 means autodidax is faster:
 
 # %% tags=["hide-input"]
-# @title Tables: medians per benchmark, and growth
-from figures import benchmark_tables
+# @title Table: autodidax / JAX per benchmark, and what decides the ratio
+from figures import benchmark_summary_table
 
-benchmark_tables(report)
+benchmark_summary_table(
+    report,
+    [
+        ("compute-bound jit", ["jit_compute"], [], "the same XLA program in both"),
+        (
+            "jit, first call",
+            ["first_call_small", "first_call_chain"],
+            [],
+            "both pay for XLA's compiler",
+        ),
+        (
+            "make_jaxpr",
+            ["make_jaxpr_1000", "make_jaxpr_4000"],
+            ["make_jaxpr"],
+            "our Python per primitive against JAX's, which also records source"
+            " locations and effects",
+        ),
+        (
+            "eager sin, add",
+            ["eager_sin", "eager_add"],
+            [],
+            "ours evaluate with NumPy; JAX runs every eager operation as a small"
+            " compiled program (jax.numpy.sin is itself a jitted function)",
+        ),
+        ("eager grad", ["grad_500", "grad_2000"], ["grad"], "as for eager sin"),
+        (
+            "vmap of jit",
+            ["vmap_of_jit"],
+            [],
+            "ours finds the batched jaxpr in a cache; JAX's inner jit meets"
+            " batching tracers and takes its Python path",
+        ),
+        (
+            "while_loop, scan, grad of scan",
+            ["while_loop", "scan", "scan_grad"],
+            [],
+            "one XLA loop in both (two for the gradient)",
+        ),
+        (
+            "pmap",
+            ["pmap_dispatch"],
+            [],
+            "our Python on every call: Part 9's pmap has no fast path",
+        ),
+    ],
+)
 
 # %% [markdown]
-# What decides each ratio, in a line:
-#
-# | benchmark | what decides the ratio |
-# | --- | --- |
-# | compute-bound `jit` | XLA's fused loop over four million numbers, the same in both |
-# | first call | both pay for XLA's compiler on a fresh function |
-# | `make_jaxpr` | our Python work per primitive against JAX's (which also records source locations and effects) |
-# | eager `grad`, eager `sin` and `add` | ours evaluate with NumPy on the host; JAX runs every eager operation as a small compiled program, and `jax.numpy.sin` is itself a jitted function |
-# | `vmap` of `jit` | ours finds the batched jaxpr in a cache; JAX's inner `jit` meets batching tracers and hands the call to its Python path |
-# | `while_loop`, `scan`, `grad` of `scan` | one XLA loop for both (two for the gradient) |
-# | `pmap` | XLA running on eight devices, plus our Python on every call: Part 9's `pmap` has no fast path |
-#
-# **The one miss: how `make_jaxpr` grows.** From 1,000 to 4,000 primitives our
-# tracing took 5.09 times as long, over the 4.4 the target allows; JAX's took
-# 4.02 times as long. The process's CPU time grew by the same factor as the wall
-# clock, so other programs on the machine do not explain it: something inside
-# our process costs more per primitive when the program is longer. This page
-# has not found what. Each `bind` during tracing finds the top trace, boxes the
-# arguments, runs an abstract evaluation rule and appends one equation, and
-# none of these reads the earlier equations; but that is an argument from the
-# code, and the measurement disagrees with it. Python's garbage collector was
-# on during this benchmark, and it has more objects to walk as the jaxpr grows,
-# which makes it one candidate; it has not been tested. The chart shows every
-# size measured, each library's time relative to its own time at the largest
-# size, so cost in proportion to the program would put the points on the
-# dashed diagonal. Bars run from the fastest to the slowest repeat; hollow
-# circles are CPU time (`time.process_time`).
+# Every target is met but one: tracing with `make_jaxpr` should grow in
+# proportion to the program (four times the primitives in at most 4.4 times the
+# time), and from 1,000 to 4,000 primitives it took 5.09 times as long. Per
+# primitive it took 13.0 µs at 1,000, then 18.3, 17.6 and 16.5 µs at 2,000,
+# 3,000 and 4,000: the cheap smallest size sets the ratio, not a cost that
+# keeps rising. The folded cell holds every median, the growth ratios, and a
+# chart of time against size.
 
-# %% mystnb={"image": {"alt": "Two scatter plots side by side, make_jaxpr and eager grad. Each shows, for autodidax and for JAX, the median time of one call divided by that library's time at the largest size, against the number of primitives in the program, with bars from the fastest to the slowest run, hollow circles for CPU time, and a dashed diagonal from zero where cost in proportion to size would put the points."}} tags=["hide-input"]
-# @title Chart: time against program size, make_jaxpr and grad
-from figures import scaling_chart
+# %% tags=["hide-input", "hide-output"]
+# @title Details: every median, the growth ratios, time against program size
+from IPython.display import display
 
+from figures import benchmark_tables, scaling_chart
+
+display(benchmark_tables(report))
 scaling_chart(report)
 
 # %% [markdown]

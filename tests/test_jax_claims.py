@@ -1726,6 +1726,27 @@ def test_performance_batched_device_put_asks_the_sharding_in_python():
     assert "_to_xla_hlo_sharding" in vars(sharding_impls.SingleDeviceSharding)
 
 
+def test_performance_skip_checks_skips_a_python_check():
+    # performance, result_handlers: "_skip_checks skips JAX's Python check that
+    # the buffer's device, shape and dtype match the sharding and aval
+    # (ArrayImpl._check_and_rearrange)".
+    from jax._src import sharding_impls
+    from jax._src.array import ArrayImpl
+    from jaxlib import _jax
+
+    sharding = sharding_impls.SingleDeviceSharding(jax.devices()[0])
+    aval = core.ShapedArray((4,), np.float64)
+    buffer = jax.device_put(np.ones(4))
+    assert inspect.isfunction(ArrayImpl._check_and_rearrange)
+    for skip in (False, True):
+        handler = _jax.array_result_handler(
+            aval, sharding, committed=True, _skip_checks=skip
+        )
+        handler([buffer])  # a first call may fill jaxlib's caches
+        called = python_functions_called(handler, [buffer])
+        assert ("_check_and_rearrange" in called) is not skip, (skip, called)
+
+
 def test_performance_signature_includes_x64_switch():
     # performance: "Its signature covers more than ours (weak types, shardings,
     # static arguments, and configuration such as the x64 switch)".
