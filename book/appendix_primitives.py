@@ -82,6 +82,10 @@ import jax.numpy as jnp
 
 
 # %% [markdown]
+# Every check of this appendix, and every rule that repeats a pattern of the
+# earlier parts, is in a folded cell whose title says what it holds; the text
+# names them only where the idea needs them.
+#
 # The demos trace functions of float64 arrays; `f64(3, 4)` is the type of a
 # 3×4 one, and `scalar` that of a float64 number.
 
@@ -212,8 +216,7 @@ _elementwise_vmap_with_params(convert_element_type_p)
 # %% [markdown]
 # The wrapper and two of the rules call checks: the wrapper accepts only dtypes
 # an array can hold, the abstract evaluation rule insists on a canonical param,
-# and the transpose rule refuses a conversion that is not linear. Their bodies
-# are folded below, like every check of this appendix.
+# and the transpose rule refuses a conversion that is not linear.
 
 
 # %% tags=["export", "hide-input"]
@@ -287,8 +290,7 @@ def _convert_element_type_lower(ctx, avals_in, avals_out, x, *, new_dtype):
 # `exp`, `log` and `tanh` take one float array, like `sin`. Their wrappers reuse
 # {ref}`Part 1 <part1>`'s helpers, so Python numbers broadcast as they do for
 # `add` and `mul`. Division is defined for floats only: what `/` should do with
-# integers is a front-end decision, made further down; the check that `div`'s
-# array operands hold floats is in the folded cell after the wrappers.
+# integers is a front-end decision, made further down.
 
 
 # %% tags=["export"]
@@ -380,11 +382,6 @@ _lower_with(max_p, hlo.maximum)
 _lower_with(exp_p, hlo.exponential)
 _lower_with(log_p, hlo.log)
 _lower_with(tanh_p, hlo.tanh)
-
-
-# %% [markdown]
-# `div` has an abstract evaluation rule of its own, because it also checks that
-# the operands hold floats; it is folded.
 
 
 # %% tags=["export", "hide-input"]
@@ -755,7 +752,7 @@ def check_reshape_param(x: ShapedArray, new_sizes: Any) -> tuple:
 # tangent is reshaped like the primal, a cotangent is reshaped back to the
 # input's shape, and a batch is handled by moving the batch axis to the front
 # and keeping it there, because a reshape must not mix elements of different
-# examples. The rules are folded.
+# examples.
 
 
 # %% tags=["export", "hide-input"]
@@ -1003,7 +1000,7 @@ def check_canonical_dot_dims(x: ShapedArray, y: ShapedArray, dims: Any) -> None:
 # axes share a letter, and the letters of the output say what is kept and in
 # which order. The evaluation rule translates the params into an `einsum`
 # specification, and lowering hands the same params to StableHLO's own
-# `dot_general`, a direct translation; both are folded.
+# `dot_general`, a direct translation.
 
 
 # %% tags=["export", "hide-input"]
@@ -1971,14 +1968,10 @@ print(make_jaxpr(lambda i, x: i * x + 1.5, ShapedArray((3,), np.int32), f64(3))[
 #
 # Tracers so far had `<` and `>`, and nothing for `==`. Python does not complain
 # about that: a class without `__eq__` inherits `object.__eq__`, which asks
-# whether the two operands are *the same object*. On a concrete number that
-# question is harmless; on a tracer it is a silent wrong answer. Under `jit`,
-# `x == 3.0` compares a tracer with a float, finds two different objects, and
-# returns `False`, so `cond` below took the `mul` branch whatever `x` was, and
-# `f(3.0)` gave 9.0 where JAX gives 6.0. Nothing failed; the program just
-# computed something else.
-#
-# Here is Python's default spelled out, `a is b`, in the program's place:
+# whether the two operands are *the same object*, `a is b`. On a concrete
+# number that question is harmless; on a tracer it is a silent wrong answer.
+# Here is a program that adds `x` to itself when it is 3 and squares it
+# otherwise, with Python's default spelled out in place of `==`:
 
 
 # %%
@@ -1986,14 +1979,22 @@ def python_default_eq(a, b):  # what `==` means for a class without __eq__
     return a is b
 
 
-print(jit(lambda x: cond(python_default_eq(x, 3.0), add, mul, x, x))(3.0))
+def add_if_three_by_identity(x):
+    return cond(python_default_eq(x, 3.0), add, mul, x, x)
+
+
+print(jit(add_if_three_by_identity)(3.0))
 
 # %% [markdown]
+# Under `jit`, `x` is a tracer, never the same object as `3.0`, so `cond` takes
+# the `mul` branch whatever `x` is: 9.0, where JAX gives 6.0. Nothing fails;
+# the program just computes something else.
+#
 # The cure is to make equality what the other operators already are, a
 # primitive. (Spelling `x == y` as "neither `x < y` nor `x > y`" would be
 # wrong for NaN, which is neither smaller nor larger than itself and yet not
-# equal to it; one `eq` equation is also shorter.) Four comparison primitives join `gt` and `lt` from
-# {ref}`Part 1 <part1>`, with JAX's names: `eq`, `ne`, `le` and `ge`. They need
+# equal to it; one `eq` equation is also shorter.) Four comparison primitives
+# join `gt` and `lt` from {ref}`Part 1 <part1>`, with JAX's names: `eq`, `ne`, `le` and `ge`. They need
 # no new idea. Each reuses the rules `gt` and `lt` got chapter by chapter: NumPy
 # evaluates it, its output is a boolean array with a zero tangent, batching
 # aligns the two batch axes, abstract evaluation checks the operands and
@@ -2022,7 +2023,9 @@ for _prim, _np_fn, _direction in [
 # %% [markdown]
 # The wrappers are strict like `greater` and `less`; `autodidax.numpy` gets
 # the broadcasting versions under NumPy's names, and the operators
-# `== != <= >=` call those, as `< >` now do.
+# `== != <= >=` call those, as `< >` now do. Tracers had no such operators
+# before, so they are new methods of `ArrayOperators` rather than entries of
+# Part 1's `OPERATORS`, which only redirects the operators Part 1 defined.
 
 
 # %% tags=["export"]
@@ -2290,7 +2293,7 @@ def sgd_step(params, grads):
 
 
 ours, theirs = params, params
-for step in range(301):
+for step in range(300):
     if step % 100 == 0:
         with jax.enable_x64(True):
             their_loss = float(jax_loss(theirs, x_train, y_train))
@@ -2395,9 +2398,10 @@ show_error(lambda: jit(lambda a: a @ 2.0)(a))
 #   silently wrong on a tracer. Every protocol either works as in JAX or raises
 #   an error that says what to use instead.
 # - Everything here is added, nothing replaced: primitives register their rules,
-#   the front end is a new module, the operators find its functions in Part 1's
-#   registry `OPERATORS`, and `/`, `@` and `**` are operators tracers did not
-#   have.
+#   the front end is a new module, the operators tracers already had (`+ - * <
+#   >`) find its functions in Part 1's registry `OPERATORS`, and the ones they
+#   did not have (`/ @ ** == != <= >=` and the array methods) are new methods
+#   of `ArrayOperators`.
 # - The table of primitives and rules is generated from the registries, and has
 #   no gaps.
 #

@@ -105,7 +105,7 @@ for name in ["bind", "trace_for_call", "check_call_types", "device_put"]:
     print(f"  {name}: {names[name]}")
 
 # %% [markdown]
-# About a hundred Python calls, for a call that finds everything it needs in
+# More than a hundred Python calls, for a call that finds everything it needs in
 # caches. Counting says how much runs, not how long it takes. For that, the
 # benchmark `bench/bench_dispatch.py` writes out the steps of one call by hand,
 # reads `time.perf_counter_ns()` between every two of them over thousands of
@@ -378,7 +378,7 @@ for module, name in python_calls(scaled, a, b):
 
 # %% [markdown]
 # The repeated call of the new `jit` never reaches `bind`: it runs eight
-# Python functions where Part 3's `jit` runs about a hundred. In order:
+# Python functions where Part 3's `jit` runs more than a hundred. In order:
 # `f_jitted` and `input_signature` compute the key, reading the device
 # `Array`'s shape and dtype, which JAX's array class provides as Python
 # properties; `FastCall.__call__` runs the entry; the copier of the NumPy
