@@ -1622,6 +1622,8 @@ LINEAR_FUNCTIONS = {
         [(2, 4, 3), (4, 3)],
     ),
     "select": (lambda x, y: ad.select(_P, x, y), [(3,), (3,)]),
+    # Part 5: keep_gradient is the identity on values, so linear in x.
+    "keep_gradient": (lambda x: ad.keep_gradient(_P, x), [(3,)]),
     "cond": (
         lambda x: tuple(
             ad.cond(p, lambda x: x * 2.0, lambda x: -x, x) for p in (True, False)
