@@ -268,6 +268,7 @@ def _outside_transformations(args: tuple) -> bool:
 
 def run_outside_transformations(f: Any, args: tuple) -> Any:
     """``f.fun(*args)``, refusing a result traced through a closure."""
+    check_nondiff_argnums(_fn_name(f), f.nondiff_argnums, args)
     out = f.fun(*args)
     traced = [x for x in tree_leaves(out) if isinstance(x, Tracer)]
     check_no_traced_closure(_fn_name(f), traced)
