@@ -3145,9 +3145,21 @@ import inspect
 
 
 def check_predicate(pred: Any) -> Any:
+    """``pred`` as a boolean scalar; a number is true where nonzero, as in JAX."""
     pred = _as_input(pred, "cond predicate")
-    check_predicate_type(get_aval(pred))
+    aval = get_aval(pred)
+    if aval.shape == () and aval.dtype.kind in "iuf":
+        return _nonzero(pred, aval)
+    check_predicate_type(aval)
     return pred
+
+
+def _nonzero(x: Any, aval: ShapedArray) -> Any:
+    """``x != 0`` with the comparisons we have; NaN is nonzero, as in JAX."""
+    zero, one = np.zeros((), aval.dtype), np.ones((), aval.dtype)
+    # Below one, x is nonzero if positive or negative; NaN is not below one.
+    below_one_nonzero = select(greater(x, zero), np.True_, less(x, zero))
+    return select(less(x, one), below_one_nonzero, np.True_)
 
 
 def check_predicate_type(aval: ShapedArray) -> None:
@@ -3158,7 +3170,7 @@ def check_predicate_type(aval: ShapedArray) -> None:
         )
     if aval.shape != ():
         raise TypeError(
-            f"cond: the predicate must be a boolean scalar (bool[]), got "
+            f"cond: the predicate must be a boolean scalar (or a number), got "
             f"{aval.str_short()}; to choose elementwise use select, and to "
             "choose per example of a batch apply vmap to a function using cond"
         )
@@ -3341,32 +3353,80 @@ def _cond_vmap(axis, vals, dims, **branches):
         return outs, [0] * len(outs)
     # A predicate per example: run both branches, then choose per example.
     pred = move_batch_axis(axis.size, pred_dim, 0, pred)
-    true_outs = _run_batched(branches["true_jaxpr"], axis, operands, batched)
-    false_outs = _run_batched(branches["false_jaxpr"], axis, operands, batched)
+    operands = [move_batch_axis(axis.size, None, 0, x) if not b else x
+                for x, b in zip(operands, batched)]  # fmt: skip
+    true_outs = _run_batched(branches["true_jaxpr"], axis, pred, operands)
+    false_outs = _run_batched(branches["false_jaxpr"], axis, _not(pred), operands)
     outs = [_select_per_example(pred, t, f) for t, f in zip(true_outs, false_outs)]
     return outs, [0] * len(outs)
 
 
 # @title Both branches for every example, then a select per example
-def _run_batched(
-    jaxpr: Jaxpr, axis: Axis, operands: list, batched: tuple[bool, ...]
-) -> list:
-    """Every output of ``jaxpr`` for every example, batched along axis 0."""
+def _run_batched(jaxpr: Jaxpr, axis: Axis, taken: Any, operands: list) -> list:
+    """Every output of ``jaxpr`` for every example (all batched along axis 0),
+    differentiable only through the examples that ``taken`` says take it."""
     # An example also runs the branch it did not take, on values meant for the
     # other one (say, residuals that partial evaluation filled with zeros), so
     # a division by zero there is expected; select throws that result away.
     # Silence NumPy's warnings about it, as compiled code never warns.
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        in_axes = [0 if b else None for b in batched]
-        return vmap_flat(jaxpr_as_fun(jaxpr), axis, in_axes, operands)
+        operands = [keep_gradient(_per_example(taken, x), x) for x in operands]
+        return vmap_flat(jaxpr_as_fun(jaxpr), axis, [0] * len(operands), operands)
+
+
+def _per_example(pred: Any, x: Any) -> Any:
+    """``pred[i]`` for every element of example ``x[i]``: a bool array like ``x``."""
+    shape = get_aval(x).shape
+    if len(shape) > 1:
+        return broadcast(pred, shape, tuple(range(1, len(shape))))
+    return pred
 
 
 def _select_per_example(pred: Any, on_true: Any, on_false: Any) -> Any:
     """Choose ``on_true[i]`` or ``on_false[i]`` by ``pred[i]``, for each example i."""
-    shape = get_aval(on_true).shape
-    if len(shape) > 1:  # one predicate per example, for all of its elements
-        pred = broadcast(pred, shape, tuple(range(1, len(shape))))
-    return select(pred, on_true, on_false)
+    return select(_per_example(pred, on_true), on_true, on_false)
+
+
+def _not(pred: Any) -> Any:
+    shape = get_aval(pred).shape
+    return select(pred, np.zeros(shape, np.bool_), np.ones(shape, np.bool_))
+
+
+keep_gradient_p = Primitive("keep_gradient")
+
+
+def keep_gradient(pred: Any, x: Any) -> Any:
+    """``x``, whose derivative is kept where ``pred`` is true and zero elsewhere."""
+    return bind(keep_gradient_p, pred, x)
+
+
+_impl_from_numpy(keep_gradient_p, lambda pred, x: np.asarray(x))
+_lower_with(keep_gradient_p, lambda pred, x: x)
+
+
+@keep_gradient_p.def_rule("abstract_eval")
+def _keep_gradient_abstract_eval(pred, x):
+    check_select_operands(pred, x, x)
+    return [ShapedArray(x.shape, x.dtype)]
+
+
+@keep_gradient_p.def_rule("jvp")
+def _keep_gradient_jvp(primals, tangents):
+    (pred, x), (_, x_dot) = primals, tangents
+    return [keep_gradient(pred, x)], [select(pred, x_dot, zeros_like(x_dot))]
+
+
+@keep_gradient_p.def_rule("vmap")
+def _keep_gradient_vmap(axis, vals, dims):
+    out_axis = next(d for d in dims if d is not None)
+    vals = [move_batch_axis(axis.size, d, out_axis, x) for x, d in zip(vals, dims)]
+    return [bind(keep_gradient_p, *vals)], [out_axis]
+
+
+@keep_gradient_p.def_rule("transpose")
+def _keep_gradient_transpose(cts, pred, x):  # as a linear map, the identity
+    check_predicate_not_linear("keep_gradient", pred)
+    return [None, cts[0]]
 
 
 def split_branches(branches: dict, in_unknowns: list[bool]) -> tuple:
@@ -3463,6 +3523,44 @@ def _cond_transpose(cts, pred, *args, **branches):
     defined = [x for x in args if not _is_undef(x)]
     cts_in = iter(bind(cond_p, pred, *consts, *defined, *cts, **transposed))
     return [None] + [next(cts_in) if u else None for u in undefined]
+
+
+def switch(index: Any, branches: Sequence[Callable], *operands: Any) -> Any:
+    """``branches[index](*operands)``, ``index`` clamped to the list, staged."""
+    index, branches = check_switch_args(index, branches)
+    return _search_branches(index, branches, 0, operands)
+
+
+def _search_branches(index, branches, offset: int, operands: tuple) -> Any:
+    if len(branches) == 1:  # offset: where branches[0] is in the full list
+        return branches[0](*operands)
+    middle = len(branches) // 2
+    return cond(
+        less(index, np.asarray(offset + middle, get_aval(index).dtype)),
+        lambda *ops: _search_branches(index, branches[:middle], offset, ops),
+        lambda *ops: _search_branches(index, branches[middle:], offset + middle, ops),
+        *operands,
+    )
+
+
+# @title Checks: an integer scalar index, a nonempty list of functions
+def check_switch_args(index: Any, branches: Any) -> tuple[Any, tuple]:
+    index = _as_input(index, "switch index")
+    aval = get_aval(index)
+    if aval.shape != () or aval.dtype.kind not in "iu":
+        raise TypeError(
+            f"switch: the index must be an integer scalar, got {aval.str_short()}"
+        )
+    if not isinstance(branches, (list, tuple)) or not branches:
+        raise ValueError(
+            f"switch: branches must be a nonempty list of functions, got "
+            f"{_short_repr(branches)}"
+        )
+    for i, fn in enumerate(branches):
+        if not callable(fn):
+            raise TypeError(f"switch: branches[{i}] must be a function, got "
+                            f"{_short_repr(fn)}")  # fmt: skip
+    return index, tuple(branches)
 
 
 # ==== chapter: appendix_primitives ====
@@ -4858,7 +4956,8 @@ for _name, _fn in {
     "max": maximum,
     **{f.__name__: f for f in [add, sub, mul, div, neg, sin, cos, exp, log, tanh]},
     **{f.__name__: f for f in [integer_pow, convert_element_type, reshape]},
-    **{f.__name__: f for f in [transpose, select, dot_general, stop_gradient, cond]},
+    **{f.__name__: f for f in [transpose, select, dot_general, stop_gradient]},
+    **{f.__name__: f for f in [cond, switch]},
 }.items():
     setattr(lax_namespace, _name, _fn)
 
@@ -5808,8 +5907,11 @@ class custom_jvp:
         self.rule = rule
         return rule
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         check_rule_defined(self, self.rule, "defjvp")
+        args = resolve_kwargs(self, args, kwargs)
+        if _outside_transformations(args):
+            return run_outside_transformations(self, args)
         call = trace_custom(self, args)
 
         def flat_rule(primals: list, tangents: list) -> tuple[list, list]:
@@ -5869,6 +5971,44 @@ def trace_custom(f: Any, args: tuple) -> TracedCall:
     params = dict(name=name, call_jaxpr=jaxpr, num_consts=len(consts))
     nondiff = [args[i] for i in sorted(fixed)]
     return TracedCall(name, nondiff, all_args, flat, in_tree, consts, out_tree, params)
+
+
+def resolve_kwargs(f: Any, args: tuple, kwargs: dict) -> tuple:
+    """``args`` and ``kwargs`` as positional arguments of ``f.fun``, as JAX does."""
+    try:
+        signature = inspect.signature(f.fun)
+    except (TypeError, ValueError):  # no signature: only positional arguments
+        signature = None
+    if signature is None or isinstance(f.fun, functools.partial):
+        if kwargs:
+            raise TypeError(f"{_fn_name(f)}: takes no keyword arguments here")
+        return args
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as err:
+        raise TypeError(f"{_fn_name(f)}: cannot take these arguments ({err})") from None
+    bound.apply_defaults()
+    if bound.kwargs:
+        raise TypeError(
+            f"{_fn_name(f)}: keyword-only arguments {sorted(bound.kwargs)} cannot "
+            "be passed to a custom function: they have no position"
+        )
+    return bound.args
+
+
+def _outside_transformations(args: tuple) -> bool:
+    """No tracer in ``args`` and nothing being staged: plain evaluation."""
+    no_tracers = not any(isinstance(x, Tracer) for x in tree_leaves(args))
+    return no_tracers and _state.dynamic is _state.stack[0]
+
+
+def run_outside_transformations(f: Any, args: tuple) -> Any:
+    """``f.fun(*args)``, refusing a result traced through a closure."""
+    check_nondiff_argnums(_fn_name(f), f.nondiff_argnums, args)
+    out = f.fun(*args)
+    traced = [x for x in tree_leaves(out) if isinstance(x, Tracer)]
+    check_no_traced_closure(_fn_name(f), traced)
+    return out
 
 
 class Named:
@@ -6041,8 +6181,11 @@ class custom_vjp:
         """``fwd(*args) -> (out, residuals)``; ``bwd(*nondiff, residuals, ct)``."""
         self.fwd, self.bwd = fwd, bwd
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         check_rule_defined(self, self.fwd, "defvjp")
+        args = resolve_kwargs(self, args, kwargs)
+        if _outside_transformations(args):
+            return run_outside_transformations(self, args)
         call, res_tree = trace_custom(self, args), []
 
         def flat_fwd(*primals: Any) -> tuple[list, list]:
@@ -6081,7 +6224,23 @@ def check_bwd_result(call: TracedCall, cts_in: Any) -> list:
     )
     if isinstance(cts_in, list):
         cts_in = tuple(cts_in)
+    expected = tree_unflatten(call.in_tree, call.in_types)
+    cts_in = _zeros_for_none(cts_in, expected)
     return check_result(who, cts_in, call.in_tree, call.in_types)
+
+
+def _zeros_for_none(ct: Any, expected: Any) -> Any:
+    """``ct`` with zeros for each ``None`` standing for a part of ``expected``
+    (a tree of types), as JAX's ``bwd`` may return."""
+    if ct is None and expected is not None:
+        return tree_map(zeros_like_aval, expected)
+    same_kind = type(ct) is type(expected)
+    if same_kind and isinstance(ct, (tuple, list)) and len(ct) == len(expected):
+        parts = [_zeros_for_none(c, e) for c, e in zip(ct, expected)]
+        return type(ct)(*parts) if hasattr(ct, "_fields") else type(ct)(parts)
+    if same_kind and isinstance(ct, dict) and ct.keys() == expected.keys():
+        return {k: _zeros_for_none(ct[k], expected[k]) for k in ct}
+    return ct
 
 
 custom_lin_p = Primitive("custom_lin", multiple_results=True)

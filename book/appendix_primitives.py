@@ -2098,7 +2098,8 @@ for _name, _fn in {
     "max": maximum,
     **{f.__name__: f for f in [add, sub, mul, div, neg, sin, cos, exp, log, tanh]},
     **{f.__name__: f for f in [integer_pow, convert_element_type, reshape]},
-    **{f.__name__: f for f in [transpose, select, dot_general, stop_gradient, cond]},
+    **{f.__name__: f for f in [transpose, select, dot_general, stop_gradient]},
+    **{f.__name__: f for f in [cond, switch]},
 }.items():
     setattr(lax_namespace, _name, _fn)
 

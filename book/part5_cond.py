@@ -96,7 +96,9 @@ show_error(vmap(jumpy), np.array([1.2, -0.5]))
 # ## `cond` as a primitive
 #
 # `cond(pred, true_fn, false_fn, *operands)` means "`true_fn(*operands)` if `pred`
-# else `false_fn(*operands)`", with `pred` a boolean scalar. The wrapper does
+# else `false_fn(*operands)`", with `pred` a scalar: a boolean, or a number that
+# counts as true when it is nonzero, as in JAX (the wrapper compares it with zero).
+# The wrapper does
 # the work Python's `if` used to do at once, but symbolically: it traces each
 # branch into a jaxpr at the operands' types and binds one `cond` primitive that
 # holds both.
@@ -177,9 +179,21 @@ import inspect
 
 
 def check_predicate(pred: Any) -> Any:
+    """``pred`` as a boolean scalar; a number is true where nonzero, as in JAX."""
     pred = _as_input(pred, "cond predicate")
-    check_predicate_type(get_aval(pred))
+    aval = get_aval(pred)
+    if aval.shape == () and aval.dtype.kind in "iuf":
+        return _nonzero(pred, aval)
+    check_predicate_type(aval)
     return pred
+
+
+def _nonzero(x: Any, aval: ShapedArray) -> Any:
+    """``x != 0`` with the comparisons we have; NaN is nonzero, as in JAX."""
+    zero, one = np.zeros((), aval.dtype), np.ones((), aval.dtype)
+    # Below one, x is nonzero if positive or negative; NaN is not below one.
+    below_one_nonzero = select(greater(x, zero), np.True_, less(x, zero))
+    return select(less(x, one), below_one_nonzero, np.True_)
 
 
 def check_predicate_type(aval: ShapedArray) -> None:
@@ -190,7 +204,7 @@ def check_predicate_type(aval: ShapedArray) -> None:
         )
     if aval.shape != ():
         raise TypeError(
-            f"cond: the predicate must be a boolean scalar (bool[]), got "
+            f"cond: the predicate must be a boolean scalar (or a number), got "
             f"{aval.str_short()}; to choose elementwise use select, and to "
             "choose per example of a batch apply vmap to a function using cond"
         )
@@ -481,7 +495,8 @@ def _select_transpose(cts, pred, on_true, on_false):
 # With `select` in hand, the batching rule for `cond`. In the second case,
 # `_run_batched` computes a branch for every example, and `_select_per_example`
 # broadcasts each example's predicate over that example's elements before it
-# selects; both are in the folded cell after it.
+# selects; both are in the folded cell after it, with `keep_gradient`, which the
+# end of this section explains.
 
 
 # %% tags=["export"]
@@ -501,33 +516,81 @@ def _cond_vmap(axis, vals, dims, **branches):
         return outs, [0] * len(outs)
     # A predicate per example: run both branches, then choose per example.
     pred = move_batch_axis(axis.size, pred_dim, 0, pred)
-    true_outs = _run_batched(branches["true_jaxpr"], axis, operands, batched)
-    false_outs = _run_batched(branches["false_jaxpr"], axis, operands, batched)
+    operands = [move_batch_axis(axis.size, None, 0, x) if not b else x
+                for x, b in zip(operands, batched)]  # fmt: skip
+    true_outs = _run_batched(branches["true_jaxpr"], axis, pred, operands)
+    false_outs = _run_batched(branches["false_jaxpr"], axis, _not(pred), operands)
     outs = [_select_per_example(pred, t, f) for t, f in zip(true_outs, false_outs)]
     return outs, [0] * len(outs)
 
 
 # %% tags=["export", "hide-input"]
 # @title Both branches for every example, then a select per example
-def _run_batched(
-    jaxpr: Jaxpr, axis: Axis, operands: list, batched: tuple[bool, ...]
-) -> list:
-    """Every output of ``jaxpr`` for every example, batched along axis 0."""
+def _run_batched(jaxpr: Jaxpr, axis: Axis, taken: Any, operands: list) -> list:
+    """Every output of ``jaxpr`` for every example (all batched along axis 0),
+    differentiable only through the examples that ``taken`` says take it."""
     # An example also runs the branch it did not take, on values meant for the
     # other one (say, residuals that partial evaluation filled with zeros), so
     # a division by zero there is expected; select throws that result away.
     # Silence NumPy's warnings about it, as compiled code never warns.
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        in_axes = [0 if b else None for b in batched]
-        return vmap_flat(jaxpr_as_fun(jaxpr), axis, in_axes, operands)
+        operands = [keep_gradient(_per_example(taken, x), x) for x in operands]
+        return vmap_flat(jaxpr_as_fun(jaxpr), axis, [0] * len(operands), operands)
+
+
+def _per_example(pred: Any, x: Any) -> Any:
+    """``pred[i]`` for every element of example ``x[i]``: a bool array like ``x``."""
+    shape = get_aval(x).shape
+    if len(shape) > 1:
+        return broadcast(pred, shape, tuple(range(1, len(shape))))
+    return pred
 
 
 def _select_per_example(pred: Any, on_true: Any, on_false: Any) -> Any:
     """Choose ``on_true[i]`` or ``on_false[i]`` by ``pred[i]``, for each example i."""
-    shape = get_aval(on_true).shape
-    if len(shape) > 1:  # one predicate per example, for all of its elements
-        pred = broadcast(pred, shape, tuple(range(1, len(shape))))
-    return select(pred, on_true, on_false)
+    return select(_per_example(pred, on_true), on_true, on_false)
+
+
+def _not(pred: Any) -> Any:
+    shape = get_aval(pred).shape
+    return select(pred, np.zeros(shape, np.bool_), np.ones(shape, np.bool_))
+
+
+keep_gradient_p = Primitive("keep_gradient")
+
+
+def keep_gradient(pred: Any, x: Any) -> Any:
+    """``x``, whose derivative is kept where ``pred`` is true and zero elsewhere."""
+    return bind(keep_gradient_p, pred, x)
+
+
+_impl_from_numpy(keep_gradient_p, lambda pred, x: np.asarray(x))
+_lower_with(keep_gradient_p, lambda pred, x: x)
+
+
+@keep_gradient_p.def_rule("abstract_eval")
+def _keep_gradient_abstract_eval(pred, x):
+    check_select_operands(pred, x, x)
+    return [ShapedArray(x.shape, x.dtype)]
+
+
+@keep_gradient_p.def_rule("jvp")
+def _keep_gradient_jvp(primals, tangents):
+    (pred, x), (_, x_dot) = primals, tangents
+    return [keep_gradient(pred, x)], [select(pred, x_dot, zeros_like(x_dot))]
+
+
+@keep_gradient_p.def_rule("vmap")
+def _keep_gradient_vmap(axis, vals, dims):
+    out_axis = next(d for d in dims if d is not None)
+    vals = [move_batch_axis(axis.size, d, out_axis, x) for x, d in zip(vals, dims)]
+    return [bind(keep_gradient_p, *vals)], [out_axis]
+
+
+@keep_gradient_p.def_rule("transpose")
+def _keep_gradient_transpose(cts, pred, x):  # as a linear map, the identity
+    check_predicate_not_linear("keep_gradient", pred)
+    return [None, cts[0]]
 
 
 # %% [markdown]
@@ -557,11 +620,14 @@ print(make_jaxpr(lambda v: vmap(scale_or_shift, (None, 0))(True, v), batch)[0])
 # from. If the `cond` exists to keep, say, a logarithm (one of the
 # {ref}`appendix's <appendix>` primitives) away from zero, the
 # unselected side computes $\log 0 = -\infty$, which `select` drops from the
-# value. But when the batched function is differentiated (`grad` of a `vmap`),
+# value. When the batched function is differentiated (`grad` of a `vmap`),
 # reverse mode multiplies that side's derivative, $1/0 = \infty$, by the zero
-# cotangent `select` sends it, and `0 × ∞` is a NaN that does reach the gradient.
-# `vmap(grad(f))` is safe: there each branch's whole gradient is computed, and the
-# `select` drops the NaN one.
+# cotangent `select` sends it, and `0 × ∞` is a NaN, which would flow on into the
+# gradient of the operand. So `_run_batched` passes each operand through
+# `keep_gradient(taken, x)`, a primitive whose value is `x` and whose tangent is
+# `x`'s where the example takes this branch and zero elsewhere. Its JVP is a
+# `select`, whose transpose drops the NaN, as JAX's rule does (see below and
+# the end of the next section).
 #
 # (part5-partial-eval)=
 # ## Partial evaluation: both branches, split the same way
@@ -772,6 +838,24 @@ print(vmap(grad(jumpy))(xs), np.array([jumpy_slope(x) for x in xs]))
 
 
 # %% [markdown]
+# And `grad` of a batched `cond`, where `keep_gradient` does its job: the branch
+# not taken for $10^{200}$ is the cube, whose derivative
+# overflows to infinity; the gradient of the batched function is still the
+# derivative of the branch each example takes:
+
+
+# %%
+def capped_cube(x):  # x cubed, but x itself beyond 1e100
+    return cond(x > 1e100, lambda x: x, lambda x: x * x * x, x)
+
+
+big = np.array([2.0, 1e200])
+with np.errstate(over="ignore", invalid="ignore"):  # 0 × ∞, computed then dropped
+    print(grad(lambda v: reduce_sum(vmap(capped_cube)(v), (0,)))(big))
+print(vmap(grad(capped_cube))(big))
+
+
+# %% [markdown]
 # ## Everything composes, again
 #
 # Conditionals nest, close over values of enclosing transformations, and mix with
@@ -820,6 +904,70 @@ def jumpy_curvature(x):
 print(vmap(grad(grad(jumpy)))(xs), np.array([jumpy_curvature(x) for x in xs]))
 print(jit(grad(jit(grad(jumpy))))(-0.5), jumpy_curvature(-0.5))
 
+
+# %% [markdown]
+# ## More than two branches: `switch`
+#
+# `switch(index, branches, *operands)` runs `branches[index](*operands)` for an
+# integer scalar `index`. Out of `cond`s it is a binary search: the first `cond`
+# asks whether the index falls in the first half of the list, and each branch
+# searches its half. An index below zero always goes left and one past the end
+# always goes right, so it lands on the first or the last branch: JAX's
+# clamping of out-of-range indices comes for free. Checks on the index and the
+# branches are in the folded cell.
+
+
+# %% tags=["export"]
+def switch(index: Any, branches: Sequence[Callable], *operands: Any) -> Any:
+    """``branches[index](*operands)``, ``index`` clamped to the list, staged."""
+    index, branches = check_switch_args(index, branches)
+    return _search_branches(index, branches, 0, operands)
+
+
+def _search_branches(index, branches, offset: int, operands: tuple) -> Any:
+    if len(branches) == 1:  # offset: where branches[0] is in the full list
+        return branches[0](*operands)
+    middle = len(branches) // 2
+    return cond(
+        less(index, np.asarray(offset + middle, get_aval(index).dtype)),
+        lambda *ops: _search_branches(index, branches[:middle], offset, ops),
+        lambda *ops: _search_branches(index, branches[middle:], offset + middle, ops),
+        *operands,
+    )
+
+
+# %% tags=["export", "hide-input"]
+# @title Checks: an integer scalar index, a nonempty list of functions
+def check_switch_args(index: Any, branches: Any) -> tuple[Any, tuple]:
+    index = _as_input(index, "switch index")
+    aval = get_aval(index)
+    if aval.shape != () or aval.dtype.kind not in "iu":
+        raise TypeError(
+            f"switch: the index must be an integer scalar, got {aval.str_short()}"
+        )
+    if not isinstance(branches, (list, tuple)) or not branches:
+        raise ValueError(
+            f"switch: branches must be a nonempty list of functions, got "
+            f"{_short_repr(branches)}"
+        )
+    for i, fn in enumerate(branches):
+        if not callable(fn):
+            raise TypeError(f"switch: branches[{i}] must be a function, got "
+                            f"{_short_repr(fn)}")  # fmt: skip
+    return index, tuple(branches)
+
+
+# %% [markdown]
+# Four branches under `jit`, with indices in and out of range, and the gradient
+# of the one that runs:
+
+# %%
+fns = [sin, cos, lambda x: x * 2.0, neg]
+pick = jit(lambda i, x: switch(i, fns, x))
+for i in [-1, 0, 1, 2, 3, 7]:
+    slope = grad(lambda x, i=i: switch(i, fns, x))(0.3)
+    print(i, pick(i, 0.3), fns[min(max(i, 0), 3)](0.3), slope)
+
 # %% [markdown]
 # ## Mistakes `cond` catches
 #
@@ -828,28 +976,27 @@ print(jit(grad(jit(grad(jumpy))))(-0.5), jumpy_curvature(-0.5))
 
 # %%
 one = np.float64(1.0)
-show_error(cond, 1, sin, cos, one)  # an integer predicate
 show_error(cond, np.array([True, False]), sin, cos, one)  # not a scalar
 show_error(cond, True, lambda x: x, lambda x: (x, x), one)  # structures differ
 show_error(cond, True, lambda x: x, lambda x: broadcast(x, (3,), (0,)), one)
 show_error(cond, True, lambda x, y: x * y, lambda x: x, one)  # arity
-show_error(jit(lambda x: cond(x, sin, cos, x)), one)  # float predicate, under jit
+show_error(switch, 1.0, [sin, cos], one)  # a float index
 
 
 # %% [markdown]
 # ## Where real JAX differs
 #
 # - [`jax.lax.cond`](https://docs.jax.dev/en/latest/_autosummary/jax.lax.cond.html)
-#   also accepts an integer or floating-point scalar as the predicate (nonzero is
-#   true), and shares its primitive with the more
-#   general [`jax.lax.switch`](https://docs.jax.dev/en/latest/_autosummary/jax.lax.switch.html):
-#   JAX's `cond` primitive takes an integer index and a tuple of branches, and a
-#   boolean predicate becomes index 0 (false) or 1 (true).
+#   shares its primitive with
+#   [`jax.lax.switch`](https://docs.jax.dev/en/latest/_autosummary/jax.lax.switch.html):
+#   JAX's `cond` primitive takes an integer index and a tuple of branches, a
+#   boolean predicate becomes index 0 (false) or 1 (true), and `switch` clamps
+#   its index with a `clamp` and binds one `cond` with all its branches, where
+#   ours stages a search of two-way `cond`s.
 # - Under `vmap` with a batched predicate, JAX also runs every branch and selects
-#   (with `select_n`), but it first wraps each branch's operands in
-#   `stop_gradient` for the examples that do not take it, so derivatives never
-#   flow through the discarded side and the `0 × ∞` problem above cannot reach
-#   the gradient. See the
+#   (with `select_n`), and it gives each branch, as its operand, a `select` of
+#   the operand and its `stop_gradient` (the {ref}`appendix <appendix>` adds
+#   ours), which is what our `keep_gradient` means. See the
 #   [FAQ entry on NaN gradients with `where`](https://docs.jax.dev/en/latest/faq.html#gradients-contain-nan-where-using-where).
 # - JAX's partial evaluation of `cond` also gives each branch the other's
 #   residual slots, but fills them with uninitialized buffers (an `empty2`
@@ -875,7 +1022,8 @@ show_error(jit(lambda x: cond(x, sin, cos, x)), one)  # float predicate, under j
 #   transformed branches.
 # - A predicate that varies across a batch turns `cond` into both branches
 #   followed by a `select`, which is faithful only because our primitives have no
-#   side effects.
+#   side effects; each branch is differentiated only for the examples that take
+#   it.
 # - Partial evaluation splits both branches the same way and joins their
 #   residuals; transposition transposes both branches. Together they give
 #   `linearize`, `vjp` and `grad` through `cond`, in any composition with `jit`
@@ -883,32 +1031,40 @@ show_error(jit(lambda x: cond(x, sin, cos, x)), one)  # float predicate, under j
 #
 # ## Exercises
 #
-# **1. `switch`.** Write `switch(index, branches, *operands)`, which runs
-# `branches[index]` for an integer scalar `index` in `range(len(branches))`, out
-# of nested `cond`s. Check it under `jit` and `grad`.
+# **1. A chain instead of a search.** Write `chain_switch(index, branches,
+# *operands)` from a chain of `cond`s, one per branch but the last: "is `index`
+# below 1? if not, is it below 2? ...". Does it clamp like `switch`? Count the
+# `cond` equations each version stages for eight branches, and how many
+# predicates a call evaluates at most.
 
 
 # %% tags=["hide-input"]
-# @title Solution 1: switch from nested conds
-# offset: where branches[0] sits in the original list of branches.
-def switch(index, branches, *operands, offset=0):
+# @title Solution 1: a chain of conds
+def chain_switch(index, branches, *operands, offset=0):
     if len(branches) == 1:
         return branches[0](*operands)
-    middle = len(branches) // 2
     return cond(
-        less(index, np.int64(offset + middle)),
-        lambda *ops: switch(index, branches[:middle], *ops, offset=offset),
-        lambda *ops: switch(index, branches[middle:], *ops, offset=offset + middle),
+        less(index, np.int64(offset + 1)),
+        branches[0],
+        lambda *ops: chain_switch(index, branches[1:], *ops, offset=offset + 1),
         *operands,
     )
 
 
-fns = [sin, cos, lambda x: x * 2.0, neg]
-for i in range(4):
-    value = jit(lambda i, x: switch(i, fns, x))(np.int64(i), 0.3)
-    slope = grad(lambda x, i=i: switch(np.int64(i), fns, x))(0.3)
-    print(i, float(value), float(fns[i](0.3)), float(slope))
+def count_conds(jaxpr):  # the cond equations of a jaxpr and of its branches
+    conds = [e for e in jaxpr.eqns if e.primitive is cond_p]
+    inner = [count_conds(e.params[b]) for e in conds for b in e.params]
+    return len(conds) + sum(inner)
 
+
+eight = [lambda x, k=k: x * float(k) for k in range(8)]
+int_scalar = ShapedArray((), np.int64)
+for f in [switch, chain_switch]:
+    jaxpr = make_jaxpr(lambda i, x, f=f: f(i, eight, x), int_scalar, scalar)[0]
+    values = [float(f(i, eight, 1.0)) for i in [-3, 5, 9]]
+    print(f.__name__, count_conds(jaxpr), values)
+# Both clamp, and both stage 7 conds; a call evaluates at most 3 predicates in
+# switch (the depth of the search) and 7 in the chain.
 
 # %% [markdown]
 # **2. Absolute value.** Define `abs_` with `cond` and check `vmap(grad(abs_))`

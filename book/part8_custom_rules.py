@@ -156,8 +156,11 @@ class custom_jvp:
         self.rule = rule
         return rule
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         check_rule_defined(self, self.rule, "defjvp")
+        args = resolve_kwargs(self, args, kwargs)
+        if _outside_transformations(args):
+            return run_outside_transformations(self, args)
         call = trace_custom(self, args)
 
         def flat_rule(primals: list, tangents: list) -> tuple[list, list]:
@@ -173,6 +176,10 @@ class custom_jvp:
 
 
 # %% [markdown]
+# Called outside every transformation, a custom function simply runs `fun`, as
+# in JAX, so Python control flow on its arguments works there. Keyword arguments
+# are matched to `fun`'s parameters and passed by position (defaults filled in),
+# as JAX does, so the rule sees every argument in `primals`. Otherwise,
 # `trace_custom` does what `cond` does for a branch: it flattens the
 # differentiable arguments, traces `fun` at their types
 # with the {ref}`dynamic level <part2-dynamic>` set to its recorder, and returns the jaxpr's inputs and
@@ -228,6 +235,44 @@ def trace_custom(f: Any, args: tuple) -> TracedCall:
     params = dict(name=name, call_jaxpr=jaxpr, num_consts=len(consts))
     nondiff = [args[i] for i in sorted(fixed)]
     return TracedCall(name, nondiff, all_args, flat, in_tree, consts, out_tree, params)
+
+
+def resolve_kwargs(f: Any, args: tuple, kwargs: dict) -> tuple:
+    """``args`` and ``kwargs`` as positional arguments of ``f.fun``, as JAX does."""
+    try:
+        signature = inspect.signature(f.fun)
+    except (TypeError, ValueError):  # no signature: only positional arguments
+        signature = None
+    if signature is None or isinstance(f.fun, functools.partial):
+        if kwargs:
+            raise TypeError(f"{_fn_name(f)}: takes no keyword arguments here")
+        return args
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as err:
+        raise TypeError(f"{_fn_name(f)}: cannot take these arguments ({err})") from None
+    bound.apply_defaults()
+    if bound.kwargs:
+        raise TypeError(
+            f"{_fn_name(f)}: keyword-only arguments {sorted(bound.kwargs)} cannot "
+            "be passed to a custom function: they have no position"
+        )
+    return bound.args
+
+
+def _outside_transformations(args: tuple) -> bool:
+    """No tracer in ``args`` and nothing being staged: plain evaluation."""
+    no_tracers = not any(isinstance(x, Tracer) for x in tree_leaves(args))
+    return no_tracers and _state.dynamic is _state.stack[0]
+
+
+def run_outside_transformations(f: Any, args: tuple) -> Any:
+    """``f.fun(*args)``, refusing a result traced through a closure."""
+    check_nondiff_argnums(_fn_name(f), f.nondiff_argnums, args)
+    out = f.fun(*args)
+    traced = [x for x in tree_leaves(out) if isinstance(x, Tracer)]
+    check_no_traced_closure(_fn_name(f), traced)
+    return out
 
 
 class Named:
@@ -521,7 +566,8 @@ print(make_jaxpr(vmap(softplus), ShapedArray((3,), np.float64))[0])
 # `custom_vjp(fun)` with `defvjp(fwd, bwd)` takes two functions, as in JAX.
 # `fwd(*args)` returns the output and *residuals*: anything the backward pass
 # will need, as a pytree. `bwd(residuals, cotangent)` returns a tuple with one
-# cotangent per argument of `fun`. With `nondiff_argnums`, `fwd` takes all
+# cotangent per argument of `fun`; as in JAX, `None` may stand for a zero
+# cotangent, of a whole argument or of any part of one. With `nondiff_argnums`, `fwd` takes all
 # arguments, and `bwd` receives the nondiff ones first.
 #
 # Our reverse mode is built out of forward mode: `grad` is `linearize` (a JVP,
@@ -559,8 +605,11 @@ class custom_vjp:
         """``fwd(*args) -> (out, residuals)``; ``bwd(*nondiff, residuals, ct)``."""
         self.fwd, self.bwd = fwd, bwd
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         check_rule_defined(self, self.fwd, "defvjp")
+        args = resolve_kwargs(self, args, kwargs)
+        if _outside_transformations(args):
+            return run_outside_transformations(self, args)
         call, res_tree = trace_custom(self, args), []
 
         def flat_fwd(*primals: Any) -> tuple[list, list]:
@@ -600,7 +649,23 @@ def check_bwd_result(call: TracedCall, cts_in: Any) -> list:
     )
     if isinstance(cts_in, list):
         cts_in = tuple(cts_in)
+    expected = tree_unflatten(call.in_tree, call.in_types)
+    cts_in = _zeros_for_none(cts_in, expected)
     return check_result(who, cts_in, call.in_tree, call.in_types)
+
+
+def _zeros_for_none(ct: Any, expected: Any) -> Any:
+    """``ct`` with zeros for each ``None`` standing for a part of ``expected``
+    (a tree of types), as JAX's ``bwd`` may return."""
+    if ct is None and expected is not None:
+        return tree_map(zeros_like_aval, expected)
+    same_kind = type(ct) is type(expected)
+    if same_kind and isinstance(ct, (tuple, list)) and len(ct) == len(expected):
+        parts = [_zeros_for_none(c, e) for c, e in zip(ct, expected)]
+        return type(ct)(*parts) if hasattr(ct, "_fields") else type(ct)(parts)
+    if same_kind and isinstance(ct, dict) and ct.keys() == expected.keys():
+        return {k: _zeros_for_none(ct[k], expected[k]) for k in ct}
+    return ct
 
 
 # %% [markdown]
@@ -963,9 +1028,9 @@ except TypeError as err:
 #   cotangents) are known to be zero, so they can skip work; we have no symbolic
 #   zeros at all, and pass arrays of zeros.
 # - [`custom_jvp`](https://docs.jax.dev/en/latest/_autosummary/jax.custom_jvp.html)
-#   also has `defjvps`, one rule per argument instead of one rule for all; a
-#   [`custom_vjp`](https://docs.jax.dev/en/latest/_autosummary/jax.custom_vjp.html)'s
-#   `bwd` may return `None` for an argument whose cotangent is zero.
+#   also has `defjvps`, one rule per argument instead of one rule for all (with
+#   [`custom_vjp`](https://docs.jax.dev/en/latest/_autosummary/jax.custom_vjp.html),
+#   ours and JAX's `bwd` may return `None` for a zero cotangent).
 # - Ours refuses any closure over a traced value, and traced values in
 #   `nondiff_argnums`. JAX refuses a closure over a value that is being
 #   differentiated (an `UnexpectedTracerError`;

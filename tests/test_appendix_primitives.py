@@ -1642,6 +1642,11 @@ LINEAR_FUNCTIONS = {
 _triple = ad.custom_jvp(lambda x: ad.mul(x, 3.0))
 _triple.defjvp(lambda p, t: (_triple(p[0]), _triple(t[0])))
 LINEAR_FUNCTIONS["custom_jvp_call"] = (_triple, [(2, 3)])
+# Part 5: keep_gradient is the identity on values; its own JVP never leaves it
+# in a linear jaxpr, so a custom_jvp rule applies it to the tangent.
+_keep = ad.custom_jvp(lambda x: ad.keep_gradient(_P, x))
+_keep.defjvp(lambda p, t: (_keep(p[0]), ad.keep_gradient(_P, t[0])))
+LINEAR_FUNCTIONS["keep_gradient"] = (_keep, [(3,)])
 # Part 8: custom_lin is what a custom_vjp function leaves in a linear jaxpr;
 # its transpose runs bwd. It has no forward mode by design, so J v comes from
 # the same map without the custom rule (FORWARD_OF).

@@ -187,7 +187,7 @@ def test_lax_namespace_has_the_later_chapters_names():
     import autodidax.lax as lax
 
     names = ["while_loop", "fori_loop", "scan", "psum", "pmean", "pmax"]
-    names += ["all_gather", "axis_index", "cond", "select", "dot_general"]
+    names += ["all_gather", "axis_index", "cond", "switch", "select", "dot_general"]
     for name in names:
         assert callable(getattr(lax, name)), name
         assert callable(getattr(jax.lax, name)), name

@@ -646,6 +646,28 @@ def test_part5_cond_has_a_linearize_rule():
     assert len(conds) == 2  # the primal cond and the (transposed) linear one
 
 
+def test_part5_cond_number_predicate_nan_is_true():
+    # part5_cond (check_predicate): a number predicate is "nonzero is true",
+    # and "NaN is nonzero, as in JAX".
+    branches = (lambda x: x + 1.0, lambda x: x - 1.0)
+    assert float(lax.cond(float("nan"), *branches, 1.0)) == 2.0
+    assert float(lax.cond(-0.0, *branches, 1.0)) == 0.0
+    assert float(lax.cond(np.uint8(3), *branches, 1.0)) == 2.0
+
+
+def test_part5_switch_clamps_with_one_cond():
+    # part5_cond: "JAX's clamping of out-of-range indices"; "`switch` clamps its
+    # index with a `clamp` and binds one `cond` with all its branches".
+    branches = [lambda x: x + 1.0, lambda x: x * 2.0, lambda x: -x]
+    assert float(lax.switch(-5, branches, 3.0)) == 4.0
+    assert float(lax.switch(9, branches, 3.0)) == -3.0
+    jaxpr = jax.make_jaxpr(lambda i, x: lax.switch(i, branches, x))(0, 1.0)
+    names = [e.primitive.name for e in jaxpr.eqns]
+    assert "clamp" in names and names.count("cond") == 1
+    (cond,) = [e for e in jaxpr.eqns if e.primitive.name == "cond"]
+    assert len(cond.params["branches"]) == 3
+
+
 # ------------------------------------------------------------------ Part 6
 
 
@@ -1207,6 +1229,53 @@ def test_part8_dce_and_transpose_rules_of_custom_calls():
     assert jax_custom.custom_vjp_call_p in jax_pe.dce_rules
     transpose = jax_ad.fancy_transposes[jax_custom.custom_jvp_call_p]
     assert "backward_pass" in inspect.getsource(transpose)
+
+
+def test_part8_eager_call_runs_fun():
+    # part8_custom_rules: "Called outside every transformation, a custom
+    # function simply runs `fun`, as in JAX, so Python control flow on its
+    # arguments works there."
+    calls = []
+
+    @jax.custom_jvp
+    def f(x):
+        calls.append(type(x))
+        return x * 2.0 if x > 0 else x
+
+    f.defjvp(lambda p, t: (f(p[0]), t[0]))
+    assert float(f(3.0)) == 6.0
+    assert len(calls) == 1 and not issubclass(calls[0], core.Tracer)
+
+
+def test_part8_keyword_arguments_resolved_to_positions():
+    # part8_custom_rules: "Keyword arguments are matched to `fun`'s parameters
+    # and passed by position (defaults filled in), as JAX does, so the rule sees
+    # every argument in `primals`."
+    seen = []
+
+    @jax.custom_jvp
+    def f(x, y=2.0, z=3.0):
+        return x * y * z
+
+    @f.defjvp
+    def _(primals, tangents):
+        seen.append(tuple(float(p) for p in primals))
+        return f(*primals), tangents[0]
+
+    jax.jvp(lambda x: f(x, z=5.0), (1.0,), (1.0,))
+    assert seen == [(1.0, 2.0, 5.0)]
+    assert "resolve_kwargs" in inspect.getsource(jax.custom_jvp.__call__)
+
+
+def test_part8_bwd_none_for_parts_of_arguments():
+    # part8_custom_rules: "as in JAX, `None` may stand for a zero cotangent, of a
+    # whole argument or of any part of one".
+    @jax.custom_vjp
+    def f(x, pair):
+        return x * pair[0] + pair[1]
+
+    f.defvjp(lambda x, p: (f(x, p), x), lambda x, ct: (None, (ct * x, None)))
+    assert jax.grad(f, (0, 1))(2.0, (3.0, 4.0)) == (0.0, (2.0, 0.0))
 
 
 # ------------------------------------------------------------------ Part 9
