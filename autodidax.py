@@ -4393,7 +4393,7 @@ def promote_operands(name: str, *args: ArrayLike) -> list[ArrayLike]:
     return [a if _is_python_scalar(a) else convert_element_type(a, dtype) for a in args]
 
 
-# @title _dtype_name (a node of the lattice) and as_inexact (integers become floats)
+# @title _dtype_name, as_inexact, _on_inexact: lattice nodes; ints become floats
 def _dtype_name(name: str, x: Any) -> str:
     if type(x) in (int, float):  # bool is not weak, as in JAX
         return type(x).__name__

@@ -30,7 +30,12 @@
 # would have added a handful of rules to read, and none of them would have taught
 # anything new about interpreters. Now that the machinery is finished, the
 # balance flips. This appendix adds what a small numerical program needs, and
-# shows along the way how little a primitive costs once the interpreters exist:
+# along the way shows three ideas: a primitive is a wrapper plus a few small
+# rules, so it costs little once the interpreters exist; a NumPy-like front
+# end (promotion and broadcasting) sits on top of strict primitives and only
+# stages them; and every Python protocol on a tracer must be a primitive or an
+# error, because Python's default answer (for `==`, an identity test) is
+# silently wrong on a tracer. In detail:
 #
 # 1. **twelve primitives**: `sub`, `div`, `max`, `exp`, `log`, `tanh`,
 #    `stop_gradient`, integer powers, `convert_element_type`, `reshape`,
@@ -1376,7 +1381,7 @@ def promote_operands(name: str, *args: ArrayLike) -> list[ArrayLike]:
 
 
 # %% tags=["export", "hide-input"]
-# @title _dtype_name (a node of the lattice) and as_inexact (integers become floats)
+# @title _dtype_name, as_inexact, _on_inexact: lattice nodes; ints become floats
 def _dtype_name(name: str, x: Any) -> str:
     if type(x) in (int, float):  # bool is not weak, as in JAX
         return type(x).__name__
@@ -1971,7 +1976,8 @@ print(make_jaxpr(lambda i, x: i * x + 1.5, ShapedArray((3,), np.int32), f64(3))[
 # whether the two operands are *the same object*, `a is b`. On a concrete
 # number that question is harmless; on a tracer it is a silent wrong answer.
 # Here is a program that adds `x` to itself when it is 3 and squares it
-# otherwise, with Python's default spelled out in place of `==`:
+# otherwise. The module defines `==` properly by the end of this section, so
+# the demo spells Python's default out by hand in its place:
 
 
 # %%
@@ -2321,9 +2327,9 @@ show_error(jit(lambda a, b: a @ b), a, b)  # inner sizes differ
 show_error(jit(lambda a: a + np.ones((3, 2))), a)  # shapes that do not broadcast
 
 # %% [markdown]
-# Six more mistakes, with their messages, are in the folded cell.
+# Six more mistakes, folded, with their messages below:
 
-# %% tags=["hide-cell"]
+# %% tags=["hide-input"]
 # @title More mistakes: reshape, log of integers, powers, dtypes, products
 show_error(lambda: reshape(a, (4, 2)))  # 6 elements do not fill (4, 2)
 show_error(lambda: log(np.arange(3)))  # log of integers
@@ -2399,10 +2405,10 @@ show_error(lambda: jit(lambda a: a @ 2.0)(a))
 #   silently wrong on a tracer. Every protocol either works as in JAX or raises
 #   an error that says what to use instead.
 # - Everything here is added, nothing replaced: primitives register their rules,
-#   the front end is a new module, the operators tracers already had (`+ - * <
-#   >`) find its functions in Part 1's registry `OPERATORS`, and the ones they
-#   did not have (`/ @ ** == != <= >=` and the array methods) are new methods
-#   of `ArrayOperators`.
+#   the front end is a new module, the operators tracers already had (`+`,
+#   `-`, `*`, `<`, `>`) find its functions in Part 1's registry `OPERATORS`,
+#   and the ones they did not have (`/`, `@`, `**`, `==`, `!=`, `<=`, `>=` and
+#   the array methods) are new methods of `ArrayOperators`.
 # - The table of primitives and rules is generated from the registries, and has
 #   no gaps.
 #
