@@ -1327,9 +1327,10 @@ def _operands_alike(name: str, *args: ArrayLike) -> list[ArrayLike]:
 # fixed order, a *promotion lattice*. Each dtype points to the dtypes just
 # above it; the result of combining two dtypes is the lowest dtype above both.
 # Python's `int` and `float` are nodes of their own, *weak* types, placed low:
-# a Python number takes the dtype of the array next to it (`x * 2` keeps
-# `x`'s dtype), and only when nothing else decides does it become a 64-bit
-# type (we follow JAX with 64-bit types enabled, the mode this book runs in).
+# a Python number takes the dtype of an array of its kind or above next to it
+# (`x * 2` keeps `x`'s dtype), and only when nothing else decides does it
+# become a 64-bit type: an `int32` array times `1.5` is `float64`, as in JAX
+# with 64-bit types enabled, the mode this book runs in.
 
 # %% tags=["export"]
 import functools
@@ -2226,8 +2227,8 @@ rule_table(globals())
 
 
 # %% [markdown]
-# The same table for the whole book, with the primitives of the later parts,
-# is on the page {ref}`Every primitive, every rule <rule-table>` at the end.
+# The same table for the whole book, with the primitives of Parts 6–9 (loops,
+# `scan`, custom rules, collectives), is on the page {ref}`Every primitive, every rule <rule-table>` at the end.
 #
 # ## A worked example: a small neural network
 #
