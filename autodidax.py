@@ -4377,6 +4377,7 @@ def _at_or_above(name: str) -> frozenset:
     return frozenset([name]).union(*map(_at_or_above, PROMOTION_LATTICE[name]))
 
 
+@functools.cache  # a lookup after the first time: operators call it often
 def promote_types(*names: str) -> np.dtype:
     """The lowest dtype at or above all of ``names``; a weak result is 64-bit."""
     common = frozenset.intersection(*map(_at_or_above, names))
