@@ -3565,8 +3565,6 @@ def check_switch_args(index: Any, branches: Any) -> tuple[Any, tuple]:
 
 # ==== chapter: appendix_primitives ====
 
-import math
-
 sub_p = Primitive("sub")
 div_p = Primitive("div")
 max_p = Primitive("max")
@@ -3618,6 +3616,9 @@ def _convert_element_type_transpose(cts, x, *, new_dtype):
 
 
 # @title convert_element_type: evaluation, abstract evaluation, batching
+import math
+
+
 @convert_element_type_p.def_rule("impl")
 def _convert_element_type_impl(x, *, new_dtype):
     return [np.asarray(x).astype(new_dtype)]
@@ -3694,6 +3695,7 @@ def _convert_element_type_lower(ctx, avals_in, avals_out, x, *, new_dtype):
     return [hlo.convert(ir_type(out_aval), x)]
 
 
+# @title The six wrappers: bind, after a check for floats where one is needed
 def sub(x: ArrayLike, y: ArrayLike) -> ArrayLike:
     """Elementwise ``x - y``."""
     return _bind_binary(sub_p, x, y)
@@ -3730,7 +3732,6 @@ def tanh(x: ArrayLike) -> ArrayLike:
     return bind(tanh_p, x)
 
 
-# @title Checks: division of floats
 def check_float_arrays(name: str, *operands: ArrayLike) -> None:
     """Operands that are arrays must hold floats (Python numbers adapt)."""
     for operand in operands:
@@ -3857,7 +3858,7 @@ def _stop_gradient_jvp(primals, tangents):
     return [stop_gradient(x)], [zeros_like(x)]
 
 
-NOT_LINEAR.add("stop_gradient")  # its tangent is zero: never transposed
+NEVER_TRANSPOSED = {"stop_gradient"}  # linear, but never in a linear jaxpr
 
 # @title The other rules of stop_gradient: the identity's
 _impl_from_numpy(stop_gradient_p, np.asarray)
@@ -4238,6 +4239,7 @@ def _dot_general_vmap(axis, vals, dims, *, dimension_numbers):
     return [out], [out_dim]
 
 
+# @title Helpers: _argsort, _transpose_unless_identity, _aval_of
 def _argsort(values: Sequence[int]) -> list[int]:
     return sorted(range(len(values)), key=values.__getitem__)
 
@@ -4463,8 +4465,10 @@ def _broadcasting(name: str, strict: Callable) -> Callable:
 
 
 numpy_add = _broadcasting("add", add)
-numpy_subtract = _broadcasting("subtract", sub)
 numpy_multiply = _broadcasting("multiply", mul)
+
+# @title The rest of autodidax.numpy
+numpy_subtract = _broadcasting("subtract", sub)
 numpy_maximum = _broadcasting("maximum", maximum)
 numpy_greater = _broadcasting("greater", greater)
 numpy_less = _broadcasting("less", less)
@@ -4474,7 +4478,6 @@ for _fn in [sin, cos, exp, log, tanh]:  # integers become floats first
     setattr(numpy_namespace, _fn.__name__, _on_inexact(_fn))
 
 
-# @title The rest of autodidax.numpy
 @numpy_function
 def numpy_mean(x: ArrayLike, axis: Axes = None, keepdims: bool = False) -> ArrayLike:
     """Average over ``axis`` (all axes by default); integers give floats."""
@@ -4550,10 +4553,29 @@ def numpy_sum(x: ArrayLike, axis: Axes = None, keepdims: bool = False) -> ArrayL
     return _keep_dims(reduce_sum(x, axis), x, axis, keepdims)
 
 
+def check_reduced_axes_not_empty(name: str, x: ArrayLike, axis: Axes) -> None:
+    """max and min of no elements have no value: a ValueError, as jax.numpy
+    raises (lax.reduce_max itself answers -inf, the identity of max)."""
+    shape = get_aval(x).shape
+    try:
+        axes = _normalize_axes(
+            name, range(len(shape)) if axis is None else axis, len(shape)
+        )
+    except (TypeError, ValueError):
+        return  # a bad axis: reduce_max says so in its own words
+    if any(shape[a] == 0 for a in axes):
+        raise ValueError(
+            f"{name}: zero-size array to reduction operation {name} which has "
+            f"no identity (an array of shape {shape}, reduced over axes "
+            f"{tuple(axes)})"
+        )
+
+
 @numpy_function
 def numpy_max(x: ArrayLike, axis: Axes = None, keepdims: bool = False) -> ArrayLike:
     """Largest element over ``axis`` (all axes by default)."""
     x = _as_input(x, "max")
+    check_reduced_axes_not_empty("max", x, axis)
     if get_aval(x).dtype == np.bool_:  # any: the largest of 0s and 1s
         as_int = convert_element_type(x, np.int8)
         return convert_element_type(numpy_max(as_int, axis, keepdims), np.bool_)
@@ -4565,6 +4587,7 @@ def numpy_min(x: ArrayLike, axis: Axes = None, keepdims: bool = False) -> ArrayL
     """Smallest element over ``axis``: the largest of an order-reversed copy
     (-x for floats; top - x for integers, which cannot overflow)."""
     x = _as_input(x, "min")
+    check_reduced_axes_not_empty("min", x, axis)
     dtype = get_aval(x).dtype
     if dtype.kind == "b":
         as_int = convert_element_type(x, np.int8)
@@ -4896,6 +4919,7 @@ for _prim, _np_fn, _direction in [
     _lower_comparison(_prim, _direction)
 
 
+# @title The four wrappers, strict; their broadcasting versions in autodidax.numpy
 def equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
     """Elementwise ``x == y``, a boolean array (the primitive ``eq``)."""
     return _bind_binary(eq_p, x, y)

@@ -128,8 +128,6 @@ scalar = f64()
 # meaningless, and the table at the end of the appendix marks them as such.
 
 # %% tags=["export"]
-import math
-
 sub_p = Primitive("sub")
 div_p = Primitive("div")
 max_p = Primitive("max")
@@ -197,6 +195,9 @@ def _convert_element_type_transpose(cts, x, *, new_dtype):
 
 # %% tags=["export", "hide-input"]
 # @title convert_element_type: evaluation, abstract evaluation, batching
+import math
+
+
 @convert_element_type_p.def_rule("impl")
 def _convert_element_type_impl(x, *, new_dtype):
     return [np.asarray(x).astype(new_dtype)]
@@ -292,13 +293,15 @@ def _convert_element_type_lower(ctx, avals_in, avals_out, x, *, new_dtype):
 # ## Six elementwise primitives
 #
 # `sub`, `div` and `max` take two operands of one shape and dtype, like `add`;
-# `exp`, `log` and `tanh` take one float array, like `sin`. Their wrappers reuse
-# {ref}`Part 1 <part1>`'s helpers, so Python numbers broadcast as they do for
-# `add` and `mul`. Division is defined for floats only: what `/` should do with
-# integers is a front-end decision, made further down.
+# `exp`, `log` and `tanh` take one float array, like `sin`. Their wrappers, in the
+# folded cell, are `bind` with {ref}`Part 1 <part1>`'s helpers, so Python numbers
+# broadcast as they do for `add` and `mul`; `div`, `exp`, `log` and `tanh` first
+# check that their operands hold floats. (What `/` should do with integers is a
+# front-end decision, made further down.)
 
 
-# %% tags=["export"]
+# %% tags=["export", "hide-input"]
+# @title The six wrappers: bind, after a check for floats where one is needed
 def sub(x: ArrayLike, y: ArrayLike) -> ArrayLike:
     """Elementwise ``x - y``."""
     return _bind_binary(sub_p, x, y)
@@ -335,8 +338,6 @@ def tanh(x: ArrayLike) -> ArrayLike:
     return bind(tanh_p, x)
 
 
-# %% tags=["export", "hide-input"]
-# @title Checks: division of floats
 def check_float_arrays(name: str, *operands: ArrayLike) -> None:
     """Operands that are arrays must hold floats (Python numbers adapt)."""
     for operand in operands:
@@ -515,11 +516,13 @@ print("slopes of max at a tie:", [float(s) for s in tie])
 # ## `stop_gradient`
 #
 # `stop_gradient(x)` is `x` when evaluated, but differentiation treats it as a
-# constant: its JVP rule returns a zero tangent. Because that tangent is always
-# zero, `stop_gradient` never appears in a linear jaxpr, so it needs no
-# transpose rule, and it joins `NOT_LINEAR`, the list of primitives without one
-# (the rule table's *not linear* mark explains this case). Every other rule is the identity's, one line each in the folded
-# cell.
+# constant: its JVP rule returns a zero tangent. It is linear (it is the
+# identity), yet it needs no transpose rule: its tangent is always a fresh zero,
+# so `stop_gradient` is never applied to a tangent and never appears in a linear
+# jaxpr. JAX registers no transpose rule for it either. A second registry,
+# `NEVER_TRANSPOSED`, records such primitives, so that the rule table can say
+# *never transposed* rather than report a gap. Every other rule is the
+# identity's, one line each in the folded cell.
 
 # %% tags=["export"]
 stop_gradient_p = Primitive("stop_gradient")
@@ -536,7 +539,7 @@ def _stop_gradient_jvp(primals, tangents):
     return [stop_gradient(x)], [zeros_like(x)]
 
 
-NOT_LINEAR.add("stop_gradient")  # its tangent is zero: never transposed
+NEVER_TRANSPOSED = {"stop_gradient"}  # linear, but never in a linear jaxpr
 
 # %% tags=["export", "hide-input"]
 # @title The other rules of stop_gradient: the identity's
@@ -1142,7 +1145,8 @@ print(make_jaxpr(vmap(matvec, (0, 1)), f64(5, 3, 4), f64(4, 5))[0])
 # it on a product with batch and contracting axes out of order.
 
 
-# %% tags=["export"]
+# %% tags=["export", "hide-input"]
+# @title Helpers: _argsort, _transpose_unless_identity, _aval_of
 def _argsort(values: Sequence[int]) -> list[int]:
     return sorted(range(len(values)), key=values.__getitem__)
 
@@ -1155,6 +1159,7 @@ def _aval_of(x: Any) -> ShapedArray:
     return x.aval if _is_undef(x) else get_aval(x)
 
 
+# %% tags=["export"]
 @dot_general_p.def_rule("transpose")
 def _dot_general_transpose(cts, x, y, *, dimension_numbers):
     (ct,) = cts
@@ -1477,8 +1482,21 @@ def _broadcasting(name: str, strict: Callable) -> Callable:
 
 
 numpy_add = _broadcasting("add", add)
-numpy_subtract = _broadcasting("subtract", sub)
 numpy_multiply = _broadcasting("multiply", mul)
+
+# %% [markdown]
+# The rest of the namespace is folded: `subtract`, `maximum`, `greater` and
+# `less`, made like `add`; `sin`, `cos`, `exp`, `log` and `tanh`, which turn
+# integers into floats first; `mean` (a sum, then a division by the
+# count), `divide` (which promotes, then turns integers into floats, as
+# `jax.numpy`'s `/` does), `minimum`, `power`, `where`, `sum` (which
+# widens small integers, as NumPy does), `max`, `transpose`, `astype`, `zeros`,
+# `ones`, `ones_like`, and the dtype names. Each is a few lines on top of a
+# primitive or two.
+
+# %% tags=["export", "hide-input"]
+# @title The rest of autodidax.numpy
+numpy_subtract = _broadcasting("subtract", sub)
 numpy_maximum = _broadcasting("maximum", maximum)
 numpy_greater = _broadcasting("greater", greater)
 numpy_less = _broadcasting("less", less)
@@ -1487,24 +1505,7 @@ for _fn in [reshape, broadcast_to, zeros_like]:
 for _fn in [sin, cos, exp, log, tanh]:  # integers become floats first
     setattr(numpy_namespace, _fn.__name__, _on_inexact(_fn))
 
-# %% [markdown]
-# The demos below call it by the name it has outside the book:
 
-# %%
-anp = numpy_namespace
-
-
-# %% [markdown]
-# The rest of the namespace is folded: `mean` (a sum, then a division by the
-# count), `divide` (which promotes, then turns integers into floats, as
-# `jax.numpy`'s `/` does), `minimum`, `power`, `where`, `sum` (which
-# widens small integers, as NumPy does), `max`, `transpose`, `astype`, `zeros`,
-# `ones`, `ones_like`, and the dtype names. Each is a few lines on top of a
-# primitive or two.
-
-
-# %% tags=["export", "hide-input"]
-# @title The rest of autodidax.numpy
 @numpy_function
 def numpy_mean(x: ArrayLike, axis: Axes = None, keepdims: bool = False) -> ArrayLike:
     """Average over ``axis`` (all axes by default); integers give floats."""
@@ -1580,10 +1581,29 @@ def numpy_sum(x: ArrayLike, axis: Axes = None, keepdims: bool = False) -> ArrayL
     return _keep_dims(reduce_sum(x, axis), x, axis, keepdims)
 
 
+def check_reduced_axes_not_empty(name: str, x: ArrayLike, axis: Axes) -> None:
+    """max and min of no elements have no value: a ValueError, as jax.numpy
+    raises (lax.reduce_max itself answers -inf, the identity of max)."""
+    shape = get_aval(x).shape
+    try:
+        axes = _normalize_axes(
+            name, range(len(shape)) if axis is None else axis, len(shape)
+        )
+    except (TypeError, ValueError):
+        return  # a bad axis: reduce_max says so in its own words
+    if any(shape[a] == 0 for a in axes):
+        raise ValueError(
+            f"{name}: zero-size array to reduction operation {name} which has "
+            f"no identity (an array of shape {shape}, reduced over axes "
+            f"{tuple(axes)})"
+        )
+
+
 @numpy_function
 def numpy_max(x: ArrayLike, axis: Axes = None, keepdims: bool = False) -> ArrayLike:
     """Largest element over ``axis`` (all axes by default)."""
     x = _as_input(x, "max")
+    check_reduced_axes_not_empty("max", x, axis)
     if get_aval(x).dtype == np.bool_:  # any: the largest of 0s and 1s
         as_int = convert_element_type(x, np.int8)
         return convert_element_type(numpy_max(as_int, axis, keepdims), np.bool_)
@@ -1595,6 +1615,7 @@ def numpy_min(x: ArrayLike, axis: Axes = None, keepdims: bool = False) -> ArrayL
     """Smallest element over ``axis``: the largest of an order-reversed copy
     (-x for floats; top - x for integers, which cannot overflow)."""
     x = _as_input(x, "min")
+    check_reduced_axes_not_empty("min", x, axis)
     dtype = get_aval(x).dtype
     if dtype.kind == "b":
         as_int = convert_element_type(x, np.int8)
@@ -2029,14 +2050,16 @@ for _prim, _np_fn, _direction in [
 
 
 # %% [markdown]
-# The wrappers are strict like `greater` and `less`; `autodidax.numpy` gets
-# the broadcasting versions under NumPy's names, and the operators
-# `== != <= >=` call those, as `< >` now do. Tracers had no such operators
-# before, so they are new methods of `ArrayOperators` rather than entries of
-# Part 1's `OPERATORS`, which only redirects the operators Part 1 defined.
+# The wrappers `equal`, `not_equal`, `less_equal` and `greater_equal` (folded)
+# are strict like `greater` and `less`; `autodidax.numpy` gets the broadcasting
+# versions under NumPy's names, and the operators `== != <= >=` call those, as
+# `< >` now do. Tracers had no such operators before, so they are new methods
+# of `ArrayOperators` rather than entries of Part 1's `OPERATORS`, which only
+# redirects the operators Part 1 defined.
 
 
-# %% tags=["export"]
+# %% tags=["export", "hide-input"]
+# @title The four wrappers, strict; their broadcasting versions in autodidax.numpy
 def equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
     """Elementwise ``x == y``, a boolean array (the primitive ``eq``)."""
     return _bind_binary(eq_p, x, y)
@@ -2211,21 +2234,22 @@ print(make_jaxpr(add_if_three, scalar)[0])
 # (appendix-rule-table)=
 # ## Every primitive, every rule
 #
-# {ref}`Part 1 <part1>` stored each primitive's rules in a dictionary on the
-# primitive, every primitive registers itself in `PRIMITIVES`, and `RULE_KINDS`
-# names every kind of rule. So the table of what the module can do is not
-# written by hand: the cell below reads it off the registries every time the
-# chapter runs (the code that reads and draws it, `rule_table`, lives in
-# `book/figures.py`), and CI re-runs the chapter and compares. A cell says
-# *not linear* where a transpose rule would be meaningless, and *generic* where
-# {ref}`Part 4 <part4>`'s generic partial evaluation applies, which needs no
-# rule of its own. Anything else missing would show up as a gap.
+# Each primitive keeps its rules in a dictionary, and `PRIMITIVES` lists every
+# primitive, so the table of what the module can do is read off the registries
+# rather than written by hand. One row per primitive, one column per kind of
+# rule: the five every primitive needs, `transpose`, and the two kinds of
+# {ref}`Part 4 <part4>`'s partial evaluation — *partial eval* splits known from
+# unknown values while tracing (what `linearize` does), and *partial eval jaxpr*
+# splits a jaxpr that is already staged, such as the body of a `jit` call, into
+# its known and unknown halves. A cell says *not linear* where a transpose rule
+# would be meaningless, *never transposed* for `stop_gradient`, and *generic*
+# where Part 4's generic partial evaluation applies, which needs no rule of its
+# own. Anything else missing would be listed as a gap in the first line.
 
 # %%
 from figures import rule_table
 
 rule_table(globals())
-
 
 # %% [markdown]
 # The same table for the whole book, with the primitives of Parts 6–9 (loops,
@@ -2239,8 +2263,10 @@ rule_table(globals())
 # error on a batch. The parameters live in a dict, a {term}`pytree`, and `grad`
 # differentiates with respect to all of them at once.
 
-
 # %%
+anp = numpy_namespace  # outside the book: import autodidax.numpy as anp
+
+
 def predict(params, x):
     hidden = anp.tanh(x @ params["w1"] + params["b1"])
     return hidden @ params["w2"] + params["b2"]

@@ -405,12 +405,25 @@ class RuleTable:
 HIGHER_ORDER = ("xla_call", "cond", "while", "scan", "pmap")
 
 
-def rule_status(prim, kind, not_linear):
-    """One cell of the table: "yes", "not linear", "generic" or "MISSING"."""
-    if kind in prim.rules:
+def rule_status(prim, kind, not_linear, never_transposed=frozenset()):
+    """One cell of the table: "yes", "refused", "not linear", "never
+    transposed", "generic" or "MISSING".
+
+    A rule is "refused" when it exists only to raise a clear error (Part 9's
+    lowering of pmap inside jit, the evaluation of a collective, Part 8's
+    forward rules of custom_lin): it is marked ``only_raises`` or its body is
+    one ``raise`` statement."""
+    rule = prim.rules.get(kind)
+    if rule is not None and (
+        getattr(rule, "only_raises", False) or _body_only_raises(rule)
+    ):
+        return "refused"
+    if rule is not None:
         return "yes"
     if kind == "transpose" and prim.name in not_linear:
         return "not linear"
+    if kind == "transpose" and prim.name in never_transposed:
+        return "never transposed"
     if kind.startswith("partial_eval") and prim.name not in HIGHER_ORDER:
         return "generic"
     return "MISSING"
@@ -420,11 +433,12 @@ def rule_table(ns):
     """Print the size and gaps of the primitive x rule table, then return it.
 
     ``ns`` is the namespace holding the registries (a chapter's ``globals()``):
-    ``PRIMITIVES``, ``RULE_KINDS`` and ``NOT_LINEAR``.
+    ``PRIMITIVES``, ``RULE_KINDS``, ``NOT_LINEAR`` and ``NEVER_TRANSPOSED``.
     """
     kinds, not_linear = ns["RULE_KINDS"], ns["NOT_LINEAR"]
+    never = ns["NEVER_TRANSPOSED"]
     rows = [
-        (name, *(rule_status(prim, kind, not_linear) for kind in kinds))
+        (name, *(rule_status(prim, kind, not_linear, never) for kind in kinds))
         for name, prim in sorted(ns["PRIMITIVES"].items())
     ]
     gaps = [(r[0], k) for r in rows for k, s in zip(kinds, r[1:]) if s == "MISSING"]
@@ -937,8 +951,6 @@ def scaling_chart(report):
 
 # ---------------------------------------------------------------- Part 9
 
-_rule_status_before_part9 = rule_status
-
 
 def _body_only_raises(rule) -> bool:
     """Whether ``rule``'s body (after any docstring) is a single ``raise``."""
@@ -960,21 +972,6 @@ def _body_only_raises(rule) -> bool:
     ):
         body = body[1:]  # the docstring
     return len(body) == 1 and isinstance(body[0], ast.Raise)
-
-
-def rule_status(prim, kind, not_linear):
-    """As above, and "refused" for a rule that exists only to raise a clear
-    error: Part 9's lowering of pmap inside jit, the evaluation of a
-    collective (which bind never allows: it has no axis to reduce over), and
-    Part 8's forward rules of custom_lin (a custom_vjp has no forward mode).
-    A rule is refused when it is marked ``only_raises`` or its body is one
-    ``raise`` statement."""
-    rule = prim.rules.get(kind)
-    if rule is not None and (
-        getattr(rule, "only_raises", False) or _body_only_raises(rule)
-    ):
-        return "refused"
-    return _rule_status_before_part9(prim, kind, not_linear)
 
 
 def draw_rows_on_devices(x, y, collective="psum: all_reduce (add)"):

@@ -26,16 +26,15 @@
 # operand (`mul` in either, `div` in its numerator, `select` in its branches).
 # The table below is not written by hand: it is read off the registries of the
 # finished module (`PRIMITIVES`, each primitive's `rules`, `RULE_KINDS` and
-# `NOT_LINEAR`) every time this page is built. The *from* column names the
+# `NOT_LINEAR`, `NEVER_TRANSPOSED`) every time this page is built. The *from* column names the
 # chapter that adds the primitive. The first line of output lists the missing rules (`gaps`,
 # which would read `MISSING` in their cells); it is empty.
 #
 # - *✓*: the primitive registers its own rule of this kind.
-# - *not linear* (only under `transpose`): no transpose rule, because none is
-#   needed or none could work. Most of these primitives are not linear in any
-#   operand (`sin`, `max`, ...). Four are here for their own reasons:
-#   `stop_gradient`'s tangent is always zero, so it never appears in a linear
-#   jaxpr; `axis_index` has no operand to be linear in; a `custom_vjp_call`
+# - *not linear* (only under `transpose`): no transpose rule, because none
+#   could work. Most of these primitives are not linear in any operand (`sin`,
+#   `max`, ...). Three are here for their own reasons: `axis_index` has no
+#   operand to be linear in; a `custom_vjp_call`
 #   never reaches a linear jaxpr (the `custom_lin` it leaves there does, and
 #   is transposed by running the function's `bwd`); and transposing `while`
 #   would need every trip's primal values, which the loop does not save
@@ -43,6 +42,10 @@
 #   only raises an error). A `custom_jvp_call`, by contrast, is transposed by
 #   transposing its jaxpr, since a JVP rule may apply a `custom_jvp` function to
 #   a tangent.
+# - *never transposed* (only under `transpose`): linear, but never met by
+#   transposition. `stop_gradient` is the identity, yet its tangent is always
+#   a fresh zero, so it never appears in a linear jaxpr (JAX registers no
+#   transpose rule for it either).
 # - *generic* (only in the two partial-evaluation columns): {ref}`Part 4 <part4>`'s partial evaluation handles the primitive
 #   without a rule of its own. Five primitives carry a jaxpr that the generic
 #   rule would get wrong: `xla_call`, `cond`, `scan` and `pmap` split theirs

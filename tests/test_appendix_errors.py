@@ -1591,3 +1591,15 @@ def test_regression_longdouble_under_jit_is_an_internal_key_error(fn, dtype):
     with clear_error((TypeError, ValueError), r"float128|longdouble"):
         with nothing_compiled():
             ad.jit(fn)(X.astype(dtype))
+
+
+@pytest.mark.parametrize("mode", ["eager", "jit", "vmap", "grad"])
+@pytest.mark.parametrize("name", ["max", "min"])
+def test_max_and_min_of_no_elements(mode, name):
+    """jax.numpy's max and min of an empty reduction raise ValueError (JAX's
+    message); reducing a non-empty axis of an array with an empty one works."""
+    fn = getattr(anp, name)
+    with clear_error(ValueError, rf"zero-size array to reduction operation {name}"):
+        run(mode, lambda x: fn(ad.reshape(x, (6, 1)) * np.zeros((6, 0)), axis=1))
+    ours = fn(np.zeros((0, 3)), axis=1)
+    assert ad.get_aval(ours).shape == (0,)

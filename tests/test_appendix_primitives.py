@@ -1498,11 +1498,14 @@ def test_every_primitive_has_every_rule() -> None:
         assert prim.name == name
         for kind in ("impl", "jvp", "vmap", "abstract_eval", "lower"):
             assert kind in prim.rules, (name, kind)
-        assert ("transpose" in prim.rules) == (name not in ad.NOT_LINEAR), name
+        without = ad.NOT_LINEAR | ad.NEVER_TRANSPOSED
+        assert ("transpose" in prim.rules) == (name not in without), name
     for name in ("xla_call", "cond"):
         prim = ad.PRIMITIVES[name]
         assert {"partial_eval", "partial_eval_jaxpr"} <= set(prim.rules), name
     assert ad.NOT_LINEAR <= set(ad.PRIMITIVES)
+    assert ad.NEVER_TRANSPOSED <= set(ad.PRIMITIVES)
+    assert not ad.NOT_LINEAR & ad.NEVER_TRANSPOSED
 
 
 _sin_with_vjp = ad.custom_vjp(ad.sin)
@@ -1541,12 +1544,7 @@ NONLINEAR_WITNESSES = {
 OVER_NAMED_AXIS = {"pmax", "axis_index"}
 
 
-# stop_gradient is the identity in value, but its JVP is zero, so it never
-# appears in a linear jaxpr and has no transpose rule: listed in NOT_LINEAR.
-ZERO_DERIVATIVE = {"stop_gradient"}
-
-
-@pytest.mark.parametrize("name", sorted(ad.NOT_LINEAR - ZERO_DERIVATIVE))
+@pytest.mark.parametrize("name", sorted(ad.NOT_LINEAR))
 def test_not_linear_primitives_are_not_linear(name: str) -> None:
     """f(a + b) != f(a) + f(b) for some inputs, so a transpose rule would be
     meaningless; linear-in-some-input would need a transpose instead."""
@@ -1576,7 +1574,23 @@ def test_not_linear_primitives_are_not_linear(name: str) -> None:
 
 
 def test_every_not_linear_primitive_has_a_witness() -> None:
-    assert set(NONLINEAR_WITNESSES) | ZERO_DERIVATIVE == set(ad.NOT_LINEAR)
+    assert set(NONLINEAR_WITNESSES) == set(ad.NOT_LINEAR)
+
+
+# NEVER_TRANSPOSED: linear primitives without a transpose rule, because their
+# tangent is always a fresh zero. Each is linear: f(a + b) == f(a) + f(b).
+NEVER_TRANSPOSED_WITNESSES = {"stop_gradient": ad.stop_gradient}
+
+
+@pytest.mark.parametrize("name", sorted(ad.NEVER_TRANSPOSED))
+def test_never_transposed_primitives_are_linear(name: str) -> None:
+    fn = NEVER_TRANSPOSED_WITNESSES[name]
+    rng = rng_for("never-transposed", name)
+    a, b = draw(rng, "f", (5,)), draw(rng, "f", (5,))
+    jaxpr, _, _ = ad.make_jaxpr(fn, ad.get_aval(a))
+    assert {eqn.primitive.name for eqn in jaxpr.eqns} == {name}
+    np.testing.assert_allclose(fn(a + b), fn(a) + fn(b), rtol=1e-12)
+    assert set(NEVER_TRANSPOSED_WITNESSES) == set(ad.NEVER_TRANSPOSED)
 
 
 def test_zero_derivative_primitives_stay_out_of_linear_jaxprs() -> None:

@@ -1409,6 +1409,25 @@ def test_part9_collectives_take_pytrees():
 # ------------------------------------------------------------------ appendix
 
 
+def test_appendix_stop_gradient_has_no_transpose_rule_in_jax():
+    # appendix_primitives / rule_table: "JAX registers no transpose rule for
+    # it either" (stop_gradient).
+    assert not any(p.name == "stop_gradient" for p in jax_ad.primitive_transposes)
+    with pytest.raises(NotImplementedError, match="stop_gradient"):
+        jax.linear_transpose(lax.stop_gradient, 1.0)(2.0)
+
+
+def test_appendix_empty_max_raises_but_lax_reduce_max_is_minus_inf():
+    # appendix_primitives: max and min of no elements are a ValueError in
+    # jax.numpy; lax.reduce_max answers -inf, the identity of max.
+    with pytest.raises(ValueError, match="zero-size array to reduction operation max"):
+        jnp.max(jnp.zeros((2, 0)), axis=1)
+    with pytest.raises(ValueError, match="zero-size array to reduction operation min"):
+        jnp.min(jnp.zeros(0))
+    assert jnp.max(jnp.zeros((0, 3)), axis=1).shape == (0,)
+    assert float(lax.reduce_max(jnp.zeros(0), (0,))) == -np.inf
+
+
 def test_part1_comparison_primitives_named_gt_lt():
     # part1_interpreters: "The primitives get JAX's names, `gt` and `lt`; the
     # wrappers keep NumPy's, `greater` and `less`."
