@@ -3786,6 +3786,46 @@ def _div_abstract_eval(x, y):
     return [ShapedArray(x.shape, x.dtype)]
 
 
+eq_p = Primitive("eq")
+ne_p = Primitive("ne")
+le_p = Primitive("le")
+ge_p = Primitive("ge")
+NOT_LINEAR.update(["eq", "ne", "le", "ge"])
+
+for _prim, _np_fn, _direction in [
+    (eq_p, np.equal, "EQ"),
+    (ne_p, np.not_equal, "NE"),
+    (le_p, np.less_equal, "LE"),
+    (ge_p, np.greater_equal, "GE"),
+]:
+    _impl_from_numpy(_prim, _np_fn)
+    _comparison_jvp(_prim)
+    _binary_vmap(_prim)
+    _binary_abstract_eval(_prim, out_dtype=np.bool_)
+    _lower_comparison(_prim, _direction)
+
+
+# @title The four wrappers: equal not_equal less_equal greater_equal, strict
+def equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x == y``, a boolean array (the primitive ``eq``)."""
+    return _bind_binary(eq_p, x, y)
+
+
+def not_equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x != y``, a boolean array (the primitive ``ne``)."""
+    return _bind_binary(ne_p, x, y)
+
+
+def less_equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x <= y``, a boolean array (the primitive ``le``)."""
+    return _bind_binary(le_p, x, y)
+
+
+def greater_equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x >= y``, a boolean array (the primitive ``ge``)."""
+    return _bind_binary(ge_p, x, y)
+
+
 _linear_jvp(sub_p)
 
 
@@ -3825,7 +3865,7 @@ def _max_jvp(primals, tangents):
         return [out], [zeros_like(out)]
     x_wins = convert_element_type(greater(x, y), dtype)  # 1.0 or 0.0
     y_wins = convert_element_type(less(x, y), dtype)
-    half_if_tie = mul(sub(sub(1.0, x_wins), y_wins), 0.5)
+    half_if_tie = mul(convert_element_type(equal(x, y), dtype), 0.5)
     d_out = add(mul(dx, add(x_wins, half_if_tie)), mul(dy, add(y_wins, half_if_tie)))
     return [out], [d_out]
 
@@ -3917,7 +3957,7 @@ def _integer_pow_jvp(primals, tangents, *, y):
     out = integer_pow(x, y)
     if y == 0 or get_aval(out).dtype.kind != "f":
         return [out], [zeros_like(out)]
-    slope = x if y == 2 else integer_pow(x, y - 1)
+    slope = x if y == 2 else integer_pow(x, y - 1)  # no integer_pow[y=1]
     return [out], [mul(dx, mul(slope, float(y)))]
 
 
@@ -4101,7 +4141,7 @@ def _reduce_max_jvp(primals, tangents, *, axes):
     if aval.dtype.kind != "f":
         return [out], [zeros_like(out)]
     spread = broadcast(out, aval.shape, axes)
-    is_winner = sub(1.0, convert_element_type(less(x, spread), aval.dtype))
+    is_winner = convert_element_type(equal(x, spread), aval.dtype)
     winners = reduce_sum(is_winner, axes)
     return [out], [div(reduce_sum(mul(dx, is_winner), axes), winners)]
 
@@ -4900,51 +4940,6 @@ ArrayOperators.transpose = _transpose_method
 ArrayOperators.T = property(numpy_transpose)
 ArrayOperators.size = property(lambda self: get_aval(self).size)
 
-eq_p = Primitive("eq")
-ne_p = Primitive("ne")
-le_p = Primitive("le")
-ge_p = Primitive("ge")
-NOT_LINEAR.update(["eq", "ne", "le", "ge"])
-
-for _prim, _np_fn, _direction in [
-    (eq_p, np.equal, "EQ"),
-    (ne_p, np.not_equal, "NE"),
-    (le_p, np.less_equal, "LE"),
-    (ge_p, np.greater_equal, "GE"),
-]:
-    _impl_from_numpy(_prim, _np_fn)
-    _comparison_jvp(_prim)
-    _binary_vmap(_prim)
-    _binary_abstract_eval(_prim, out_dtype=np.bool_)
-    _lower_comparison(_prim, _direction)
-
-
-# @title The four wrappers, strict; their broadcasting versions in autodidax.numpy
-def equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """Elementwise ``x == y``, a boolean array (the primitive ``eq``)."""
-    return _bind_binary(eq_p, x, y)
-
-
-def not_equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """Elementwise ``x != y``, a boolean array (the primitive ``ne``)."""
-    return _bind_binary(ne_p, x, y)
-
-
-def less_equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """Elementwise ``x <= y``, a boolean array (the primitive ``le``)."""
-    return _bind_binary(le_p, x, y)
-
-
-def greater_equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """Elementwise ``x >= y``, a boolean array (the primitive ``ge``)."""
-    return _bind_binary(ge_p, x, y)
-
-
-numpy_equal = _broadcasting("equal", equal)
-numpy_not_equal = _broadcasting("not_equal", not_equal)
-numpy_less_equal = _broadcasting("less_equal", less_equal)
-numpy_greater_equal = _broadcasting("greater_equal", greater_equal)
-
 
 # @title compares_with(fn): operands of unknown types are left to Python, as in JAX
 def compares_with(fn: Callable) -> Callable:
@@ -4960,6 +4955,11 @@ def compares_with(fn: Callable) -> Callable:
 
     return method
 
+
+numpy_equal = _broadcasting("equal", equal)
+numpy_not_equal = _broadcasting("not_equal", not_equal)
+numpy_less_equal = _broadcasting("less_equal", less_equal)
+numpy_greater_equal = _broadcasting("greater_equal", greater_equal)
 
 ArrayOperators.__eq__ = compares_with(numpy_equal)
 ArrayOperators.__ne__ = compares_with(numpy_not_equal)

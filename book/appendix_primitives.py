@@ -20,10 +20,12 @@
 #
 # :::{admonition} Where we are
 # :class: note
-# Parts 1–5 built every transformation of the book — `jvp`, `vmap`,
-# `make_jaxpr`, `jit`, `linearize`, `vjp`, `grad` and `cond` — on ten
-# elementwise and shape primitives plus `select`. That was enough to explain the
-# machinery, and too little to write a real program with.
+# Parts 1–5 built the core transformations — `jvp`, `vmap`, `make_jaxpr`,
+# `jit`, `linearize`, `vjp`, `grad` and `cond` — on ten elementwise and shape
+# primitives plus `select` (and Part 5's `keep_gradient`, a `select` helper for
+# derivatives). That was enough to explain the machinery, and too little to
+# write a real program with. Parts 6–9, after this appendix, add loops, custom
+# rules and collectives.
 # :::
 #
 # The chapters kept the set of primitives small on purpose: each new primitive
@@ -37,16 +39,16 @@
 # error, because Python's default answer (for `==`, an identity test) is
 # silently wrong on a tracer. In detail:
 #
-# 1. **twelve primitives**: `sub`, `div`, `max`, `exp`, `log`, `tanh`,
-#    `stop_gradient`, integer powers, `convert_element_type`, `reshape`,
+# 1. **sixteen primitives**: `sub`, `div`, `max`, `exp`, `log`, `tanh`, the
+#    comparisons `eq`, `ne`, `le` and `ge`, `stop_gradient`, integer powers, `convert_element_type`, `reshape`,
 #    `reduce_max`, and `dot_general`, the one contraction behind every matrix
 #    product — each with every
 #    {term}`rule <rule>` the earlier parts defined;
 # 2. **NumPy's broadcasting** for binary operations, spelled out as explicit
 #    `reshape` and `broadcast` equations so that jaxprs stay explicit;
 #    and **JAX's dtype rules**, the promotion lattice with weak Python numbers;
-# 3. the **operators** `- / ** @` and the comparisons `== != <= >=` (four
-#    more primitives) on tracers and arrays, NumPy's array methods, and a small
+# 3. the **operators** `- / ** @` and the comparisons `== != <= >=` on
+#    tracers and arrays, NumPy's array methods, and a small
 #    module `autodidax.numpy` (`sum`, `mean`, `exp`, `where`, `matmul`, ...) so
 #    that user code reads like code written for `jax.numpy`;
 # 4. the **table of every primitive and every rule**, generated from the
@@ -123,8 +125,9 @@ scalar = f64()
 # partial-evaluation rules.
 #
 # Here are eleven of the new primitives (the twelfth, `stop_gradient`, gets a
-# section of its own). One more registry records which primitives are
-# *not linear in any input*: for those a transpose rule is not missing but
+# section of its own). Besides `PRIMITIVES`, which lists every primitive, a
+# second registry, `NOT_LINEAR`, records which primitives are *not linear in any
+# input*: for those a transpose rule is not missing but
 # meaningless, and the table at the end of the appendix marks them as such.
 
 # %% tags=["export"]
@@ -219,12 +222,6 @@ def _elementwise_vmap_with_params(prim: Primitive) -> None:
 _elementwise_vmap_with_params(convert_element_type_p)
 
 
-# %% [markdown]
-# The wrapper and two of the rules call checks: the wrapper accepts only dtypes
-# an array can hold, the abstract evaluation rule insists on a canonical param,
-# and the transpose rule refuses a conversion that is not linear.
-
-
 # %% tags=["export", "hide-input"]
 # @title Checks: dtypes that arrays can hold
 def check_array_dtype(name: str, dtype: Any) -> np.dtype:
@@ -261,13 +258,6 @@ def check_float_to_float(old: np.dtype, new: np.dtype) -> None:
             "convert_element_type: only float-to-float conversions are linear, "
             f"got {old.name} to {new.name}"
         )
-
-
-# %% [markdown]
-# Lowering is StableHLO's `convert`, with one detail in the folded cell: NumPy
-# turns a number into a boolean by asking whether it is nonzero, and the rule
-# says so with an explicit comparison rather than trust how a compiler reads an
-# integer-to-`i1` conversion.
 
 
 # %% tags=["export", "hide-input"]
@@ -401,6 +391,59 @@ def _div_abstract_eval(x, y):
 
 
 # %% [markdown]
+# (appendix-comparison-primitives)=
+# Four comparisons are registered the same way. {ref}`Part 1 <part1>` has `gt`
+# and `lt`; JAX also has `eq`, `ne`, `le` and `ge`, and the derivative of `max`
+# below needs `eq` to find ties. Each reuses the rules `gt` and `lt` got chapter
+# by chapter: NumPy evaluates it, its output is a boolean array with a zero
+# tangent, batching aligns the two batch axes, abstract evaluation checks the
+# operands and answers `bool`, and lowering emits `stablehlo.compare` with a
+# direction. (Why `x == y` on a tracer must call `eq` is a story of its own,
+# told {ref}`further down <appendix-comparisons>`.)
+
+# %% tags=["export"]
+eq_p = Primitive("eq")
+ne_p = Primitive("ne")
+le_p = Primitive("le")
+ge_p = Primitive("ge")
+NOT_LINEAR.update(["eq", "ne", "le", "ge"])
+
+for _prim, _np_fn, _direction in [
+    (eq_p, np.equal, "EQ"),
+    (ne_p, np.not_equal, "NE"),
+    (le_p, np.less_equal, "LE"),
+    (ge_p, np.greater_equal, "GE"),
+]:
+    _impl_from_numpy(_prim, _np_fn)
+    _comparison_jvp(_prim)
+    _binary_vmap(_prim)
+    _binary_abstract_eval(_prim, out_dtype=np.bool_)
+    _lower_comparison(_prim, _direction)
+
+
+# %% tags=["export", "hide-input"]
+# @title The four wrappers: equal not_equal less_equal greater_equal, strict
+def equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x == y``, a boolean array (the primitive ``eq``)."""
+    return _bind_binary(eq_p, x, y)
+
+
+def not_equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x != y``, a boolean array (the primitive ``ne``)."""
+    return _bind_binary(ne_p, x, y)
+
+
+def less_equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x <= y``, a boolean array (the primitive ``le``)."""
+    return _bind_binary(le_p, x, y)
+
+
+def greater_equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x >= y``, a boolean array (the primitive ``ge``)."""
+    return _bind_binary(ge_p, x, y)
+
+
+# %% [markdown]
 # The derivatives are the ones from a calculus course, written with primitives
 # so that every interpreter can run them (and so that they can be differentiated
 # again):
@@ -449,8 +492,10 @@ def _div_jvp(primals, tangents):
 # kink and no derivative; any slope between the two one-sided slopes is a
 # reasonable answer. We give each operand half, as JAX does: then
 # `maximum(x, x)`, which is just `x`, has slope exactly 1, and the rule is
-# symmetric in its operands. For integers there is nothing to differentiate, and
-# the tangent is zero, as for the comparisons of Part 1.
+# symmetric in its operands. A tie is found with `equal` (the primitive `eq`,
+# which joins later in this appendix); where an operand is NaN, neither wins nor
+# ties, and the slope is zero, again as in JAX. For integers there is nothing to
+# differentiate, and the tangent is zero, as for the comparisons of Part 1.
 
 
 # %% tags=["export"]
@@ -463,7 +508,7 @@ def _max_jvp(primals, tangents):
         return [out], [zeros_like(out)]
     x_wins = convert_element_type(greater(x, y), dtype)  # 1.0 or 0.0
     y_wins = convert_element_type(less(x, y), dtype)
-    half_if_tie = mul(sub(sub(1.0, x_wins), y_wins), 0.5)
+    half_if_tie = mul(convert_element_type(equal(x, y), dtype), 0.5)
     d_out = add(mul(dx, add(x_wins, half_if_tie)), mul(dy, add(y_wins, half_if_tie)))
     return [out], [d_out]
 
@@ -632,7 +677,7 @@ def _integer_pow_jvp(primals, tangents, *, y):
     out = integer_pow(x, y)
     if y == 0 or get_aval(out).dtype.kind != "f":
         return [out], [zeros_like(out)]
-    slope = x if y == 2 else integer_pow(x, y - 1)
+    slope = x if y == 2 else integer_pow(x, y - 1)  # no integer_pow[y=1]
     return [out], [mul(dx, mul(slope, float(y)))]
 
 
@@ -693,12 +738,6 @@ def reshape(x: ArrayLike, shape: int | Sequence[int]) -> ArrayLike:
     if shape == aval.shape:
         return x
     return bind(reshape_p, x, new_sizes=shape)
-
-
-# %% [markdown]
-# The check makes the shape a tuple of sizes with at most one `-1`, and checks
-# that it can hold exactly the elements of `x`; the abstract evaluation rule
-# checks its param likewise.
 
 
 # %% tags=["export", "hide-input"]
@@ -823,10 +862,8 @@ def _max_identity(dtype: np.dtype) -> Any:
 
 
 # %% [markdown]
-# The folded cell holds the evaluation rule (`np.max` with that `initial`), the
-# abstract evaluation rule and its check (a numeric array, canonical axes), the
-# batching rule, which is `reduce_sum`'s with another primitive, and the
-# lowering rule, which builds that `reduce` and its one-line body.
+# The other rules are folded; batching is `reduce_sum`'s rule with another
+# primitive.
 
 
 # %% tags=["export", "hide-input"]
@@ -876,7 +913,9 @@ def _reduce_max_lower(ctx, avals_in, avals_out, x, *, axes):
 # maximum; if several elements share the maximum, we average their tangents,
 # which generalizes the half-and-half rule and is again JAX's choice. The rule
 # finds the winners by comparing each element with the maximum broadcast back to
-# the input's shape: an element is a winner unless it is less than the maximum.
+# the input's shape, with `equal` (the primitive `eq`, which joins later in this
+# appendix). A NaN maximum equals nothing, so it has no winners and its tangent
+# is NaN, as in JAX.
 
 
 # %% tags=["export"]
@@ -888,7 +927,7 @@ def _reduce_max_jvp(primals, tangents, *, axes):
     if aval.dtype.kind != "f":
         return [out], [zeros_like(out)]
     spread = broadcast(out, aval.shape, axes)
-    is_winner = sub(1.0, convert_element_type(less(x, spread), aval.dtype))
+    is_winner = convert_element_type(equal(x, spread), aval.dtype)
     winners = reduce_sum(is_winner, axes)
     return [out], [div(reduce_sum(mul(dx, is_winner), axes), winners)]
 
@@ -946,14 +985,6 @@ def _dot_general_abstract_eval(x, y, *, dimension_numbers):
     shape += [x.shape[i] for i in _free_axes(x.ndim, xc, xb)]
     shape += [y.shape[j] for j in _free_axes(y.ndim, yc, yb)]
     return [ShapedArray(shape, x.dtype)]
-
-
-# %% [markdown]
-# `_check_dot_dims` makes the dimension numbers canonical (tuples of
-# non-negative axes) and checks them against the operands: as many contracting
-# axes on each side, no axis both contracting and batch, paired axes of equal
-# size, and one numeric dtype. The abstract evaluation rule insists that its
-# param is already canonical.
 
 
 # %% tags=["export", "hide-input"]
@@ -1273,14 +1304,6 @@ def _broadcast_operands(name: str, *args: ArrayLike) -> list[ArrayLike]:
     return [a if _is_python_scalar(a) else broadcast_to(a, shape) for a in args]
 
 
-# %% [markdown]
-# The checks of this section are folded: the message for shapes that do not
-# broadcast names the operands and the axis where they clash, and `broadcast_to`
-# refuses a target that `x` cannot stretch to. So is a helper of the front end
-# below, `_operands_alike`, which broadcasts and then turns Python numbers into
-# arrays like the other operands, checking that all share one dtype.
-
-
 # %% tags=["export", "hide-input"]
 # @title Checks: shapes that broadcast
 def _not_broadcastable(name, shapes, described, axis, sizes) -> TypeError:
@@ -1331,10 +1354,11 @@ def _operands_alike(name: str, *args: ArrayLike) -> list[ArrayLike]:
 # array, `mask + 1.5`), and `jax.numpy` decides the result's dtype by a small
 # fixed order, a *promotion lattice*. Each dtype points to the dtypes just
 # above it; the result of combining two dtypes is the lowest dtype above both.
-# Python's `int` and `float` are nodes of their own, *weak* types, placed low:
-# a Python number takes the dtype of an array of its kind or above next to it
-# (`x * 2` keeps `x`'s dtype), and only when nothing else decides does it
-# become a 64-bit type: an `int32` array times `1.5` is `float64`, as in JAX
+# Python's `int` and `float` are nodes of their own, *weak* types, placed low,
+# so a Python number adapts to the array next to it: `x * 2` and `x * 2.0` keep
+# the dtype of a float array `x`, and `n + 1` keeps the dtype of an integer
+# array `n`. A Python float next to an integer array cannot adapt (no integer
+# holds 1.5), so it becomes a 64-bit float: an `int32` array times `1.5` is `float64`, as in JAX
 # with 64-bit types enabled, the mode this book runs in.
 
 # %% tags=["export"]
@@ -1893,21 +1917,13 @@ def _broadcast_stacks(x: ShapedArray, y: ShapedArray) -> tuple[int, ...]:
 
 
 # %% [markdown]
-# Finally the operators. {ref}`Part 1 <part1>` gave tracers (and, in Part 3,
-# device arrays) the operators `+ * - > <` through the shared class
-# `ArrayOperators`, whose methods first look for a function in the registry
-# `OPERATORS` and, finding none, call the strict wrappers (`-` spelled as `add`
-# and `neg`). The front end registers its NumPy-style functions there, so from
-# here on the operators broadcast, and `x - y` records one `sub` instead of a
-# `neg` and an `add` (in Part 2's figure, `bent - limit` was still the pair); the
-# values are the same. It also adds three operators that tracers did not have:
-# `/`, `@`, and `**` with an integer exponent. Python numbers on either side work
-# as before. `import autodidax` runs every chapter's library code, so a program
-# that imports the module gets the registered functions.
-#
-# The power operators only accept integer exponents; their checks are folded
-# (a number raised to an array's power gets a clear error instead of Python's
-# generic one).
+# Finally the operators. {ref}`Part 1 <part1>`'s operators `+ * - > <` look up
+# their function in the registry `OPERATORS`; the front end registers its
+# broadcasting functions there, so from here on the operators broadcast and
+# promote (and `x - y` records one `sub`, no longer a `neg` and an `add`). The
+# operators tracers did not have yet, `/`, `@` and `**` (integer exponents
+# only; the check is folded), become new methods of the shared class
+# `ArrayOperators`.
 
 
 # %% tags=["export", "hide-input"]
@@ -2014,76 +2030,20 @@ def add_if_three_by_identity(x):
 
 print(jit(add_if_three_by_identity)(3.0))
 
+
 # %% [markdown]
 # Under `jit`, `x` is a tracer, never the same object as `3.0`, so `cond` takes
 # the `mul` branch whatever `x` is: 9.0, where JAX gives 6.0. Nothing fails;
 # the program just computes something else.
 #
-# The cure is to make equality what the other operators already are, a
-# primitive. (Spelling `x == y` as "neither `x < y` nor `x > y`" would be
-# wrong for NaN, which is neither smaller nor larger than itself and yet not
-# equal to it; one `eq` equation is also shorter.) Four comparison primitives
-# join `gt` and `lt` from {ref}`Part 1 <part1>`, with JAX's names: `eq`, `ne`, `le` and `ge`. They need
-# no new idea. Each reuses the rules `gt` and `lt` got chapter by chapter: NumPy
-# evaluates it, its output is a boolean array with a zero tangent, batching
-# aligns the two batch axes, abstract evaluation checks the operands and
-# answers `bool`, and lowering emits `stablehlo.compare` with a direction.
-
-# %% tags=["export"]
-eq_p = Primitive("eq")
-ne_p = Primitive("ne")
-le_p = Primitive("le")
-ge_p = Primitive("ge")
-NOT_LINEAR.update(["eq", "ne", "le", "ge"])
-
-for _prim, _np_fn, _direction in [
-    (eq_p, np.equal, "EQ"),
-    (ne_p, np.not_equal, "NE"),
-    (le_p, np.less_equal, "LE"),
-    (ge_p, np.greater_equal, "GE"),
-]:
-    _impl_from_numpy(_prim, _np_fn)
-    _comparison_jvp(_prim)
-    _binary_vmap(_prim)
-    _binary_abstract_eval(_prim, out_dtype=np.bool_)
-    _lower_comparison(_prim, _direction)
-
-
-# %% [markdown]
-# The wrappers `equal`, `not_equal`, `less_equal` and `greater_equal` (folded)
-# are strict like `greater` and `less`; `autodidax.numpy` gets the broadcasting
-# versions under NumPy's names, and the operators `== != <= >=` call those, as
-# `< >` now do. Tracers had no such operators before, so they are new methods
-# of `ArrayOperators` rather than entries of Part 1's `OPERATORS`, which only
-# redirects the operators Part 1 defined.
-
-
-# %% tags=["export", "hide-input"]
-# @title The four wrappers, strict; their broadcasting versions in autodidax.numpy
-def equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """Elementwise ``x == y``, a boolean array (the primitive ``eq``)."""
-    return _bind_binary(eq_p, x, y)
-
-
-def not_equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """Elementwise ``x != y``, a boolean array (the primitive ``ne``)."""
-    return _bind_binary(ne_p, x, y)
-
-
-def less_equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """Elementwise ``x <= y``, a boolean array (the primitive ``le``)."""
-    return _bind_binary(le_p, x, y)
-
-
-def greater_equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """Elementwise ``x >= y``, a boolean array (the primitive ``ge``)."""
-    return _bind_binary(ge_p, x, y)
-
-
-numpy_equal = _broadcasting("equal", equal)
-numpy_not_equal = _broadcasting("not_equal", not_equal)
-numpy_less_equal = _broadcasting("less_equal", less_equal)
-numpy_greater_equal = _broadcasting("greater_equal", greater_equal)
+# The cure is to make the operator what the other operators already are: a call
+# of a primitive, `eq`, which the appendix registered with the
+# {ref}`elementwise primitives <appendix-comparison-primitives>`. (Spelling
+# `x == y` as "neither `x < y` nor `x > y`" would be wrong for NaN, which is
+# neither smaller nor larger than itself and yet not equal to it.) The
+# operators `== != <= >=` call the broadcasting versions of the four wrappers,
+# and an operand of a type they do not know is left to Python, as JAX's arrays
+# do (the folded cell).
 
 
 # %% tags=["export", "hide-input"]
@@ -2103,6 +2063,11 @@ def compares_with(fn: Callable) -> Callable:
 
 
 # %% tags=["export"]
+numpy_equal = _broadcasting("equal", equal)
+numpy_not_equal = _broadcasting("not_equal", not_equal)
+numpy_less_equal = _broadcasting("less_equal", less_equal)
+numpy_greater_equal = _broadcasting("greater_equal", greater_equal)
+
 ArrayOperators.__eq__ = compares_with(numpy_equal)
 ArrayOperators.__ne__ = compares_with(numpy_not_equal)
 ArrayOperators.__le__ = compares_with(numpy_less_equal)
@@ -2143,7 +2108,8 @@ for _name, _fn in {
 # an error that names the traced value and says what to use instead, never
 # falls back to Python's default. A tracer is unhashable, as in JAX: an object
 # whose `==` returns an array cannot honour the contract between `__eq__` and
-# `__hash__`. The folded cell has the rest.
+# `__hash__`. The folded cell defines the rest; the cell after it tries each
+# protocol on a traced vector, ours next to JAX's.
 
 
 # %% tags=["export", "hide-input"]
@@ -2209,8 +2175,33 @@ Tracer.__complex__ = lambda self: complex(_tracer_float(self))
 Tracer.__len__ = _tracer_len
 Tracer.__iter__ = _tracer_iter
 
+# %%
+import textwrap
+
+
+def try_protocols(jit_fn, x):
+    for name, use in [("hash(x)", hash), ("float(x)", float), ("if x:", bool),
+                      ("len(x)", len)]:  # fmt: skip
+        try:
+            outcome = f"-> {jit_fn(lambda x, use=use: x * use(x))(x)}"
+        except Exception as error:
+            outcome = f"{type(error).__name__}: {error}"
+        print(f"  {name:9}", textwrap.shorten(outcome, 100))
+
+
+print("ours:")
+try_protocols(jit, np.arange(3.0))
+print("JAX:")
+with jax.enable_x64(True):
+    try_protocols(jax.jit, np.arange(3.0))
+
 
 # %% [markdown]
+# Each refuses in both, for the same reason, except `len`, which is the leading
+# axis's size and known while tracing. (JAX checks the shape first for
+# `float()` and `if` of a vector, so its message is about the shape; ours is
+# about the traced value, the problem that remains for a scalar.)
+#
 # Here is the program that went wrong, under `jit`, `vmap` and `grad`, next to
 # JAX:
 
@@ -2327,18 +2318,21 @@ def sgd_step(params, grads):
     return {k: params[k] - 0.1 * grads[k] for k in params}
 
 
+def print_losses(step, ours, theirs):
+    with jax.enable_x64(True):
+        their_loss = float(jax_loss(theirs, x_train, y_train))
+    our_loss = float(loss(ours, x_train, y_train))
+    print(f"step {step:3}: loss {our_loss:.6f} (JAX: {their_loss:.6f})")
+
+
 ours, theirs = params, params
 for step in range(300):
     if step % 100 == 0:
-        with jax.enable_x64(True):
-            their_loss = float(jax_loss(theirs, x_train, y_train))
-        print(
-            f"step {step:3}: loss {float(loss(ours, x_train, y_train)):.6f} "
-            f"(JAX: {their_loss:.6f})"
-        )
+        print_losses(step, ours, theirs)
     ours = sgd_step(ours, loss_grad(ours, x_train, y_train))
     with jax.enable_x64(True):
         theirs = sgd_step(theirs, jax_loss_grad(theirs, x_train, y_train))
+print_losses(300, ours, theirs)
 drift = largest_difference(ours, theirs)
 print(f"largest parameter difference after 300 steps: {drift:.1e}")
 
@@ -2408,8 +2402,8 @@ show_error(lambda: jit(lambda a: a @ 2.0)(a))
 # - **Many more functions.** `jax.numpy` implements most of NumPy's API on top of
 #   a few hundred primitives, and jit-compiles many of its functions
 #   internally; ours is a couple of dozen functions, enough for the example
-#   above. Programs written for JAX that ran here with only their imports
-#   changed still missed: indexing and slicing of traced arrays (`x[:, 0]`,
+#   above. Programs written for JAX that fail here with only their imports
+#   changed most often need: indexing and slicing of traced arrays (`x[:, 0]`,
 #   `x.at[...]`), `jax.tree_util`/`jax.tree` as namespaces (ours has the tree
 #   functions at the top level), `jax.random`, `jax.nn`, `sqrt` (exercise 2
 #   below) and `jnp.linalg`. `autodidax.lax` has only the names of the
@@ -2432,11 +2426,9 @@ show_error(lambda: jit(lambda a: a @ 2.0)(a))
 # - `==` has to be a primitive: a Python protocol left to its default answers
 #   silently wrong on a tracer. Every protocol either works as in JAX or raises
 #   an error that says what to use instead.
-# - Everything here is added, nothing replaced: primitives register their rules,
-#   the front end is a new module, the operators tracers already had (`+`,
-#   `-`, `*`, `<`, `>`) find its functions in Part 1's registry `OPERATORS`,
-#   and the ones they did not have (`/`, `@`, `**`, `==`, `!=`, `<=`, `>=` and
-#   the array methods) are new methods of `ArrayOperators`.
+# - Everything here is added, nothing replaced: primitives register their
+#   rules, and the front end is a new module whose functions the operators
+#   find through a registry.
 # - The table of primitives and rules is generated from the registries, and has
 #   no gaps.
 #

@@ -1894,3 +1894,25 @@ def test_regression_anp_sum_of_booleans_counts_like_numpy() -> None:
     mask = np.array([True, True, False])
     assert_close(anp.sum(mask), np.asarray(jnp.sum(mask)), "eval")
     assert_close(ad.jit(anp.sum)(mask), np.sum(mask), "jit")
+
+
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+def test_max_and_reduce_max_derivatives_at_nan_match_jax(mode: str) -> None:
+    """Ties are found with eq, so a NaN operand neither wins nor ties: max's
+    slope is 0 for both operands and reduce_max's tangent is NaN eagerly, as in
+    JAX (compiled, XLA turns the 0 * inf of the backward pass into 0, for JAX's
+    program and ours alike)."""
+    wrap = ad.jit if mode == "jit" else (lambda f: f)
+    their_wrap = jax.jit if mode == "jit" else (lambda f: f)  # XLA: inf * 0 = 0
+    for x, y in [(1.0, np.nan), (np.nan, 1.0), (2.0, 2.0)]:
+        ours = wrap(ad.grad(lambda a, b: ad.maximum(a, b), argnums=(0, 1)))(x, y)
+        with jax.enable_x64(True):
+            theirs = their_wrap(jax.grad(jnp.maximum, argnums=(0, 1)))(x, y)
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+    rows = np.array([[1.0, np.nan, 0.5], [2.0, 3.0, 3.0]])
+    f = wrap(ad.grad(lambda s: ad.reduce_sum(ad.reduce_max(s, 1))))
+    with jax.enable_x64(True):
+        theirs = their_wrap(jax.grad(lambda s: jnp.sum(jnp.max(s, 1))))(rows)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ours = f(rows)
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
