@@ -3957,7 +3957,7 @@ def _integer_pow_jvp(primals, tangents, *, y):
     out = integer_pow(x, y)
     if y == 0 or get_aval(out).dtype.kind != "f":
         return [out], [zeros_like(out)]
-    slope = x if y == 2 else integer_pow(x, y - 1)  # no integer_pow[y=1]
+    slope = x if y == 2 else integer_pow(x, y - 1)  # x**1 is x: no integer_pow[y=1]
     return [out], [mul(dx, mul(slope, float(y)))]
 
 

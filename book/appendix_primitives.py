@@ -35,8 +35,8 @@
 # along the way shows three ideas: a primitive is a wrapper plus a few small
 # rules, so it costs little once the interpreters exist; a NumPy-like front
 # end (promotion and broadcasting) sits on top of strict primitives and only
-# stages them; and every Python protocol on a tracer must be a primitive or an
-# error, because Python's default answer (for `==`, an identity test) is
+# stages them; and every Python protocol on a tracer must either work as in JAX
+# or raise a clear error, because Python's default answer (for `==`, an identity test) is
 # silently wrong on a tracer. In detail:
 #
 # 1. **sixteen primitives**: `sub`, `div`, `max`, `exp`, `log`, `tanh`, the
@@ -124,8 +124,8 @@ scalar = f64()
 # known. Only the higher-order primitives, `xla_call` and `cond`, bring special
 # partial-evaluation rules.
 #
-# Here are eleven of the new primitives (the twelfth, `stop_gradient`, gets a
-# section of its own). Besides `PRIMITIVES`, which lists every primitive, a
+# Here are eleven of the sixteen new primitives (`stop_gradient` and the four
+# comparisons are created where they are explained). Besides `PRIMITIVES`, which lists every primitive, a
 # second registry, `NOT_LINEAR`, records which primitives are *not linear in any
 # input*: for those a transpose rule is not missing but
 # meaningless, and the table at the end of the appendix marks them as such.
@@ -280,7 +280,7 @@ def _convert_element_type_lower(ctx, avals_in, avals_out, x, *, new_dtype):
 
 
 # %% [markdown]
-# ## Six elementwise primitives
+# ## Six elementwise primitives, and four comparisons
 #
 # `sub`, `div` and `max` take two operands of one shape and dtype, like `add`;
 # `exp`, `log` and `tanh` take one float array, like `sin`. Their wrappers, in the
@@ -336,8 +336,8 @@ def check_float_arrays(name: str, *operands: ArrayLike) -> None:
 
 
 # %% [markdown]
-# Evaluation, abstract evaluation, batching and lowering are one line each,
-# because {ref}`Parts 1 <part1>` to {ref}`3 <part3>` already wrote the helpers
+# Evaluation, abstract evaluation, batching and lowering are mostly one line
+# each (`sub` adds a check that refuses booleans), because {ref}`Parts 1 <part1>` to {ref}`3 <part3>` already wrote the helpers
 # that turn "this is an elementwise NumPy function / StableHLO operation" into a
 # rule. Here they are: adding a primitive is registering its rules.
 
@@ -493,7 +493,7 @@ def _div_jvp(primals, tangents):
 # reasonable answer. We give each operand half, as JAX does: then
 # `maximum(x, x)`, which is just `x`, has slope exactly 1, and the rule is
 # symmetric in its operands. A tie is found with `equal` (the primitive `eq`,
-# which joins later in this appendix); where an operand is NaN, neither wins nor
+# registered just above); where an operand is NaN, neither wins nor
 # ties, and the slope is zero, again as in JAX. For integers there is nothing to
 # differentiate, and the tangent is zero, as for the comparisons of Part 1.
 
@@ -677,7 +677,7 @@ def _integer_pow_jvp(primals, tangents, *, y):
     out = integer_pow(x, y)
     if y == 0 or get_aval(out).dtype.kind != "f":
         return [out], [zeros_like(out)]
-    slope = x if y == 2 else integer_pow(x, y - 1)  # no integer_pow[y=1]
+    slope = x if y == 2 else integer_pow(x, y - 1)  # x**1 is x: no integer_pow[y=1]
     return [out], [mul(dx, mul(slope, float(y)))]
 
 
@@ -913,8 +913,7 @@ def _reduce_max_lower(ctx, avals_in, avals_out, x, *, axes):
 # maximum; if several elements share the maximum, we average their tangents,
 # which generalizes the half-and-half rule and is again JAX's choice. The rule
 # finds the winners by comparing each element with the maximum broadcast back to
-# the input's shape, with `equal` (the primitive `eq`, which joins later in this
-# appendix). A NaN maximum equals nothing, so it has no winners and its tangent
+# the input's shape, with `equal` (the primitive `eq`). A NaN maximum equals nothing, so it has no winners and its tangent
 # is NaN, as in JAX.
 
 
@@ -2109,7 +2108,7 @@ for _name, _fn in {
 # falls back to Python's default. A tracer is unhashable, as in JAX: an object
 # whose `==` returns an array cannot honour the contract between `__eq__` and
 # `__hash__`. The folded cell defines the rest; the cell after it tries each
-# protocol on a traced vector, ours next to JAX's.
+# protocol on a traced scalar, ours next to JAX's.
 
 
 # %% tags=["export", "hide-input"]
@@ -2176,31 +2175,37 @@ Tracer.__len__ = _tracer_len
 Tracer.__iter__ = _tracer_iter
 
 # %%
+import re
 import textwrap
 
 
-def try_protocols(jit_fn, x):
+def try_protocols(jit_fn, x, first_sentence_only=False):
     for name, use in [("hash(x)", hash), ("float(x)", float), ("if x:", bool),
                       ("len(x)", len)]:  # fmt: skip
         try:
             outcome = f"-> {jit_fn(lambda x, use=use: x * use(x))(x)}"
         except Exception as error:
-            outcome = f"{type(error).__name__}: {error}"
-        print(f"  {name:9}", textwrap.shorten(outcome, 100))
+            message = str(error)
+            if first_sentence_only:
+                message = re.split(r"\.\s|\n", message)[0]
+            outcome = f"{type(error).__name__}: {message}"
+        print(textwrap.fill(outcome, 88, initial_indent=f"  {name:9} ",
+                            subsequent_indent=" " * 12))  # fmt: skip
 
 
 print("ours:")
-try_protocols(jit, np.arange(3.0))
-print("JAX:")
+try_protocols(jit, 2.0)
+print("JAX (first sentences):")
 with jax.enable_x64(True):
-    try_protocols(jax.jit, np.arange(3.0))
+    try_protocols(jax.jit, 2.0, first_sentence_only=True)
 
 
 # %% [markdown]
-# Each refuses in both, for the same reason, except `len`, which is the leading
-# axis's size and known while tracing. (JAX checks the shape first for
-# `float()` and `if` of a vector, so its message is about the shape; ours is
-# about the traced value, the problem that remains for a scalar.)
+# Each refuses in both, for the same reason: the value is not known while the
+# function is traced (a hash, for an array whose `==` is elementwise, would
+# break Python's rules anyway). `len` refuses because a scalar has no length;
+# of a traced vector it is the size of the leading axis, known while tracing,
+# and works in both.
 #
 # Here is the program that went wrong, under `jit`, `vmap` and `grad`, next to
 # JAX:

@@ -1409,6 +1409,24 @@ def test_part9_collectives_take_pytrees():
 # ------------------------------------------------------------------ appendix
 
 
+def test_appendix_python_protocols_on_a_traced_scalar_refuse_in_jax():
+    # appendix_primitives: hash, float, if and len of a traced scalar all
+    # refuse under jax.jit; len of a traced vector is its leading size.
+    from jax.errors import ConcretizationTypeError, TracerBoolConversionError
+
+    for use, error in [
+        (hash, TypeError),
+        (float, ConcretizationTypeError),
+        (bool, TracerBoolConversionError),
+        (len, TypeError),
+    ]:
+        with pytest.raises(error):
+            jax.jit(lambda x, use=use: x * use(x))(2.0)
+    np.testing.assert_array_equal(
+        jax.jit(lambda x: x * len(x))(np.arange(3.0)), [0.0, 3.0, 6.0]
+    )
+
+
 def test_appendix_stop_gradient_has_no_transpose_rule_in_jax():
     # appendix_primitives / rule_table: "JAX registers no transpose rule for
     # it either" (stop_gradient).
