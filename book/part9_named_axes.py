@@ -102,7 +102,10 @@ with jax.enable_x64(True):  # float64, as ours, in this cell only
 # already says which interpreter maps over `"i"`: the innermost `BatchTrace`
 # level whose axis has that name. `pmap` (below) binds its name while it traces
 # a function, and keeps that binding in a short list of **axis frames**: a
-# name, a size, and the level that handles collectives over it. Looking a name
+# name, a size, and the level that handles collectives over it. For `pmap` that
+# level is the tracing interpreter (`_state.dynamic`, Part 2's dynamic level),
+# so that its collectives are recorded as equations and lowered to the
+# devices' collectives later. Looking a name
 # up searches both, innermost first, and fails if nothing binds it. JAX raises
 # `NameError` for an unbound axis name; ours subclasses it (and `ValueError`,
 # like the book's other errors about bad arguments).
@@ -295,8 +298,9 @@ def axis_index(axis_name: Hashable) -> ArrayLike:
 # collective is an operation on the batch axis: `psum` is a `reduce_sum` over
 # it, `pmax` a `reduce_max`, `all_gather` moves the batch axis to the front
 # and hands every member the whole stack, and `axis_index` is the vector
-# `0, 1, ..., n-1` batched along the axis (an *iota*). The result is the same
-# for every member, so it is unbatched. If another axis is meant, the batch
+# `0, 1, ..., n-1` batched along the axis (an *iota*). The results of `psum`,
+# `pmax` and `all_gather` are the same for every member, so they are
+# unbatched; `axis_index`'s differs per member and stays batched. If another axis is meant, the batch
 # rides along: the collective is bound again on the batched value, and `bind`
 # takes it to the level that bound the other name, with this batch axis as one
 # more data axis.
@@ -1142,10 +1146,12 @@ def sgd_step(w, xs, ys):
     return w - 0.1 * pmean(grad(mse)(w, xs, ys), "batch")
 
 
+parallel_step = pmap(sgd_step, axis_name="batch")
 ws = np.zeros((8, 3))  # one copy of the parameters per device
 for step in range(3):
-    ws = pmap(sgd_step, axis_name="batch")(ws, features, targets)
+    ws = parallel_step(ws, features, targets)
     print(step, np.asarray(ws)[0])
+print("the same on every device:", bool(np.all(np.asarray(ws) == np.asarray(ws)[0])))
 
 
 # %% tags=["hide-input"]
@@ -1157,14 +1163,15 @@ def jax_sgd_step(w, xs, ys):
 
 with jax.enable_x64(True):
     jax_ws = np.zeros((8, 3))
+    jax_parallel_step = jax.pmap(jax_sgd_step, axis_name="batch")
     for step in range(3):
-        jax_ws = jax.pmap(jax_sgd_step, axis_name="batch")(jax_ws, features, targets)
+        jax_ws = jax_parallel_step(jax_ws, features, targets)
         print(step, jax_ws[0])
     print("largest difference from ours:", np.abs(np.asarray(ws) - jax_ws).max())
 
 # %% [markdown]
-# Every device holds the same parameters after each step (row 0 is printed),
-# and they agree with JAX's to rounding.
+# Every device holds the same parameters after each step (row 0 is printed,
+# and the last line checks the others), and they agree with JAX's to rounding.
 #
 # ## Where real JAX differs
 #
@@ -1217,9 +1224,7 @@ with jax.enable_x64(True):
 #   explains how. Ours is one process.
 # - **Derivatives of `pmax`.** JAX has none (`grad` of a `pmax` is a
 #   `NotImplementedError`); ours shares the tangent among the members that
-#   hold the maximum. And `pmap` inside `jit` works in JAX (the whole thing
-#   becomes one partitioned program); ours refuses it, because our `jit`
-#   compiles for one device.
+#   hold the maximum.
 #
 # ## Summary
 #
