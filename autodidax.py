@@ -2045,7 +2045,7 @@ def lower_jaxpr(jaxpr: Jaxpr) -> ir.Module:
     return ctx.module
 
 
-# @title XLA's CPU client: runtime, xla_compile, xla_execute, device_put
+# @title XLA's CPU client: runtime, and device_put to copy an array to it
 # device_put asks for the copy to be finished before it returns. Left to
 # choose, jaxlib on CPU may let the buffer share the NumPy array's memory, and
 # an Array would then change whenever the NumPy array is written to.
@@ -2063,6 +2063,21 @@ def runtime() -> _Runtime:
     return _Runtime(client, device, jax.sharding.SingleDeviceSharding(device))
 
 
+def device_put(x: np.ndarray) -> Array:
+    """Copy a NumPy array to the device."""
+    from jaxlib import _jax
+
+    x = np.asarray(x)
+    rt = runtime()
+    aval = jax.core.ShapedArray(x.shape, x.dtype)
+    # Copy before returning: the buffer never shares the NumPy array's memory.
+    copy_now = _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL
+    buffer = _jax.batched_device_put(
+        aval, rt.sharding, [x], [rt.device], True, False, copy_now, True
+    )
+    return Array(buffer)
+
+
 def xla_compile(module_text: str) -> Any:
     """XLA's executable for a StableHLO module, on our one device."""
     from jax._src.lib import xla_client
@@ -2077,21 +2092,6 @@ def xla_execute(executable: Any, buffers: list) -> list:
     results = executable.execute_sharded(buffers)
     per_output = results.disassemble_into_single_device_arrays()
     return [bufs[0] for bufs in per_output]
-
-
-def device_put(x: np.ndarray) -> Array:
-    """Copy a NumPy array to the device."""
-    from jaxlib import _jax
-
-    x = np.asarray(x)
-    rt = runtime()
-    aval = jax.core.ShapedArray(x.shape, x.dtype)
-    # Copy before returning: the buffer never shares the NumPy array's memory.
-    copy_now = _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL
-    buffer = _jax.batched_device_put(
-        aval, rt.sharding, [x], [rt.device], True, False, copy_now, True
-    )
-    return Array(buffer)
 
 
 class Array(ArrayOperators):
@@ -2190,8 +2190,8 @@ def trace_for_call(f, traces: Traces, args_flat: list, in_tree: PyTreeDef):
     if key not in traces:
         args = tree_unflatten(in_tree, avals)
         jaxpr, consts, out_tree = _trace_to_jaxpr(f, args, who="jit")
-        if any(isinstance(c, Tracer) for c in consts):
-            return jaxpr, consts, out_tree  # valid for this call only
+        if any(isinstance(c, Tracer) for c in consts):  # f closes over a tracer
+            return jaxpr, consts, out_tree  # of an outer transformation: no cache
         traces[key] = (jaxpr, [device_put(c) for c in consts], out_tree)
     return traces[key]
 
@@ -2205,7 +2205,7 @@ def jit(f: Callable, static_argnums=(), static_argnames=()) -> Callable:
     @functools.wraps(f)
     def f_jitted(*args: Any, **kwargs: Any) -> Any:
         args_flat, in_tree = tree_flatten(call_f.mark_static(args, kwargs))
-        args_flat = [_as_input(x, "jit argument") for x in args_flat]
+        args_flat = [_as_input(x, "jit argument") for x in args_flat]  # arrays
         jaxpr, consts, out_tree = trace_for_call(call_f, traces, args_flat, in_tree)
         outs = bind(xla_call_p, *consts, *args_flat, jaxpr=jaxpr)
         return tree_unflatten(out_tree, outs)

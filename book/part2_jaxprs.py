@@ -483,20 +483,23 @@ def _check_declared_types(jaxpr: Jaxpr, eqn: JaxprEqn, out_types: list, where: s
 print(typecheck_jaxpr(hand_made))
 
 # %% [markdown]
-# Now some broken jaxprs. Each one is rejected with an error that points at the
-# offending equation and variable. (`show_error`, from the setup cell, prints an
+# Now some broken jaxprs, each printed above its error. Each is rejected with an
+# error that points at the offending equation and at the variable by its printed
+# name (`stray`, used but never bound, prints as `c`). (`show_error`, from the setup cell, prints an
 # exception's type and message instead of a traceback.)
 
 # %%
-a, b, c, stray = (Var(ShapedArray((), np.float64)) for _ in range(4))
+x, y, z, stray = (Var(ShapedArray((), np.float64)) for _ in range(4))
 vec = Var(ShapedArray((3,), np.float64))
-unbound = Jaxpr([a], [JaxprEqn(mul_p, [a, stray], {}, [b])], [b])
-rebound = Jaxpr([a], [JaxprEqn(sin_p, [a], {}, [a])], [a])
-bool_as_float = Jaxpr([a], [JaxprEqn(gt_p, [a, a], {}, [b])], [b])
-mismatch = Jaxpr([a, vec], [JaxprEqn(add_p, [a, vec], {}, [c])], [c])
+unbound = Jaxpr([x], [JaxprEqn(mul_p, [x, stray], {}, [y])], [y])
+rebound = Jaxpr([x], [JaxprEqn(sin_p, [x], {}, [x])], [x])
+bool_as_float = Jaxpr([x], [JaxprEqn(gt_p, [x, x], {}, [y])], [y])
+mismatch = Jaxpr([x, vec], [JaxprEqn(add_p, [x, vec], {}, [z])], [z])
 
 for bad in [unbound, rebound, bool_as_float, mismatch]:
+    print(bad)
     show_error(typecheck_jaxpr, bad)
+    print()
 
 
 # %% [markdown]
@@ -878,7 +881,7 @@ def _trace_to_jaxpr(f, avals_in, who="make_jaxpr"):
 
 
 # %% [markdown]
-# `make_jaxpr` is `make_jaxpr_v1` with the flag on:
+# `make_jaxpr` is that function, `make_jaxpr_v1` with the one new line:
 
 
 # %% tags=["export"]
@@ -933,7 +936,9 @@ print(make_jaxpr(tangent_of_sin_cos, scalar)[0])
 # line of Python in the color of the equations it produced. One line can
 # produce several equations: the scalar `0.5` needs a `broadcast` to meet a
 # vector, and `-` becomes a `neg` and an `add`. Both come from Part 1's
-# operators, which demand equal shapes and spell `-` as `neg` then `add`. (The
+# operators, which broadcast a Python number to the other operand's shape
+# (the primitives themselves demand equal shapes) and spell `-` as `neg` then
+# `add`. (The
 # appendix's NumPy-style operators record one `sub`.)
 
 

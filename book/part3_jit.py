@@ -332,17 +332,14 @@ print(str(lower_jaxpr(jaxpr)).rstrip())
 #
 # To run the module we need XLA's client for the CPU, which `jaxlib` provides;
 # `runtime()` in the folded cell below returns it with its first device.
-# `xla_compile` hands it a module's text and gets an executable back;
-# `xla_execute` runs an executable on device buffers and returns the buffers of
-# its outputs. We also need a way to move arrays onto the device and back. Device
-# memory is managed by `jaxlib` buffer objects; `device_put`, in the same cell,
-# copies a NumPy array into one, keeping float64 as float64 (JAX's own front end
+# Device memory is managed by `jaxlib` buffer objects; `device_put`, in the same
+# cell, copies a NumPy array into one, keeping float64 as float64 (JAX's own front end
 # would narrow it to float32 unless its global x64 switch is on, a switch this
 # module never touches).
 
 
 # %% tags=["export", "hide-input"]
-# @title XLA's CPU client: runtime, xla_compile, xla_execute, device_put
+# @title XLA's CPU client: runtime, and device_put to copy an array to it
 # device_put asks for the copy to be finished before it returns. Left to
 # choose, jaxlib on CPU may let the buffer share the NumPy array's memory, and
 # an Array would then change whenever the NumPy array is written to.
@@ -360,6 +357,29 @@ def runtime() -> _Runtime:
     return _Runtime(client, device, jax.sharding.SingleDeviceSharding(device))
 
 
+def device_put(x: np.ndarray) -> Array:
+    """Copy a NumPy array to the device."""
+    from jaxlib import _jax
+
+    x = np.asarray(x)
+    rt = runtime()
+    aval = jax.core.ShapedArray(x.shape, x.dtype)
+    # Copy before returning: the buffer never shares the NumPy array's memory.
+    copy_now = _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL
+    buffer = _jax.batched_device_put(
+        aval, rt.sharding, [x], [rt.device], True, False, copy_now, True
+    )
+    return Array(buffer)
+
+
+# %% [markdown]
+# The call into XLA is two functions. `xla_compile` hands the client a module's
+# text and gets an executable back; `xla_execute` runs an executable on device
+# buffers and returns the buffers of its outputs (one list per output, one
+# buffer per device: we have one).
+
+
+# %% tags=["export"]
 def xla_compile(module_text: str) -> Any:
     """XLA's executable for a StableHLO module, on our one device."""
     from jax._src.lib import xla_client
@@ -374,21 +394,6 @@ def xla_execute(executable: Any, buffers: list) -> list:
     results = executable.execute_sharded(buffers)
     per_output = results.disassemble_into_single_device_arrays()
     return [bufs[0] for bufs in per_output]
-
-
-def device_put(x: np.ndarray) -> Array:
-    """Copy a NumPy array to the device."""
-    from jaxlib import _jax
-
-    x = np.asarray(x)
-    rt = runtime()
-    aval = jax.core.ShapedArray(x.shape, x.dtype)
-    # Copy before returning: the buffer never shares the NumPy array's memory.
-    copy_now = _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL
-    buffer = _jax.batched_device_put(
-        aval, rt.sharding, [x], [rt.device], True, False, copy_now, True
-    )
-    return Array(buffer)
 
 
 # %% [markdown]
@@ -502,8 +507,9 @@ print(2 * np.sin([0.5, 1.0, 2.0]).sum())
 #
 # Now the pieces come together. `xla_call` is a primitive with several outputs
 # (one per output of its jaxpr); its only param is the jaxpr. Its `impl` rule
-# compiles and runs, after a cheap check (defined below) that the arguments have
-# the types the jaxpr expects. Because the jaxpr is a param, every interpreter that meets
+# compiles and runs, after checking that the arguments have the types the jaxpr
+# expects (a compiled program would happily read the bits of an integer array as
+# floats; the checks are folded further down). Because the jaxpr is a param, every interpreter that meets
 # `xla_call` has the whole program in hand.
 
 # %% tags=["export"]
@@ -517,23 +523,18 @@ def _xla_call_impl(*args, jaxpr):
 
 
 # %% [markdown]
-# `jit(f)` is the user-facing wrapper. It flattens the arguments and makes each
-# leaf an array (`_as_input`, from Part 1: tracers and device `Array`s pass as
-# they are, numbers become NumPy arrays, anything else is a `TypeError` naming
-# the "jit argument"). `trace_for_call` then finds or makes `f`'s jaxpr for their
-# types, and `jit` binds `xla_call` on it. Tracing happens once per *input
-# signature* (the argument structure plus each leaf's shape and dtype), so a
-# second call with new values of the same types goes straight to the compiled
-# code; the jitted function keeps its traces in `traces`. The tracing itself is
-# Part 2's `_trace_to_jaxpr`, the function behind `make_jaxpr` (so operations
-# on constants are recorded too, thanks to Part 2's dynamic level), with
-# `who="jit"`, so that its errors name `jit`. The constants
-# the jaxpr needs are moved to the device once, at tracing time.
+# `jit(f)` is the user-facing wrapper: flatten the arguments, find or make
+# `f`'s jaxpr for their types (`trace_for_call`), and bind `xla_call` on it.
+# Tracing happens once per *input signature* (the argument structure plus each
+# leaf's shape and dtype), so a second call with new values of the same types
+# goes straight to the compiled code. The tracing is Part 2's `_trace_to_jaxpr`,
+# the function behind `make_jaxpr`.
 #
-# One subtlety: if `f` closes over a tracer of an outer transformation (say, `jit`
-# inside a `jvp` of some other function), that tracer becomes one of the jaxpr's
-# constants. Such a trace is only valid during that one outer transformation, so
-# it is not cached.
+# As in JAX, `jit` also takes `static_argnums` and `static_argnames`: arguments
+# whose values are part of the signature instead of being traced (so a new value
+# traces again). `StaticArgs`, folded after the cell, wraps `f` so that it is
+# called as `call_f(args, kwargs)` and marks those values; without static
+# arguments it simply calls `f`.
 
 # %% tags=["export"]
 Traces = dict[tuple, tuple[Jaxpr, list[Any], PyTreeDef]]
@@ -546,8 +547,8 @@ def trace_for_call(f, traces: Traces, args_flat: list, in_tree: PyTreeDef):
     if key not in traces:
         args = tree_unflatten(in_tree, avals)
         jaxpr, consts, out_tree = _trace_to_jaxpr(f, args, who="jit")
-        if any(isinstance(c, Tracer) for c in consts):
-            return jaxpr, consts, out_tree  # valid for this call only
+        if any(isinstance(c, Tracer) for c in consts):  # f closes over a tracer
+            return jaxpr, consts, out_tree  # of an outer transformation: no cache
         traces[key] = (jaxpr, [device_put(c) for c in consts], out_tree)
     return traces[key]
 
@@ -561,7 +562,7 @@ def jit(f: Callable, static_argnums=(), static_argnames=()) -> Callable:
     @functools.wraps(f)
     def f_jitted(*args: Any, **kwargs: Any) -> Any:
         args_flat, in_tree = tree_flatten(call_f.mark_static(args, kwargs))
-        args_flat = [_as_input(x, "jit argument") for x in args_flat]
+        args_flat = [_as_input(x, "jit argument") for x in args_flat]  # arrays
         jaxpr, consts, out_tree = trace_for_call(call_f, traces, args_flat, in_tree)
         outs = bind(xla_call_p, *consts, *args_flat, jaxpr=jaxpr)
         return tree_unflatten(out_tree, outs)
@@ -571,9 +572,7 @@ def jit(f: Callable, static_argnums=(), static_argnames=()) -> Callable:
 
 
 # %% [markdown]
-# As in JAX, `static_argnums` and `static_argnames` name arguments that are not
-# traced: their values become part of the signature (so they must be hashable,
-# and a new value traces again), and the folded cell below marks them.
+# Static values must be hashable, as in JAX; the folded cell marks them.
 
 # %% tags=["export", "hide-input"]
 # @title Static and keyword arguments: jit's signature is (args, kwargs)
@@ -698,8 +697,7 @@ def _resolve_static(f: Callable, nums: tuple, names: tuple) -> tuple[tuple, tupl
 # types and returns its output types. `jaxpr_type(jaxpr)` is Part 2's
 # `typecheck_jaxpr` remembered per jaxpr (its cache is in the folded cell
 # below), since checking a jaxpr takes time proportional to its size. The same
-# check guards the `impl` rule above and the `jvp` and `vmap` rules below: a
-# compiled program would happily read the bits of an integer array as floats.
+# check guards the `impl` rule above and the `jvp` and `vmap` rules below.
 
 
 # %% tags=["export"]
@@ -708,13 +706,6 @@ def _xla_call_abstract_eval(*avals_in, jaxpr):
     check_call_types(jaxpr, avals_in)
     return jaxpr_type(jaxpr).out_types
 
-
-# %% [markdown]
-# The folded cell holds the checks: `check_call_types` raises a `TypeError`
-# naming both signatures when the arguments' shapes or dtypes differ from the
-# jaxpr's inputs, and refuses dtypes that XLA cannot hold (`check_xla_dtypes`);
-# `check_batched_call_types`, which the `vmap` rule uses, does the same for one
-# example of a batch.
 
 # %% tags=["export", "hide-input"]
 # @title Checks: argument types against the jaxpr; jaxpr_type and its cache

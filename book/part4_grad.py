@@ -47,14 +47,16 @@
 #    cotangents. Transposing the linearized function gives `vjp`, and `grad` is
 #    `vjp` with a cotangent of 1.
 #
-# JAX 0.10.2 still transposes, but it no longer runs the whole JVP under a
-# partial evaluator: one interpreter linearizes the function primitive by
-# primitive (see {ref}`the end of this chapter <part4-jax-differs>`), recording
-# the same kind of linear jaxpr. Partial evaluation survives inside it, one
-# primitive at a time: the few primitives with a linearization rule of their own
-# (`sin`, `jit`, `scan`, `cond`, ...) use it, and the rest, `mul` and `cos` among
-# them, run their JVP rule under a partial evaluator (`fallback_linearize_rule`
-# calls `linearize_from_jvp`, in `jax/_src/interpreters/ad.py`).
+# One invariant joins the two steps: every JVP rule builds its output tangent
+# from the input tangents with *linear* primitives only (`add`, `neg`, `mul` by a
+# known value, `reduce_sum`, `broadcast`, `transpose`), so the recorded half is
+# always a jaxpr that transposition can run backwards. A new primitive whose JVP
+# rule applied, say, `sin` to a tangent would break `grad`, not `jvp`.
+#
+# JAX 0.10.2 still transposes, but instead of running the whole JVP under a
+# partial evaluator it linearizes one primitive at a time, recording the same
+# kind of linear jaxpr; {ref}`the end of this chapter <part4-jax-differs>` says
+# how.
 #
 # The folded cell below loads the library code of the earlier chapters from the
 # module `autodidax`, as in {ref}`Part 2 <part2-setup>`. In Colab it first installs
@@ -1198,7 +1200,10 @@ for name, value in second.items():
 #   (`LinearizeTrace`) computes each primal value with the enclosing interpreter and
 #   records the tangent operation into a jaxpr at once, using a linearization rule
 #   of the primitive where it has one and a per-primitive JVP followed by partial
-#   evaluation where it does not. The result is the split we built here. The flag
+#   evaluation where it does not (`fallback_linearize_rule` calls
+#   `linearize_from_jvp`, in `jax/_src/interpreters/ad.py`; `sin`, `jit`,
+#   `scan` and `cond` have rules of their own, `mul` and `cos` do not). The
+#   result is the split we built here. The flag
 #   `jax_use_direct_linearize` is still defined, but 0.10.2 no longer reads it;
 #   direct linearization is the only path. A `jit` call, too, is split by a
 #   linearization rule of its primitive (`_pjit_linearize`, which calls
