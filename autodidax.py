@@ -5355,10 +5355,12 @@ class WhileLoopReverseModeError(TypeError):
 
 def no_reverse_mode() -> WhileLoopReverseModeError:
     return WhileLoopReverseModeError(
-        "reverse-mode differentiation (linearize, vjp, grad) does not work "
-        "through while_loop: its trip count is known only when it ends, so the "
-        "loop cannot save what each trip's derivative needs. Use scan, or "
-        "fori_loop with Python int bounds (Part 7); jvp works here."
+        "linearize, vjp and grad do not work through while_loop: reverse mode "
+        "needs every trip's primal values, and the trip count is known only "
+        "when the loop ends, so the loop cannot save them (linearize alone "
+        "could recompute them; this book refuses the mix of known and unknown "
+        "carries for all three). Use scan, or fori_loop with Python int bounds "
+        "(Part 7); jvp works here."
     )
 
 

@@ -688,10 +688,12 @@ class WhileLoopReverseModeError(TypeError):
 
 def no_reverse_mode() -> WhileLoopReverseModeError:
     return WhileLoopReverseModeError(
-        "reverse-mode differentiation (linearize, vjp, grad) does not work "
-        "through while_loop: its trip count is known only when it ends, so the "
-        "loop cannot save what each trip's derivative needs. Use scan, or "
-        "fori_loop with Python int bounds (Part 7); jvp works here."
+        "linearize, vjp and grad do not work through while_loop: reverse mode "
+        "needs every trip's primal values, and the trip count is known only "
+        "when the loop ends, so the loop cannot save them (linearize alone "
+        "could recompute them; this book refuses the mix of known and unknown "
+        "carries for all three). Use scan, or fori_loop with Python int bounds "
+        "(Part 7); jvp works here."
     )
 
 
@@ -722,9 +724,9 @@ NOT_LINEAR.update({"while"})  # no transpose rule: see above
 show_error(jit(grad(root)), 2.0)
 
 # %% [markdown]
-# A loop that no tangent reaches is no obstacle: the JVP rule then keeps the
-# loop as it was, its inputs are all known, and it simply runs. Here the loop
-# only counts steps, and the derivative of `x * newton_sqrt(4.0)[0]` is 2:
+# A loop whose inputs are all constants is no obstacle: no tangent reaches it,
+# so it simply runs, under any interpreter. Here the loop computes $\sqrt 4$
+# from a constant, and the derivative of `x * root(4.0)` is `root(4.0)`, 2:
 
 # %%
 print(grad(lambda x: x * root(4.0))(3.0))
@@ -1021,8 +1023,10 @@ print(forward_grad(power_tower)(x, w), np.array(numeric))
 
 # %% tags=["hide-input"]
 # @title A solution
-ns = np.array([2, 11, 101], dtype=np.int64)
-print(vmap(basel)(ns), [sum(1 / k**2 for k in range(1, n)) for n in ns])
+ns = np.array([1, 10, 100], dtype=np.int64)
+print("vmap:      ", vmap(basel)(ns))
+print("one by one:", [float(basel(n)) for n in ns])
+print("exact sums:", [sum(1 / k**2 for k in range(1, n + 1)) for n in ns])
 # The bound is a constant of the condition and it is batched, so the predicate
 # is batched: every carry gets a batch axis, the loop runs until the last
 # example stops, and each trip ends with a select per carry.

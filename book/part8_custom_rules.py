@@ -590,6 +590,13 @@ print(make_jaxpr(vmap(softplus), ShapedArray((3,), np.float64))[0])
 # nothing can compute its output, since we were only given its transpose. Its
 # evaluation, lowering and JVP rules therefore raise the error that plain `jvp`
 # of a `custom_vjp` function deserves.
+#
+# Transposition never checks that `bwd` is the transpose of anything: it just
+# calls it with the cotangents. That is what lets `bwd` be *non-linear*, as the
+# clipping below is: "the linear map whose transpose is `bwd`" is a fiction that
+# holds only formally, and no interpreter ever runs the map itself. This is why
+# `custom_vjp` can express gradient clipping and `custom_jvp` cannot: a JVP rule
+# must be linear in the tangents, or `grad` would fail to transpose it.
 
 
 # %% tags=["export"]
