@@ -1031,7 +1031,7 @@ JVPTracer.__bool__ = _jvp_tracer_bool
 
 # %%
 def soft_abs(x):
-    if x < 0.0:
+    if x < -1.0:
         return neg(x)
     if x < 1.0:
         return mul(x, x) * 0.5 + 0.5
@@ -1044,8 +1044,9 @@ for x0 in [-2.0, 0.5, 3.0]:
 
 
 # %% [markdown]
-# `soft_abs` is $-x$ below 0, $(x^2 + 1)/2$ on $[0, 1)$ and $x$ from 1 on, and
-# the derivative is that of the branch taken: $-1$, $x$ and $1$. Loops are no
+# `soft_abs` is $-x$ below $-1$, $(x^2 + 1)/2$ on $[-1, 1)$ and $x$ from 1 on
+# (the pieces meet with equal values and slopes), and the derivative is that of
+# the branch taken: $-1$, $x$ and $1$. Loops are no
 # different. This function sums the Taylor series of $e^x$ until the terms become
 # negligible, so how many terms it adds depends on `x`. The JVP interpreter
 # differentiates whatever was added, and since the derivative of $e^x$ is $e^x$,
