@@ -678,7 +678,12 @@ print(make_jaxpr(vmap(lambda x: relax(x, n=10)), ShapedArray((4,), np.float64))[
 # transposition would have to run the tangent loop backwards, from the last
 # trip to the first, with each trip's primal values at hand — the ones nobody
 # saved. So our rules stage a loop whose inputs are all unknown, and refuse the
-# mix early, with an error that says why and what to use instead.
+# mix early, with an error that says why and what to use instead. (Part 4 calls
+# a primitive's partial-evaluation rule only when some input is unknown, so the
+# rules below see either all unknown or a mix. The first serves tracing; the
+# second splits a staged jaxpr, and returns Part 4's four parts: no known
+# equation, the whole loop as the unknown one, every output unknown, no
+# residuals.)
 
 
 # %% tags=["export"]
