@@ -5742,10 +5742,7 @@ def _scan_partial_eval(
     known_init, unknown_init = _split_by(s.carry_unknown, init)
     known_consts = [t.pval.const for t in known_consts]
     # optional: residuals that are the same on every trip, computed once
-    before, s = hoist_residuals(s, len(known_consts))
-    res_consts, known_consts = _split(
-        eval_jaxpr(before, known_consts), s.num_res_consts
-    )
+    res_consts, known_consts, s = hoist_invariant_residuals(s, known_consts)
     # the known loop runs now; its ys end with the residual rows
     known_outs = bind(
         scan_p,
@@ -5797,6 +5794,16 @@ def hoist_residuals(s: ScanSplit, num_known_consts: int) -> tuple[Jaxpr, ScanSpl
     return before, s._replace(
         known_body=known_body, unknown_body=unknown_body, num_res_consts=len(invariant)
     )
+
+
+def hoist_invariant_residuals(s: ScanSplit, known_consts: list) -> tuple:
+    """Run ``before`` now: (the residuals that are the same on every trip,
+    the known loop's new constants, the new split)."""
+    before, s = hoist_residuals(s, len(known_consts))
+    res_consts, known_consts = _split(
+        eval_jaxpr(before, known_consts), s.num_res_consts
+    )
+    return res_consts, known_consts, s
 
 
 # @title The partial_eval_jaxpr rule: the same split, as equations

@@ -104,10 +104,9 @@ print([len(make_jaxpr(running_total, [scalar] * n)[0].eqns) for n in [4, 8, 100]
 #
 # ```python
 # def scan_meaning(f, init, xs, length, reverse=False):  # length: the rows of xs
-#     carry, ys = init, []
+#     carry, ys = init, [None] * length
 #     for i in (reversed(range(length)) if reverse else range(length)):
-#         carry, y = f(carry, xs[i])      # every leaf of xs, at row i
-#         ys.append(y)                    # stored at row i
+#         carry, ys[i] = f(carry, xs[i])  # every leaf of xs at row i; y to row i
 #     return carry, stack(ys)             # every leaf of y, stacked
 # ```
 #
@@ -326,7 +325,8 @@ print(len(long.eqns), long.eqns[0].params["length"])
 # `stablehlo.while` whose state adds a counter `i` and one zero-filled buffer
 # per `y`; each trip reads row `i` of every `xs` with `dynamic_slice` (row
 # `length - 1 - i` when `reverse`), calls the lowered body, writes each `y`
-# into row `i` of its buffer with `dynamic_update_slice`, and adds one to `i`.
+# into the same row of its buffer with `dynamic_update_slice`, and adds one to
+# `i`.
 
 
 # %% tags=["export", "hide-input"]
@@ -660,10 +660,10 @@ def split_scan(
 # with the stacked residuals as its last `xs`. The unknown scan also needs the
 # initial value of every unknown carry; when that value is known (the tangent
 # of the initial `state` is a known zero), `instantiate_const` makes it an
-# input of the staged program, so it is kept as a residual too. The two
-# statements under the comment `# optional` are a memory saving, explained
-# next; without them every residual would be stacked and `res_consts` would
-# be empty.
+# input of the staged program, so it is kept as a residual too. The line
+# under the comment `# optional` is a memory saving, explained next; without
+# it every residual would be stacked, `res_consts` would be empty, and
+# `known_consts` unchanged.
 
 
 # %% tags=["export"]
@@ -679,10 +679,7 @@ def _scan_partial_eval(
     known_init, unknown_init = _split_by(s.carry_unknown, init)
     known_consts = [t.pval.const for t in known_consts]
     # optional: residuals that are the same on every trip, computed once
-    before, s = hoist_residuals(s, len(known_consts))
-    res_consts, known_consts = _split(
-        eval_jaxpr(before, known_consts), s.num_res_consts
-    )
+    res_consts, known_consts, s = hoist_invariant_residuals(s, known_consts)
     # the known loop runs now; its ys end with the residual rows
     known_outs = bind(
         scan_p,
@@ -748,6 +745,16 @@ def hoist_residuals(s: ScanSplit, num_known_consts: int) -> tuple[Jaxpr, ScanSpl
     return before, s._replace(
         known_body=known_body, unknown_body=unknown_body, num_res_consts=len(invariant)
     )
+
+
+def hoist_invariant_residuals(s: ScanSplit, known_consts: list) -> tuple:
+    """Run ``before`` now: (the residuals that are the same on every trip,
+    the known loop's new constants, the new split)."""
+    before, s = hoist_residuals(s, len(known_consts))
+    res_consts, known_consts = _split(
+        eval_jaxpr(before, known_consts), s.num_res_consts
+    )
+    return res_consts, known_consts, s
 
 
 # %% [markdown]
@@ -934,8 +941,9 @@ def _scan_transpose(cts, *args, jaxpr, num_consts, num_carry, length, reverse):
 
 
 # %% [markdown]
-# `scan` is linear in the inputs its body is linear in, so unlike `while` it
-# gets a transpose rule. That was the last rule. The gradient of
+# Unlike `while`, `scan` gets a transpose rule: its trip count is known, so
+# partial evaluation could stack each trip's residuals, and the transposed loop
+# runs that known number of trips backwards over them. That was the last rule. The gradient of
 # the RNN loss with respect to the weight, eagerly, compiled, and through a
 # jitted loss, next to JAX's:
 
