@@ -405,6 +405,15 @@ class RuleTable:
 HIGHER_ORDER = ("xla_call", "cond", "while", "scan", "pmap")
 
 
+# NOT_LINEAR primitives that are there for a reason other than being
+# non-linear in every operand (the rule table page explains each).
+_NO_TRANSPOSE_REASONS = {
+    "axis_index": "no operand",
+    "custom_vjp_call": "via bwd",
+    "while": "trips not saved",
+}
+
+
 def rule_status(prim, kind, not_linear, never_transposed=frozenset()):
     """One cell of the table: "yes", "refused", "not linear", "never
     transposed", "generic" or "MISSING".
@@ -421,7 +430,7 @@ def rule_status(prim, kind, not_linear, never_transposed=frozenset()):
     if rule is not None:
         return "yes"
     if kind == "transpose" and prim.name in not_linear:
-        return "not linear"
+        return _NO_TRANSPOSE_REASONS.get(prim.name, "not linear")
     if kind == "transpose" and prim.name in never_transposed:
         return "never transposed"
     if kind.startswith("partial_eval") and prim.name not in HIGHER_ORDER:
