@@ -32,44 +32,50 @@
 # the first line of output lists the gaps, and it is empty. The *from* column
 # names the chapter that adds the primitive.
 #
-# - *✓*: the primitive registers its own rule of this kind.
-# - *not linear* (only under `transpose`): not linear in any operand (`sin`,
-#   `max`, `pmax`, ...), so no transpose rule could work. Each of these is
-#   tested: for each one, a function made of that primitive alone gives
-#   $f(a + b) \ne f(a) + f(b)$ for some inputs.
-# - *no operand* (`axis_index`): nothing to be linear in.
-# - *via bwd* (`custom_vjp_call`): never reaches a linear jaxpr; the
-#   `custom_lin` it leaves there does, and is transposed by running the
-#   function's `bwd` ({ref}`Part 8 <part8>`).
-# - *trips not saved* (`while`): transposing would need every trip's primal
-#   values, which the loop does not save ({ref}`Part 6 <part6>`; JAX registers a
-#   transpose rule for `while` that only raises an error).
-# - *never transposed* (`stop_gradient`): linear, but its tangent is always a
-#   fresh zero, so it never appears in a linear jaxpr (JAX registers no
-#   transpose rule for it either).
-# - *generic* (only in the two partial-evaluation columns): {ref}`Part 4 <part4>`'s
-#   partial evaluation handles the primitive without a rule of its own. Five
-#   primitives carry a jaxpr that the generic rule would get wrong: `xla_call`,
-#   `cond`, `scan` and `pmap` split theirs into a known and an unknown half, and
-#   `while`, which this book does not split, is kept whole: evaluated when all
-#   its inputs are known, staged when all are unknown, and a mix of the two
-#   (what reverse mode makes) is an error that says why ({ref}`Part 6 <part6>`).
-#   The custom calls of {ref}`Part 8 <part8>` carry a jaxpr too, but for them the
-#   generic answer is right: the call is known when all its inputs are, and
-#   staged whole otherwise.
-# - *refused*: the rule exists only to raise a clear error, where this book does
-#   not support the operation: evaluating a collective outside any `vmap` or
-#   `pmap` that binds its axis; evaluating, differentiating in forward mode or
-#   lowering `custom_lin`, the primitive that a `custom_vjp` function leaves in
-#   a linear jaxpr ({ref}`Part 8 <part8>`).
+# Each cell is decided in this order (by `rule_status` in `book/figures.py`):
 #
-# Two rows have no counterpart of the same shape in JAX. `keep_gradient`
+# 1. The primitive has a rule of that kind: *✓*, or *refused* when the rule
+#    only raises a clear error (it is marked so, or its body is one `raise`
+#    statement): evaluating a collective outside any `vmap` or `pmap` that binds
+#    its axis, or evaluating, differentiating in forward mode or lowering
+#    `custom_lin`, the primitive that a `custom_vjp` function leaves in a linear
+#    jaxpr ({ref}`Part 8 <part8>`).
+# 2. No `transpose` rule: *not linear* for the primitives in `NOT_LINEAR`, which
+#    are not linear in any operand (`sin`, `max`, `pmax`, ...; each is tested:
+#    a function made of that primitive alone gives $f(a + b) \ne f(a) + f(b)$
+#    for some inputs). Three members of `NOT_LINEAR` show their own reason:
+#    *no operand* (`axis_index` has nothing to be linear in); *via bwd*
+#    (`custom_vjp_call` never reaches a linear jaxpr; the `custom_lin` it
+#    leaves there does, and is transposed by running the function's `bwd`); and
+#    *trips not saved* (transposing `while` would need every trip's primal
+#    values, which the loop does not save, {ref}`Part 6 <part6>`; JAX registers a
+#    transpose rule for `while` that only raises an error). *Never transposed*
+#    marks the primitives in `NEVER_TRANSPOSED`: `stop_gradient` is linear, but
+#    its tangent is always a fresh zero, so it never appears in a linear jaxpr
+#    (JAX registers no transpose rule for it either).
+# 3. No partial-evaluation rule: *generic*, unless the primitive is one of the
+#    five that carry a jaxpr the generic rule would get wrong. The generic rule
+#    is {ref}`Part 4 <part4>`'s: an equation whose inputs are all known is
+#    evaluated now, and one with an unknown input is staged whole. The
+#    `partial eval` column is partial evaluation while tracing (what
+#    `linearize` does); `partial eval jaxpr` splits a jaxpr that is already
+#    staged, such as the body of a `jit` call. The five that need their own
+#    rules, in both columns, are `xla_call`, `cond`, `scan` and `pmap`, which
+#    split their jaxpr into a known and an unknown half, and `while`, which this
+#    book keeps whole and refuses to split ({ref}`Part 6 <part6>`). For them, and
+#    for everything else, a missing rule is a gap.
+#
+# A word on names. Most rows match a JAX primitive, some under other names
+# (JAX's `jit`, `select_n` and `broadcast_in_dim` for our `xla_call`, `select`
+# and `broadcast`; JAX's `pmap` is built from `jit` and `shard_map`,
+# {ref}`Part 9 <part9>`). `keep_gradient`
 # ({ref}`Part 5 <part5>`) is the book's own: the identity in value, whose
 # derivative is zeroed where a batched `cond` did not take a branch, so that a
-# NaN from the untaken branch cannot reach a gradient. And `custom_jvp_call`
-# is transposed by transposing its jaxpr, as a JVP rule may apply a
-# `custom_jvp` function to a tangent; JAX does the same, with a rule kept in
-# its table of "fancy" transposes (`jax/_src/custom_derivatives.py`).
+# NaN from the untaken branch cannot reach a gradient. JAX has no such
+# primitive; its batched `cond` gets the same effect with `select_n` and
+# `stop_gradient`. And `custom_jvp_call` is transposed by transposing its
+# jaxpr, as JAX's is (a rule kept in its table of "fancy" transposes,
+# `jax/_src/custom_derivatives.py`).
 
 # %% tags=["hide-input"]
 # @title Setup: the pinned JAX, the module `autodidax`, the earlier chapters

@@ -1409,6 +1409,27 @@ def test_part9_collectives_take_pytrees():
 # ------------------------------------------------------------------ appendix
 
 
+def test_rule_table_jax_has_no_keep_gradient_but_cuts_the_untaken_branch():
+    # rule_table: "JAX has no such primitive; its batched cond gets the same
+    # effect with select_n and stop_gradient"; and its primitives' names.
+    assert not hasattr(lax, "keep_gradient")
+
+    def f(x):
+        return lax.cond(x > 0, jnp.sqrt, lambda x: 0.0 * x, x)
+
+    def loss(xs):
+        return jnp.sum(jax.vmap(f)(xs))
+
+    with jax.enable_x64(True):
+        xs = jnp.array([0.0, 4.0])
+        names = {e.primitive.name for e in jax.make_jaxpr(jax.grad(loss))(xs).eqns}
+        np.testing.assert_array_equal(jax.grad(loss)(xs), [0.0, 0.25])
+    assert {"select_n", "stop_gradient"} <= names
+    assert {"jit", "select_n", "broadcast_in_dim"} <= {
+        p.name for p in (jax_pjit.jit_p, lax.select_n_p, lax.broadcast_in_dim_p)
+    }
+
+
 def test_appendix_python_protocols_on_a_traced_scalar_refuse_in_jax():
     # appendix_primitives: hash, float, if and len of a traced scalar all
     # refuse under jax.jit; len of a traced vector is its leading size.
