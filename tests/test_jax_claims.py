@@ -1206,6 +1206,33 @@ def test_part8_closures_over_differentiated_values_refused():
     assert callable(jax.closure_convert)
 
 
+def test_part8_closures_over_vmap_tracers_and_staged_custom_vjp():
+    # part8_custom_rules: JAX "accepts a custom function that closes over
+    # tracers of an enclosing `jit` or `vmap`", raises "a `CustomVJPException`"
+    # for "a `custom_vjp` staged by `jit` and differentiated later", and "a
+    # `bwd` that closes over a `vmap`'s tracer while `grad` runs outside that
+    # `vmap`" is refused by both (an `UnexpectedTracerError`).
+    def make(y, use_in_bwd):
+        @jax.custom_vjp
+        def f(x):
+            return x * y
+
+        f.defvjp(
+            lambda x: (x * y, y),
+            lambda r, ct: (ct * (y if use_in_bwd else r),),
+        )
+        return f
+
+    vmapped = jax.vmap(lambda y: make(y, True)(2.0))(jnp.array([1.0, 3.0]))
+    assert vmapped.tolist() == [2.0, 6.0]
+    with pytest.raises(jax_ad.CustomVJPException):
+        jax.grad(jax.jit(lambda y: make(y, False)(2.0)))(0.5)
+    with pytest.raises(jax.errors.UnexpectedTracerError):
+        jax.grad(
+            lambda x: jax.vmap(lambda y: make(y, True)(x))(jnp.array([1.0, 3.0])).sum()
+        )(2.0)
+
+
 def test_part8_traced_nondiff_argnums():
     # part8_custom_rules: JAX refuses "traced `nondiff_argnums` of a
     # `custom_vjp`, but accepts ... traced `nondiff_argnums` of a `custom_jvp`,
