@@ -501,3 +501,93 @@ def test_pmap_inside_jit_composes():
     close(ad.grad(ours)(ROWS), jax.grad(theirs)(ROWS))
     stacked = np.stack([ROWS, 2 * ROWS])
     close(ad.jit(ad.vmap(OURS_PMAP))(stacked), jax.jit(jax.vmap(JAX_PMAP))(stacked))
+
+
+# ------------------------------------------- the function vjp returns is a pytree
+# JAX's vjp returns a pytree (a jax._src.api.VJP in JAX 0.10.2) whose leaves are
+# the residual arrays,
+# so it passes through jit (as an argument or a result) and can be a residual
+# of a custom_vjp's fwd.
+
+
+def _sin_times(lib):
+    np_ = jnp if lib is jax else anp
+    return lambda x: np_.sin(x) * x
+
+
+def _custom_vjp_keeping_vjp(lib):
+    g = _sin_times(lib)
+
+    @lib.custom_vjp
+    def f(x):
+        return g(x)
+
+    def bwd(f_vjp, ct):
+        return (f_vjp(ct)[0] * 3.0,)
+
+    f.defvjp(lambda x: lib.vjp(g, x), bwd)
+    return f
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        lambda lib, f: lib.grad(f)(1.0),
+        lambda lib, f: lib.jit(lib.grad(f))(1.0),
+        lambda lib, f: lib.grad(lib.jit(f))(1.0),
+        lambda lib, f: lib.vmap(lib.grad(f))(np.array([0.5, 1.0, 2.0])),
+        lambda lib, f: lib.grad(lib.grad(f))(1.0),
+        lambda lib, f: lib.value_and_grad(lambda x: f(x) * f(2.0 * x))(0.7),
+    ],
+)
+def test_vjp_function_as_a_custom_vjp_residual(program):
+    close(
+        program(ad, _custom_vjp_keeping_vjp(ad)),
+        program(jax, _custom_vjp_keeping_vjp(jax)),
+    )
+
+
+def test_vjp_function_is_a_pytree_of_its_residuals():
+    _, f_vjp = ad.vjp(_sin_times(ad), 1.0)
+    leaves = ad.tree_leaves(f_vjp)
+    assert leaves and all(isinstance(x, (np.ndarray, np.generic)) for x in leaves)
+    _, jax_vjp = jax.vjp(_sin_times(jax), 1.0)
+    assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(jax_vjp))
+
+
+@pytest.mark.parametrize("make_jit", [ad.full_path_jit, ad.jit], ids=["part3", "fast"])
+def test_vjp_function_through_jit(make_jit):
+    def returned(lib, jit, x):
+        return jit(lambda x: lib.vjp(_sin_times(lib), x)[1])(x)
+
+    for x in [1.0, 2.5]:  # the second call reuses the compiled function
+        close(returned(ad, make_jit, x)(1.0), returned(jax, jax.jit, x)(1.0))
+    for lib, jit in [(ad, make_jit), (jax, jax.jit)]:
+        apply = jit(lambda f_vjp, ct: f_vjp(ct))
+        ours_or_theirs = [
+            apply(lib.vjp(_sin_times(lib), x)[1], 2.0) for x in [1.0, 3.0]
+        ]
+        if lib is ad:
+            ours = ours_or_theirs
+        else:
+            theirs = ours_or_theirs
+    close(ours, theirs)
+    close(
+        make_jit(lambda f_vjp, ct: f_vjp(ct))(returned(ad, make_jit, 0.3), 2.0),
+        jax.jit(lambda f_vjp, ct: f_vjp(ct))(returned(jax, jax.jit, 0.3), 2.0),
+    )
+
+
+def test_vmapped_vjp_function_wants_unbatched_cotangents():
+    """vmap may return the function, but its residuals are batched and it still
+    expects the unbatched output's type, so JAX and ours refuse a batch."""
+
+    def run(lib):
+        return lib.vmap(lambda x: lib.vjp(_sin_times(lib), x)[1])(np.ones(3))(
+            np.ones(3)
+        )
+
+    with pytest.raises(ValueError, match="expected float64"):
+        run(jax)
+    with pytest.raises(ValueError, match=r"vjp: cotangent 0 should be float64\[\]"):
+        run(ad)

@@ -1206,6 +1206,16 @@ def test_part8_closures_over_differentiated_values_refused():
     assert callable(jax.closure_convert)
 
 
+def test_part4_vjp_function_is_a_pytree_of_residuals():
+    # part4_grad: the function vjp returns, "like JAX's, ... is a pytree whose
+    # leaves are the residuals, so it can be returned from `jit`".
+    _, f_vjp = jax.vjp(lambda x: jnp.sin(x) * x, 1.0)
+    leaves = jax.tree.leaves(f_vjp)
+    assert leaves and all(isinstance(x, jax.Array) for x in leaves)
+    returned = jax.jit(lambda x: jax.vjp(lambda x: jnp.sin(x) * x, x)[1])(1.0)
+    assert float(returned(1.0)[0]) == float(f_vjp(1.0)[0])
+
+
 def test_part8_closures_over_vmap_tracers_and_staged_custom_vjp():
     # part8_custom_rules: JAX "accepts a custom function that closes over
     # tracers of an enclosing `jit` or `vmap`", raises "a `CustomVJPException`"
