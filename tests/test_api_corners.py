@@ -591,3 +591,53 @@ def test_vmapped_vjp_function_wants_unbatched_cotangents():
         run(jax)
     with pytest.raises(ValueError, match=r"vjp: cotangent 0 should be float64\[\]"):
         run(ad)
+
+
+# ---------------------------------------------------- vmap's keyword arguments
+# JAX maps every keyword argument along axis 0; in_axes covers only the
+# positional ones (a keyword argument cannot be left unbatched).
+
+
+def _kw_fn(x, y=1.0, *, z=2.0):
+    return x * y + z
+
+
+_XS, _YS, _M = np.arange(3.0), np.arange(3.0) + 10.0, np.arange(6.0).reshape(2, 3)
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        lambda lib: lib.vmap(_kw_fn)(_XS, y=_YS),
+        lambda lib: lib.vmap(_kw_fn)(_XS, z=_YS),
+        lambda lib: lib.vmap(_kw_fn, in_axes=(0,))(_XS, y=_YS, z=_YS),
+        lambda lib: lib.vmap(_kw_fn, in_axes=1)(_M, y=_M.T),
+        lambda lib: lib.vmap(_kw_fn, in_axes=(None, 0), out_axes=0)(2.0, _YS, z=_YS),
+        lambda lib: lib.vmap(lambda x, *, d: x * d["a"] + d["b"])(
+            _XS, d={"a": _YS, "b": _XS}
+        ),
+        lambda lib: lib.vmap(lambda *, x: x * 2.0)(x=_XS),
+        lambda lib: lib.jit(lib.vmap(_kw_fn))(_XS, y=_YS),
+        lambda lib: lib.grad(lambda w: lib.vmap(_kw_fn)(_XS, y=_YS * w).sum())(1.5),
+    ],
+)
+def test_vmap_maps_keyword_arguments_along_axis_0(program):
+    close(program(ad), program(jax))
+
+
+@pytest.mark.parametrize(
+    "kwargs, theirs, ours",
+    [
+        ({"z": 2.0}, "its rank should be at least 1", r"in_axes 0 is out of range"),
+        (
+            {"y": np.arange(4.0)},
+            "inconsistent sizes",
+            r"inconsistent batch sizes: size 3 .* size 4",
+        ),
+    ],
+)
+def test_vmap_keyword_argument_errors(kwargs, theirs, ours):
+    with pytest.raises(ValueError, match=theirs):
+        jax.vmap(_kw_fn)(_XS, **kwargs)
+    with pytest.raises(ValueError, match=ours):
+        ad.vmap(_kw_fn)(_XS, **kwargs)

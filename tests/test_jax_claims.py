@@ -1206,6 +1206,16 @@ def test_part8_closures_over_differentiated_values_refused():
     assert callable(jax.closure_convert)
 
 
+def test_part1_vmap_batches_keyword_arguments_along_axis_0():
+    # part1_interpreters: "Keyword arguments are batched along axis 0, whatever
+    # `in_axes` says, as in JAX."
+    m = jnp.arange(6.0).reshape(2, 3)
+    out = jax.vmap(lambda x, *, y: x + y, in_axes=1)(m, y=m.T)
+    assert out.tolist() == (m.T + m.T).tolist()
+    with pytest.raises(ValueError):
+        jax.vmap(lambda x, *, y: x + y, in_axes=1)(m, y=m)
+
+
 def test_part4_vjp_function_is_a_pytree_of_residuals():
     # part4_grad: the function vjp returns, "like JAX's, ... is a pytree whose
     # leaves are the residuals, so it can be returned from `jit`".
