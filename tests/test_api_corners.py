@@ -641,3 +641,66 @@ def test_vmap_keyword_argument_errors(kwargs, theirs, ours):
         jax.vmap(_kw_fn)(_XS, **kwargs)
     with pytest.raises(ValueError, match=ours):
         ad.vmap(_kw_fn)(_XS, **kwargs)
+
+
+# ------------------------------------------------------------ pmap's devices=
+# JAX runs row i on the i-th device of devices= (extra devices unused), and
+# refuses more rows than devices given.
+
+
+def _pmap_with_devices(lib, ids, rows):
+    chosen = [lib.devices()[i] for i in ids]
+    body = lambda x: lib.lax.psum(x, "i") + lib.lax.axis_index("i") * x  # noqa: E731
+    return lib.pmap(body, axis_name="i", devices=chosen)(np.arange(1.0, rows + 1))
+
+
+@pytest.mark.parametrize(
+    "ids, rows", [((2, 3, 4, 5), 4), ((2, 3, 4, 5), 3), ((5, 1), 2), (range(8), 8)]
+)
+def test_pmap_runs_rows_on_the_given_devices(ids, rows):
+    ours, theirs = _pmap_with_devices(ad, ids, rows), _pmap_with_devices(jax, ids, rows)
+    close(ours, theirs)
+    ours_ids = [s.device.id for s in ours.addressable_shards]
+    assert ours_ids == [s.device.id for s in theirs.addressable_shards]
+    assert ours_ids == list(ids)[:rows]
+
+
+def test_pmap_with_devices_under_grad_and_jit():
+    def program(lib, x):
+        chosen = lib.devices()[2:6]
+        body = lambda x: lib.lax.psum(x * x, "i")  # noqa: E731
+        per_device = lambda x: lib.pmap(body, axis_name="i", devices=chosen)(x)  # noqa: E731
+        return lib.grad(lambda x: per_device(x).sum())(x), lib.jit(per_device)(x)
+
+    close(program(ad, np.arange(4.0)), program(jax, np.arange(4.0)))
+
+
+def test_pmap_more_rows_than_devices_given():
+    with pytest.raises(Exception, match="partitioned 3 times"):
+        _pmap_with_devices(jax, (2, 3, 4), 4)
+    with pytest.raises(
+        ValueError,
+        match=r"pmap: the mapped axis has 4 rows but devices= gives only 3 devices",
+    ):
+        _pmap_with_devices(ad, (2, 3, 4), 4)
+    assert _pmap_with_devices(ad, (2, 3, 4), 3).shape == (3,)
+
+
+@pytest.mark.parametrize(
+    "chosen, error, match",
+    [
+        (
+            ["cpu:0"],
+            TypeError,
+            r"devices= must hold devices from devices\(\), got 'cpu:0'",
+        ),
+        (None, ValueError, r"devices= names a device twice"),
+    ],
+)
+def test_pmap_bad_devices(chosen, error, match):
+    if chosen is None:  # JAX refuses this too (a ValueError from inside)
+        with pytest.raises(ValueError):
+            jax.pmap(lambda x: x, devices=[jax.devices()[1]] * 2)(np.ones(2))
+        chosen = [ad.devices()[1], ad.devices()[1]]
+    with pytest.raises(error, match=match):
+        ad.pmap(lambda x: x, devices=chosen)(np.ones(2))

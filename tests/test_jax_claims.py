@@ -1206,6 +1206,14 @@ def test_part8_closures_over_differentiated_values_refused():
     assert callable(jax.closure_convert)
 
 
+def test_part9_pmap_devices_places_row_i_on_the_ith_device():
+    # part9_named_axes: "As in JAX, `devices=` ... says where the rows run: row
+    # `i` on the list's `i`-th device."
+    chosen = [jax.devices()[5], jax.devices()[1], jax.devices()[3]]
+    out = jax.pmap(lambda x: x * 2.0, devices=chosen)(jnp.arange(3.0))
+    assert [s.device.id for s in out.addressable_shards] == [5, 1, 3]
+
+
 def test_part1_vmap_batches_keyword_arguments_along_axis_0():
     # part1_interpreters: "Keyword arguments are batched along axis 0, whatever
     # `in_axes` says, as in JAX."
