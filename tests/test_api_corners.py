@@ -704,3 +704,38 @@ def test_pmap_bad_devices(chosen, error, match):
         chosen = [ad.devices()[1], ad.devices()[1]]
     with pytest.raises(error, match=match):
         ad.pmap(lambda x: x, devices=chosen)(np.ones(2))
+
+
+# ------------------------------------- uint64 constants above int64's range
+# MLIR's Python binding takes integer constants as int64; a uint64 above
+# 2**63 - 1 is lowered with the same bits (it used to fail with std::bad_cast).
+
+_BIG = [np.uint64(2**63 + 5), np.uint64(2**64 - 1), np.uint64(2**63)]
+
+
+@pytest.mark.parametrize("big", _BIG, ids=str)
+@pytest.mark.parametrize(
+    "program",
+    [
+        lambda lib, c: lib.jit(lambda x: x + c)(np.uint64(1)),
+        lambda lib, c: lib.jit(lambda: c * np.uint64(1))(),
+        lambda lib, c: lib.jit(lambda x: x < c)(np.uint64(2**63 + 1)),
+        lambda lib, c: lib.jit(lambda x: x - c)(np.arange(3, dtype=np.uint64)),
+        lambda lib, c: lib.vmap(lib.jit(lambda x: x + c))(
+            np.arange(3, dtype=np.uint64)
+        ),
+        lambda lib, c: lib.jit(lambda x: lib.numpy.maximum(x, c))(np.uint64(7)),
+    ],
+    ids=["add", "constant", "less", "array", "vmap", "maximum"],
+)
+def test_uint64_constants_above_int64_range_lower(program, big):
+    ours, theirs = program(ad, big), program(jax, big)
+    assert np.asarray(ours).dtype == np.asarray(theirs).dtype
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+
+
+def test_int64_extremes_still_lower():
+    for c in [np.int64(-(2**63)), np.int64(2**63 - 1)]:
+        ours = ad.jit(lambda x, c=c: x * np.int64(1) + c)(np.int64(0))
+        theirs = jax.jit(lambda x, c=c: x * np.int64(1) + c)(np.int64(0))
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
