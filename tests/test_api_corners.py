@@ -739,3 +739,87 @@ def test_int64_extremes_still_lower():
         ours = ad.jit(lambda x, c=c: x * np.int64(1) + c)(np.int64(0))
         theirs = jax.jit(lambda x, c=c: x * np.int64(1) + c)(np.int64(0))
         np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+
+
+# ------------------------------------------------ integer dtypes, as JAX's (x64)
+# axis_index is int32; arange takes its dtype from its arguments (Python numbers
+# weak); loop counters, switch indices and argnums-selected values keep JAX's.
+
+_I32 = np.int32
+
+
+def _axis_index_plus(lib, x):
+    return lib.vmap(lambda v: lib.lax.axis_index("i") + v, axis_name="i")(x)
+
+
+_DTYPE_PROGRAMS = {
+    "axis_index vmap": lambda lib: lib.vmap(
+        lambda x: lib.lax.axis_index("i"), axis_name="i"
+    )(np.ones(3)),
+    "axis_index pmap": lambda lib: lib.pmap(
+        lambda x: lib.lax.axis_index("i"), axis_name="i"
+    )(np.ones(3)),
+    "axis_index + 1": lambda lib: lib.vmap(
+        lambda x: lib.lax.axis_index("i") + 1, axis_name="i"
+    )(np.ones(3)),
+    "axis_index + int32": lambda lib: _axis_index_plus(lib, np.arange(3, dtype=_I32)),
+    "axis_index + int64": lambda lib: _axis_index_plus(lib, np.arange(3)),
+    "axis_index + float32": lambda lib: _axis_index_plus(lib, np.ones(3, np.float32)),
+    "arange(5)": lambda lib: lib.numpy.arange(5),
+    "arange(0, 1, 0.25)": lambda lib: lib.numpy.arange(0, 1, 0.25),
+    "arange(int32)": lambda lib: lib.numpy.arange(_I32(4)),
+    "arange(int32, 4)": lambda lib: lib.numpy.arange(_I32(1), 4),
+    "arange(1, int32)": lambda lib: lib.numpy.arange(1, _I32(4)),
+    "arange(uint8)": lambda lib: lib.numpy.arange(np.uint8(4)),
+    "arange(float32)": lambda lib: lib.numpy.arange(np.float32(4)),
+    "arange(int32, 2, 0.5)": lambda lib: lib.numpy.arange(_I32(0), 2, 0.5),
+    "arange dtype=int32": lambda lib: lib.numpy.arange(0.0, 3.0, dtype=_I32),
+    "arange in jit": lambda lib: lib.jit(lambda x: lib.numpy.arange(4) + x)(
+        np.int64(1)
+    ),
+    "fori counter": lambda lib: lib.lax.fori_loop(0, 3, lambda i, c: i, 0),
+    "fori int32 bounds": lambda lib: lib.lax.fori_loop(
+        _I32(0), _I32(5), lambda i, c: c + i, _I32(0)
+    ),
+    "fori traced bound": lambda lib: lib.jit(
+        lambda n: lib.lax.fori_loop(0, n, lambda i, c: i, 0)
+    )(5),
+    "fori traced int32": lambda lib: lib.jit(
+        lambda n: lib.lax.fori_loop(_I32(0), n, lambda i, c: c + i, _I32(0))
+    )(_I32(5)),
+    "fori float32 carry": lambda lib: lib.lax.fori_loop(
+        0, 5, lambda i, c: c + i, np.float32(0)
+    ),
+    "while counter": lambda lib: lib.lax.while_loop(
+        lambda c: c < 5, lambda c: c + 1, 0
+    ),
+    "scan counter": lambda lib: lib.lax.scan(
+        lambda c, _: (c + 1, c), 0, None, length=3
+    )[1],
+    "switch int32 index": lambda lib: lib.lax.switch(
+        _I32(1), [lambda x: x, lambda x: x * 2], 3
+    ),
+    "grad argnums (0, 1)": lambda lib: lib.grad(lambda x, y: x * y, argnums=(0, 1))(
+        2.0, np.float32(3.0)
+    ),
+    "jacfwd argnums 1": lambda lib: lib.jacfwd(lambda x, y: x * y, argnums=1)(
+        2.0, np.float32(3.0)
+    ),
+    "value_and_grad with an int": lambda lib: lib.value_and_grad(lambda x, n: x * n)(
+        np.float32(2.0), 3
+    ),
+    "psum of ints": lambda lib: lib.vmap(lambda x: lib.lax.psum(x, "i"), axis_name="i")(
+        np.arange(3, dtype=_I32)
+    ),
+    "sum of int32": lambda lib: lib.numpy.sum(np.arange(3, dtype=_I32)),
+}
+
+
+@pytest.mark.parametrize("name", list(_DTYPE_PROGRAMS))
+def test_integer_and_result_dtypes_are_jax(name):
+    ours, theirs = _DTYPE_PROGRAMS[name](ad), _DTYPE_PROGRAMS[name](jax)
+    ours_leaves, theirs_leaves = ad.tree_leaves(ours), jax.tree.leaves(theirs)
+    assert [np.asarray(x).dtype for x in ours_leaves] == [
+        np.dtype(x.dtype) for x in theirs_leaves
+    ]
+    close(ours, theirs)
