@@ -1115,12 +1115,12 @@ def vmap(
     prefix of the output, as ``in_axes`` is of the arguments)."""
     _check_out_axes(out_axes)
 
-    def batched_f(*args: Any) -> Any:
-        args_flat, axes_flat, in_tree = _flatten_vmap_args(in_axes, args)
+    def batched_f(*args: Any, **kwargs: Any) -> Any:
+        args_flat, axes_flat, in_tree = _flatten_vmap_args(in_axes, args, kwargs)
         (size,) = {  # all batched inputs share one size: checked above
             get_aval(x).shape[a] for x, a in zip(args_flat, axes_flat) if a is not None
         }
-        flat_f = flatten_fun(f, in_tree)
+        flat_f = flatten_fun(_kwargs_last(f, kwargs), in_tree)
         out_axes_flat = OutAxes(out_axes, flat_f)  # one per output leaf, once f ran
         outs = vmap_flat(
             flat_f, Axis(size, axis_name), axes_flat, args_flat, out_axes_flat
@@ -1131,8 +1131,12 @@ def vmap(
 
 
 # @title Checks: in_axes, out_axes and batch sizes
-def _flatten_vmap_args(in_axes: Any, args: tuple) -> tuple[list, list, PyTreeDef]:
-    """Flatten ``args`` and ``in_axes`` to one checked batch axis per leaf."""
+def _flatten_vmap_args(
+    in_axes: Any, args: tuple, kwargs: dict | None = None
+) -> tuple[list, list, PyTreeDef]:
+    """Flatten ``args`` and ``in_axes`` to one checked batch axis per leaf.
+    Keyword arguments come last, as one dict, batched along axis 0 whatever
+    ``in_axes`` says (JAX's rule: ``in_axes`` covers positional arguments)."""
     axes_spec = tuple(in_axes) if isinstance(in_axes, list) else in_axes
     if not (axes_spec is None or _is_axis(axes_spec) or type(axes_spec) is tuple):
         raise TypeError(  # JAX's rule too: a namedtuple or dict is no list of arguments
@@ -1145,12 +1149,23 @@ def _flatten_vmap_args(in_axes: Any, args: tuple) -> tuple[list, list, PyTreeDef
             f"was called with {len(args)} positional arguments"
         )
     axes_flat = _broadcast_prefix(axes_spec, args, "")
+    if kwargs:
+        args = (*args, kwargs)
+        axes_flat = [*axes_flat, *[0] * len(tree_flatten(kwargs)[0])]
     args_flat, in_tree = tree_flatten(args)
     args_flat = [
         _unbatched_input(x) if ax is None else _as_input(x, "vmap argument")
         for x, ax in zip(args_flat, axes_flat)
     ]
     return args_flat, _check_batch_axes(args_flat, axes_flat), in_tree
+
+
+def _kwargs_last(f: Callable, kwargs: dict) -> Callable:
+    """``f``, taking its keyword arguments as one last positional dict when
+    there are any (as ``_flatten_vmap_args`` passes them)."""
+    if not kwargs:
+        return f
+    return lambda *args: f(*args[:-1], **args[-1])
 
 
 def _unbatched_input(x: Any) -> Any:
@@ -1909,11 +1924,18 @@ def ir_constant(value: Any, aval: ShapedArray) -> ir.Value:
     if aval.dtype.kind == "f":
         attr = ir.FloatAttr.get(element, float(value))
     else:
-        attr = ir.IntegerAttr.get(element, int(value))
+        attr = ir.IntegerAttr.get(element, int_bits(value))
     return hlo.constant(ir.DenseElementsAttr.get_splat(ir_type(aval), attr))
 
 
-# @title The MLIR context; checks: dtypes that XLA has no type for
+# @title The MLIR context; int_bits; checks: dtypes that XLA has no type for
+def int_bits(value: Any) -> int:
+    """``value`` as the int64 with the same 64 bits: MLIR's Python binding
+    takes an int64, so a uint64 above 2**63 - 1 is passed as a negative one."""
+    value = int(value)
+    return value - 2**64 if value >= 2**63 else value
+
+
 @functools.cache
 def mlir_context() -> ir.Context:
     """One MLIR context with the dialects we use (func and stablehlo)."""
@@ -2829,14 +2851,14 @@ def vjp(f: Callable, *primals: Any) -> tuple[Any, Callable]:
     primals_out, jaxpr, residuals = linearize_flat(flat_f, primals_flat)
     out_tree = flat_f.out_tree
     out_avals = [get_aval(p) for p in primals_out]
+    undefs = [UndefPrimal(get_aval(p)) for p in primals_flat]
 
-    def f_vjp(*cotangents: Any) -> tuple:
+    def f_vjp(residuals: list, *cotangents: Any) -> tuple:
         cts_flat = _flatten_and_check_cotangents(cotangents, out_tree, out_avals)
-        undefs = [UndefPrimal(get_aval(p)) for p in primals_flat]
         cts_in = backward_pass(jaxpr, [*residuals, *undefs], cts_flat)
         return tree_unflatten(in_tree, cts_in)
 
-    return tree_unflatten(out_tree, primals_out), f_vjp
+    return tree_unflatten(out_tree, primals_out), Partial(f_vjp, residuals)
 
 
 def grad(f: Callable, argnums=0, has_aux=False) -> Callable:
@@ -2853,7 +2875,26 @@ def grad(f: Callable, argnums=0, has_aux=False) -> Callable:
     return gradient
 
 
-# @title Checks: cotangents, grad's input and output types; argnums, has_aux
+# @title Checks: cotangents, grad's input and output types; argnums, has_aux; Partial
+class Partial:
+    """``func`` with its first arguments fixed, and a pytree whose leaves are
+    theirs (``func`` is its static part), like JAX's ``jax.tree_util.Partial``."""
+
+    def __init__(self, func: Callable, *args: Any) -> None:
+        self.func, self.args = func, args
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.func(*self.args, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"Partial({getattr(self.func, '__name__', 'function')}, ...)"
+
+
+register_pytree_node(
+    Partial, lambda p: (p.args, p.func), lambda func, args: Partial(func, *args)
+)
+
+
 def _fix_other_args(
     f: Callable, args: tuple, kwargs: dict, argnums: Any, has_aux: bool
 ):
@@ -4753,7 +4794,12 @@ def numpy_vdot(x: ArrayLike, y: ArrayLike) -> ArrayLike:
 
 @numpy_function
 def numpy_arange(start, stop=None, step=None, dtype=None) -> np.ndarray:
-    """A constant, as NumPy's arange."""
+    """A constant, as NumPy's arange; without ``dtype``, the arguments'
+    promoted dtype (Python numbers weak), as JAX: ``arange(np.int32(4))`` is
+    int32."""
+    if dtype is None:
+        given = [a for a in (start, stop, step) if a is not None]
+        dtype = promote_types(*(_dtype_name("arange", a) for a in given))
     return np.arange(start, stop, step, dtype)
 
 
@@ -5946,7 +5992,10 @@ class custom_jvp:
         args = resolve_kwargs(self, args, kwargs)
         if _outside_transformations(args):
             return run_outside_transformations(self, args)
-        call = trace_custom(self, args)
+        try:
+            call = trace_custom(self, args)
+        except ConcretizationError:  # fun needs values: maybe jvp can give them
+            return jvp_of_concrete_call(self, args)
 
         def flat_rule(primals: list, tangents: list) -> tuple[list, list]:
             primals, tangents = call.unflatten(primals), call.unflatten(tangents)
@@ -5955,7 +6004,7 @@ class custom_jvp:
 
         outs = bind(
             custom_jvp_call_p, *call.consts, *call.args, **call.params,
-            jvp=Named(flat_rule, self.rule),
+            jvp=Named(flat_rule, self.rule, call.traced_consts),
         )  # fmt: skip
         return tree_unflatten(call.out_tree, outs)
 
@@ -5984,6 +6033,10 @@ class TracedCall(NamedTuple):
     def out_types(self) -> list[ShapedArray]:
         return [x.aval for x in self.params["call_jaxpr"].outs]
 
+    @property
+    def traced_consts(self) -> tuple[bool, ...]:
+        return tuple(isinstance(c, Tracer) for c in self.consts)
+
 
 def trace_custom(f: Any, args: tuple) -> TracedCall:
     """Trace ``f.fun`` at the types of ``args``, the nondiff ones held fixed."""
@@ -6001,9 +6054,9 @@ def trace_custom(f: Any, args: tuple) -> TracedCall:
     jaxpr, consts, out_tree = _trace_to_jaxpr(
         lambda *d: f.fun(*all_args(d)), avals, who=name
     )
-    check_no_traced_closure(name, consts)
-    params = dict(name=name, call_jaxpr=jaxpr, num_consts=len(consts))
     nondiff = [args[i] for i in sorted(fixed)]
+    check_no_traced_closure(name, tree_leaves(nondiff))
+    params = dict(name=name, call_jaxpr=jaxpr, num_consts=len(consts))
     return TracedCall(name, nondiff, all_args, flat, in_tree, consts, out_tree, params)
 
 
@@ -6033,23 +6086,32 @@ def resolve_kwargs(f: Any, args: tuple, kwargs: dict) -> tuple:
 def _outside_transformations(args: tuple) -> bool:
     """No tracer in ``args`` and nothing being staged: plain evaluation."""
     no_tracers = not any(isinstance(x, Tracer) for x in tree_leaves(args))
-    return no_tracers and _state.dynamic is _state.stack[0]
+    forced = getattr(_state, "trace_custom_calls", False)
+    return no_tracers and _state.dynamic is _state.stack[0] and not forced
 
 
 def run_outside_transformations(f: Any, args: tuple) -> Any:
-    """``f.fun(*args)``, refusing a result traced through a closure."""
+    """``f.fun(*args)``; if its result is traced (``fun`` closes over a tracer
+    of an enclosing transformation), the call is traced after all, as JAX
+    does (so ``fun`` runs twice then)."""
     check_nondiff_argnums(_fn_name(f), f.nondiff_argnums, args)
     out = f.fun(*args)
-    traced = [x for x in tree_leaves(out) if isinstance(x, Tracer)]
-    check_no_traced_closure(_fn_name(f), traced)
-    return out
+    if not any(isinstance(x, Tracer) for x in tree_leaves(out)):
+        return out
+    _state.trace_custom_calls = True
+    try:
+        return f(*args)
+    finally:
+        _state.trace_custom_calls = False
 
 
 class Named:
-    """A Python function that prints as ``name`` (a rule in a jaxpr's params)."""
+    """A Python function that prints as ``name`` (a rule in a jaxpr's params);
+    ``traced_consts`` says which of the call's constants were tracers."""
 
-    def __init__(self, fn: Callable, like: Any) -> None:
+    def __init__(self, fn: Callable, like: Any, traced_consts: tuple = ()) -> None:
         self.fn, self.name = fn, like if isinstance(like, str) else _fn_name(like)
+        self.traced_consts = traced_consts
 
     def __call__(self, *args: Any) -> Any:
         return self.fn(*args)
@@ -6080,15 +6142,61 @@ def check_nondiff_argnums(name: str, argnums: tuple, args: tuple) -> set[int]:
     return {int(i) % len(args) for i in argnums}
 
 
-def check_no_traced_closure(name: str, consts: list) -> None:
-    traced = [c for c in consts if isinstance(c, Tracer)]
+def check_no_traced_closure(name: str, nondiff: list) -> None:
+    traced = [c for c in nondiff if isinstance(c, Tracer)]
     if traced:
         raise TypeError(
-            f"{name}: the custom function uses a traced value it does not "
-            f"receive as an argument ({traced[0].aval.str_short()}, from a "
-            "closure or a nondiff_argnums argument); its rule could not see "
-            "it. Pass it as an ordinary (differentiable) argument instead."
+            f"{name}: a nondiff_argnums argument is a traced value "
+            f"({traced[0].aval.str_short()}); its rule would treat it as a "
+            "constant. Pass it as an ordinary (differentiable) argument instead."
         )
+
+
+def jvp_of_concrete_call(f: Any, args: tuple) -> Any:
+    """``f(*args)`` when ``f.fun`` branches on its values, so it cannot be
+    traced: under jvp or grad of concrete (or known) values JAX never traces
+    ``fun``; it calls the rule, which calls ``f`` on the primals. We do the
+    same; anywhere else the ConcretizationError stands."""
+    leaves, tree = tree_flatten(args)
+    trace = find_top_trace(leaves)
+    if isinstance(trace, PartialEvalTrace):
+        known = [trace.full_raise(x).pval for x in leaves]
+        if all(pval.is_known for pval in known):
+            return f(*tree_unflatten(tree, [pval.const for pval in known]))
+    fixed = check_nondiff_argnums(_fn_name(f), f.nondiff_argnums, args)
+    nondiff = [args[i] for i in sorted(fixed)]
+    if not isinstance(trace, JVPTrace) or any(
+        isinstance(x, Tracer) for x in tree_leaves(nondiff)
+    ):
+        return trace_custom(f, args)  # raises the ConcretizationError again
+    diff = tree_map(trace.full_raise, [a for i, a in enumerate(args) if i not in fixed])
+    primals = tuple(tree_map(lambda t: t.primal, diff))
+    tangents = tuple(tree_map(lambda t: t.tangent, diff))
+    result = f.rule(*nondiff, primals, tangents)
+    out, out_dot = _pair(f"{_fn_name(f)}: the custom_jvp rule", result, "out, tangent")
+    return tree_map(lambda p, t: JVPTracer(trace, p, t), out, out_dot)
+
+
+class ClosureDifferentiatedError(TypeError):
+    """A custom function closes over a value that is being differentiated."""
+
+
+def check_closure_not_differentiated(name: str, rule: Named, tangents: list) -> None:
+    """The rule does not see ``fun``'s closed-over values, so their tangents
+    must be zero (JAX refuses this case too). Values that were not traced
+    when ``f`` was called are constants: their tangents are zero even when
+    a jit made them inputs of its jaxpr."""
+    traced = getattr(rule, "traced_consts", (True,) * len(tangents))
+    for t, was_traced in zip(tangents, traced):
+        if was_traced and (isinstance(t, Tracer) or np.any(np.asarray(t) != 0)):
+            raise ClosureDifferentiatedError(
+                f"{name}: the custom function closes over a value "
+                f"({get_aval(t).str_short()}) that is being differentiated, "
+                "but its rule only says how the output depends on its "
+                "arguments. Pass that value to the custom function as an "
+                "argument and let the rule handle it (JAX's "
+                "jax.closure_convert does this conversion)."
+            )
 
 
 class Types(tuple):
@@ -6132,6 +6240,7 @@ def check_jvp_rule_result(call: TracedCall, result: Any) -> tuple[list, list]:
 
 @custom_jvp_call_p.def_rule("jvp")
 def _custom_jvp_call_jvp(primals, tangents, *, name, call_jaxpr, num_consts, jvp):
+    check_closure_not_differentiated(name, jvp, tangents[:num_consts])
     return jvp(primals[num_consts:], tangents[num_consts:])
 
 
@@ -6179,13 +6288,13 @@ def _custom_jvp_call_vmap(axis, vals, dims, *, call_jaxpr, num_consts, jvp, name
     outs = bind(
         custom_jvp_call_p, *new_consts, *vals, name=name, call_jaxpr=new_jaxpr,
         num_consts=len(new_consts) + num_consts,
-        jvp=batch_rule(jvp, axis, batched[num_consts:]),
+        jvp=batch_rule(jvp, axis, batched[num_consts:], len(new_consts)),
     )  # fmt: skip
     return outs, [0] * len(outs)
 
 
 # @title batch_rule: the rule under vmap, each tangent batched like its primal
-def batch_rule(rule: Callable, axis: Axis, batched: tuple[bool, ...]) -> Named:
+def batch_rule(rule: Named, axis: Axis, batched: tuple, n_new: int) -> Named:
     """``rule(primals, tangents)`` on a batch (axis 0) of the batched operands."""
 
     def batched_rule(primals: list, tangents: list) -> tuple[list, list]:
@@ -6197,10 +6306,28 @@ def batch_rule(rule: Callable, axis: Axis, batched: tuple[bool, ...]) -> Named:
             return [*outs, *out_dots]
 
         in_axes = [0 if b else None for b in batched] * 2
-        both = vmap_flat(flat, axis, in_axes, [*primals, *tangents])
+        both = vmap_in_rule(flat, axis, in_axes, [*primals, *tangents])
         return both[: n_out[0]], both[n_out[0] :]
 
-    return Named(batched_rule, f"vmap({rule})")
+    traced = (False,) * n_new + rule.traced_consts  # the new constants: arrays
+    return Named(batched_rule, f"vmap({rule})", traced)
+
+
+def vmap_in_rule(f: Callable, axis: Axis, in_axes: list, args: list) -> list:
+    """``vmap_flat``, but on the vmap of ``axis`` itself while it still runs,
+    so that a rule closing over that vmap's tracers sees them batched along
+    the same axis (a fresh vmap would treat them as another axis); outputs
+    at axis 0."""
+    stack = _state.stack
+    level = next((lv for lv in stack[::-1] if lv.payload is axis), None)
+    if level is None or level.trace_type is not BatchTrace:
+        return vmap_flat(f, axis, in_axes, args)
+    trace = BatchTrace(level)
+    outs = f(
+        *[x if a is None else BatchTracer(trace, x, a) for x, a in zip(args, in_axes)]
+    )
+    outs = [trace.full_raise(x) for x in _check_outputs("vmap", outs)]
+    return [move_batch_axis(axis.size, t.batch_axis, 0, t.val) for t in outs]
 
 
 class custom_vjp:
@@ -6238,7 +6365,8 @@ class custom_vjp:
 
         outs = bind(
             custom_vjp_call_p, *call.consts, *call.args, **call.params,
-            fwd=Named(flat_fwd, self.fwd), bwd=Named(flat_bwd, self.bwd),
+            fwd=Named(flat_fwd, self.fwd, call.traced_consts),
+            bwd=Named(flat_bwd, self.bwd),
         )  # fmt: skip
         return tree_unflatten(call.out_tree, outs)
 
@@ -6282,6 +6410,7 @@ custom_lin_p = Primitive("custom_lin", multiple_results=True)
 
 @custom_vjp_call_p.def_rule("jvp")
 def _custom_vjp_call_jvp(primals, tangents, *, call_jaxpr, num_consts, fwd, bwd, name):
+    check_closure_not_differentiated(name, fwd, tangents[:num_consts])
     outs, res = fwd(*primals[num_consts:])
     out_types = Types(x.aval for x in call_jaxpr.outs)
     params = dict(name=name, num_res=len(res), bwd=bwd, out_types=out_types)
@@ -6318,7 +6447,7 @@ for _kind in ["impl", "jvp", "lower"]:
 
 
 # @title Batching custom_vjp_call and custom_lin: fwd and bwd wrapped in vmap
-def batch_fwd(fwd: Callable, axis: Axis, n_out: int) -> Named:
+def batch_fwd(fwd: Named, axis: Axis, n_out: int, n_new: int) -> Named:
     """``fwd`` on a batch (axis 0) of every operand; outputs and residuals at 0."""
 
     def batched_fwd(*primals: Any) -> tuple[list, list]:
@@ -6326,10 +6455,11 @@ def batch_fwd(fwd: Callable, axis: Axis, n_out: int) -> Named:
             outs, res = fwd(*p)
             return [*outs, *res]
 
-        both = vmap_flat(flat, axis, [0] * len(primals), list(primals))
+        both = vmap_in_rule(flat, axis, [0] * len(primals), list(primals))
         return both[:n_out], both[n_out:]
 
-    return Named(batched_fwd, f"vmap({fwd})")
+    traced = (False,) * n_new + fwd.traced_consts  # the new constants: arrays
+    return Named(batched_fwd, f"vmap({fwd})", traced)
 
 
 def batch_bwd(bwd: Callable, axis: Axis) -> Named:
@@ -6337,7 +6467,7 @@ def batch_bwd(bwd: Callable, axis: Axis) -> Named:
 
     def batched_bwd(res: list, cts: list) -> list:
         k = len(res)
-        return vmap_flat(
+        return vmap_in_rule(
             lambda *a: bwd(a[:k], a[k:]), axis, [0] * (k + len(cts)), [*res, *cts]
         )
 
@@ -6347,15 +6477,18 @@ def batch_bwd(bwd: Callable, axis: Axis) -> Named:
 @custom_vjp_call_p.def_rule("vmap")
 def _custom_vjp_call_vmap(axis, vals, dims, *, call_jaxpr, num_consts, fwd, bwd, name):
     consts, operands = vals[:num_consts], vals[num_consts:]
+    consts = [x if d is None else move_batch_axis(axis.size, d, 0, x)
+              for x, d in zip(consts, dims)]  # fmt: skip
     operands = [
         move_batch_axis(axis.size, d, 0, x) for x, d in zip(operands, dims[num_consts:])
     ]
-    batched = (False,) * num_consts + (True,) * len(operands)
+    batched = tuple(d is not None for d in dims[:num_consts]) + (True,) * len(operands)
     new_jaxpr, new_consts = vmap_jaxpr(call_jaxpr, axis, batched)
     outs = bind(
         custom_vjp_call_p, *new_consts, *consts, *operands, name=name,
         call_jaxpr=new_jaxpr, num_consts=len(new_consts) + num_consts,
-        fwd=batch_fwd(fwd, axis, len(call_jaxpr.outs)), bwd=batch_bwd(bwd, axis),
+        fwd=batch_fwd(fwd, axis, len(call_jaxpr.outs), len(new_consts)),
+        bwd=batch_bwd(bwd, axis),
     )  # fmt: skip
     return outs, [0] * len(outs)
 
@@ -6728,13 +6861,15 @@ def lower_pmap(jaxpr: Jaxpr, n: int) -> ir.Module:
 class CompiledPmap:
     """One XLA executable for ``n`` replicas, one per device."""
 
-    def __init__(self, jaxpr: Jaxpr, n: int) -> None:
+    def __init__(self, jaxpr: Jaxpr, n: int, chosen: tuple = ()) -> None:
         from jax._src.lib import xla_client
 
-        self.devices = tuple(devices()[:n])
+        self.devices = chosen or tuple(devices()[:n])
         self.module_text = str(lower_pmap(jaxpr, n))
         options = xla_client.CompileOptions()
         options.num_replicas = n
+        ids = np.array([[d.id] for d in self.devices])  # replica i on device i
+        options.device_assignment = xla_client.DeviceAssignment.create(ids)
         self.executable = runtime().client.compile_and_load(
             self.module_text, xla_client.DeviceList(tuple(self.devices)), options
         )
@@ -6776,13 +6911,27 @@ def wait_until_ready(outs: list) -> None:
         out.block_until_ready()
 
 
-_compiled_pmaps: dict[tuple[Jaxpr, int], CompiledPmap] = {}
+_compiled_pmaps: dict[tuple[Jaxpr, tuple], CompiledPmap] = {}
 
 
 def compile_pmap(jaxpr: Jaxpr, n: int) -> CompiledPmap:
-    if (jaxpr, n) not in _compiled_pmaps:
-        _compiled_pmaps[jaxpr, n] = CompiledPmap(jaxpr, n)
-    return _compiled_pmaps[jaxpr, n]
+    """The executable for ``n`` replicas on the first ``n`` devices of the
+    enclosing pmap's ``devices=`` (of ``devices()`` without one)."""
+    chosen = tuple((getattr(_state, "pmap_devices", None) or devices())[:n])
+    if (jaxpr, chosen) not in _compiled_pmaps:
+        _compiled_pmaps[jaxpr, chosen] = CompiledPmap(jaxpr, n, chosen)
+    return _compiled_pmaps[jaxpr, chosen]
+
+
+@contextmanager
+def running_on(chosen: Sequence | None) -> Iterator[None]:
+    """Run the pmaps of the block on ``chosen`` devices (``pmap(devices=)``)."""
+    previous = getattr(_state, "pmap_devices", None)
+    _state.pmap_devices = previous if chosen is None else list(chosen)
+    try:
+        yield
+    finally:
+        _state.pmap_devices = previous
 
 
 # @title ShardedArray: rows on their devices; shard_rows puts an input there
@@ -6835,22 +6984,30 @@ def rows_sharding(devices: tuple) -> jax.sharding.Sharding:
 pmap_p = Primitive("pmap", multiple_results=True)
 
 
-def pmap(f: Callable, axis_name: Hashable = None, in_axes: Any = 0, out_axes: int = 0):
-    """Run ``f`` on every row of the mapped inputs, one row per device, with
-    collectives over ``axis_name`` communicating between the devices."""
+def pmap(
+    f: Callable,
+    axis_name: Hashable = None,
+    in_axes: Any = 0,
+    out_axes: int = 0,
+    devices: Sequence | None = None,
+):
+    """Run ``f`` on every row of the mapped inputs, one row per device (the
+    first ones of ``devices``, if given), with collectives over ``axis_name``
+    communicating between the devices."""
     traces: dict[tuple, tuple] = {}
 
     def pmapped(*args: Any) -> Any:
         args_flat, axes_flat, in_tree = _flatten_pmap_args(in_axes, args)
-        n = check_pmap_rows(args_flat, axes_flat)
+        n = check_pmap_rows(args_flat, axes_flat, devices)
         rows = [move_batch_axis(n, ax, 0, x) for x, ax in zip(args_flat, axes_flat)]
         one_row = [ShapedArray(get_aval(x).shape[1:], get_aval(x).dtype) for x in rows]
         body = with_axis(f, axis_name, n)
         jaxpr, consts, out_tree = trace_for_pmap(body, traces, n, one_row, in_tree)
         consts = [move_batch_axis(n, None, 0, c) for c in consts]  # a copy per row
-        outs = bind(
-            pmap_p, *consts, *rows, jaxpr=jaxpr, axis_name=axis_name, axis_size=n
-        )
+        with running_on(devices):
+            outs = bind(
+                pmap_p, *consts, *rows, jaxpr=jaxpr, axis_name=axis_name, axis_size=n
+            )
         outs = [move_batch_axis(n, 0, pmap_out_axis(out_axes, x), x) for x in outs]
         return tree_unflatten(out_tree, outs)
 
@@ -6949,12 +7106,14 @@ def trace_for_pmap(f, traces: dict, n: int, one_row: list, in_tree: PyTreeDef):
     return traces[key]
 
 
-def check_pmap_rows(args: list, axes: list) -> int:
+def check_pmap_rows(args: list, axes: list, given: Sequence | None = None) -> int:
     """The number of rows (one per device), checked against the devices."""
     (n,) = {get_aval(x).shape[ax] for x, ax in zip(args, axes) if ax is not None}
     available = len(devices())
     if n == 0:
         raise ValueError("pmap: the mapped axis has 0 rows: nothing to run")
+    if given is not None:
+        check_given_devices(n, given)
     if n > available:
         raise ValueError(
             f"pmap: the mapped axis has {n} rows but there are only {available} "
@@ -6962,6 +7121,22 @@ def check_pmap_rows(args: list, axes: list) -> int:
             f"({available}, -1, ...) and vmap inside each device)"
         )
     return n
+
+
+def check_given_devices(n: int, given: Sequence) -> None:
+    known = devices()
+    for d in given:
+        if d not in known:
+            raise TypeError(
+                f"pmap: devices= must hold devices from devices(), got {d!r}"
+            )
+    if len(set(given)) != len(given):
+        raise ValueError(f"pmap: devices= names a device twice: {list(given)}")
+    if n > len(given):
+        raise ValueError(
+            f"pmap: the mapped axis has {n} rows but devices= gives only "
+            f"{len(given)} devices; give at least {n}"
+        )
 
 
 def rows_of(n: int, consts: list) -> list:

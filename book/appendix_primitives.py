@@ -1765,7 +1765,12 @@ def numpy_vdot(x: ArrayLike, y: ArrayLike) -> ArrayLike:
 
 @numpy_function
 def numpy_arange(start, stop=None, step=None, dtype=None) -> np.ndarray:
-    """A constant, as NumPy's arange."""
+    """A constant, as NumPy's arange; without ``dtype``, the arguments'
+    promoted dtype (Python numbers weak), as JAX: ``arange(np.int32(4))`` is
+    int32."""
+    if dtype is None:
+        given = [a for a in (start, stop, step) if a is not None]
+        dtype = promote_types(*(_dtype_name("arange", a) for a in given))
     return np.arange(start, stop, step, dtype)
 
 

@@ -1759,7 +1759,8 @@ def _broadcast_vmap(axis, vals, dims, *, shape, axes):
 # `in_axes` into one batch axis per leaf; a leaf whose axis is `None` (a
 # function, a string, any Python object) reaches `f` untouched. `out_axes` is a
 # pytree prefix of the output in the same way, and `None` there keeps an output
-# that does not depend on the batch unbatched.
+# that does not depend on the batch unbatched. Keyword arguments are batched
+# along axis 0, whatever `in_axes` says, as in JAX.
 
 
 # %% tags=["export"]
@@ -1788,12 +1789,12 @@ def vmap(
     prefix of the output, as ``in_axes`` is of the arguments)."""
     _check_out_axes(out_axes)
 
-    def batched_f(*args: Any) -> Any:
-        args_flat, axes_flat, in_tree = _flatten_vmap_args(in_axes, args)
+    def batched_f(*args: Any, **kwargs: Any) -> Any:
+        args_flat, axes_flat, in_tree = _flatten_vmap_args(in_axes, args, kwargs)
         (size,) = {  # all batched inputs share one size: checked above
             get_aval(x).shape[a] for x, a in zip(args_flat, axes_flat) if a is not None
         }
-        flat_f = flatten_fun(f, in_tree)
+        flat_f = flatten_fun(_kwargs_last(f, kwargs), in_tree)
         out_axes_flat = OutAxes(out_axes, flat_f)  # one per output leaf, once f ran
         outs = vmap_flat(
             flat_f, Axis(size, axis_name), axes_flat, args_flat, out_axes_flat
@@ -1811,8 +1812,12 @@ def vmap(
 
 # %% tags=["export", "hide-input"]
 # @title Checks: in_axes, out_axes and batch sizes
-def _flatten_vmap_args(in_axes: Any, args: tuple) -> tuple[list, list, PyTreeDef]:
-    """Flatten ``args`` and ``in_axes`` to one checked batch axis per leaf."""
+def _flatten_vmap_args(
+    in_axes: Any, args: tuple, kwargs: dict | None = None
+) -> tuple[list, list, PyTreeDef]:
+    """Flatten ``args`` and ``in_axes`` to one checked batch axis per leaf.
+    Keyword arguments come last, as one dict, batched along axis 0 whatever
+    ``in_axes`` says (JAX's rule: ``in_axes`` covers positional arguments)."""
     axes_spec = tuple(in_axes) if isinstance(in_axes, list) else in_axes
     if not (axes_spec is None or _is_axis(axes_spec) or type(axes_spec) is tuple):
         raise TypeError(  # JAX's rule too: a namedtuple or dict is no list of arguments
@@ -1825,12 +1830,23 @@ def _flatten_vmap_args(in_axes: Any, args: tuple) -> tuple[list, list, PyTreeDef
             f"was called with {len(args)} positional arguments"
         )
     axes_flat = _broadcast_prefix(axes_spec, args, "")
+    if kwargs:
+        args = (*args, kwargs)
+        axes_flat = [*axes_flat, *[0] * len(tree_flatten(kwargs)[0])]
     args_flat, in_tree = tree_flatten(args)
     args_flat = [
         _unbatched_input(x) if ax is None else _as_input(x, "vmap argument")
         for x, ax in zip(args_flat, axes_flat)
     ]
     return args_flat, _check_batch_axes(args_flat, axes_flat), in_tree
+
+
+def _kwargs_last(f: Callable, kwargs: dict) -> Callable:
+    """``f``, taking its keyword arguments as one last positional dict when
+    there are any (as ``_flatten_vmap_args`` passes them)."""
+    if not kwargs:
+        return f
+    return lambda *args: f(*args[:-1], **args[-1])
 
 
 def _unbatched_input(x: Any) -> Any:

@@ -135,7 +135,7 @@ def ir_constant(value: Any, aval: ShapedArray) -> ir.Value:
     if aval.dtype.kind == "f":
         attr = ir.FloatAttr.get(element, float(value))
     else:
-        attr = ir.IntegerAttr.get(element, int(value))
+        attr = ir.IntegerAttr.get(element, int_bits(value))
     return hlo.constant(ir.DenseElementsAttr.get_splat(ir_type(aval), attr))
 
 
@@ -148,7 +148,14 @@ def ir_constant(value: Any, aval: ShapedArray) -> ir.Value:
 
 
 # %% tags=["export", "hide-input"]
-# @title The MLIR context; checks: dtypes that XLA has no type for
+# @title The MLIR context; int_bits; checks: dtypes that XLA has no type for
+def int_bits(value: Any) -> int:
+    """``value`` as the int64 with the same 64 bits: MLIR's Python binding
+    takes an int64, so a uint64 above 2**63 - 1 is passed as a negative one."""
+    value = int(value)
+    return value - 2**64 if value >= 2**63 else value
+
+
 @functools.cache
 def mlir_context() -> ir.Context:
     """One MLIR context with the dialects we use (func and stablehlo)."""

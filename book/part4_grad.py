@@ -698,7 +698,10 @@ figure
 # `grad` differentiates the argument (or tuple of arguments) named by `argnums`,
 # passes keyword arguments through without differentiating them, and with
 # `has_aux` lets `f` return `(value, aux)`; that plumbing and
-# `value_and_grad` are folded there too.
+# `value_and_grad` are folded there too. The function `vjp` returns is a
+# `Partial`, `f_vjp` with its residuals fixed: like JAX's, it is a pytree whose
+# leaves are the residuals, so it can be returned from `jit` or kept as a
+# residual of a custom rule (Part 8).
 
 
 # %% tags=["export"]
@@ -710,14 +713,14 @@ def vjp(f: Callable, *primals: Any) -> tuple[Any, Callable]:
     primals_out, jaxpr, residuals = linearize_flat(flat_f, primals_flat)
     out_tree = flat_f.out_tree
     out_avals = [get_aval(p) for p in primals_out]
+    undefs = [UndefPrimal(get_aval(p)) for p in primals_flat]
 
-    def f_vjp(*cotangents: Any) -> tuple:
+    def f_vjp(residuals: list, *cotangents: Any) -> tuple:
         cts_flat = _flatten_and_check_cotangents(cotangents, out_tree, out_avals)
-        undefs = [UndefPrimal(get_aval(p)) for p in primals_flat]
         cts_in = backward_pass(jaxpr, [*residuals, *undefs], cts_flat)
         return tree_unflatten(in_tree, cts_in)
 
-    return tree_unflatten(out_tree, primals_out), f_vjp
+    return tree_unflatten(out_tree, primals_out), Partial(f_vjp, residuals)
 
 
 def grad(f: Callable, argnums=0, has_aux=False) -> Callable:
@@ -735,7 +738,26 @@ def grad(f: Callable, argnums=0, has_aux=False) -> Callable:
 
 
 # %% tags=["export", "hide-input"]
-# @title Checks: cotangents, grad's input and output types; argnums, has_aux
+# @title Checks: cotangents, grad's input and output types; argnums, has_aux; Partial
+class Partial:
+    """``func`` with its first arguments fixed, and a pytree whose leaves are
+    theirs (``func`` is its static part), like JAX's ``jax.tree_util.Partial``."""
+
+    def __init__(self, func: Callable, *args: Any) -> None:
+        self.func, self.args = func, args
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.func(*self.args, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"Partial({getattr(self.func, '__name__', 'function')}, ...)"
+
+
+register_pytree_node(
+    Partial, lambda p: (p.args, p.func), lambda func, args: Partial(func, *args)
+)
+
+
 def _fix_other_args(
     f: Callable, args: tuple, kwargs: dict, argnums: Any, has_aux: bool
 ):

@@ -161,7 +161,10 @@ class custom_jvp:
         args = resolve_kwargs(self, args, kwargs)
         if _outside_transformations(args):
             return run_outside_transformations(self, args)
-        call = trace_custom(self, args)
+        try:
+            call = trace_custom(self, args)
+        except ConcretizationError:  # fun needs values: maybe jvp can give them
+            return jvp_of_concrete_call(self, args)
 
         def flat_rule(primals: list, tangents: list) -> tuple[list, list]:
             primals, tangents = call.unflatten(primals), call.unflatten(tangents)
@@ -170,7 +173,7 @@ class custom_jvp:
 
         outs = bind(
             custom_jvp_call_p, *call.consts, *call.args, **call.params,
-            jvp=Named(flat_rule, self.rule),
+            jvp=Named(flat_rule, self.rule, call.traced_consts),
         )  # fmt: skip
         return tree_unflatten(call.out_tree, outs)
 
@@ -214,6 +217,10 @@ class TracedCall(NamedTuple):
     def out_types(self) -> list[ShapedArray]:
         return [x.aval for x in self.params["call_jaxpr"].outs]
 
+    @property
+    def traced_consts(self) -> tuple[bool, ...]:
+        return tuple(isinstance(c, Tracer) for c in self.consts)
+
 
 def trace_custom(f: Any, args: tuple) -> TracedCall:
     """Trace ``f.fun`` at the types of ``args``, the nondiff ones held fixed."""
@@ -231,9 +238,9 @@ def trace_custom(f: Any, args: tuple) -> TracedCall:
     jaxpr, consts, out_tree = _trace_to_jaxpr(
         lambda *d: f.fun(*all_args(d)), avals, who=name
     )
-    check_no_traced_closure(name, consts)
-    params = dict(name=name, call_jaxpr=jaxpr, num_consts=len(consts))
     nondiff = [args[i] for i in sorted(fixed)]
+    check_no_traced_closure(name, tree_leaves(nondiff))
+    params = dict(name=name, call_jaxpr=jaxpr, num_consts=len(consts))
     return TracedCall(name, nondiff, all_args, flat, in_tree, consts, out_tree, params)
 
 
@@ -263,23 +270,32 @@ def resolve_kwargs(f: Any, args: tuple, kwargs: dict) -> tuple:
 def _outside_transformations(args: tuple) -> bool:
     """No tracer in ``args`` and nothing being staged: plain evaluation."""
     no_tracers = not any(isinstance(x, Tracer) for x in tree_leaves(args))
-    return no_tracers and _state.dynamic is _state.stack[0]
+    forced = getattr(_state, "trace_custom_calls", False)
+    return no_tracers and _state.dynamic is _state.stack[0] and not forced
 
 
 def run_outside_transformations(f: Any, args: tuple) -> Any:
-    """``f.fun(*args)``, refusing a result traced through a closure."""
+    """``f.fun(*args)``; if its result is traced (``fun`` closes over a tracer
+    of an enclosing transformation), the call is traced after all, as JAX
+    does (so ``fun`` runs twice then)."""
     check_nondiff_argnums(_fn_name(f), f.nondiff_argnums, args)
     out = f.fun(*args)
-    traced = [x for x in tree_leaves(out) if isinstance(x, Tracer)]
-    check_no_traced_closure(_fn_name(f), traced)
-    return out
+    if not any(isinstance(x, Tracer) for x in tree_leaves(out)):
+        return out
+    _state.trace_custom_calls = True
+    try:
+        return f(*args)
+    finally:
+        _state.trace_custom_calls = False
 
 
 class Named:
-    """A Python function that prints as ``name`` (a rule in a jaxpr's params)."""
+    """A Python function that prints as ``name`` (a rule in a jaxpr's params);
+    ``traced_consts`` says which of the call's constants were tracers."""
 
-    def __init__(self, fn: Callable, like: Any) -> None:
+    def __init__(self, fn: Callable, like: Any, traced_consts: tuple = ()) -> None:
         self.fn, self.name = fn, like if isinstance(like, str) else _fn_name(like)
+        self.traced_consts = traced_consts
 
     def __call__(self, *args: Any) -> Any:
         return self.fn(*args)
@@ -310,15 +326,61 @@ def check_nondiff_argnums(name: str, argnums: tuple, args: tuple) -> set[int]:
     return {int(i) % len(args) for i in argnums}
 
 
-def check_no_traced_closure(name: str, consts: list) -> None:
-    traced = [c for c in consts if isinstance(c, Tracer)]
+def check_no_traced_closure(name: str, nondiff: list) -> None:
+    traced = [c for c in nondiff if isinstance(c, Tracer)]
     if traced:
         raise TypeError(
-            f"{name}: the custom function uses a traced value it does not "
-            f"receive as an argument ({traced[0].aval.str_short()}, from a "
-            "closure or a nondiff_argnums argument); its rule could not see "
-            "it. Pass it as an ordinary (differentiable) argument instead."
+            f"{name}: a nondiff_argnums argument is a traced value "
+            f"({traced[0].aval.str_short()}); its rule would treat it as a "
+            "constant. Pass it as an ordinary (differentiable) argument instead."
         )
+
+
+def jvp_of_concrete_call(f: Any, args: tuple) -> Any:
+    """``f(*args)`` when ``f.fun`` branches on its values, so it cannot be
+    traced: under jvp or grad of concrete (or known) values JAX never traces
+    ``fun``; it calls the rule, which calls ``f`` on the primals. We do the
+    same; anywhere else the ConcretizationError stands."""
+    leaves, tree = tree_flatten(args)
+    trace = find_top_trace(leaves)
+    if isinstance(trace, PartialEvalTrace):
+        known = [trace.full_raise(x).pval for x in leaves]
+        if all(pval.is_known for pval in known):
+            return f(*tree_unflatten(tree, [pval.const for pval in known]))
+    fixed = check_nondiff_argnums(_fn_name(f), f.nondiff_argnums, args)
+    nondiff = [args[i] for i in sorted(fixed)]
+    if not isinstance(trace, JVPTrace) or any(
+        isinstance(x, Tracer) for x in tree_leaves(nondiff)
+    ):
+        return trace_custom(f, args)  # raises the ConcretizationError again
+    diff = tree_map(trace.full_raise, [a for i, a in enumerate(args) if i not in fixed])
+    primals = tuple(tree_map(lambda t: t.primal, diff))
+    tangents = tuple(tree_map(lambda t: t.tangent, diff))
+    result = f.rule(*nondiff, primals, tangents)
+    out, out_dot = _pair(f"{_fn_name(f)}: the custom_jvp rule", result, "out, tangent")
+    return tree_map(lambda p, t: JVPTracer(trace, p, t), out, out_dot)
+
+
+class ClosureDifferentiatedError(TypeError):
+    """A custom function closes over a value that is being differentiated."""
+
+
+def check_closure_not_differentiated(name: str, rule: Named, tangents: list) -> None:
+    """The rule does not see ``fun``'s closed-over values, so their tangents
+    must be zero (JAX refuses this case too). Values that were not traced
+    when ``f`` was called are constants: their tangents are zero even when
+    a jit made them inputs of its jaxpr."""
+    traced = getattr(rule, "traced_consts", (True,) * len(tangents))
+    for t, was_traced in zip(tangents, traced):
+        if was_traced and (isinstance(t, Tracer) or np.any(np.asarray(t) != 0)):
+            raise ClosureDifferentiatedError(
+                f"{name}: the custom function closes over a value "
+                f"({get_aval(t).str_short()}) that is being differentiated, "
+                "but its rule only says how the output depends on its "
+                "arguments. Pass that value to the custom function as an "
+                "argument and let the rule handle it (JAX's "
+                "jax.closure_convert does this conversion)."
+            )
 
 
 class Types(tuple):
@@ -361,17 +423,18 @@ def check_jvp_rule_result(call: TracedCall, result: Any) -> tuple[list, list]:
 
 
 # %% [markdown]
-# The JVP interpreter's rule for `custom_jvp_call` is the whole point, and it is
-# one line: call the user's rule on the operands' primals and tangents. The
-# equation's first inputs are the constants of `fun`'s jaxpr, and the rule is
-# not given them. They are always plain arrays: `trace_custom` refuses a `fun`
-# that closes over a traced value, because the rule could not see that value.
-# So the constants' tangents are zero, and the rule can do without them.
+# The JVP interpreter's rule for `custom_jvp_call` is the whole point: call the
+# user's rule on the operands' primals and tangents. The equation's first inputs
+# are the constants of `fun`'s jaxpr, the values it closes over, and the rule is
+# not given them. They may be tracers of an enclosing `jit` or `vmap`, which is
+# fine, but not values being differentiated: the rule cannot say how the output
+# depends on them, so a non-zero tangent there is an error (as in JAX).
 
 
 # %% tags=["export"]
 @custom_jvp_call_p.def_rule("jvp")
 def _custom_jvp_call_jvp(primals, tangents, *, name, call_jaxpr, num_consts, jvp):
+    check_closure_not_differentiated(name, jvp, tangents[:num_consts])
     return jvp(primals[num_consts:], tangents[num_consts:])
 
 
@@ -520,14 +583,14 @@ def _custom_jvp_call_vmap(axis, vals, dims, *, call_jaxpr, num_consts, jvp, name
     outs = bind(
         custom_jvp_call_p, *new_consts, *vals, name=name, call_jaxpr=new_jaxpr,
         num_consts=len(new_consts) + num_consts,
-        jvp=batch_rule(jvp, axis, batched[num_consts:]),
+        jvp=batch_rule(jvp, axis, batched[num_consts:], len(new_consts)),
     )  # fmt: skip
     return outs, [0] * len(outs)
 
 
 # %% tags=["export", "hide-input"]
 # @title batch_rule: the rule under vmap, each tangent batched like its primal
-def batch_rule(rule: Callable, axis: Axis, batched: tuple[bool, ...]) -> Named:
+def batch_rule(rule: Named, axis: Axis, batched: tuple, n_new: int) -> Named:
     """``rule(primals, tangents)`` on a batch (axis 0) of the batched operands."""
 
     def batched_rule(primals: list, tangents: list) -> tuple[list, list]:
@@ -539,10 +602,28 @@ def batch_rule(rule: Callable, axis: Axis, batched: tuple[bool, ...]) -> Named:
             return [*outs, *out_dots]
 
         in_axes = [0 if b else None for b in batched] * 2
-        both = vmap_flat(flat, axis, in_axes, [*primals, *tangents])
+        both = vmap_in_rule(flat, axis, in_axes, [*primals, *tangents])
         return both[: n_out[0]], both[n_out[0] :]
 
-    return Named(batched_rule, f"vmap({rule})")
+    traced = (False,) * n_new + rule.traced_consts  # the new constants: arrays
+    return Named(batched_rule, f"vmap({rule})", traced)
+
+
+def vmap_in_rule(f: Callable, axis: Axis, in_axes: list, args: list) -> list:
+    """``vmap_flat``, but on the vmap of ``axis`` itself while it still runs,
+    so that a rule closing over that vmap's tracers sees them batched along
+    the same axis (a fresh vmap would treat them as another axis); outputs
+    at axis 0."""
+    stack = _state.stack
+    level = next((lv for lv in stack[::-1] if lv.payload is axis), None)
+    if level is None or level.trace_type is not BatchTrace:
+        return vmap_flat(f, axis, in_axes, args)
+    trace = BatchTrace(level)
+    outs = f(
+        *[x if a is None else BatchTracer(trace, x, a) for x, a in zip(args, in_axes)]
+    )
+    outs = [trace.full_raise(x) for x in _check_outputs("vmap", outs)]
+    return [move_batch_axis(axis.size, t.batch_axis, 0, t.val) for t in outs]
 
 
 # %%
@@ -635,7 +716,8 @@ class custom_vjp:
 
         outs = bind(
             custom_vjp_call_p, *call.consts, *call.args, **call.params,
-            fwd=Named(flat_fwd, self.fwd), bwd=Named(flat_bwd, self.bwd),
+            fwd=Named(flat_fwd, self.fwd, call.traced_consts),
+            bwd=Named(flat_bwd, self.bwd),
         )  # fmt: skip
         return tree_unflatten(call.out_tree, outs)
 
@@ -684,6 +766,7 @@ custom_lin_p = Primitive("custom_lin", multiple_results=True)
 
 @custom_vjp_call_p.def_rule("jvp")
 def _custom_vjp_call_jvp(primals, tangents, *, call_jaxpr, num_consts, fwd, bwd, name):
+    check_closure_not_differentiated(name, fwd, tangents[:num_consts])
     outs, res = fwd(*primals[num_consts:])
     out_types = Types(x.aval for x in call_jaxpr.outs)
     params = dict(name=name, num_res=len(res), bwd=bwd, out_types=out_types)
@@ -789,7 +872,7 @@ show_error(jvp, loss, (2.0,), (1.0,))
 
 # %% tags=["export", "hide-input"]
 # @title Batching custom_vjp_call and custom_lin: fwd and bwd wrapped in vmap
-def batch_fwd(fwd: Callable, axis: Axis, n_out: int) -> Named:
+def batch_fwd(fwd: Named, axis: Axis, n_out: int, n_new: int) -> Named:
     """``fwd`` on a batch (axis 0) of every operand; outputs and residuals at 0."""
 
     def batched_fwd(*primals: Any) -> tuple[list, list]:
@@ -797,10 +880,11 @@ def batch_fwd(fwd: Callable, axis: Axis, n_out: int) -> Named:
             outs, res = fwd(*p)
             return [*outs, *res]
 
-        both = vmap_flat(flat, axis, [0] * len(primals), list(primals))
+        both = vmap_in_rule(flat, axis, [0] * len(primals), list(primals))
         return both[:n_out], both[n_out:]
 
-    return Named(batched_fwd, f"vmap({fwd})")
+    traced = (False,) * n_new + fwd.traced_consts  # the new constants: arrays
+    return Named(batched_fwd, f"vmap({fwd})", traced)
 
 
 def batch_bwd(bwd: Callable, axis: Axis) -> Named:
@@ -808,7 +892,7 @@ def batch_bwd(bwd: Callable, axis: Axis) -> Named:
 
     def batched_bwd(res: list, cts: list) -> list:
         k = len(res)
-        return vmap_flat(
+        return vmap_in_rule(
             lambda *a: bwd(a[:k], a[k:]), axis, [0] * (k + len(cts)), [*res, *cts]
         )
 
@@ -818,15 +902,18 @@ def batch_bwd(bwd: Callable, axis: Axis) -> Named:
 @custom_vjp_call_p.def_rule("vmap")
 def _custom_vjp_call_vmap(axis, vals, dims, *, call_jaxpr, num_consts, fwd, bwd, name):
     consts, operands = vals[:num_consts], vals[num_consts:]
+    consts = [x if d is None else move_batch_axis(axis.size, d, 0, x)
+              for x, d in zip(consts, dims)]  # fmt: skip
     operands = [
         move_batch_axis(axis.size, d, 0, x) for x, d in zip(operands, dims[num_consts:])
     ]
-    batched = (False,) * num_consts + (True,) * len(operands)
+    batched = tuple(d is not None for d in dims[:num_consts]) + (True,) * len(operands)
     new_jaxpr, new_consts = vmap_jaxpr(call_jaxpr, axis, batched)
     outs = bind(
         custom_vjp_call_p, *new_consts, *consts, *operands, name=name,
         call_jaxpr=new_jaxpr, num_consts=len(new_consts) + num_consts,
-        fwd=batch_fwd(fwd, axis, len(call_jaxpr.outs)), bwd=batch_bwd(bwd, axis),
+        fwd=batch_fwd(fwd, axis, len(call_jaxpr.outs), len(new_consts)),
+        bwd=batch_bwd(bwd, axis),
     )  # fmt: skip
     return outs, [0] * len(outs)
 
@@ -1038,14 +1125,18 @@ except TypeError as err:
 #   also has `defjvps`, one rule per argument instead of one rule for all (with
 #   [`custom_vjp`](https://docs.jax.dev/en/latest/_autosummary/jax.custom_vjp.html),
 #   ours and JAX's `bwd` may return `None` for a zero cotangent).
-# - Ours refuses any closure over a traced value, and traced values in
-#   `nondiff_argnums`. JAX refuses a closure over a value that is being
-#   differentiated (an `UnexpectedTracerError`;
+# - Like JAX, ours accepts a custom function that closes over tracers of an
+#   enclosing `jit` or `vmap` (they become extra inputs of the call), and
+#   refuses a closure over a value that an enclosing `jvp` or `grad` is
+#   differentiating: JAX raises an `UnexpectedTracerError` (or, for a
+#   `custom_vjp` staged by `jit` and differentiated later, a
+#   `CustomVJPException`), and
 #   [`closure_convert`](https://docs.jax.dev/en/latest/_autosummary/jax.closure_convert.html)
-#   turns closed-over values into arguments) and traced `nondiff_argnums` of a
-#   `custom_vjp`, but accepts a closure over the tracers of other
-#   transformations, such as an enclosing `jit`, and traced `nondiff_argnums`
-#   of a `custom_jvp`, whose gradient it stops.
+#   turns closed-over values into arguments. Both refuse a `bwd` that
+#   closes over a `vmap`'s tracer while `grad` runs outside that `vmap`: `bwd`
+#   runs after the `vmap` has finished (an `UnexpectedTracerError`).
+#   Ours refuses traced `nondiff_argnums`; JAX refuses them for a `custom_vjp`
+#   but accepts them for a `custom_jvp`, whose gradient it stops.
 # - JAX has dead-code elimination rules for both calls, and, like ours, a
 #   transpose for `custom_jvp_call` that transposes its jaxpr (see
 #   `jax/_src/custom_derivatives.py`). Its

@@ -615,13 +615,15 @@ def lower_pmap(jaxpr: Jaxpr, n: int) -> ir.Module:
 class CompiledPmap:
     """One XLA executable for ``n`` replicas, one per device."""
 
-    def __init__(self, jaxpr: Jaxpr, n: int) -> None:
+    def __init__(self, jaxpr: Jaxpr, n: int, chosen: tuple = ()) -> None:
         from jax._src.lib import xla_client
 
-        self.devices = tuple(devices()[:n])
+        self.devices = chosen or tuple(devices()[:n])
         self.module_text = str(lower_pmap(jaxpr, n))
         options = xla_client.CompileOptions()
         options.num_replicas = n
+        ids = np.array([[d.id] for d in self.devices])  # replica i on device i
+        options.device_assignment = xla_client.DeviceAssignment.create(ids)
         self.executable = runtime().client.compile_and_load(
             self.module_text, xla_client.DeviceList(tuple(self.devices)), options
         )
@@ -664,13 +666,27 @@ def wait_until_ready(outs: list) -> None:
         out.block_until_ready()
 
 
-_compiled_pmaps: dict[tuple[Jaxpr, int], CompiledPmap] = {}
+_compiled_pmaps: dict[tuple[Jaxpr, tuple], CompiledPmap] = {}
 
 
 def compile_pmap(jaxpr: Jaxpr, n: int) -> CompiledPmap:
-    if (jaxpr, n) not in _compiled_pmaps:
-        _compiled_pmaps[jaxpr, n] = CompiledPmap(jaxpr, n)
-    return _compiled_pmaps[jaxpr, n]
+    """The executable for ``n`` replicas on the first ``n`` devices of the
+    enclosing pmap's ``devices=`` (of ``devices()`` without one)."""
+    chosen = tuple((getattr(_state, "pmap_devices", None) or devices())[:n])
+    if (jaxpr, chosen) not in _compiled_pmaps:
+        _compiled_pmaps[jaxpr, chosen] = CompiledPmap(jaxpr, n, chosen)
+    return _compiled_pmaps[jaxpr, chosen]
+
+
+@contextmanager
+def running_on(chosen: Sequence | None) -> Iterator[None]:
+    """Run the pmaps of the block on ``chosen`` devices (``pmap(devices=)``)."""
+    previous = getattr(_state, "pmap_devices", None)
+    _state.pmap_devices = previous if chosen is None else list(chosen)
+    try:
+        yield
+    finally:
+        _state.pmap_devices = previous
 
 
 # %% [markdown]
@@ -744,28 +760,38 @@ def rows_sharding(devices: tuple) -> jax.sharding.Sharding:
 # outputs' device axis to `out_axes`. While tracing, it binds the axis name to
 # the tracing interpreter, so that collectives in the function are staged as
 # equations. The jaxpr is traced once per row type and number of rows, and
-# compiled once per jaxpr and number of rows.
+# compiled once per jaxpr and number of rows. As in JAX, `devices=` (a list
+# from `devices()`) says where the rows run: row `i` on the list's `i`-th
+# device.
 
 # %% tags=["export"]
 pmap_p = Primitive("pmap", multiple_results=True)
 
 
-def pmap(f: Callable, axis_name: Hashable = None, in_axes: Any = 0, out_axes: int = 0):
-    """Run ``f`` on every row of the mapped inputs, one row per device, with
-    collectives over ``axis_name`` communicating between the devices."""
+def pmap(
+    f: Callable,
+    axis_name: Hashable = None,
+    in_axes: Any = 0,
+    out_axes: int = 0,
+    devices: Sequence | None = None,
+):
+    """Run ``f`` on every row of the mapped inputs, one row per device (the
+    first ones of ``devices``, if given), with collectives over ``axis_name``
+    communicating between the devices."""
     traces: dict[tuple, tuple] = {}
 
     def pmapped(*args: Any) -> Any:
         args_flat, axes_flat, in_tree = _flatten_pmap_args(in_axes, args)
-        n = check_pmap_rows(args_flat, axes_flat)
+        n = check_pmap_rows(args_flat, axes_flat, devices)
         rows = [move_batch_axis(n, ax, 0, x) for x, ax in zip(args_flat, axes_flat)]
         one_row = [ShapedArray(get_aval(x).shape[1:], get_aval(x).dtype) for x in rows]
         body = with_axis(f, axis_name, n)
         jaxpr, consts, out_tree = trace_for_pmap(body, traces, n, one_row, in_tree)
         consts = [move_batch_axis(n, None, 0, c) for c in consts]  # a copy per row
-        outs = bind(
-            pmap_p, *consts, *rows, jaxpr=jaxpr, axis_name=axis_name, axis_size=n
-        )
+        with running_on(devices):
+            outs = bind(
+                pmap_p, *consts, *rows, jaxpr=jaxpr, axis_name=axis_name, axis_size=n
+            )
         outs = [move_batch_axis(n, 0, pmap_out_axis(out_axes, x), x) for x in outs]
         return tree_unflatten(out_tree, outs)
 
@@ -866,12 +892,14 @@ def trace_for_pmap(f, traces: dict, n: int, one_row: list, in_tree: PyTreeDef):
     return traces[key]
 
 
-def check_pmap_rows(args: list, axes: list) -> int:
+def check_pmap_rows(args: list, axes: list, given: Sequence | None = None) -> int:
     """The number of rows (one per device), checked against the devices."""
     (n,) = {get_aval(x).shape[ax] for x, ax in zip(args, axes) if ax is not None}
     available = len(devices())
     if n == 0:
         raise ValueError("pmap: the mapped axis has 0 rows: nothing to run")
+    if given is not None:
+        check_given_devices(n, given)
     if n > available:
         raise ValueError(
             f"pmap: the mapped axis has {n} rows but there are only {available} "
@@ -940,6 +968,22 @@ show_error(pmap(lambda a, b: a + b), np.ones((4, 3)), np.ones((2, 3)))
 
 
 # %% tags=["export"]
+def check_given_devices(n: int, given: Sequence) -> None:
+    known = devices()
+    for d in given:
+        if d not in known:
+            raise TypeError(
+                f"pmap: devices= must hold devices from devices(), got {d!r}"
+            )
+    if len(set(given)) != len(given):
+        raise ValueError(f"pmap: devices= names a device twice: {list(given)}")
+    if n > len(given):
+        raise ValueError(
+            f"pmap: the mapped axis has {n} rows but devices= gives only "
+            f"{len(given)} devices; give at least {n}"
+        )
+
+
 def rows_of(n: int, consts: list) -> list:
     """Constants of a new body, one copy per device (pmap maps every input)."""
     return [move_batch_axis(n, None, 0, c) for c in consts]

@@ -501,3 +501,325 @@ def test_pmap_inside_jit_composes():
     close(ad.grad(ours)(ROWS), jax.grad(theirs)(ROWS))
     stacked = np.stack([ROWS, 2 * ROWS])
     close(ad.jit(ad.vmap(OURS_PMAP))(stacked), jax.jit(jax.vmap(JAX_PMAP))(stacked))
+
+
+# ------------------------------------------- the function vjp returns is a pytree
+# JAX's vjp returns a pytree (a jax._src.api.VJP in JAX 0.10.2) whose leaves are
+# the residual arrays,
+# so it passes through jit (as an argument or a result) and can be a residual
+# of a custom_vjp's fwd.
+
+
+def _sin_times(lib):
+    np_ = jnp if lib is jax else anp
+    return lambda x: np_.sin(x) * x
+
+
+def _custom_vjp_keeping_vjp(lib):
+    g = _sin_times(lib)
+
+    @lib.custom_vjp
+    def f(x):
+        return g(x)
+
+    def bwd(f_vjp, ct):
+        return (f_vjp(ct)[0] * 3.0,)
+
+    f.defvjp(lambda x: lib.vjp(g, x), bwd)
+    return f
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        lambda lib, f: lib.grad(f)(1.0),
+        lambda lib, f: lib.jit(lib.grad(f))(1.0),
+        lambda lib, f: lib.grad(lib.jit(f))(1.0),
+        lambda lib, f: lib.vmap(lib.grad(f))(np.array([0.5, 1.0, 2.0])),
+        lambda lib, f: lib.grad(lib.grad(f))(1.0),
+        lambda lib, f: lib.value_and_grad(lambda x: f(x) * f(2.0 * x))(0.7),
+    ],
+)
+def test_vjp_function_as_a_custom_vjp_residual(program):
+    close(
+        program(ad, _custom_vjp_keeping_vjp(ad)),
+        program(jax, _custom_vjp_keeping_vjp(jax)),
+    )
+
+
+def test_vjp_function_is_a_pytree_of_its_residuals():
+    _, f_vjp = ad.vjp(_sin_times(ad), 1.0)
+    leaves = ad.tree_leaves(f_vjp)
+    assert leaves and all(isinstance(x, (np.ndarray, np.generic)) for x in leaves)
+    _, jax_vjp = jax.vjp(_sin_times(jax), 1.0)
+    assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(jax_vjp))
+
+
+@pytest.mark.parametrize("make_jit", [ad.full_path_jit, ad.jit], ids=["part3", "fast"])
+def test_vjp_function_through_jit(make_jit):
+    def returned(lib, jit, x):
+        return jit(lambda x: lib.vjp(_sin_times(lib), x)[1])(x)
+
+    for x in [1.0, 2.5]:  # the second call reuses the compiled function
+        close(returned(ad, make_jit, x)(1.0), returned(jax, jax.jit, x)(1.0))
+    for lib, jit in [(ad, make_jit), (jax, jax.jit)]:
+        apply = jit(lambda f_vjp, ct: f_vjp(ct))
+        ours_or_theirs = [
+            apply(lib.vjp(_sin_times(lib), x)[1], 2.0) for x in [1.0, 3.0]
+        ]
+        if lib is ad:
+            ours = ours_or_theirs
+        else:
+            theirs = ours_or_theirs
+    close(ours, theirs)
+    close(
+        make_jit(lambda f_vjp, ct: f_vjp(ct))(returned(ad, make_jit, 0.3), 2.0),
+        jax.jit(lambda f_vjp, ct: f_vjp(ct))(returned(jax, jax.jit, 0.3), 2.0),
+    )
+
+
+def test_vmapped_vjp_function_wants_unbatched_cotangents():
+    """vmap may return the function, but its residuals are batched and it still
+    expects the unbatched output's type, so JAX and ours refuse a batch."""
+
+    def run(lib):
+        return lib.vmap(lambda x: lib.vjp(_sin_times(lib), x)[1])(np.ones(3))(
+            np.ones(3)
+        )
+
+    with pytest.raises(ValueError, match="expected float64"):
+        run(jax)
+    with pytest.raises(ValueError, match=r"vjp: cotangent 0 should be float64\[\]"):
+        run(ad)
+
+
+# ---------------------------------------------------- vmap's keyword arguments
+# JAX maps every keyword argument along axis 0; in_axes covers only the
+# positional ones (a keyword argument cannot be left unbatched).
+
+
+def _kw_fn(x, y=1.0, *, z=2.0):
+    return x * y + z
+
+
+_XS, _YS, _M = np.arange(3.0), np.arange(3.0) + 10.0, np.arange(6.0).reshape(2, 3)
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        lambda lib: lib.vmap(_kw_fn)(_XS, y=_YS),
+        lambda lib: lib.vmap(_kw_fn)(_XS, z=_YS),
+        lambda lib: lib.vmap(_kw_fn, in_axes=(0,))(_XS, y=_YS, z=_YS),
+        lambda lib: lib.vmap(_kw_fn, in_axes=1)(_M, y=_M.T),
+        lambda lib: lib.vmap(_kw_fn, in_axes=(None, 0), out_axes=0)(2.0, _YS, z=_YS),
+        lambda lib: lib.vmap(lambda x, *, d: x * d["a"] + d["b"])(
+            _XS, d={"a": _YS, "b": _XS}
+        ),
+        lambda lib: lib.vmap(lambda *, x: x * 2.0)(x=_XS),
+        lambda lib: lib.jit(lib.vmap(_kw_fn))(_XS, y=_YS),
+        lambda lib: lib.grad(lambda w: lib.vmap(_kw_fn)(_XS, y=_YS * w).sum())(1.5),
+    ],
+)
+def test_vmap_maps_keyword_arguments_along_axis_0(program):
+    close(program(ad), program(jax))
+
+
+@pytest.mark.parametrize(
+    "kwargs, theirs, ours",
+    [
+        ({"z": 2.0}, "its rank should be at least 1", r"in_axes 0 is out of range"),
+        (
+            {"y": np.arange(4.0)},
+            "inconsistent sizes",
+            r"inconsistent batch sizes: size 3 .* size 4",
+        ),
+    ],
+)
+def test_vmap_keyword_argument_errors(kwargs, theirs, ours):
+    with pytest.raises(ValueError, match=theirs):
+        jax.vmap(_kw_fn)(_XS, **kwargs)
+    with pytest.raises(ValueError, match=ours):
+        ad.vmap(_kw_fn)(_XS, **kwargs)
+
+
+# ------------------------------------------------------------ pmap's devices=
+# JAX runs row i on the i-th device of devices= (extra devices unused), and
+# refuses more rows than devices given.
+
+
+def _pmap_with_devices(lib, ids, rows):
+    chosen = [lib.devices()[i] for i in ids]
+    body = lambda x: lib.lax.psum(x, "i") + lib.lax.axis_index("i") * x  # noqa: E731
+    return lib.pmap(body, axis_name="i", devices=chosen)(np.arange(1.0, rows + 1))
+
+
+@pytest.mark.parametrize(
+    "ids, rows", [((2, 3, 4, 5), 4), ((2, 3, 4, 5), 3), ((5, 1), 2), (range(8), 8)]
+)
+def test_pmap_runs_rows_on_the_given_devices(ids, rows):
+    ours, theirs = _pmap_with_devices(ad, ids, rows), _pmap_with_devices(jax, ids, rows)
+    close(ours, theirs)
+    ours_ids = [s.device.id for s in ours.addressable_shards]
+    assert ours_ids == [s.device.id for s in theirs.addressable_shards]
+    assert ours_ids == list(ids)[:rows]
+
+
+def test_pmap_with_devices_under_grad_and_jit():
+    def program(lib, x):
+        chosen = lib.devices()[2:6]
+        body = lambda x: lib.lax.psum(x * x, "i")  # noqa: E731
+        per_device = lambda x: lib.pmap(body, axis_name="i", devices=chosen)(x)  # noqa: E731
+        return lib.grad(lambda x: per_device(x).sum())(x), lib.jit(per_device)(x)
+
+    close(program(ad, np.arange(4.0)), program(jax, np.arange(4.0)))
+
+
+def test_pmap_more_rows_than_devices_given():
+    with pytest.raises(Exception, match="partitioned 3 times"):
+        _pmap_with_devices(jax, (2, 3, 4), 4)
+    with pytest.raises(
+        ValueError,
+        match=r"pmap: the mapped axis has 4 rows but devices= gives only 3 devices",
+    ):
+        _pmap_with_devices(ad, (2, 3, 4), 4)
+    assert _pmap_with_devices(ad, (2, 3, 4), 3).shape == (3,)
+
+
+@pytest.mark.parametrize(
+    "chosen, error, match",
+    [
+        (
+            ["cpu:0"],
+            TypeError,
+            r"devices= must hold devices from devices\(\), got 'cpu:0'",
+        ),
+        (None, ValueError, r"devices= names a device twice"),
+    ],
+)
+def test_pmap_bad_devices(chosen, error, match):
+    if chosen is None:  # JAX refuses this too (a ValueError from inside)
+        with pytest.raises(ValueError):
+            jax.pmap(lambda x: x, devices=[jax.devices()[1]] * 2)(np.ones(2))
+        chosen = [ad.devices()[1], ad.devices()[1]]
+    with pytest.raises(error, match=match):
+        ad.pmap(lambda x: x, devices=chosen)(np.ones(2))
+
+
+# ------------------------------------- uint64 constants above int64's range
+# MLIR's Python binding takes integer constants as int64; a uint64 above
+# 2**63 - 1 is lowered with the same bits (it used to fail with std::bad_cast).
+
+_BIG = [np.uint64(2**63 + 5), np.uint64(2**64 - 1), np.uint64(2**63)]
+
+
+@pytest.mark.parametrize("big", _BIG, ids=str)
+@pytest.mark.parametrize(
+    "program",
+    [
+        lambda lib, c: lib.jit(lambda x: x + c)(np.uint64(1)),
+        lambda lib, c: lib.jit(lambda: c * np.uint64(1))(),
+        lambda lib, c: lib.jit(lambda x: x < c)(np.uint64(2**63 + 1)),
+        lambda lib, c: lib.jit(lambda x: x - c)(np.arange(3, dtype=np.uint64)),
+        lambda lib, c: lib.vmap(lib.jit(lambda x: x + c))(
+            np.arange(3, dtype=np.uint64)
+        ),
+        lambda lib, c: lib.jit(lambda x: lib.numpy.maximum(x, c))(np.uint64(7)),
+    ],
+    ids=["add", "constant", "less", "array", "vmap", "maximum"],
+)
+def test_uint64_constants_above_int64_range_lower(program, big):
+    ours, theirs = program(ad, big), program(jax, big)
+    assert np.asarray(ours).dtype == np.asarray(theirs).dtype
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+
+
+def test_int64_extremes_still_lower():
+    for c in [np.int64(-(2**63)), np.int64(2**63 - 1)]:
+        ours = ad.jit(lambda x, c=c: x * np.int64(1) + c)(np.int64(0))
+        theirs = jax.jit(lambda x, c=c: x * np.int64(1) + c)(np.int64(0))
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+
+
+# ------------------------------------------------ integer dtypes, as JAX's (x64)
+# axis_index is int32; arange takes its dtype from its arguments (Python numbers
+# weak); loop counters, switch indices and argnums-selected values keep JAX's.
+
+_I32 = np.int32
+
+
+def _axis_index_plus(lib, x):
+    return lib.vmap(lambda v: lib.lax.axis_index("i") + v, axis_name="i")(x)
+
+
+_DTYPE_PROGRAMS = {
+    "axis_index vmap": lambda lib: lib.vmap(
+        lambda x: lib.lax.axis_index("i"), axis_name="i"
+    )(np.ones(3)),
+    "axis_index pmap": lambda lib: lib.pmap(
+        lambda x: lib.lax.axis_index("i"), axis_name="i"
+    )(np.ones(3)),
+    "axis_index + 1": lambda lib: lib.vmap(
+        lambda x: lib.lax.axis_index("i") + 1, axis_name="i"
+    )(np.ones(3)),
+    "axis_index + int32": lambda lib: _axis_index_plus(lib, np.arange(3, dtype=_I32)),
+    "axis_index + int64": lambda lib: _axis_index_plus(lib, np.arange(3)),
+    "axis_index + float32": lambda lib: _axis_index_plus(lib, np.ones(3, np.float32)),
+    "arange(5)": lambda lib: lib.numpy.arange(5),
+    "arange(0, 1, 0.25)": lambda lib: lib.numpy.arange(0, 1, 0.25),
+    "arange(int32)": lambda lib: lib.numpy.arange(_I32(4)),
+    "arange(int32, 4)": lambda lib: lib.numpy.arange(_I32(1), 4),
+    "arange(1, int32)": lambda lib: lib.numpy.arange(1, _I32(4)),
+    "arange(uint8)": lambda lib: lib.numpy.arange(np.uint8(4)),
+    "arange(float32)": lambda lib: lib.numpy.arange(np.float32(4)),
+    "arange(int32, 2, 0.5)": lambda lib: lib.numpy.arange(_I32(0), 2, 0.5),
+    "arange dtype=int32": lambda lib: lib.numpy.arange(0.0, 3.0, dtype=_I32),
+    "arange in jit": lambda lib: lib.jit(lambda x: lib.numpy.arange(4) + x)(
+        np.int64(1)
+    ),
+    "fori counter": lambda lib: lib.lax.fori_loop(0, 3, lambda i, c: i, 0),
+    "fori int32 bounds": lambda lib: lib.lax.fori_loop(
+        _I32(0), _I32(5), lambda i, c: c + i, _I32(0)
+    ),
+    "fori traced bound": lambda lib: lib.jit(
+        lambda n: lib.lax.fori_loop(0, n, lambda i, c: i, 0)
+    )(5),
+    "fori traced int32": lambda lib: lib.jit(
+        lambda n: lib.lax.fori_loop(_I32(0), n, lambda i, c: c + i, _I32(0))
+    )(_I32(5)),
+    "fori float32 carry": lambda lib: lib.lax.fori_loop(
+        0, 5, lambda i, c: c + i, np.float32(0)
+    ),
+    "while counter": lambda lib: lib.lax.while_loop(
+        lambda c: c < 5, lambda c: c + 1, 0
+    ),
+    "scan counter": lambda lib: lib.lax.scan(
+        lambda c, _: (c + 1, c), 0, None, length=3
+    )[1],
+    "switch int32 index": lambda lib: lib.lax.switch(
+        _I32(1), [lambda x: x, lambda x: x * 2], 3
+    ),
+    "grad argnums (0, 1)": lambda lib: lib.grad(lambda x, y: x * y, argnums=(0, 1))(
+        2.0, np.float32(3.0)
+    ),
+    "jacfwd argnums 1": lambda lib: lib.jacfwd(lambda x, y: x * y, argnums=1)(
+        2.0, np.float32(3.0)
+    ),
+    "value_and_grad with an int": lambda lib: lib.value_and_grad(lambda x, n: x * n)(
+        np.float32(2.0), 3
+    ),
+    "psum of ints": lambda lib: lib.vmap(lambda x: lib.lax.psum(x, "i"), axis_name="i")(
+        np.arange(3, dtype=_I32)
+    ),
+    "sum of int32": lambda lib: lib.numpy.sum(np.arange(3, dtype=_I32)),
+}
+
+
+@pytest.mark.parametrize("name", list(_DTYPE_PROGRAMS))
+def test_integer_and_result_dtypes_are_jax(name):
+    ours, theirs = _DTYPE_PROGRAMS[name](ad), _DTYPE_PROGRAMS[name](jax)
+    ours_leaves, theirs_leaves = ad.tree_leaves(ours), jax.tree.leaves(theirs)
+    assert [np.asarray(x).dtype for x in ours_leaves] == [
+        np.dtype(x.dtype) for x in theirs_leaves
+    ]
+    close(ours, theirs)

@@ -25,7 +25,10 @@ in float64. The programs use
   program among them, so that vmap batches one operand, the other or both;
 - values of three dtypes, float64, int32 and bool, and float32 inside round
   trips ``float64 -> float32 -> float64`` (lossy but deterministic, with only
-  exact operations on the float32 values in between).
+  exact operations on the float32 values in between);
+- JAX's promotion across kinds through the NumPy functions and the operators:
+  an int32 operand with a float64 one, and an int32 value with a weak Python
+  float (both give float64), besides Python numbers of the value's own kind.
 
 The generator keeps programs numerically tame, so that 1e-9 is a fair bar:
 denominators and logarithms only see values bounded away from 0 (``1 + x*x``,
@@ -507,7 +510,7 @@ class Builder:
         kinds = ["unary", "binary", "scalar", "compare", "reduce_sum", "transpose"]
         kinds += ["broadcast", "select", "div", "exp_log", "pow", "maximum"]
         kinds += ["convert", "f32", "reshape", "reduce_max", "dot_general"]
-        kinds += ["product", "where"]
+        kinds += ["product", "where", "mixed"]
         if self.depth < MAX_COND_DEPTH:
             kinds += ["cond", "cond"]  # the most intricate primitive
         kind = self.draw(st.sampled_from(kinds))
@@ -537,6 +540,28 @@ class Builder:
             self.scalar_div(a)
         else:
             self.scalar(name, a, self.constant(dtype), self.draw(st.booleans()))
+
+    def step_mixed(self) -> None:
+        """JAX's promotion across kinds, through the NumPy functions and the
+        operators: an int32 and a float64 operand (a float64 result), or an
+        int32 value and a weak Python float (a float64 result too)."""
+        names = ["add", "mul", "sub", "maximum", "minimum", *COMPARISONS]
+        name = self.draw(st.sampled_from(names))
+        styles = tuple(s for s in STYLES[name] if s != "fn")
+        out_dtype = BOOL if name in COMPARISONS else FLT
+        if self.draw(st.booleans()):
+            a = self.pick_float()
+            b = self.int_of_shape(self.compatible_shape(self.shape(a)))
+            if self.draw(st.booleans()):
+                a, b = b, a
+            out = (broadcast_shape(self.shape(a), self.shape(b)), out_dtype)
+            self.emit(name, [a, b], (), [out], styles, "int and float")
+        else:
+            a = self.int_of_shape(self.shape(self.pick_float()))
+            c = self.draw(st.sampled_from([0.5, -1.25, 3.0, 0.0]))
+            params = (name, c, self.draw(st.booleans()))
+            out = (self.shape(a), out_dtype)
+            self.emit("scalar", [a], params, [out], styles, "a float with an int")
 
     def scalar_div(self, a: int) -> None:
         """x / c with c a nonzero number, or c / y with y >= 1/e."""
@@ -1486,6 +1511,11 @@ def test_generator_covers_every_primitive_and_form():
     expected |= {"maximum: ties", "minimum: ties", "maximum: ties at the maxima"}
     expected |= {"reduce_max: ties", "scalar-mul: a copy", "reshape: a copy"}
     expected |= {"scalar-add: a copy"}
+    # Promotion across kinds: int32 with float64, int32 with a weak float.
+    expected |= {f"{n}: int and float" for n in ["add", "mul", "less"]}
+    expected |= {f"{n}: int and float" for n in ["maximum", "minimum"]}
+    expected |= {f"scalar-{n}: a float with an int" for n in ["add", "mul", "less"]}
+    expected |= {f"scalar-{n}: a float with an int" for n in ["maximum", "minimum"]}
     expected |= {"add-int", "maximum-int", "reduce_max-int", "reduce_sum-int"}
     expected |= {"select-int", "where-int", "dot_general-int", "greater-int"}
     tags = [FLT, INT, BOOL]

@@ -1206,6 +1206,61 @@ def test_part8_closures_over_differentiated_values_refused():
     assert callable(jax.closure_convert)
 
 
+def test_part9_pmap_devices_places_row_i_on_the_ith_device():
+    # part9_named_axes: "As in JAX, `devices=` ... says where the rows run: row
+    # `i` on the list's `i`-th device."
+    chosen = [jax.devices()[5], jax.devices()[1], jax.devices()[3]]
+    out = jax.pmap(lambda x: x * 2.0, devices=chosen)(jnp.arange(3.0))
+    assert [s.device.id for s in out.addressable_shards] == [5, 1, 3]
+
+
+def test_part1_vmap_batches_keyword_arguments_along_axis_0():
+    # part1_interpreters: "Keyword arguments are batched along axis 0, whatever
+    # `in_axes` says, as in JAX."
+    m = jnp.arange(6.0).reshape(2, 3)
+    out = jax.vmap(lambda x, *, y: x + y, in_axes=1)(m, y=m.T)
+    assert out.tolist() == (m.T + m.T).tolist()
+    with pytest.raises(ValueError):
+        jax.vmap(lambda x, *, y: x + y, in_axes=1)(m, y=m)
+
+
+def test_part4_vjp_function_is_a_pytree_of_residuals():
+    # part4_grad: the function vjp returns, "like JAX's, ... is a pytree whose
+    # leaves are the residuals, so it can be returned from `jit`".
+    _, f_vjp = jax.vjp(lambda x: jnp.sin(x) * x, 1.0)
+    leaves = jax.tree.leaves(f_vjp)
+    assert leaves and all(isinstance(x, jax.Array) for x in leaves)
+    returned = jax.jit(lambda x: jax.vjp(lambda x: jnp.sin(x) * x, x)[1])(1.0)
+    assert float(returned(1.0)[0]) == float(f_vjp(1.0)[0])
+
+
+def test_part8_closures_over_vmap_tracers_and_staged_custom_vjp():
+    # part8_custom_rules: JAX "accepts a custom function that closes over
+    # tracers of an enclosing `jit` or `vmap`", raises "a `CustomVJPException`"
+    # for "a `custom_vjp` staged by `jit` and differentiated later", and "a
+    # `bwd` that closes over a `vmap`'s tracer while `grad` runs outside that
+    # `vmap`" is refused by both (an `UnexpectedTracerError`).
+    def make(y, use_in_bwd):
+        @jax.custom_vjp
+        def f(x):
+            return x * y
+
+        f.defvjp(
+            lambda x: (x * y, y),
+            lambda r, ct: (ct * (y if use_in_bwd else r),),
+        )
+        return f
+
+    vmapped = jax.vmap(lambda y: make(y, True)(2.0))(jnp.array([1.0, 3.0]))
+    assert vmapped.tolist() == [2.0, 6.0]
+    with pytest.raises(jax_ad.CustomVJPException):
+        jax.grad(jax.jit(lambda y: make(y, False)(2.0)))(0.5)
+    with pytest.raises(jax.errors.UnexpectedTracerError):
+        jax.grad(
+            lambda x: jax.vmap(lambda y: make(y, True)(x))(jnp.array([1.0, 3.0])).sum()
+        )(2.0)
+
+
 def test_part8_traced_nondiff_argnums():
     # part8_custom_rules: JAX refuses "traced `nondiff_argnums` of a
     # `custom_vjp`, but accepts ... traced `nondiff_argnums` of a `custom_jvp`,

@@ -645,10 +645,12 @@ def test_missing_rule_bad_nondiff_argnums_and_traced_closure() -> None:
         return g(2.0)
 
     with raises_clearly(
-        TypeError, r"uses a traced value it does not receive", then=usable
+        TypeError, r"closes over a value .* that is being differentiated", then=usable
     ):
         ad.grad(closes_over_traced)(1.5)
     h = ad.custom_vjp(lambda x, k: x * k, nondiff_argnums=(1,))
     h.defvjp(lambda x, k: (x * k, None), lambda k, r, ct: (ct * k,))
-    with raises_clearly(TypeError, r"nondiff_argnums argument", then=usable):
+    with raises_clearly(
+        TypeError, r"a nondiff_argnums argument is a traced", then=usable
+    ):
         ad.jit(lambda x, k: h(x, k))(1.0, 2.0)
