@@ -3612,6 +3612,8 @@ max_p = Primitive("max")
 exp_p = Primitive("exp")
 log_p = Primitive("log")
 tanh_p = Primitive("tanh")
+sqrt_p = Primitive("sqrt")
+rsqrt_p = Primitive("rsqrt")
 integer_pow_p = Primitive("integer_pow")
 convert_element_type_p = Primitive("convert_element_type")
 reshape_p = Primitive("reshape")
@@ -3626,6 +3628,8 @@ NOT_LINEAR = {
     "exp",
     "log",
     "tanh",
+    "sqrt",
+    "rsqrt",
     "max",
     "integer_pow",
     "reduce_max",
@@ -3736,7 +3740,7 @@ def _convert_element_type_lower(ctx, avals_in, avals_out, x, *, new_dtype):
     return [hlo.convert(ir_type(out_aval), x)]
 
 
-# @title The six wrappers: bind, after a check for floats where one is needed
+# @title The eight wrappers: bind, after a check for floats where one is needed
 def sub(x: ArrayLike, y: ArrayLike) -> ArrayLike:
     """Elementwise ``x - y``."""
     return _bind_binary(sub_p, x, y)
@@ -3773,6 +3777,18 @@ def tanh(x: ArrayLike) -> ArrayLike:
     return bind(tanh_p, x)
 
 
+def sqrt(x: ArrayLike) -> ArrayLike:
+    """Elementwise square root of a float array."""
+    _check_kind("sqrt", x, "f", "a float")
+    return bind(sqrt_p, x)
+
+
+def rsqrt(x: ArrayLike) -> ArrayLike:
+    """Elementwise ``1 / sqrt(x)`` of a float array."""
+    _check_kind("rsqrt", x, "f", "a float")
+    return bind(rsqrt_p, x)
+
+
 def check_float_arrays(name: str, *operands: ArrayLike) -> None:
     """Operands that are arrays must hold floats (Python numbers adapt)."""
     for operand in operands:
@@ -3787,6 +3803,8 @@ for _prim, _np_fn in [
     (exp_p, np.exp),
     (log_p, np.log),
     (tanh_p, np.tanh),
+    (sqrt_p, np.sqrt),
+    (rsqrt_p, lambda x: 1 / np.sqrt(x)),
 ]:
     _impl_from_numpy(_prim, _np_fn)
 
@@ -3804,10 +3822,12 @@ def _sub_abstract_eval(x, y):
 _unary_abstract_eval(exp_p, "f", "a float")
 _unary_abstract_eval(log_p, "f", "a float")
 _unary_abstract_eval(tanh_p, "f", "a float")
+_unary_abstract_eval(sqrt_p, "f", "a float")
+_unary_abstract_eval(rsqrt_p, "f", "a float")
 
 for _prim in [sub_p, div_p, max_p]:
     _binary_vmap(_prim)
-for _prim in [exp_p, log_p, tanh_p]:
+for _prim in [exp_p, log_p, tanh_p, sqrt_p, rsqrt_p]:
     _unary_vmap(_prim)
 
 _lower_with(sub_p, hlo.subtract)
@@ -3816,6 +3836,8 @@ _lower_with(max_p, hlo.maximum)
 _lower_with(exp_p, hlo.exponential)
 _lower_with(log_p, hlo.log)
 _lower_with(tanh_p, hlo.tanh)
+_lower_with(sqrt_p, hlo.sqrt)
+_lower_with(rsqrt_p, hlo.rsqrt)
 
 
 # @title div's abstract evaluation: same shapes, float operands
@@ -3888,6 +3910,20 @@ def _tanh_jvp(primals, tangents):
     (x,), (dx,) = primals, tangents
     out = tanh(x)
     return [out], [mul(dx, sub(1.0, mul(out, out)))]
+
+
+@sqrt_p.def_rule("jvp")
+def _sqrt_jvp(primals, tangents):
+    (x,), (dx,) = primals, tangents
+    out = sqrt(x)
+    return [out], [div(dx, mul(out, 2.0))]
+
+
+@rsqrt_p.def_rule("jvp")
+def _rsqrt_jvp(primals, tangents):
+    (x,), (dx,) = primals, tangents
+    out = rsqrt(x)
+    return [out], [mul(dx, mul(div(out, x), -0.5))]
 
 
 @div_p.def_rule("jvp")
@@ -4555,7 +4591,7 @@ numpy_greater = _broadcasting("greater", greater)
 numpy_less = _broadcasting("less", less)
 for _fn in [reshape, broadcast_to, zeros_like]:
     setattr(numpy_namespace, _fn.__name__, _fn)
-for _fn in [sin, cos, exp, log, tanh]:  # integers become floats first
+for _fn in [sin, cos, exp, log, tanh, sqrt, rsqrt]:  # integers become floats first
     setattr(numpy_namespace, _fn.__name__, _on_inexact(_fn))
 
 
@@ -4712,7 +4748,7 @@ def numpy_ones_like(x: ArrayLike) -> np.ndarray:
     return np.ones(aval.shape, aval.dtype)
 
 
-# @title More of autodidax.numpy, from the primitives we have (no sqrt: see exercise 2)
+# @title More of autodidax.numpy, from the primitives we have
 @numpy_function
 def numpy_square(x: ArrayLike) -> ArrayLike:
     return integer_pow(x, 2)
@@ -5026,6 +5062,7 @@ for _name, _fn in {
     "ge": greater_equal,
     "max": maximum,
     **{f.__name__: f for f in [add, sub, mul, div, neg, sin, cos, exp, log, tanh]},
+    **{f.__name__: f for f in [sqrt, rsqrt]},
     **{f.__name__: f for f in [integer_pow, convert_element_type, reshape]},
     **{f.__name__: f for f in [transpose, select, dot_general, stop_gradient]},
     **{f.__name__: f for f in [cond, switch]},

@@ -39,7 +39,8 @@
 # or raise a clear error, because Python's default answer (for `==`, an identity test) is
 # silently wrong on a tracer. In detail:
 #
-# 1. **sixteen primitives**: `sub`, `div`, `max`, `exp`, `log`, `tanh`, the
+# 1. **eighteen primitives**: `sub`, `div`, `max`, `exp`, `log`, `tanh`,
+#    `sqrt`, `rsqrt`, the
 #    comparisons `eq`, `ne`, `le` and `ge`, `stop_gradient`, integer powers, `convert_element_type`, `reshape`,
 #    `reduce_max`, and `dot_general`, the one contraction behind every matrix
 #    product — each with every
@@ -124,7 +125,7 @@ scalar = f64()
 # known. Only the higher-order primitives, `xla_call` and `cond`, bring special
 # partial-evaluation rules.
 #
-# Here are eleven of the sixteen new primitives (`stop_gradient` and the four
+# Here are thirteen of the eighteen new primitives (`stop_gradient` and the four
 # comparisons are created where they are explained). Besides `PRIMITIVES`, which lists every primitive, a
 # second registry, `NOT_LINEAR`, records which primitives are *not linear in any
 # input*: for those a transpose rule is not missing but
@@ -137,6 +138,8 @@ max_p = Primitive("max")
 exp_p = Primitive("exp")
 log_p = Primitive("log")
 tanh_p = Primitive("tanh")
+sqrt_p = Primitive("sqrt")
+rsqrt_p = Primitive("rsqrt")
 integer_pow_p = Primitive("integer_pow")
 convert_element_type_p = Primitive("convert_element_type")
 reshape_p = Primitive("reshape")
@@ -151,6 +154,8 @@ NOT_LINEAR = {
     "exp",
     "log",
     "tanh",
+    "sqrt",
+    "rsqrt",
     "max",
     "integer_pow",
     "reduce_max",
@@ -280,18 +285,19 @@ def _convert_element_type_lower(ctx, avals_in, avals_out, x, *, new_dtype):
 
 
 # %% [markdown]
-# ## Six elementwise primitives, and four comparisons
+# ## Eight elementwise primitives, and four comparisons
 #
 # `sub`, `div` and `max` take two operands of one shape and dtype, like `add`;
-# `exp`, `log` and `tanh` take one float array, like `sin`. Their wrappers, in the
+# `exp`, `log`, `tanh`, `sqrt` and `rsqrt` ($1/\sqrt{x}$) take one float
+# array, like `sin`. Their wrappers, in the
 # folded cell, are `bind` with {ref}`Part 1 <part1>`'s helpers, so Python numbers
-# broadcast as they do for `add` and `mul`; `div`, `exp`, `log` and `tanh` first
+# broadcast as they do for `add` and `mul`; all but `sub` and `max` first
 # check that their operands hold floats. (What `/` should do with integers is a
 # front-end decision, made further down.)
 
 
 # %% tags=["export", "hide-input"]
-# @title The six wrappers: bind, after a check for floats where one is needed
+# @title The eight wrappers: bind, after a check for floats where one is needed
 def sub(x: ArrayLike, y: ArrayLike) -> ArrayLike:
     """Elementwise ``x - y``."""
     return _bind_binary(sub_p, x, y)
@@ -328,6 +334,18 @@ def tanh(x: ArrayLike) -> ArrayLike:
     return bind(tanh_p, x)
 
 
+def sqrt(x: ArrayLike) -> ArrayLike:
+    """Elementwise square root of a float array."""
+    _check_kind("sqrt", x, "f", "a float")
+    return bind(sqrt_p, x)
+
+
+def rsqrt(x: ArrayLike) -> ArrayLike:
+    """Elementwise ``1 / sqrt(x)`` of a float array."""
+    _check_kind("rsqrt", x, "f", "a float")
+    return bind(rsqrt_p, x)
+
+
 def check_float_arrays(name: str, *operands: ArrayLike) -> None:
     """Operands that are arrays must hold floats (Python numbers adapt)."""
     for operand in operands:
@@ -349,6 +367,8 @@ for _prim, _np_fn in [
     (exp_p, np.exp),
     (log_p, np.log),
     (tanh_p, np.tanh),
+    (sqrt_p, np.sqrt),
+    (rsqrt_p, lambda x: 1 / np.sqrt(x)),
 ]:
     _impl_from_numpy(_prim, _np_fn)
 
@@ -366,10 +386,12 @@ def _sub_abstract_eval(x, y):
 _unary_abstract_eval(exp_p, "f", "a float")
 _unary_abstract_eval(log_p, "f", "a float")
 _unary_abstract_eval(tanh_p, "f", "a float")
+_unary_abstract_eval(sqrt_p, "f", "a float")
+_unary_abstract_eval(rsqrt_p, "f", "a float")
 
 for _prim in [sub_p, div_p, max_p]:
     _binary_vmap(_prim)
-for _prim in [exp_p, log_p, tanh_p]:
+for _prim in [exp_p, log_p, tanh_p, sqrt_p, rsqrt_p]:
     _unary_vmap(_prim)
 
 _lower_with(sub_p, hlo.subtract)
@@ -378,6 +400,8 @@ _lower_with(max_p, hlo.maximum)
 _lower_with(exp_p, hlo.exponential)
 _lower_with(log_p, hlo.log)
 _lower_with(tanh_p, hlo.tanh)
+_lower_with(sqrt_p, hlo.sqrt)
+_lower_with(rsqrt_p, hlo.rsqrt)
 
 
 # %% tags=["export", "hide-input"]
@@ -451,6 +475,8 @@ def greater_equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
 # - $\frac{d}{dx} e^x = e^x$, so the JVP of `exp` reuses its output;
 # - $\frac{d}{dx} \log x = 1/x$;
 # - $\frac{d}{dx} \tanh x = 1 - \tanh^2 x$, again from the output;
+# - $\frac{d}{dx} \sqrt{x} = 1/(2\sqrt{x})$ and
+#   $\frac{d}{dx} x^{-1/2} = -\tfrac{1}{2} x^{-1/2}/x$, both from the output;
 # - $d(x/y) = dx/y - (x/y)\,dy/y$, which also reuses the output.
 #
 # `sub` is linear, and {ref}`Part 1 <part1-jvp-rules>`'s `_linear_jvp` covers it.
@@ -477,6 +503,20 @@ def _tanh_jvp(primals, tangents):
     (x,), (dx,) = primals, tangents
     out = tanh(x)
     return [out], [mul(dx, sub(1.0, mul(out, out)))]
+
+
+@sqrt_p.def_rule("jvp")
+def _sqrt_jvp(primals, tangents):
+    (x,), (dx,) = primals, tangents
+    out = sqrt(x)
+    return [out], [div(dx, mul(out, 2.0))]
+
+
+@rsqrt_p.def_rule("jvp")
+def _rsqrt_jvp(primals, tangents):
+    (x,), (dx,) = primals, tangents
+    out = rsqrt(x)
+    return [out], [mul(dx, mul(div(out, x), -0.5))]
 
 
 @div_p.def_rule("jvp")
@@ -537,7 +577,7 @@ def _div_transpose(cts, x, y):
 
 
 # %% [markdown]
-# That is all six. A quick check of the derivatives against JAX, and of the tie
+# That is all eight. A quick check of the derivatives against JAX, and of the tie
 # rule: at $x = y$ both operands of `max` get half of the slope.
 
 
@@ -1509,8 +1549,8 @@ numpy_multiply = _broadcasting("multiply", mul)
 
 # %% [markdown]
 # The rest of the namespace is folded: `subtract`, `maximum`, `greater` and
-# `less`, made like `add`; `sin`, `cos`, `exp`, `log` and `tanh`, which turn
-# integers into floats first; `mean` (a sum, then a division by the
+# `less`, made like `add`; `sin`, `cos`, `exp`, `log`, `tanh`, `sqrt` and
+# `rsqrt`, which turn integers into floats first; `mean` (a sum, then a division by the
 # count), `divide` (which promotes, then turns integers into floats, as
 # `jax.numpy`'s `/` does), `minimum`, `power`, `where`, `sum` (which
 # widens small integers, as NumPy does), `max`, `transpose`, `astype`, `zeros`,
@@ -1525,7 +1565,7 @@ numpy_greater = _broadcasting("greater", greater)
 numpy_less = _broadcasting("less", less)
 for _fn in [reshape, broadcast_to, zeros_like]:
     setattr(numpy_namespace, _fn.__name__, _fn)
-for _fn in [sin, cos, exp, log, tanh]:  # integers become floats first
+for _fn in [sin, cos, exp, log, tanh, sqrt, rsqrt]:  # integers become floats first
     setattr(numpy_namespace, _fn.__name__, _on_inexact(_fn))
 
 
@@ -1683,7 +1723,7 @@ def numpy_ones_like(x: ArrayLike) -> np.ndarray:
 
 
 # %% tags=["export", "hide-input"]
-# @title More of autodidax.numpy, from the primitives we have (no sqrt: see exercise 2)
+# @title More of autodidax.numpy, from the primitives we have
 @numpy_function
 def numpy_square(x: ArrayLike) -> ArrayLike:
     return integer_pow(x, 2)
@@ -2097,6 +2137,7 @@ for _name, _fn in {
     "ge": greater_equal,
     "max": maximum,
     **{f.__name__: f for f in [add, sub, mul, div, neg, sin, cos, exp, log, tanh]},
+    **{f.__name__: f for f in [sqrt, rsqrt]},
     **{f.__name__: f for f in [integer_pow, convert_element_type, reshape]},
     **{f.__name__: f for f in [transpose, select, dot_general, stop_gradient]},
     **{f.__name__: f for f in [cond, switch]},
@@ -2415,8 +2456,7 @@ show_error(lambda: jit(lambda a: a @ 2.0)(a))
 #   above. Programs written for JAX that fail here with only their imports
 #   changed most often need: indexing and slicing of traced arrays (`x[:, 0]`,
 #   `x.at[...]`), `jax.tree_util`/`jax.tree` as namespaces (ours has the tree
-#   functions at the top level), `jax.random`, `jax.nn`, `sqrt` (exercise 2
-#   below) and `jnp.linalg`. `autodidax.lax` has only the names of the
+#   functions at the top level), `jax.random`, `jax.nn` and `jnp.linalg`. `autodidax.lax` has only the names of the
 #   primitives we have.
 #
 # ## Summary
@@ -2464,43 +2504,48 @@ with jax.enable_x64(True):
     print(grad(logsumexp)(x), jax.grad(jax.nn.logsumexp)(x))
 
 # %% [markdown]
-# **2. A new primitive.** Add `sqrt` with all the rules of this appendix:
-# evaluation, abstract evaluation, `jvp` ($\frac{d}{dx}\sqrt{x} = 1/(2\sqrt{x})$),
-# `vmap` and lowering (`hlo.sqrt`). Is it linear? Check `jit(grad(...))` of
-# a function that uses it against JAX, and look it up in a regenerated table.
+# **2. A new primitive.** Add `expm1`, $e^x - 1$ computed without the
+# cancellation that `exp(x) - 1.0` suffers near 0, with all the rules of this
+# appendix: evaluation (`np.expm1`), abstract evaluation, `jvp`
+# ($\frac{d}{dx}(e^x - 1) = e^x$, which is the output plus 1), `vmap` and
+# lowering (`hlo.exponential_minus_one`). Is it linear? Check `jit(grad(...))`
+# of a function that uses it against JAX, and look it up in a regenerated
+# table.
 
 # %% tags=["hide-input"]
-# @title Solution 2: a sqrt primitive
-sqrt_p = Primitive("sqrt")
+# @title Solution 2: an expm1 primitive
+expm1_p = Primitive("expm1")
 
 
-def sqrt(x):
-    _check_kind("sqrt", x, "f", "a float")
-    return bind(sqrt_p, x)
+def expm1(x):
+    _check_kind("expm1", x, "f", "a float")
+    return bind(expm1_p, x)
 
 
-_impl_from_numpy(sqrt_p, np.sqrt)
-_unary_abstract_eval(sqrt_p, "f", "a float")
-_unary_vmap(sqrt_p)
-_lower_with(sqrt_p, hlo.sqrt)
+_impl_from_numpy(expm1_p, np.expm1)
+_unary_abstract_eval(expm1_p, "f", "a float")
+_unary_vmap(expm1_p)
+_lower_with(expm1_p, hlo.exponential_minus_one)
 
 
-@sqrt_p.def_rule("jvp")
-def _sqrt_jvp(primals, tangents):
+@expm1_p.def_rule("jvp")
+def _expm1_jvp(primals, tangents):
     (x,), (dx,) = primals, tangents
-    out = sqrt(x)
-    return [out], [div(dx, mul(out, 2.0))]
+    out = expm1(x)
+    return [out], [mul(dx, add(out, 1.0))]
 
 
-# Not linear: sqrt(a + b) != sqrt(a) + sqrt(b), so no transpose rule; the
+# Not linear: expm1(a + b) != expm1(a) + expm1(b), so no transpose rule; the
 # table should say so rather than report a gap.
-NOT_LINEAR.update({"sqrt"})
-print(jit(grad(lambda x: anp.sum(sqrt(x * x + 1.0))))(np.array([0.5, 2.0])))
+NOT_LINEAR.update({"expm1"})
+tiny = np.float64(1e-10)
+print(float(expm1(tiny)), float(exp(tiny) - 1.0))  # the second lost digits
+print(jit(grad(lambda x: anp.sum(expm1(x * x))))(np.array([0.5, 2.0])))
 with jax.enable_x64(True):
-    print(jax.grad(lambda x: jnp.sum(jnp.sqrt(x * x + 1.0)))(np.array([0.5, 2.0])))
+    print(jax.grad(lambda x: jnp.sum(jnp.expm1(x * x)))(np.array([0.5, 2.0])))
 from figures import rule_status
 
-print({kind: rule_status(sqrt_p, kind, NOT_LINEAR) for kind in RULE_KINDS})
+print({kind: rule_status(expm1_p, kind, NOT_LINEAR) for kind in RULE_KINDS})
 
 # %% [markdown]
 # **3. Batched products, counted.** Under `vmap(vmap(matvec))`, with the matrix

@@ -484,6 +484,16 @@ FLOAT_ONLY = {
         TypeError,
         r"tanh: expected a float array, got dtype int64",
     ),
+    "sqrt-of-ints": (
+        lambda x: ad.sqrt(ints(x)),
+        TypeError,
+        r"sqrt: expected a float array, got dtype int64",
+    ),
+    "rsqrt-of-ints": (
+        lambda x: ad.rsqrt(ints(x)),
+        TypeError,
+        r"rsqrt: expected a float array, got dtype int64",
+    ),
     "log-of-int32": (
         lambda x: ad.log(ad.convert_element_type(x, np.int32)),
         TypeError,

@@ -229,6 +229,10 @@ def _cases() -> list[Case]:
     for shape in [(), (2, 3)]:
         add(C(f"tanh{shape}", ad.tanh, jnp.tanh, [shape], ["f"]))
     add(C("anp.tanh(0,)", anp.tanh, jnp.tanh, [(0,)], ["f"]))
+    for shape in [(), (2, 3)]:
+        add(C(f"sqrt{shape}", ad.sqrt, jnp.sqrt, [shape], ["pos"]))
+        add(C(f"rsqrt{shape}", ad.rsqrt, jax.lax.rsqrt, [shape], ["pos"]))
+    add(C("anp.sqrt(4,)", anp.sqrt, jnp.sqrt, [(4,)], ["pos"]))
     add(C("anp.sin(3,)", anp.sin, jnp.sin, [(3,)], ["f"]))
     add(C("anp.cos(2, 2)", anp.cos, jnp.cos, [(2, 2)], ["f"]))
     add(C("anp.negative(2, 3)", anp.negative, jnp.negative, [(2, 3)], ["f"]))
@@ -1372,6 +1376,8 @@ LOWERINGS = {
     "exp": (ad.exp, ["f"], ["stablehlo.exponential"]),
     "log": (ad.log, ["pos"], ["stablehlo.log"]),
     "tanh": (ad.tanh, ["f"], ["stablehlo.tanh"]),
+    "sqrt": (ad.sqrt, ["pos"], ["stablehlo.sqrt"]),
+    "rsqrt": (ad.rsqrt, ["pos"], ["stablehlo.rsqrt"]),
     "reshape": (lambda x: ad.reshape(x, (3, -1)), ["f"], ["stablehlo.reshape"]),
     "convert f64->f32": (
         lambda x: ad.convert_element_type(x, F32),
@@ -1471,7 +1477,7 @@ def test_no_equation_when_nothing_changes() -> None:
 # ---------------------------------------------------------------------------
 
 NEW_PRIMITIVES = {
-    "sub", "div", "max", "exp", "log", "tanh", "integer_pow",
+    "sub", "div", "max", "exp", "log", "tanh", "sqrt", "rsqrt", "integer_pow",
     "convert_element_type", "reshape", "reduce_max", "dot_general",
 }  # fmt: skip
 
@@ -1520,6 +1526,8 @@ NONLINEAR_WITNESSES = {
     "exp": lambda x, y: ad.exp(x),
     "log": lambda x, y: ad.log(x),
     "tanh": lambda x, y: ad.tanh(x),
+    "sqrt": lambda x, y: ad.sqrt(x),
+    "rsqrt": lambda x, y: ad.rsqrt(x),
     "integer_pow": lambda x, y: ad.integer_pow(x, 2),
     "reduce_max": lambda x, y: ad.reduce_max(x, 0),
     "max": lambda x, y: ad.maximum(x, y),
@@ -1727,8 +1735,9 @@ def test_transpose_rule_dot_product(name: str, monkeypatch) -> None:
 
 NUMPY_NAMES = (
     "add subtract multiply divide maximum minimum greater less negative sin cos "
-    "exp log tanh reshape broadcast_to zeros_like ones_like zeros ones power where "
-    "sum max mean transpose astype dot matmul bool_ int32 int64 float32 float64"
+    "exp log tanh sqrt rsqrt reshape broadcast_to zeros_like ones_like zeros ones "
+    "power where sum max mean transpose astype dot matmul "
+    "bool_ int32 int64 float32 float64"
 ).split()
 
 
