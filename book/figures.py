@@ -432,7 +432,11 @@ def rule_table(ns):
     return RuleTable(kinds, rows, primitive_origins())
 
 
-_CHAPTER_LABELS = {"appendix_primitives": "appendix", "performance": "performance"}
+_CHAPTER_LABELS = {
+    "appendix_primitives": "appendix",
+    "indexing": "indexing",
+    "performance": "performance",
+}
 
 
 def primitive_origins():
