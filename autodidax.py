@@ -5775,6 +5775,8 @@ _lower_scatter(scatter_p, None)
 def getitem(x: ArrayLike, idx: Any) -> ArrayLike:
     """``x[idx]`` with NumPy's indexing rules (JAX's bounds: reads clamp)."""
     plan = index_plan(get_aval(x), idx)
+    if plan.kind == "empty":  # nothing to read
+        return zeros_of(ShapedArray(plan.shape, get_aval(x).dtype))
     if plan.kind == "slice":
         x = lax_slice(x, plan.starts, plan.limits, plan.strides)
     elif plan.kind == "dynamic_slice":
@@ -5802,6 +5804,8 @@ class IndexUpdateRef(NamedTuple):
     def _write(self, scatter_fn: Callable, values: ArrayLike) -> ArrayLike:
         plan = index_plan(get_aval(self.x), self.idx, for_update=True)
         values = check_update_values(self.x, plan.shape, values)  # broadcast, cast
+        if plan.kind == "empty":  # nothing to write
+            return self.x
         values = reshape(values, plan.gather_shape)
         return scatter_fn(self.x, values, *plan.positions)
 
@@ -5816,7 +5820,7 @@ class NonConcreteBooleanIndexError(IndexingError):
 
 
 class IndexPlan(NamedTuple):
-    kind: str  # "slice", "dynamic_slice" or "gather"
+    kind: str  # "slice", "dynamic_slice", "gather" or "empty"
     shape: tuple  # the shape of x[idx]
     starts: Any = None  # slice, dynamic_slice
     limits: Any = None  # slice
@@ -6033,6 +6037,8 @@ def _gather_plan(aval: ShapedArray, entries: list) -> IndexPlan:
             others = tuple(d for d in range(len(positions_shape)) if d not in block)
             positions.append(broadcast(p, positions_shape, others) if others else p)
     gather_shape = (*positions_shape, *aval.shape[aval.ndim - window :])
+    if 0 in gather_shape:  # an empty result: nothing to gather
+        return IndexPlan("empty", tuple(shape), gather_shape=gather_shape)
     return IndexPlan(
         "gather", tuple(shape), positions=positions, gather_shape=gather_shape
     )

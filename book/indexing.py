@@ -25,8 +25,8 @@
 # was still missing: reading and writing *parts* of an array.
 # :::
 #
-# Without indexing, an embedding lookup, the first layer of every language
-# model, has to be written as a product with a one-hot matrix: for each token,
+# Without indexing, an embedding lookup, the first layer of a language model,
+# has to be written as a product with a one-hot matrix: for each token,
 # `V·D` multiply-adds to fetch `D` numbers from a `V × D` table, forward and
 # backward. Picking a target's log-probability becomes a masked sum, and
 # splitting a fused projection into three is impossible. This chapter adds
@@ -513,9 +513,11 @@ print(make_jaxpr(grad(window_sum), f64(6), i64())[0])
 # numbers*; ours uses a smaller form that is enough for everything NumPy's
 # indexing needs, and says the idea directly. `gather(x, i0, i1, ...)` takes
 # one integer array per leading axis of `x` it indexes, all of one shape, and
-# reads
+# reads, for every position `p` of the index arrays,
 #
-#     out[p, ...] = x[i0[p], i1[p], ..., :]        for every position p of the index arrays
+# ```text
+# out[p, ...] = x[i0[p], i1[p], ..., :]
+# ```
 #
 # so the output has the index arrays' shape followed by the axes of `x` that
 # are not indexed, taken whole (the *window*: a row of the table). With
@@ -1048,8 +1050,8 @@ with jax.enable_x64(True):
 #
 # NumPy's indexing is a small language: ints, slices, `None` (a new axis of
 # size 1), `...` (as many `:` as needed), integer arrays and boolean masks, in
-# any mix, with rules for where the axes of the index arrays go. Ours reads an
-# index the way JAX does and turns it into our primitives:
+# any mix, with rules for where the axes of the index arrays go. Ours turns an
+# index into as few of our primitives as it can:
 #
 # - only ints, slices with a positive step, `None` and `...`: one `slice` and a
 #   `reshape` (an int `i` is the slice `i:i+1`, whose axis the reshape drops);
@@ -1071,6 +1073,8 @@ with jax.enable_x64(True):
 def getitem(x: ArrayLike, idx: Any) -> ArrayLike:
     """``x[idx]`` with NumPy's indexing rules (JAX's bounds: reads clamp)."""
     plan = index_plan(get_aval(x), idx)
+    if plan.kind == "empty":  # nothing to read
+        return zeros_of(ShapedArray(plan.shape, get_aval(x).dtype))
     if plan.kind == "slice":
         x = lax_slice(x, plan.starts, plan.limits, plan.strides)
     elif plan.kind == "dynamic_slice":
@@ -1108,6 +1112,8 @@ class IndexUpdateRef(NamedTuple):
     def _write(self, scatter_fn: Callable, values: ArrayLike) -> ArrayLike:
         plan = index_plan(get_aval(self.x), self.idx, for_update=True)
         values = check_update_values(self.x, plan.shape, values)  # broadcast, cast
+        if plan.kind == "empty":  # nothing to write
+            return self.x
         values = reshape(values, plan.gather_shape)
         return scatter_fn(self.x, values, *plan.positions)
 
@@ -1130,7 +1136,7 @@ class NonConcreteBooleanIndexError(IndexingError):
 
 
 class IndexPlan(NamedTuple):
-    kind: str  # "slice", "dynamic_slice" or "gather"
+    kind: str  # "slice", "dynamic_slice", "gather" or "empty"
     shape: tuple  # the shape of x[idx]
     starts: Any = None  # slice, dynamic_slice
     limits: Any = None  # slice
@@ -1347,6 +1353,8 @@ def _gather_plan(aval: ShapedArray, entries: list) -> IndexPlan:
             others = tuple(d for d in range(len(positions_shape)) if d not in block)
             positions.append(broadcast(p, positions_shape, others) if others else p)
     gather_shape = (*positions_shape, *aval.shape[aval.ndim - window :])
+    if 0 in gather_shape:  # an empty result: nothing to gather
+        return IndexPlan("empty", tuple(shape), gather_shape=gather_shape)
     return IndexPlan(
         "gather", tuple(shape), positions=positions, gather_shape=gather_shape
     )
@@ -1695,6 +1703,13 @@ show_jax(jax.grad(jax_loss), table, tokens)
 #   and `jnp.take_along_axis` fill with NaN by default. Ours has the same
 #   results, with the bounds fixed per primitive (gathers clamp, scatters drop)
 #   and filling done by a `select` in the front end.
+# - **Gradients out of range.** Because `x[idx]` promises in-range indices,
+#   JAX's gradient of a read at an out-of-range position is not the derivative
+#   of the clamped read: its `scatter-add` drops that position (the gradient of
+#   `x[[5, 1]].sum()` for a 3-vector is `[0, 1, 0]`). Ours adds at the clamped
+#   position (`[0, 1, 1]`), as the transpose of the read we compute.
+# - **Boolean masks.** A traced mask is JAX's `NonConcreteBooleanIndexError`,
+#   an `IndexError`; ours has the same name and is also a `TypeError`.
 # - **Hints.** `unique_indices` and `indices_are_sorted` let XLA pick a faster
 #   scatter; JAX's `dynamic_slice` batched over its starts becomes a `gather`
 #   with `indices_are_sorted=True` and `unique_indices=True`. We have neither
