@@ -1652,7 +1652,7 @@ ours = jit(vmap(jacfwd(grad(pick_rows)), (0, None)))(tables, tokens)
 with jax.enable_x64(True):
     jax_pick_rows = lambda t, i: pick_rows(t, i, jnp, jax.lax.cond)  # noqa: E731
     theirs = jax.vmap(jax.jacfwd(jax.grad(jax_pick_rows)), (0, None))(tables, tokens)
-print(ours.shape, np.abs(np.asarray(ours) - theirs).max())
+print(ours.shape, np.abs(np.asarray(ours) - np.asarray(theirs)).max())
 
 # %% [markdown]
 # ## Mistakes indexing catches
@@ -1700,9 +1700,10 @@ show_jax(jax.grad(jax_loss), table, tokens)
 #   `CLIP`, `FILL_OR_DROP`, `PROMISE_IN_BOUNDS` (and `ONE_HOT`). `x[idx]`
 #   records `PROMISE_IN_BOUNDS` after wrapping negative indices, and XLA's
 #   gather then clamps; `x.at[idx].set` drops out-of-range updates; `jnp.take`
-#   and `jnp.take_along_axis` fill with NaN by default. Ours has the same
-#   results, with the bounds fixed per primitive (gathers clamp, scatters drop)
-#   and filling done by a `select` in the front end.
+#   and `jnp.take_along_axis` fill with NaN by default. Ours computes the
+#   same values, with gathers that clamp, scatters that drop (or clamp, with
+#   `mode="clip"`, in a gather's transpose), and filling done by a `select` in
+#   the front end.
 # - **Gradients out of range.** Because `x[idx]` promises in-range indices,
 #   JAX's gradient of a read at an out-of-range position is not the derivative
 #   of the clamped read: its `scatter-add` drops that position (the gradient of

@@ -208,6 +208,8 @@ CASES: dict[str, tuple] = {
         [],
         True,
     ),
+    "int32 rows": (lambda lib, x, t: x[t], (4, 5), ["t32"], True),
+    "uint8 rows": (lambda lib, x, t: x[:, t] * 2.0, (4, 5), ["u8"], True),
     "traced out of range": (
         lambda lib, x, o: x[o] + x[:, o[:2]].sum(),
         (4, 5),
@@ -229,6 +231,8 @@ INDEX_ARGS = {  # two batch members each, for vmap over the indices
     "t": [np.array([1, 3, 1]), np.array([0, -2, 3])],
     "t3": [np.array([1, 3, 1]), np.array([0, 2, 2])],  # lax: no negative indices
     "y": [np.array([0, 4, 4, 1]), np.array([3, 2, 1, 0])],
+    "t32": [np.array([1, 3], np.int32), np.array([-1, 0], np.int32)],
+    "u8": [np.array([4, 0, 2], np.uint8), np.array([1, 1, 3], np.uint8)],
     "o": [np.array([9, -1, 2, -7]), np.array([4, -5, 0, 3])],
 }
 
