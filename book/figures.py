@@ -451,7 +451,7 @@ def primitive_origins():
         for m in re.finditer(r"^# ==== chapter: (\S+) ====$", source, re.M)
     ]
     origins = {}
-    for m in re.finditer(r'Primitive\(\s*"(\w+)"', source):
+    for m in re.finditer(r'Primitive\(\s*"([\w-]+)"', source):
         chapter = [name for start, name in marks if start < m.start()][-1]
         part = re.match(r"part(\d+)_", chapter)
         origins.setdefault(
