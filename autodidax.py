@@ -5132,6 +5132,1238 @@ Tracer.__complex__ = lambda self: complex(_tracer_float(self))
 Tracer.__len__ = _tracer_len
 Tracer.__iter__ = _tracer_iter
 
+# ==== chapter: indexing ====
+
+import operator
+
+slice_p = Primitive("slice")
+pad_p = Primitive("pad")
+
+
+def lax_slice(x: ArrayLike, start_indices, limit_indices, strides=None) -> ArrayLike:
+    """``x[start:limit:stride]`` along every axis (``lax.slice``)."""
+    x = _as_input(x, "slice")
+    params = check_slice(get_aval(x), start_indices, limit_indices, strides)
+    return bind(slice_p, x, **params)
+
+
+def pad(x: ArrayLike, low, high, interior) -> ArrayLike:
+    """``x`` with zeros added before, after, and between its elements."""
+    x = _as_input(x, "pad")
+    return bind(pad_p, x, **check_pad(get_aval(x), low, high, interior))
+
+
+@slice_p.def_rule("transpose")
+def _slice_transpose(cts, x, *, start_indices, limit_indices, strides):
+    (ct,) = cts
+    taken = get_aval(ct).shape
+    end = map(_past_last, start_indices, taken, strides)  # where the taken ones end
+    high = [n - e for n, e in zip(x.aval.shape, end)]
+    return [pad(ct, start_indices, high, [s - 1 for s in strides])]
+
+
+@pad_p.def_rule("transpose")
+def _pad_transpose(cts, x, *, low, high, interior):
+    (ct,) = cts
+    steps = [i + 1 for i in interior]
+    limits = map(_past_last, low, x.aval.shape, steps)
+    return [lax_slice(ct, low, tuple(limits), steps)]
+
+
+# @title slice and pad: checks, evaluation, abstract evaluation, batching, lowering
+def _int_tuple_param(name: str, what: str, values: Any, ndim: int) -> tuple:
+    try:
+        values = tuple(operator.index(v) for v in values)
+    except TypeError:
+        raise TypeError(
+            f"{name}: {what} must be a sequence of ints, got {values!r}"
+        ) from None
+    if len(values) != ndim:
+        raise TypeError(
+            f"{name}: {what} {values} needs one entry per axis of an array "
+            f"with {ndim} axes"
+        )
+    return values
+
+
+def check_slice(aval: ShapedArray, start, limit, strides) -> dict:
+    start = _int_tuple_param("slice", "start_indices", start, aval.ndim)
+    limit = _int_tuple_param("slice", "limit_indices", limit, aval.ndim)
+    strides = (1,) * aval.ndim if strides is None else strides
+    strides = _int_tuple_param("slice", "strides", strides, aval.ndim)
+    for lo, hi, s, n in zip(start, limit, strides, aval.shape):
+        if not 0 <= lo <= hi <= n or s < 1:
+            raise ValueError(
+                f"slice: start_indices {start}, limit_indices {limit} and "
+                f"strides {strides} do not fit {aval.str_short()} (each axis "
+                "needs 0 <= start <= limit <= size and a stride of at least 1)"
+            )
+    return dict(start_indices=start, limit_indices=limit, strides=strides)
+
+
+def check_pad(aval: ShapedArray, low, high, interior) -> dict:
+    low = _int_tuple_param("pad", "low", low, aval.ndim)
+    high = _int_tuple_param("pad", "high", high, aval.ndim)
+    interior = _int_tuple_param("pad", "interior", interior, aval.ndim)
+    if min((*low, *high, *interior), default=0) < 0:
+        raise ValueError(
+            f"pad: low {low}, high {high} and interior {interior} must not be "
+            f"negative (padding {aval.str_short()})"
+        )
+    return dict(low=low, high=high, interior=interior)
+
+
+def _past_last(start: int, count: int, step: int) -> int:
+    """The position after the last of ``count`` elements taken every ``step``."""
+    return start + (count - 1) * step + 1 if count else start
+
+
+def _sliced_size(start: int, limit: int, stride: int) -> int:
+    return max(0, -(-(limit - start) // stride))
+
+
+def _padded_size(n: int, lo: int, hi: int, inner: int) -> int:
+    return lo + n + max(n - 1, 0) * inner + hi
+
+
+@slice_p.def_rule("impl")
+def _slice_impl(x, *, start_indices, limit_indices, strides):
+    index = tuple(map(slice, start_indices, limit_indices, strides))
+    return [np.asarray(x)[index].copy()]
+
+
+@slice_p.def_rule("abstract_eval")
+def _slice_abstract_eval(x, *, start_indices, limit_indices, strides):
+    check_slice(x, start_indices, limit_indices, strides)
+    shape = map(_sliced_size, start_indices, limit_indices, strides)
+    return [ShapedArray(tuple(shape), x.dtype)]
+
+
+@slice_p.def_rule("vmap")
+def _slice_vmap(axis, vals, dims, *, start_indices, limit_indices, strides):
+    (x,), (b,) = vals, dims
+
+    def widen(params, value):
+        return (*params[:b], value, *params[b:])
+
+    start, limit = widen(start_indices, 0), widen(limit_indices, axis.size)
+    return [lax_slice(x, start, limit, widen(strides, 1))], [b]
+
+
+@slice_p.def_rule("lower")
+def _slice_lower(ctx, avals_in, avals_out, x, *, start_indices, limit_indices, strides):
+    return [hlo.slice(x, start_indices, limit_indices, strides)]
+
+
+@pad_p.def_rule("impl")
+def _pad_impl(x, *, low, high, interior):
+    x = np.asarray(x)
+    shape = tuple(map(_padded_size, x.shape, low, high, interior))
+    out = np.zeros(shape, x.dtype)
+    index = tuple(
+        slice(lo, lo + (n - 1) * (i + 1) + 1 if n else lo, i + 1)
+        for lo, n, i in zip(low, x.shape, interior)
+    )
+    out[index] = x
+    return [out]
+
+
+@pad_p.def_rule("abstract_eval")
+def _pad_abstract_eval(x, *, low, high, interior):
+    check_pad(x, low, high, interior)
+    shape = map(_padded_size, x.shape, low, high, interior)
+    return [ShapedArray(tuple(shape), x.dtype)]
+
+
+@pad_p.def_rule("vmap")
+def _pad_vmap(axis, vals, dims, *, low, high, interior):
+    (x,), (b,) = vals, dims
+
+    def widen(params):
+        return (*params[:b], 0, *params[b:])
+
+    return [pad(x, widen(low), widen(high), widen(interior))], [b]
+
+
+@pad_p.def_rule("lower")
+def _pad_lower(ctx, avals_in, avals_out, x, *, low, high, interior):
+    zero = ir_constant(0, ShapedArray((), avals_in[0].dtype))
+    return [hlo.pad(x, zero, low, high, interior)]
+
+
+_linear_jvp(slice_p)
+_linear_jvp(pad_p)
+
+dynamic_slice_p = Primitive("dynamic_slice")
+dynamic_update_slice_p = Primitive("dynamic_update_slice")
+
+
+def dynamic_slice(x, start_indices, slice_sizes, *, allow_negative_indices=True):
+    """The block of ``slice_sizes`` at ``start_indices`` (clamped to fit)."""
+    x = _as_input(x, "dynamic_slice")
+    starts = check_starts("dynamic_slice", get_aval(x), start_indices)
+    if allow_negative_indices:  # as in JAX's lax, -1 is the last position
+        starts = [_wrap_negative(s, n) for s, n in zip(starts, get_aval(x).shape)]
+    sizes = check_slice_sizes(get_aval(x), slice_sizes)
+    return bind(dynamic_slice_p, x, *starts, slice_sizes=sizes)
+
+
+def dynamic_update_slice(x, update, start_indices, *, allow_negative_indices=True):
+    """``x`` with ``update`` written at ``start_indices`` (clamped to fit)."""
+    x, update = _as_input(x, "dynamic_update_slice"), _as_input(update, "update")
+    check_update_block(get_aval(x), get_aval(update))
+    starts = check_starts("dynamic_update_slice", get_aval(x), start_indices)
+    if allow_negative_indices:
+        starts = [_wrap_negative(s, n) for s, n in zip(starts, get_aval(x).shape)]
+    return bind(dynamic_update_slice_p, x, update, *starts)
+
+
+@dynamic_slice_p.def_rule("transpose")
+def _dynamic_slice_transpose(cts, x, *starts, slice_sizes):
+    (ct,) = cts
+    ct_x = dynamic_update_slice(
+        zeros_of(x.aval), ct, starts, allow_negative_indices=False
+    )
+    return [ct_x] + [None] * len(starts)
+
+
+@dynamic_update_slice_p.def_rule("transpose")
+def _dynamic_update_slice_transpose(cts, x, update, *starts):
+    (ct,) = cts
+    block = _aval_of(update)
+    exact = dict(allow_negative_indices=False)  # starts as the primitive got them
+    ct_x = (
+        dynamic_update_slice(ct, zeros_of(block), starts, **exact)
+        if _is_undef(x)
+        else None
+    )
+    ct_update = (
+        dynamic_slice(ct, starts, block.shape, **exact) if _is_undef(update) else None
+    )
+    return [ct_x, ct_update] + [None] * len(starts)
+
+
+# @title dynamic_slice, dynamic_update_slice: checks, evaluation, types, jvp, lowering
+def zeros_of(aval: ShapedArray) -> ArrayLike:
+    """Zeros of type ``aval``: a broadcast of one zero (an equation under jit)."""
+    zero = np.zeros((), aval.dtype)
+    return broadcast(zero, aval.shape, tuple(range(aval.ndim))) if aval.ndim else zero
+
+
+def _wrap_negative(i: Any, n: int) -> Any:
+    """NumPy's negative indices count from the end."""
+    if get_aval(i).dtype.kind == "u":
+        return i
+    if not isinstance(i, Tracer):
+        return np.where(np.asarray(i) < 0, np.asarray(i) + n, i).astype(
+            get_aval(i).dtype
+        )
+    return select(i < 0, i + n, i)
+
+
+def check_starts(name: str, aval: ShapedArray, starts: Any) -> list:
+    """One scalar integer per axis of ``aval``; Python ints become int64."""
+    try:
+        starts = [
+            np.asarray(s, np.int64) if type(s) is int else _as_input(s, name)
+            for s in starts
+        ]
+    except TypeError:
+        raise TypeError(
+            f"{name}: start_indices must be a sequence of scalar integers, got "
+            f"{_short_repr(starts)}"
+        ) from None
+    check_start_types(name, aval, [get_aval(s) for s in starts])
+    return starts
+
+
+def check_start_types(name: str, aval: ShapedArray, starts: list) -> None:
+    if len(starts) != aval.ndim:
+        raise TypeError(
+            f"{name}: {len(starts)} start indices for {aval.str_short()}, "
+            f"which has {aval.ndim} axes"
+        )
+    for s in starts:
+        if s.shape or s.dtype.kind not in "iu":
+            raise TypeError(
+                f"{name}: each start index must be a scalar integer, got "
+                f"{s.str_short()}"
+            )
+
+
+def check_slice_sizes(aval: ShapedArray, sizes: Any) -> tuple:
+    sizes = _int_tuple_param("dynamic_slice", "slice_sizes", sizes, aval.ndim)
+    if any(not 0 <= k <= n for k, n in zip(sizes, aval.shape)):
+        raise TypeError(
+            f"dynamic_slice: slice_sizes {sizes} do not fit in {aval.str_short()}"
+        )
+    return sizes
+
+
+def check_update_block(aval: ShapedArray, block: ShapedArray) -> None:
+    if (
+        block.ndim != aval.ndim
+        or block.dtype != aval.dtype
+        or any(k > n for k, n in zip(block.shape, aval.shape))
+    ):
+        raise TypeError(
+            f"dynamic_update_slice: update {block.str_short()} does not fit in "
+            f"{aval.str_short()} (same dtype and number of axes, sizes no larger)"
+        )
+
+
+def _clamped_starts(shape, starts, sizes) -> list[int]:
+    starts = [int(np.asarray(s)) for s in starts]
+    return [min(max(s, 0), n - k) for s, n, k in zip(starts, shape, sizes)]
+
+
+def _block(starts: list[int], sizes) -> tuple:
+    return tuple(slice(s, s + k) for s, k in zip(starts, sizes))
+
+
+@dynamic_slice_p.def_rule("impl")
+def _dynamic_slice_impl(x, *starts, slice_sizes):
+    x = np.asarray(x)
+    return [x[_block(_clamped_starts(x.shape, starts, slice_sizes), slice_sizes)]]
+
+
+@dynamic_update_slice_p.def_rule("impl")
+def _dynamic_update_slice_impl(x, update, *starts):
+    out, update = np.array(x, copy=True), np.asarray(update)
+    out[_block(_clamped_starts(out.shape, starts, update.shape), update.shape)] = update
+    return [out]
+
+
+@dynamic_slice_p.def_rule("abstract_eval")
+def _dynamic_slice_abstract_eval(x, *starts, slice_sizes):
+    check_start_types("dynamic_slice", x, starts)
+    return [ShapedArray(check_slice_sizes(x, slice_sizes), x.dtype)]
+
+
+@dynamic_update_slice_p.def_rule("abstract_eval")
+def _dynamic_update_slice_abstract_eval(x, update, *starts):
+    check_update_block(x, update)
+    check_start_types("dynamic_update_slice", x, starts)
+    return [x]
+
+
+@dynamic_slice_p.def_rule("jvp")
+def _dynamic_slice_jvp(primals, tangents, *, slice_sizes):
+    (x, *starts), (dx, *_) = primals, tangents
+    params = dict(slice_sizes=slice_sizes)
+    return [bind(dynamic_slice_p, x, *starts, **params)], [
+        bind(dynamic_slice_p, dx, *starts, **params)
+    ]
+
+
+@dynamic_update_slice_p.def_rule("jvp")
+def _dynamic_update_slice_jvp(primals, tangents):
+    (x, update, *starts), (dx, dupdate, *_) = primals, tangents
+    return [bind(dynamic_update_slice_p, x, update, *starts)], [
+        bind(dynamic_update_slice_p, dx, dupdate, *starts)
+    ]
+
+
+def _i64_scalars(starts: Sequence[ir.Value], avals: Sequence[ShapedArray]) -> list:
+    """The start indices as i64 scalars: StableHLO wants one integer type."""
+    i64 = ir_type(ShapedArray((), np.int64))
+    return [
+        s if a.dtype == np.int64 else hlo.convert(i64, s) for s, a in zip(starts, avals)
+    ]
+
+
+@dynamic_slice_p.def_rule("lower")
+def _dynamic_slice_lower(ctx, avals_in, avals_out, x, *starts, slice_sizes):
+    return [hlo.dynamic_slice(x, _i64_scalars(starts, avals_in[1:]), slice_sizes)]
+
+
+@dynamic_update_slice_p.def_rule("lower")
+def _dynamic_update_slice_lower(ctx, avals_in, avals_out, x, update, *starts):
+    starts = _i64_scalars(starts, avals_in[2:])
+    return [hlo.dynamic_update_slice(x, update, starts)]
+
+
+gather_p = Primitive("gather")
+scatter_add_p = Primitive("scatter-add")
+scatter_p = Primitive("scatter")
+
+
+def gather(x: ArrayLike, *indices: ArrayLike, batch_dims: int = 0) -> ArrayLike:
+    """``x[i0, i1, ...]`` on leading axes (after ``batch_dims`` paired axes)."""
+    x, indices = check_gather("gather", x, indices, batch_dims)
+    return bind(gather_p, x, *indices, batch_dims=batch_dims)
+
+
+def scatter_add(x, updates, *indices, batch_dims: int = 0, mode="drop") -> ArrayLike:
+    """``x`` with ``updates`` added at ``x[i0, i1, ...]`` (repeats accumulate;
+    positions out of range dropped, or clamped with ``mode="clip"``)."""
+    x, updates, indices = check_scatter("scatter_add", x, updates, indices, batch_dims)
+    mode = check_scatter_mode(mode)
+    return bind(scatter_add_p, x, updates, *indices, batch_dims=batch_dims, mode=mode)
+
+
+def scatter(x, updates, *indices, batch_dims: int = 0) -> ArrayLike:
+    """``x`` with ``updates`` written at ``x[i0, i1, ...]``."""
+    x, updates, indices = check_scatter("scatter", x, updates, indices, batch_dims)
+    return bind(scatter_p, x, updates, *indices, batch_dims=batch_dims)
+
+
+@gather_p.def_rule("impl")
+def _gather_impl(x, *indices, batch_dims):
+    return [np.asarray(x)[numpy_index(np.shape(x), indices, batch_dims, clamp=True)]]
+
+
+@scatter_add_p.def_rule("impl")
+def _scatter_add_impl(x, updates, *indices, batch_dims, mode):
+    out = np.array(x, copy=True)
+    if mode == "clip":
+        indices = numpy_index(out.shape, indices, batch_dims, clamp=True)[batch_dims:]
+    inside, index = in_bounds_index(out.shape, indices, batch_dims)
+    np.add.at(out, index, np.asarray(updates)[inside])
+    return [out]
+
+
+# @title gather and the scatters: index tuples, checks, abstract evaluation
+def numpy_index(shape, indices, batch_dims: int, clamp: bool) -> tuple:
+    """NumPy's index tuple for ``x[batch..., i0, i1, ...]``."""
+    idx_shape = np.shape(indices[0])
+    batch = [
+        np.arange(idx_shape[d]).reshape(
+            [-1 if e == d else 1 for e in range(len(idx_shape))]
+        )
+        for d in range(batch_dims)
+    ]
+    indices = [np.asarray(i) for i in indices]
+    if clamp:
+        sizes = shape[batch_dims:]
+        indices = [np.clip(i, 0, n - 1).astype(i.dtype) for i, n in zip(indices, sizes)]
+    return (*batch, *indices)
+
+
+def in_bounds_index(shape, indices, batch_dims: int) -> tuple:
+    """Which index positions fall inside the array, and their index tuple."""
+    inside = np.ones(np.shape(indices[0]), bool)
+    for i, n in zip(indices, shape[batch_dims:]):
+        i = np.asarray(i)
+        inside &= (i >= 0) & (i < n)
+    index = numpy_index(shape, indices, batch_dims, clamp=False)
+    return inside, tuple(np.broadcast_to(a, inside.shape)[inside] for a in index)
+
+
+@scatter_p.def_rule("impl")
+def _scatter_impl(x, updates, *indices, batch_dims):
+    out = np.array(x, copy=True)
+    inside, index = in_bounds_index(out.shape, indices, batch_dims)
+    out[index] = np.asarray(updates)[inside]  # a repeated position: the last wins
+    return [out]
+
+
+def _gather_types(name, x, indices, batch_dims) -> tuple:
+    """Check the types of a gather; return the index shape and the window."""
+    if not isinstance(batch_dims, int) or batch_dims < 0:
+        raise TypeError(f"{name}: batch_dims must be an int >= 0, got {batch_dims!r}")
+    if not indices:
+        raise TypeError(f"{name}: needs at least one index array")
+    idx_shape = indices[0].shape
+    for i in indices:
+        if i.dtype.kind not in "iu" or i.shape != idx_shape:
+            raise TypeError(
+                f"{name}: index arrays must be integer arrays of one shape, got "
+                f"{', '.join(j.str_short() for j in indices)}"
+            )
+    if (
+        len(idx_shape) < batch_dims
+        or x.ndim < batch_dims + len(indices)
+        or x.shape[:batch_dims] != idx_shape[:batch_dims]
+    ):
+        raise TypeError(
+            f"{name}: {len(indices)} index arrays of shape {idx_shape} with "
+            f"batch_dims={batch_dims} do not fit {x.str_short()}"
+        )
+    return idx_shape, x.shape[batch_dims + len(indices) :]
+
+
+def check_scatter_mode(mode: Any) -> str:
+    if mode not in ("drop", "clip"):
+        raise ValueError(f"scatter_add: mode must be 'drop' or 'clip', got {mode!r}")
+    return mode
+
+
+def check_gather(name, x, indices, batch_dims) -> tuple:
+    x = _as_input(x, name)
+    indices = [_as_input(i, name) for i in indices]
+    _gather_types(name, get_aval(x), [get_aval(i) for i in indices], batch_dims)
+    return x, indices
+
+
+def check_scatter(name, x, updates, indices, batch_dims) -> tuple:
+    x, indices = check_gather(name, x, indices, batch_dims)
+    updates = _as_input(updates, name)
+    idx_avals = [get_aval(i) for i in indices]
+    _check_scatter_types(name, get_aval(x), get_aval(updates), idx_avals, batch_dims)
+    return x, updates, indices
+
+
+def _check_scatter_types(name, x, updates, idx_avals, batch_dims) -> None:
+    idx_shape, window = _gather_types(name, x, idx_avals, batch_dims)
+    expected = ShapedArray((*idx_shape, *window), x.dtype)
+    if updates != expected:
+        raise TypeError(
+            f"{name}: updates must have type {expected.str_short()} to fit "
+            f"{x.str_short()} at indices of shape {idx_shape}, got "
+            f"{updates.str_short()}"
+        )
+
+
+@gather_p.def_rule("abstract_eval")
+def _gather_abstract_eval(x, *indices, batch_dims):
+    idx_shape, window = _gather_types("gather", x, indices, batch_dims)
+    return [ShapedArray((*idx_shape, *window), x.dtype)]
+
+
+def _scatter_abstract_eval(name: str) -> Callable:
+    def rule(x, updates, *indices, batch_dims, mode="drop"):
+        _check_scatter_types(name, x, updates, indices, batch_dims)
+        if name == "scatter_add" and x.dtype.kind not in "iuf":
+            raise TypeError(
+                f"scatter_add: expected a numeric array, got {x.str_short()}"
+            )
+        return [x]
+
+    return rule
+
+
+for _prim, _name in [(scatter_add_p, "scatter_add"), (scatter_p, "scatter")]:
+    _prim.def_rule("abstract_eval")(_scatter_abstract_eval(_name))
+
+
+@gather_p.def_rule("transpose")
+def _gather_transpose(cts, x, *indices, batch_dims):
+    (ct,) = cts
+    zeros = zeros_of(x.aval)
+    # mode="clip": add where the gather read, at the clamped positions
+    ct_x = scatter_add(zeros, ct, *indices, batch_dims=batch_dims, mode="clip")
+    return [ct_x] + [None] * len(indices)
+
+
+@scatter_add_p.def_rule("transpose")
+def _scatter_add_transpose(cts, x, updates, *indices, batch_dims, mode):
+    (ct,) = cts
+    ct_updates = None
+    if _is_undef(updates):
+        ct_updates = gather(ct, *indices, batch_dims=batch_dims)
+        if mode == "drop":  # a dropped update had no effect: zero cotangent
+            ct_updates = zero_where_dropped(ct_updates, ct, indices, batch_dims)
+    return [ct if _is_undef(x) else None, ct_updates] + [None] * len(indices)
+
+
+# @title Bounds in the transposes; jvp rules; scatter's transpose
+def in_bounds(shape, indices, batch_dims) -> ArrayLike:
+    """A boolean array over the index positions: inside the array or not."""
+    inside = True
+    for i, n in zip(indices, shape[batch_dims:]):
+        here = select(i >= 0, i < n, i >= 0)  # i >= 0 and i < n
+        inside = here if inside is True else select(here, inside, here)
+    return inside
+
+
+def zero_where_dropped(values, ct, indices, batch_dims) -> ArrayLike:
+    """``values`` (one window per index position), zero where the index was
+    outside ``ct``'s shape (a scatter dropped that update)."""
+    inside = in_bounds(get_aval(ct).shape, indices, batch_dims)
+    aval = get_aval(values)
+    idx_ndim = get_aval(indices[0]).ndim
+    window = tuple(range(idx_ndim, aval.ndim))
+    inside = broadcast(inside, aval.shape, window) if window else inside
+    return select(inside, values, zeros_of(aval))
+
+
+@gather_p.def_rule("jvp")
+def _gather_jvp(primals, tangents, *, batch_dims):
+    (x, *indices), (dx, *_) = primals, tangents
+    return [gather(x, *indices, batch_dims=batch_dims)], [
+        gather(dx, *indices, batch_dims=batch_dims)
+    ]
+
+
+def _scatter_jvp(prim: Primitive) -> None:
+    @prim.def_rule("jvp")
+    def rule(primals, tangents, **params):
+        (x, updates, *indices), (dx, dupdates, *_) = primals, tangents
+        out = bind(prim, x, updates, *indices, **params)
+        # the tangent takes the same winner at a repeated position as the
+        # primal: evaluation and XLA on CPU apply updates in one fixed order
+        return [out], [bind(prim, dx, dupdates, *indices, **params)]
+
+
+_scatter_jvp(scatter_add_p)
+_scatter_jvp(scatter_p)
+
+
+@scatter_p.def_rule("transpose")
+def _scatter_transpose(cts, x, updates, *indices, batch_dims):
+    (ct,) = cts
+    up_aval = _aval_of(updates)
+    ct_x = ct_updates = None
+    if _is_undef(x):  # overwritten positions had no influence on the output
+        ct_x = scatter(ct, zeros_of(up_aval), *indices, batch_dims=batch_dims)
+    if _is_undef(updates):
+        ct_updates = gather(ct, *indices, batch_dims=batch_dims)
+        ct_updates = zero_where_dropped(ct_updates, ct, indices, batch_dims)
+        won = update_won(get_aval(ct).shape, indices, batch_dims)
+        idx_ndim = get_aval(indices[0]).ndim
+        window = tuple(range(idx_ndim, up_aval.ndim))
+        won = broadcast(won, up_aval.shape, window) if window else won
+        ct_updates = select(won, ct_updates, zeros_of(up_aval))
+    return [ct_x, ct_updates] + [None] * len(indices)
+
+
+def update_won(shape, indices, batch_dims) -> ArrayLike:
+    """Which updates a scatter keeps at a repeated position: scatter their
+    ids, read the ids back, and compare."""
+    idx_shape = get_aval(indices[0]).shape
+    ids = np.arange(math.prod(idx_shape), dtype=np.int64).reshape(idx_shape)
+    positions = shape[: batch_dims + len(indices)]
+    board = np.full(positions, -1, np.int64)
+    written = scatter(board, ids, *indices, batch_dims=batch_dims)
+    return equal(gather(written, *indices, batch_dims=batch_dims), ids)
+
+
+@gather_p.def_rule("vmap")
+def _gather_vmap(axis, vals, dims, *, batch_dims):
+    (x, *indices), (bx, *b_indices) = vals, dims
+    nb, k = batch_dims, len(indices)
+    if all(b is None for b in b_indices):  # one index map for every example
+        x = move_batch_axis(axis.size, bx, nb + k, x)
+        return [gather(x, *indices, batch_dims=nb)], [get_aval(indices[0]).ndim]
+    if bx is None:  # one array, an index map per example
+        indices = [
+            move_batch_axis(axis.size, b, nb, i) for i, b in zip(indices, b_indices)
+        ]
+        return [gather(x, *indices, batch_dims=nb)], [nb]
+    x = move_batch_axis(axis.size, bx, 0, x)  # both: pair the batch axes
+    indices = [move_batch_axis(axis.size, b, 0, i) for i, b in zip(indices, b_indices)]
+    return [gather(x, *indices, batch_dims=nb + 1)], [0]
+
+
+# @title Batching the scatters, dynamic_slice and dynamic_update_slice
+def _scatter_vmap(prim: Primitive) -> None:
+    @prim.def_rule("vmap")
+    def rule(axis, vals, dims, *, batch_dims, **params):
+        (x, updates, *indices), (bx, bu, *b_indices) = vals, dims
+        nb, k = batch_dims, len(indices)
+        if all(b is None for b in b_indices):
+            x = move_batch_axis(axis.size, bx, nb + k, x)
+            updates = move_batch_axis(axis.size, bu, get_aval(indices[0]).ndim, updates)
+            out = bind(prim, x, updates, *indices, batch_dims=nb, **params)
+            return [out], [nb + k]
+        x = move_batch_axis(axis.size, bx, 0, x)
+        updates = move_batch_axis(axis.size, bu, 0, updates)
+        indices = [
+            move_batch_axis(axis.size, b, 0, i) for i, b in zip(indices, b_indices)
+        ]
+        return [bind(prim, x, updates, *indices, batch_dims=nb + 1, **params)], [0]
+
+
+_scatter_vmap(scatter_add_p)
+_scatter_vmap(scatter_p)
+
+
+def block_positions(axis_size, shape, starts, b_starts, sizes) -> list:
+    """Per example, the index arrays of a block of ``sizes`` at ``starts``
+    (clamped to fit ``shape``): one array of shape (batch, *sizes) per axis."""
+    out_shape = (axis_size, *sizes)
+    positions = []
+    for a, (s, b, n, k) in enumerate(zip(starts, b_starts, shape, sizes)):
+        s = move_batch_axis(axis_size, b, 0, s)  # (batch,)
+        s = numpy_clip(s, 0, n - k)
+        offsets = np.arange(k, dtype=get_aval(s).dtype)
+        others = tuple(d for d in range(len(out_shape)) if d != a + 1)
+        s = broadcast(s, out_shape, tuple(range(1, len(out_shape))))
+        positions.append(add(s, broadcast(offsets, out_shape, others)))
+    return positions
+
+
+@dynamic_slice_p.def_rule("vmap")
+def _dynamic_slice_vmap(axis, vals, dims, *, slice_sizes):
+    (x, *starts), (bx, *b_starts) = vals, dims
+    if all(b is None for b in b_starts):
+        x = move_batch_axis(axis.size, bx, 0, x)
+        zero = np.zeros((), np.int64)
+        sizes = (axis.size, *slice_sizes)
+        return [bind(dynamic_slice_p, x, zero, *starts, slice_sizes=sizes)], [0]
+    shape = (
+        get_aval(x).shape
+        if bx is None
+        else get_aval(x).shape[:bx] + get_aval(x).shape[bx + 1 :]
+    )
+    positions = block_positions(axis.size, shape, starts, b_starts, slice_sizes)
+    if bx is None:
+        return [gather(x, *positions)], [0]
+    x = move_batch_axis(axis.size, bx, 0, x)
+    return [gather(x, *positions, batch_dims=1)], [0]
+
+
+@dynamic_update_slice_p.def_rule("vmap")
+def _dynamic_update_slice_vmap(axis, vals, dims):
+    (x, update, *starts), (bx, bu, *b_starts) = vals, dims
+    x = move_batch_axis(axis.size, bx, 0, x)
+    update = move_batch_axis(axis.size, bu, 0, update)
+    if all(b is None for b in b_starts):
+        zero = np.zeros((), np.int64)
+        return [bind(dynamic_update_slice_p, x, update, zero, *starts)], [0]
+    shape, sizes = get_aval(x).shape[1:], get_aval(update).shape[1:]
+    positions = block_positions(axis.size, shape, starts, b_starts, sizes)
+    return [scatter(x, update, *positions, batch_dims=1)], [0]
+
+
+# @title Lowering to stablehlo.gather and stablehlo.scatter
+def _stacked_indices(indices, avals, clamp_to=None) -> ir.Value:
+    """One i64 index array with the index vector as its last axis (each
+    index clamped into [0, size) if the sizes ``clamp_to`` are given)."""
+    shape = avals[0].shape
+    column = ir_type(ShapedArray((*shape, 1), np.int64))
+    i64 = ShapedArray(shape, np.int64)
+    columns = []
+    for k, (i, a) in enumerate(zip(indices, avals)):
+        i = i if a.dtype == np.int64 else hlo.convert(ir_type(i64), i)
+        if clamp_to is not None:
+            top = ir_constant(max(clamp_to[k] - 1, 0), i64)
+            i = hlo.clamp(ir_constant(0, i64), i, top)
+        columns.append(hlo.reshape(column, i))
+    return columns[0] if len(columns) == 1 else hlo.concatenate(columns, len(shape))
+
+
+@gather_p.def_rule("lower")
+def _gather_lower(ctx, avals_in, avals_out, x, *indices, batch_dims):
+    x_aval, idx_avals = avals_in[0], avals_in[1:]
+    nb, k, r = batch_dims, len(indices), idx_avals[0].ndim
+    dims = hlo.GatherDimensionNumbers.get(
+        offset_dims=list(range(r, avals_out[0].ndim)),
+        collapsed_slice_dims=list(range(nb, nb + k)),
+        operand_batching_dims=list(range(nb)),
+        start_indices_batching_dims=list(range(nb)),
+        start_index_map=list(range(nb, nb + k)),
+        index_vector_dim=r,
+    )
+    sizes = [1] * (nb + k) + list(x_aval.shape[nb + k :])
+    out = hlo.gather(x, _stacked_indices(indices, idx_avals), dims, sizes)
+    return [out]
+
+
+def _lower_scatter(prim: Primitive, combine: Callable | None) -> None:
+    @prim.def_rule("lower")
+    def rule(ctx, avals_in, avals_out, x, updates, *indices, batch_dims, mode="drop"):
+        x_aval, up_aval, idx_avals = avals_in[0], avals_in[1], avals_in[2:]
+        nb, k, r = batch_dims, len(indices), idx_avals[0].ndim
+        dims = hlo.ScatterDimensionNumbers.get(
+            update_window_dims=list(range(r, up_aval.ndim)),
+            inserted_window_dims=list(range(nb, nb + k)),
+            input_batching_dims=list(range(nb)),
+            scatter_indices_batching_dims=list(range(nb)),
+            scattered_dims_to_operand_dims=list(range(nb, nb + k)),
+            index_vector_dim=r,
+        )
+        sizes = x_aval.shape[nb:] if mode == "clip" else None
+        stacked = _stacked_indices(indices, idx_avals, sizes)
+        op = hlo.ScatterOp([ir_type(avals_out[0])], [x], stacked, [updates], dims)
+        scalar = ir_type(ShapedArray((), x_aval.dtype))
+        body = op.regions[0].blocks.append(scalar, scalar)
+        with ir.InsertionPoint(body):
+            old, new = body.arguments
+            hlo.ReturnOp([new if combine is None else combine(old, new)])
+        return [op.results[0]]
+
+
+_lower_scatter(scatter_add_p, hlo.add)
+_lower_scatter(scatter_p, None)
+
+
+def getitem(x: ArrayLike, idx: Any) -> ArrayLike:
+    """``x[idx]`` with NumPy's indexing rules (JAX's bounds: reads clamp)."""
+    plan = index_plan(get_aval(x), idx)
+    if plan.kind == "empty":  # nothing to read
+        return zeros_of(ShapedArray(plan.shape, get_aval(x).dtype))
+    if plan.kind == "slice":
+        x = lax_slice(x, plan.starts, plan.limits, plan.strides)
+    elif plan.kind == "dynamic_slice":
+        x = dynamic_slice(x, plan.starts, plan.sizes)
+    else:
+        x = gather(x, *plan.positions)
+    return reshape(x, plan.shape)
+
+
+class IndexUpdateRef(NamedTuple):
+    """``x.at[idx]``: what ``set``, ``add`` and ``get`` act on."""
+
+    x: ArrayLike
+    idx: Any
+
+    def get(self) -> ArrayLike:
+        return getitem(self.x, self.idx)
+
+    def set(self, values: ArrayLike) -> ArrayLike:
+        return self._write(scatter, values)
+
+    def add(self, values: ArrayLike) -> ArrayLike:
+        return self._write(scatter_add, values)
+
+    def _write(self, scatter_fn: Callable, values: ArrayLike) -> ArrayLike:
+        plan = index_plan(get_aval(self.x), self.idx, for_update=True)
+        values = check_update_values(self.x, plan.shape, values)  # broadcast, cast
+        if plan.kind == "empty":  # nothing to write
+            return self.x
+        values = reshape(values, plan.gather_shape)
+        return scatter_fn(self.x, values, *plan.positions)
+
+
+# @title index_plan: NumPy's index language, parsed into a slice or a gather
+class IndexingError(IndexError, TypeError):
+    """An index that does not fit the array (an IndexError, as in NumPy)."""
+
+
+class NonConcreteBooleanIndexError(IndexingError):
+    """A boolean mask index whose value is not known while tracing."""
+
+
+class IndexPlan(NamedTuple):
+    kind: str  # "slice", "dynamic_slice", "gather" or "empty"
+    shape: tuple  # the shape of x[idx]
+    starts: Any = None  # slice, dynamic_slice
+    limits: Any = None  # slice
+    strides: Any = None  # slice
+    sizes: Any = None  # dynamic_slice
+    positions: Any = None  # gather: one index array per indexed leading axis
+    gather_shape: Any = None  # the shape the gather reads (x[idx] before reshaping)
+
+
+def _entries(aval: ShapedArray, idx: Any) -> list:
+    """The index as a list of (kind, axis, value): ("new",), ("slice", axis,
+    (start, step, count)), ("int", axis, i), ("array", axis, array)."""
+    if isinstance(idx, list):
+        raise TypeError(
+            f"indexing {aval.str_short()} with a list {_short_repr(idx)}: use a "
+            "tuple for several indices, or an array, x[np.array(seq)], as in JAX"
+        )
+    items = list(idx) if isinstance(idx, tuple) else [idx]
+    if sum(item is Ellipsis for item in items) > 1:
+        raise IndexingError(f"indexing {aval.str_short()}: at most one ... is allowed")
+    used = sum(_axes_used(aval, item) for item in items if item is not Ellipsis)
+    if used > aval.ndim:
+        raise IndexingError(
+            f"Too many indices: {aval.str_short()} has {aval.ndim} axes, but "
+            f"{used} were indexed by {_short_repr(idx)}"
+        )
+    if not any(item is Ellipsis for item in items):
+        items.append(Ellipsis)
+    at = next(k for k, item in enumerate(items) if item is Ellipsis)
+    items[at : at + 1] = [slice(None)] * (aval.ndim - used)
+    entries, axis = [], 0
+    for item in items:
+        if item is None:
+            entries.append(("new",))
+            continue
+        n = aval.shape[axis] if axis < aval.ndim else 0
+        if isinstance(item, slice):
+            start, stop, step = (
+                _static_int(aval, v) for v in (item.start, item.stop, item.step)
+            )
+            if step == 0:
+                raise ValueError(
+                    f"indexing {aval.str_short()}: slice step cannot be zero"
+                )
+            start, stop, step = slice(start, stop, step).indices(n)
+            entries.append(
+                ("slice", axis, (start, step, len(range(start, stop, step))))
+            )
+            axis += 1
+        elif _is_python_scalar(item) or isinstance(item, np.integer):
+            entries.append(("int", axis, _static_int(aval, item)))
+            axis += 1
+        else:
+            array = _index_array(aval, item)
+            if get_aval(array).dtype == np.bool_:
+                mask_shape = get_aval(array).shape
+                if mask_shape != aval.shape[axis : axis + len(mask_shape)]:
+                    raise IndexingError(
+                        f"indexing {aval.str_short()}: a boolean mask of shape "
+                        f"{mask_shape} does not match the axes it indexes, "
+                        f"{aval.shape[axis : axis + len(mask_shape)]}"
+                    )
+                for a in np.nonzero(array):
+                    entries.append(("array", axis, a))
+                    axis += 1
+            else:
+                entries.append(("array", axis, array))
+                axis += 1
+    return entries
+
+
+def _axes_used(aval: ShapedArray, item: Any) -> int:
+    if item is None:
+        return 0
+    if isinstance(item, (slice, int, np.integer)) or _is_python_scalar(item):
+        return 1
+    array = _index_array(aval, item)
+    return get_aval(array).ndim if get_aval(array).dtype == np.bool_ else 1
+
+
+def _static_int(aval: ShapedArray, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, Tracer):
+        value.check_live()
+        raise TypeError(
+            f"indexing {aval.str_short()}: a slice's start, stop and step must "
+            f"be known while tracing, got a traced {value.aval.str_short()}; use "
+            "dynamic_slice for a block at a traced position"
+        )
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(
+            f"indexing {aval.str_short()}: Indexer must have integer or boolean "
+            f"type, got {_short_repr(value)}"
+        )
+    return int(value)
+
+
+def _index_array(aval: ShapedArray, item: Any) -> Any:
+    """An index given as an array: NumPy's (kept static), or a tracer."""
+    if isinstance(item, Tracer):
+        item.check_live()
+        if item.aval.dtype == np.bool_:
+            raise NonConcreteBooleanIndexError(
+                f"indexing {aval.str_short()} with a traced boolean mask "
+                f"{item.aval.str_short()}: the shape of the result would depend "
+                "on the mask's values, which are not known while tracing. Use "
+                "jnp.where(mask, x, 0) (or a sum of the masked values) instead"
+            )
+    else:
+        item = np.asarray(item)  # NumPy arrays, device Arrays, booleans
+    dtype = get_aval(item).dtype
+    if dtype.kind not in "biu":
+        raise TypeError(
+            f"indexing {aval.str_short()}: Indexer must have integer or boolean "
+            f"type, got an index of type {get_aval(item).str_short()}"
+        )
+    return item
+
+
+def index_plan(aval: ShapedArray, idx: Any, for_update: bool = False) -> IndexPlan:
+    """How to compute ``x[idx]`` for ``x`` of type ``aval``."""
+    entries = _entries(aval, idx)
+    arrays = [e for e in entries if e[0] == "array"]
+    simple = all(e[0] != "slice" or e[2][1] > 0 for e in entries)
+    if not for_update and simple and all(get_aval(e[2]).ndim == 0 for e in arrays):
+        return _slicing_plan(aval, entries)
+    return _gather_plan(aval, entries)
+
+
+def _slicing_plan(aval: ShapedArray, entries: list) -> IndexPlan:
+    """ints, positive-step slices, None, traced scalars: a (dynamic) slice."""
+    starts, limits, strides = [0] * aval.ndim, list(aval.shape), [1] * aval.ndim
+    shape, dynamic = [], False
+    for e in entries:
+        if e[0] == "new":
+            shape.append(1)
+        elif e[0] == "slice":
+            axis, (start, step, count) = e[1], e[2]
+            starts[axis], strides[axis] = start, step
+            limits[axis] = start + (count - 1) * step + 1 if count else start
+            shape.append(count)
+        elif e[0] == "int" or not isinstance(e[2], Tracer):  # one element
+            axis, n = e[1], aval.shape[e[1]]
+            i = int(np.asarray(e[2]))
+            i = i + n if i < 0 else i
+            starts[axis] = min(max(i, 0), n - 1)  # JAX clamps reads
+            limits[axis] = starts[axis] + 1
+        else:  # a traced scalar: a dynamic start
+            starts[e[1]], limits[e[1]], dynamic = e[2], None, True  # wrapped later
+    if not dynamic:
+        return IndexPlan(
+            "slice", tuple(shape), tuple(starts), tuple(limits), tuple(strides)
+        )
+    if any(s != 1 for s in strides):
+        return _gather_plan(aval, entries)
+    sizes = tuple(1 if hi is None else hi - lo for lo, hi in zip(starts, limits))
+    starts = [s if isinstance(s, Tracer) else np.asarray(s, np.int64) for s in starts]
+    return IndexPlan("dynamic_slice", tuple(shape), starts=starts, sizes=sizes)
+
+
+def _gather_plan(aval: ShapedArray, entries: list) -> IndexPlan:
+    """Everything else: the position of each element of x[idx] along each
+    indexed axis, as index arrays shaped like the result."""
+    entries = [
+        ("array", e[1], np.asarray(e[2])) if e[0] == "int" else e for e in entries
+    ]
+    adv = [k for k, e in enumerate(entries) if e[0] == "array"]
+    contiguous = adv == list(range(adv[0], adv[0] + len(adv))) if adv else True
+    adv_shape = np.broadcast_shapes(*(get_aval(entries[k][2]).shape for k in adv))
+    # the result's axes, in order: ("new",), ("slice", axis) or ("array",)
+    layout = []
+    for k, e in enumerate(entries):
+        if e[0] != "array":
+            layout.append(e[:2])
+        elif k == adv[0] and contiguous:
+            layout.append(("array",))
+    if not contiguous:
+        layout.insert(0, ("array",))
+    shape, where = [], {}
+    for item in layout:
+        where[item] = len(shape)
+        if item[0] == "array":
+            shape.extend(adv_shape)
+        elif item[0] == "new":
+            shape.append(1)
+        else:
+            shape.append(next(e[2][2] for e in entries if e[:2] == item))
+    # trailing axes of x taken whole, last in the result too: the window
+    window = 0
+    for axis in reversed(range(1, aval.ndim)):  # axis 0 is always indexed
+        e = next(e for e in entries if e[0] != "new" and e[1] == axis)
+        if (
+            e[0] != "slice"
+            or e[2] != (0, 1, aval.shape[axis])
+            or where[("slice", axis)] != len(shape) - (aval.ndim - axis)
+        ):
+            break
+        window += 1
+    positions_shape = tuple(shape[: len(shape) - window])
+    positions = []
+    for axis in range(aval.ndim - window):
+        e = next(e for e in entries if e[0] != "new" and e[1] == axis)
+        if e[0] == "slice":
+            start, step, count = e[2]
+            p = np.arange(count, dtype=np.int64) * step + start
+            at = where[("slice", axis)]
+            p = p.reshape([-1 if d == at else 1 for d in range(len(positions_shape))])
+            positions.append(np.broadcast_to(p, positions_shape))
+        else:
+            p = broadcast_to(_wrap_negative(e[2], aval.shape[axis]), adv_shape)
+            at = where[("array",)]
+            block = range(at, at + len(adv_shape))
+            others = tuple(d for d in range(len(positions_shape)) if d not in block)
+            positions.append(broadcast(p, positions_shape, others) if others else p)
+    gather_shape = (*positions_shape, *aval.shape[aval.ndim - window :])
+    if 0 in gather_shape:  # an empty result: nothing to gather
+        return IndexPlan("empty", tuple(shape), gather_shape=gather_shape)
+    return IndexPlan(
+        "gather", tuple(shape), positions=positions, gather_shape=gather_shape
+    )
+
+
+def check_update_values(x: ArrayLike, shape: tuple, values: ArrayLike) -> ArrayLike:
+    """The update of ``x.at[idx]``, broadcast to ``x[idx]``'s shape, in x's dtype."""
+    values = _as_input(values, "at[]")
+    aval, x_aval = get_aval(values), get_aval(x)
+    if aval.ndim > len(shape) or any(
+        d not in (1, n) for d, n in zip(aval.shape[::-1], shape[::-1])
+    ):
+        raise ValueError(
+            f"x.at[idx] of {x_aval.str_short()}: an update of shape {aval.shape} "
+            f"does not broadcast to the indexed shape {shape}"
+        )
+    values = convert_element_type(values, x_aval.dtype)
+    return broadcast_to(values, shape)
+
+
+def _iterate_rows(self: ArrayOperators) -> Iterator[ArrayLike]:
+    aval = get_aval(self)
+    if not aval.shape:
+        raise TypeError(f"iteration over a 0-d array: {aval.str_short()}")
+    return iter([getitem(self, i) for i in range(aval.shape[0])])
+
+
+ArrayOperators.__getitem__ = getitem
+ArrayOperators.at = property(lambda self: _IndexUpdateHelper(self))
+Tracer.__iter__ = Array.__iter__ = _iterate_rows
+
+
+class _IndexUpdateHelper(NamedTuple):
+    x: ArrayLike
+
+    def __getitem__(self, idx: Any) -> IndexUpdateRef:
+        return IndexUpdateRef(self.x, idx)
+
+
+# @title take, take_along_axis, split, argmax, argmin; the lax names
+def _fill_value(dtype: np.dtype) -> Any:
+    """JAX's fill for out-of-range reads: NaN, the lowest int, or True."""
+    if dtype.kind == "f":
+        return np.nan
+    if dtype.kind == "b":
+        return True
+    return np.iinfo(dtype).min if dtype.kind == "i" else np.iinfo(dtype).max
+
+
+def _check_mode(name: str, mode: Any) -> str:
+    if mode not in (None, "fill", "clip"):
+        raise ValueError(f"{name}: mode must be None, 'fill' or 'clip', got {mode!r}")
+    return mode or "fill"
+
+
+def _fill_outside(out, indices, n, out_axes_of_indices, fill_value) -> ArrayLike:
+    """``out`` with ``fill_value`` where ``indices`` (wrapped) fell outside [0, n)."""
+    inside = in_bounds((n,), [_wrap_negative(indices, n)], 0)
+    aval = get_aval(out)
+    new_axes = tuple(d for d in range(aval.ndim) if d not in out_axes_of_indices)
+    inside = broadcast_to(inside, tuple(aval.shape[d] for d in out_axes_of_indices))
+    inside = broadcast(inside, aval.shape, new_axes) if new_axes else inside
+    fill = _fill_value(aval.dtype) if fill_value is None else fill_value
+    return select(inside, out, full_of(aval, fill))
+
+
+def full_of(aval: ShapedArray, value: Any) -> ArrayLike:
+    """An array of type ``aval`` holding ``value``: a broadcast of one number."""
+    one = np.asarray(value).astype(aval.dtype)
+    return broadcast(one, aval.shape, tuple(range(aval.ndim))) if aval.ndim else one
+
+
+@numpy_function
+def numpy_take(a, indices, axis=None, mode=None, fill_value=None) -> ArrayLike:
+    """Elements (or slices along ``axis``) of ``a`` at ``indices``."""
+    mode = _check_mode("take", mode)
+    a = _as_input(a, "take")
+    if axis is None:
+        a, axis = reshape(a, (-1,)), 0
+    ndim = get_aval(a).ndim
+    axis = _normalize_axes("take", axis, ndim)[0]
+    indices = _index_array(get_aval(a), indices)
+    n = get_aval(a).shape[axis]
+    if mode == "clip":
+        indices = numpy_clip(indices, 0, max(n - 1, 0))
+    out = getitem(a, (slice(None),) * axis + (indices,))
+    if mode == "clip":
+        return out
+    idx_axes = tuple(range(axis, axis + get_aval(indices).ndim))
+    return _fill_outside(out, indices, n, idx_axes, fill_value)
+
+
+@numpy_function
+def numpy_take_along_axis(arr, indices, axis=-1, mode=None, fill_value=None):
+    """``arr`` read at ``indices`` along ``axis``, the other axes matched."""
+    mode = _check_mode("take_along_axis", mode)
+    arr = _as_input(arr, "take_along_axis")
+    aval = get_aval(arr)
+    indices = _index_array(aval, indices)
+    idx_aval = get_aval(indices)
+    if axis is None:
+        arr, aval, axis = reshape(arr, (-1,)), ShapedArray((aval.size,), aval.dtype), 0
+        indices = reshape(indices, (-1,))
+        idx_aval = get_aval(indices)
+    axis = _normalize_axes("take_along_axis", axis, aval.ndim)[0]
+    if idx_aval.ndim != aval.ndim:
+        raise TypeError(
+            f"take_along_axis: indices {idx_aval.str_short()} must have as many "
+            f"axes as the array {aval.str_short()}"
+        )
+    others = [
+        tuple(1 if d == axis else n for d, n in enumerate(a.shape))
+        for a in (aval, idx_aval)
+    ]
+    shape = list(np.broadcast_shapes(*others))  # the other axes must match
+    shape[axis] = idx_aval.shape[axis]
+    shape, n = tuple(shape), aval.shape[axis]
+    positions = []
+    for d in range(aval.ndim):
+        if d == axis:
+            if mode == "clip":
+                p = numpy_clip(indices, 0, max(n - 1, 0))
+            else:
+                p = _wrap_negative(indices, n)
+        else:
+            p = np.arange(shape[d]).reshape(
+                [-1 if e == d else 1 for e in range(len(shape))]
+            )
+        positions.append(broadcast_to(p, shape))
+    out = gather(arr, *positions)
+    if mode == "clip":
+        return out
+    return _fill_outside(
+        out, broadcast_to(indices, shape), n, tuple(range(len(shape))), fill_value
+    )
+
+
+@numpy_function
+def numpy_split(ary, indices_or_sections, axis: int = 0) -> list:
+    """``ary`` cut along ``axis``: into equal sections, or at the given indices."""
+    ary = _as_input(ary, "split")
+    aval = get_aval(ary)
+    axis = _normalize_axes("split", axis, aval.ndim)[0]
+    n = aval.shape[axis]
+    if isinstance(indices_or_sections, (int, np.integer)):
+        sections = int(indices_or_sections)
+        if sections <= 0 or n % sections:
+            raise ValueError(
+                f"split: array split does not result in an equal division: "
+                f"{aval.str_short()} has {n} elements along axis {axis}, not a "
+                f"multiple of {sections}"
+            )
+        cuts = [n // sections * k for k in range(1, sections)]
+    else:
+        cuts = [int(c) for c in indices_or_sections]
+    bounds = [0, *(min(max(c if c >= 0 else c + n, 0), n) for c in cuts), n]
+    pieces = []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        start = [0] * aval.ndim
+        limit = list(aval.shape)
+        start[axis], limit[axis] = lo, max(lo, hi)
+        pieces.append(lax_slice(ary, start, limit))
+    return pieces
+
+
+def _arg_extreme(name: str, reduce: Callable) -> Callable:
+    def fn(a, axis=None, keepdims=False) -> ArrayLike:
+        a = _as_input(a, name)
+        if axis is None:
+            flat = _arg_extreme(name, reduce)(reshape(a, (-1,)), 0)
+            if keepdims:
+                return reshape(flat, (1,) * get_aval(a).ndim)
+            return flat
+        if get_aval(a).dtype == np.bool_:
+            a = convert_element_type(a, np.int64)
+        aval = get_aval(a)
+        axis = _normalize_axes(name, axis, aval.ndim)[0]
+        n = aval.shape[axis]
+        if n == 0:
+            raise ValueError(
+                f"{name}: an empty axis {axis} of {aval.str_short()} has no {name}"
+            )
+        best = broadcast(reduce(a, axis), aval.shape, (axis,))
+        hit = equal(a, best)
+        if aval.dtype.kind == "f":  # the first NaN wins, as in NumPy and JAX
+            hit = select(hit, hit, not_equal(a, a))
+        others = tuple(d for d in range(aval.ndim) if d != axis)
+        positions = broadcast(np.arange(n, dtype=np.int64), aval.shape, others)
+        candidates = select(
+            hit, positions, full_of(ShapedArray(aval.shape, np.int64), n)
+        )
+        out = neg(reduce_max(neg(candidates), axis))
+        return _keep_dims(out, a, axis, keepdims)
+
+    fn.__name__ = f"numpy_{name}"
+    return fn
+
+
+def _reduce_min(x, axis):
+    if get_aval(x).dtype.kind == "f":
+        return neg(reduce_max(neg(x), axis))
+    return numpy_min(x, axis)
+
+
+numpy_argmax = numpy_function(_arg_extreme("argmax", reduce_max))
+numpy_argmin = numpy_function(_arg_extreme("argmin", _reduce_min))
+
+for _name, _fn in {
+    "slice": lax_slice,
+    "pad": pad,
+    "dynamic_slice": dynamic_slice,
+    "dynamic_update_slice": dynamic_update_slice,
+    "gather": gather,
+    "scatter_add": scatter_add,
+    "scatter": scatter,
+}.items():
+    setattr(lax_namespace, _name, _fn)
+
 # ==== chapter: part6_loops ====
 
 while_p = Primitive("while", multiple_results=True)

@@ -17,6 +17,9 @@ Runs, for autodidax and for JAX on the same programs (float64 throughout):
 - ``loops``, from ``bench_loops.py``: a jitted ``while_loop`` and ``scan`` of
   100,000 steps next to ``jax.lax``, and ``jit(grad)`` through a 1,000-step
   ``scan``.
+- ``indexing``, from ``bench_indexing.py``: a jitted embedding lookup and its
+  gradient (a gather and a scatter-add) at vocabularies of 50,000 and
+  200,000, next to JAX;
 - ``pmap``, from ``bench_pmap.py``: ``pmap`` of a small function with a
   ``psum`` over 8 host CPU devices, next to ``jax.pmap`` (importing
   ``bench_pmap`` asks XLA for the 8 devices, before anything starts JAX's
@@ -68,6 +71,7 @@ if BENCH_DIR not in sys.path:  # find the scripts also when loaded by path (test
 
 import bench_dispatch  # noqa: E402
 import bench_grad  # noqa: E402
+import bench_indexing  # noqa: E402
 import bench_jit  # noqa: E402
 import bench_loops  # noqa: E402
 import bench_make_jaxpr  # noqa: E402
@@ -190,6 +194,21 @@ def run_loops(variants: dict[str, ModuleType], quick: bool) -> dict:
         "while_loop": bench_loops.measure(libs, steps, repeats),
         "scan": bench_loops.measure_scan(libs, steps, repeats),
         "scan_grad": bench_loops.measure_scan_grad(libs, grad_steps, repeats),
+    }
+
+
+def run_indexing(variants: dict[str, ModuleType], quick: bool) -> dict | None:
+    """bench_indexing's embedding lookup and gradient at two vocabularies
+    (None if a variant predates the indexing chapter)."""
+    if not all(bench_indexing.has_indexing(m) for m in variants.values()):
+        return None
+    config = bench_indexing.config_for(quick)
+    repeats = bench_indexing.QUICK_REPEATS if quick else bench_indexing.REPEATS
+    libs = [bench_indexing.autodidax_library(m, name) for name, m in variants.items()]
+    libs.append(bench_indexing.jax_library())
+    return {
+        "config": {**config, "repeats": repeats},
+        **bench_indexing.run(libs, config, repeats),
     }
 
 
@@ -439,6 +458,25 @@ def headline(results: dict, names: list[str]) -> tuple[list[dict], list[dict]]:
                 allowed,
             )
         )
+    if results.get("indexing"):
+        target = bench_indexing.TARGET_RATIO
+        for key, row_id in (("embedding", "embedding_grad"),
+                            ("embedding_large", "embedding_grad_large")):  # fmt: skip
+            row = results["indexing"][key]
+            values = per_call(row, "median_ms")
+            rows.append(
+                _row(
+                    row_id,
+                    "embedding grad",
+                    f"vocabulary {row['vocabulary']:_}",
+                    row["program"] + ", jitted; each call waits",
+                    "ms/call",
+                    values,
+                    f"≤ {target}×",
+                    values["autodidax"] / values["jax"] <= target,
+                    target,
+                )
+            )
     if results.get("pmap"):
         pmap = results["pmap"]["pmap"]
         values = per_call(pmap["sharded"], "median_us")
@@ -563,6 +601,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             ("grad", run_grad),
             ("overhead", run_overhead),
             ("loops", run_loops),
+            ("indexing", run_indexing),
             ("pmap", run_pmap),
         ):
             print(f"running {key} ...", flush=True)

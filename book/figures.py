@@ -455,7 +455,11 @@ def rule_table(ns):
     return RuleTable(kinds, rows, primitive_origins())
 
 
-_CHAPTER_LABELS = {"appendix_primitives": "appendix", "performance": "performance"}
+_CHAPTER_LABELS = {
+    "appendix_primitives": "appendix",
+    "indexing": "indexing",
+    "performance": "performance",
+}
 
 
 def primitive_origins():
@@ -470,7 +474,7 @@ def primitive_origins():
         for m in re.finditer(r"^# ==== chapter: (\S+) ====$", source, re.M)
     ]
     origins = {}
-    for m in re.finditer(r'Primitive\(\s*"(\w+)"', source):
+    for m in re.finditer(r'Primitive\(\s*"([\w-]+)"', source):
         chapter = [name for start, name in marks if start < m.start()][-1]
         part = re.match(r"part(\d+)_", chapter)
         origins.setdefault(

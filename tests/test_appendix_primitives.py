@@ -1688,6 +1688,29 @@ LINEAR_FUNCTIONS["all_gather"] = (
     [(4, 3)],
 )
 
+# The indexing chapter: slices and pads, blocks at positions given as
+# operands (clamped), and gathers and scatters with repeated and
+# out-of-range indices.
+_ROWS = np.array([2, 0, 2, 7])
+LINEAR_FUNCTIONS["slice"] = (
+    lambda x: ad.lax.slice(x, (1, 0), (3, 4), (1, 2)),
+    [(3, 4)],
+)
+LINEAR_FUNCTIONS["pad"] = (lambda x: ad.lax.pad(x, (1, 0), (0, 2), (1, 1)), [(2, 3)])
+LINEAR_FUNCTIONS["dynamic_slice"] = (
+    lambda x: ad.lax.dynamic_slice(x, (np.int64(2), np.int64(-1)), (2, 2)),
+    [(3, 4)],
+)
+LINEAR_FUNCTIONS["dynamic_update_slice"] = (
+    lambda x, u: ad.lax.dynamic_update_slice(x, u, (1, 5)),
+    [(3, 4), (2, 2)],
+)
+LINEAR_FUNCTIONS["gather"] = (lambda x: ad.lax.gather(x, _ROWS), [(3, 4)])
+LINEAR_FUNCTIONS["scatter"] = (
+    lambda x, u: ad.lax.scatter(x, u, _ROWS),
+    [(3, 4), (4, 4)],
+)
+
 
 def test_every_transpose_rule_has_a_linear_function() -> None:
     with_transpose = {

@@ -25,6 +25,7 @@ BENCH_GRAD = REPO_ROOT / "bench" / "bench_grad.py"
 BENCH_OVERHEAD = REPO_ROOT / "bench" / "bench_overhead.py"
 BENCH_LOOPS = REPO_ROOT / "bench" / "bench_loops.py"
 BENCH_PMAP = REPO_ROOT / "bench" / "bench_pmap.py"
+BENCH_INDEXING = REPO_ROOT / "bench" / "bench_indexing.py"
 BENCH_DISPATCH = REPO_ROOT / "bench" / "bench_dispatch.py"
 RUN_ALL = REPO_ROOT / "bench" / "run_all.py"
 RESULTS = REPO_ROOT / "bench" / "results.json"
@@ -35,6 +36,7 @@ SCRIPTS = {
     "overhead": BENCH_OVERHEAD,
     "loops": BENCH_LOOPS,
     "pmap": BENCH_PMAP,
+    "indexing": BENCH_INDEXING,
     "dispatch": BENCH_DISPATCH,
     "run_all": RUN_ALL,
 }
@@ -388,6 +390,55 @@ def test_overhead_without_jax(capsys):
 
 
 # ---------------------------------------------------------------------------
+# bench_indexing.py
+# ---------------------------------------------------------------------------
+
+
+def check_indexing_report(report: dict, libraries: list[str]) -> None:
+    assert report["benchmark"] == "indexing"
+    assert report["libraries"] == libraries
+    config, results = report["config"], report["results"]
+    rows = [results["embedding"], results["embedding_large"]]
+    assert [row["vocabulary"] for row in rows] == list(config["vocabularies"])
+    for row in rows:
+        for library in libraries:
+            stats = row[library]
+            assert stats["repeats"] == config["repeats"]
+            for key in ("median_ms", "min_ms", "max_ms"):
+                assert math.isfinite(stats[key]) and stats[key] > 0, key
+            assert stats["min_ms"] <= stats["median_ms"] <= stats["max_ms"]
+            assert row["max_abs_difference_from_jax"][library] < 1e-3  # float32
+        # The gradient is a scatter-add of the rows, not a one-hot product.
+        used = row["primitives"]["autodidax"]
+        assert "scatter-add" in used and "gather" in used
+        assert "dot_general" not in used
+    assert set(results["growth"]) == set(libraries)
+    summary = report["summary"]
+    assert summary["target_ratio"] == 1.2
+    if "jax" in libraries:
+        ratio = rows[0]["autodidax"]["median_ms"] / rows[0]["jax"]["median_ms"]
+        assert math.isclose(rows[0]["ratio"], ratio)
+        assert summary["met"] == (rows[0]["ratio"] <= 1.2)
+    else:
+        assert "ratio" not in rows[0] and summary["met"] is None
+    check_machine(report)
+
+
+def test_indexing_quick_run_in_process(tmp_path, capsys):
+    module = load("indexing")
+    report, printed = run_quick_in_process(module, tmp_path / "indexing.json", capsys)
+    check_indexing_report(report, ["autodidax", "jax"])
+    assert report["quick"] is True and report["summary"]["meaningful"] is False
+    assert "growth from vocabulary" in printed and "quick run" in printed
+
+
+def test_indexing_without_jax(capsys):
+    report = load("indexing").main(["--no-jax", "--quick", "--repeats", "1"])
+    check_indexing_report(report, ["autodidax"])
+    capsys.readouterr()
+
+
+# ---------------------------------------------------------------------------
 # bench_loops.py
 # ---------------------------------------------------------------------------
 
@@ -548,12 +599,14 @@ def test_dispatch_steps_are_the_calls_steps():
 HEADLINE_IDS = {"jit_dispatch", "jit_compute", "first_call_small", "first_call_chain"}
 HEADLINE_IDS |= {"eager_sin", "eager_add", "vmap_of_jit"}
 HEADLINE_IDS |= {"while_loop", "scan", "scan_grad"}
+HEADLINE_IDS |= {"embedding_grad", "embedding_grad_large"}
 HEADLINE_IDS |= {
     "jit_dispatch_python_float",
     "jit_dispatch_numpy_scalar",
     "jit_dispatch_numpy_array",
 }
 BENCHMARKS = {"jit", "dispatch", "make_jaxpr", "grad", "overhead", "loops", "pmap"}
+BENCHMARKS |= {"indexing"}
 
 
 def check_all_report(report: dict, libraries: list[str], quick: bool) -> None:
@@ -594,6 +647,16 @@ def check_all_report(report: dict, libraries: list[str], quick: bool) -> None:
     assert results["loops"]["scan_grad"]["steps"] == (
         100 if quick else 1000
     )  # SPEC section 6: grad through a 1,000-step scan
+    for key, row_id in (
+        ("embedding", "embedding_grad"),
+        ("embedding_large", "embedding_grad_large"),
+    ):
+        assert by_id[row_id]["target_ratio"] == 1.2  # SPEC section 6
+        embedding = results["indexing"][key]
+        assert by_id[row_id]["values"]["jax"] == embedding["jax"]["median_ms"]
+    assert results["indexing"]["embedding"]["vocabulary"] == (
+        1_000 if quick else 50_000
+    )
     assert by_id["pmap_dispatch"]["target_ratio"] == 2.0
     pmap = results["pmap"]["pmap"]
     assert pmap["devices"] == 8

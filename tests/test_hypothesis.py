@@ -23,6 +23,10 @@ in float64. The programs use
   then), ``anp.dot``, ``anp.matmul`` and ``@`` on ranks 0-3 (stacks of
   matrices broadcast); an operand is often an existing value, an input of the
   program among them, so that vmap batches one operand, the other or both;
+- indexing (the indexing chapter): ``x[idx]`` with ints, slices (negative
+  steps among them) and ``None``, a gather of rows along an axis at a
+  constant integer array (negative indices among them), and
+  ``x.at[idx].add(y)`` with repeated indices;
 - values of three dtypes, float64, int32 and bool, and float32 inside round
   trips ``float64 -> float32 -> float64`` (lossy but deterministic, with only
   exact operations on the float32 values in between);
@@ -510,11 +514,81 @@ class Builder:
         kinds = ["unary", "binary", "scalar", "compare", "reduce_sum", "transpose"]
         kinds += ["broadcast", "select", "div", "exp_log", "pow", "maximum"]
         kinds += ["convert", "f32", "reshape", "reduce_max", "dot_general"]
-        kinds += ["product", "where", "mixed"]
+        kinds += ["product", "where", "mixed", "indexing"]
         if self.depth < MAX_COND_DEPTH:
             kinds += ["cond", "cond"]  # the most intricate primitive
         kind = self.draw(st.sampled_from(kinds))
         getattr(self, "step_" + kind)()
+
+    def basic_index(self, shape: Shape) -> tuple:
+        """A NumPy basic index for ``shape`` as data: ("i", k), ("s", start,
+        stop, step) or ("n",) per entry (ints and slices stay in range)."""
+        entries = []
+        for n in shape[: self.draw(st.integers(0, len(shape)))]:
+            how = self.draw(st.sampled_from(["s", "i", "s", "n"] if n else ["s", "n"]))
+            if how == "n":
+                entries.append(("n",))
+            if how == "i":
+                entries.append(("i", self.draw(st.integers(-n, n - 1))))
+            if how in ("s", "n"):
+                start = self.draw(st.sampled_from([None, 0, 1, -1]))
+                stop = self.draw(st.sampled_from([None, n, -1, 2]))
+                step = self.draw(st.sampled_from([None, 1, 2, -1]))
+                entries.append(("s", start, stop, step))
+        return tuple(entries)
+
+    def step_indexing(self) -> None:
+        how = self.draw(st.sampled_from(["index", "gather", "at_add"]))
+        getattr(self, "step_" + how)()
+
+    def step_index(self) -> None:
+        a = self.pick(lambda t: len(t[0]) >= 1)
+        if a is None:
+            return self.step_unary()
+        shape, dtype = self.types[a]
+        idx = self.basic_index(shape)
+        out = np.empty(shape)[spell_index(idx)].shape
+        if len(out) > MAX_RANK:
+            return self.step_unary()
+        self.emit("index", [a], (idx,), [(out, dtype)])
+
+    def gather_index(self, shape: Shape) -> tuple | None:
+        """(axis, positions): rows along ``axis`` at a constant integer array
+        (negative positions and repeats among them), or None."""
+        axes = [k for k, n in enumerate(shape) if n]
+        if not axes:
+            return None
+        axis = self.draw(st.sampled_from(axes))
+        n = shape[axis]
+        count = self.draw(st.integers(1, 3))
+        positions = tuple(self.draw(st.integers(-n, n - 1)) for _ in range(count))
+        return axis, positions
+
+    def step_gather(self) -> None:
+        a = self.pick(lambda t: len(t[0]) >= 1)
+        found = None if a is None else self.gather_index(self.shape(a))
+        if found is None:
+            return self.step_unary()
+        shape, dtype = self.types[a]
+        axis, positions = found
+        out = (*shape[:axis], len(positions), *shape[axis + 1 :])
+        if size(out) > MAX_SIZE:
+            return self.step_unary()
+        self.emit("gather", [a], found, [(out, dtype)])
+
+    def step_at_add(self) -> None:
+        """x.at[rows].add(y): a scatter-add, repeated rows accumulating."""
+        a = self.pick(lambda t: len(t[0]) >= 1 and t[1] != BOOL)
+        found = None if a is None else self.gather_index(self.shape(a))
+        if found is None:
+            return self.step_unary()
+        shape, dtype = self.types[a]
+        axis, positions = found
+        rows = (*shape[:axis], len(positions), *shape[axis + 1 :])
+        if size(rows) > MAX_SIZE:
+            return self.step_unary()
+        y = self.value_of(rows, dtype)
+        self.emit("at_add", [a, y], found, [(shape, dtype)])
 
     def step_unary(self) -> None:
         a = self.pick_number()
@@ -1011,11 +1085,40 @@ class Autodidax:
             return [getattr(ad, p[0])(x, y)]
         if kind == "cond":
             return _cond(ad.cond, cls, op, vals)
+        if kind in ("index", "gather", "at_add"):
+            return [_indexing(op, vals, lambda v: v if _traced(v) else _to_device(v))]
         return [cls.call(kind, style, *vals, *p)]
 
 
 # jit of the identity: moves a NumPy value to the device as an Array.
 _to_device = ad.jit(lambda x: x)
+
+
+def spell_index(entries: tuple) -> tuple:
+    """A basic index from Builder.basic_index's data."""
+    spelled = []
+    for e in entries:
+        if e[0] == "n":
+            spelled.append(None)
+        elif e[0] == "i":
+            spelled.append(e[1])
+        else:
+            spelled.append(slice(*e[1:]))
+    return tuple(spelled)
+
+
+def rows_index(axis: int, positions: tuple) -> tuple:
+    return (slice(None),) * axis + (np.array(positions),)
+
+
+def _indexing(op: Op, vals: list, as_array: Callable) -> Any:
+    """The indexing ops, on arrays that have [] and .at (``as_array``)."""
+    x = as_array(vals[0])
+    if op.kind == "index":
+        return x[spell_index(op.params[0])]
+    if op.kind == "gather":
+        return x[rows_index(*op.params)]
+    return x.at[rows_index(*op.params)].add(vals[1])
 
 
 class OnDevice(Autodidax):
@@ -1093,6 +1196,8 @@ class Jax:
         if kind == "f32_compare":
             x, y = (lax.convert_element_type(v, np.float32) for v in vals)
             return [cls.FNS[p[0]](x, y)]
+        if kind in ("index", "gather", "at_add"):
+            return [_indexing(op, vals, jnp.asarray)]
         assert kind == "cond"
         return _cond(lax.cond, cls, op, vals)
 
@@ -1487,7 +1592,7 @@ def test_generator_covers_every_primitive_and_form():
     one)."""
     seen: set[str] = set()
 
-    @settings(max_examples=1000, derandomize=True, database=None, deadline=None)
+    @settings(max_examples=3000, derandomize=True, database=None, deadline=None)
     @given(programs())
     def collect(prog):
         _features(prog, seen, top=True)
@@ -1537,6 +1642,8 @@ def test_generator_covers_every_primitive_and_form():
     expected |= {"matmul-ranks-2-2", "matmul-ranks-1-2", "matmul-ranks-2-1"}
     expected |= {"matmul-of-stacks", "dot-ranks-2-2", "dot-of-a-scalar"}
     expected |= {f"{k}-of-different-inputs" for k in ["dot_general", "matmul"]}
+    # indexing
+    expected |= {"index/fn", "gather/fn", "at_add/fn"}
     # cond
     expected |= {"cond-const-pred", "cond-pred", "cond-closure", "cond-nested"}
     expected |= {"cond-operands-0", "cond-operands-1", "cond-operands-2"}

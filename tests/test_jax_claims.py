@@ -2133,3 +2133,167 @@ def test_jax_compiles_pmap_inside_jit_across_devices():
     text = str(jax.make_jaxpr(jax.jit(f))(rows))
     assert "shard_map" in text and "psum" in text
     assert len(jax.jit(f)(rows).devices()) == 4
+
+
+# ------------------------------------------------------------------ indexing
+
+
+def _jaxpr_text(f, *args) -> str:
+    return str(jax.make_jaxpr(f)(*args))
+
+
+def test_indexing_dynamic_slice_clamps_and_wraps_negative_starts():
+    # indexing: "XLA keeps both inside the array: a start that would make the
+    # block stick out is moved back (clamped)"; "as in JAX's lax, -1 is the
+    # last position" (allow_negative_indices=True by default).
+    x = jnp.arange(6.0)
+    np.testing.assert_array_equal(lax.dynamic_slice(x, (5,), (3,)), [3.0, 4.0, 5.0])
+    np.testing.assert_array_equal(lax.dynamic_slice(x, (-2,), (2,)), [4.0, 5.0])
+    out = lax.dynamic_update_slice(x, jnp.zeros(2), (9,))
+    np.testing.assert_array_equal(out, [0.0, 1.0, 2.0, 3.0, 0.0, 0.0])
+    for fn in (lax.dynamic_slice, lax.dynamic_update_slice):
+        param = inspect.signature(fn).parameters["allow_negative_indices"]
+        assert param.default is True
+
+
+def test_indexing_reads_clamp_writes_drop_take_fills():
+    # indexing: an index out of range "is clamped for reading, as JAX's
+    # indexing does"; scatters drop updates out of range, "as XLA's scatter
+    # does"; `jnp.take` and `jnp.take_along_axis` "fill with NaN by default";
+    # negative indices count from the end.
+    x = jnp.arange(4.0)
+    idx = jnp.array([9, -1, -9])
+    np.testing.assert_array_equal(x[idx], [3.0, 3.0, 0.0])
+    np.testing.assert_array_equal(x[7], 3.0)
+    np.testing.assert_array_equal(x.at[idx].set(-1.0), [0.0, 1.0, 2.0, -1.0])
+    np.testing.assert_array_equal(x.at[idx].add(1.0), [0.0, 1.0, 2.0, 4.0])
+    np.testing.assert_array_equal(jnp.take(x, idx), [np.nan, 3.0, np.nan])
+    out = jnp.take_along_axis(x, idx, axis=0)
+    np.testing.assert_array_equal(out, [np.nan, 3.0, np.nan])
+    assert jnp.take(jnp.arange(4), jnp.array([9]))[0] == np.iinfo(np.int64).min
+    np.testing.assert_array_equal(jnp.take(x, idx, mode="clip"), [3.0, 0.0, 0.0])
+
+
+def test_indexing_arrays_are_immutable_and_at_writes():
+    # indexing: "JAX's arrays are immutable: `x.at[idx].set(v)` returns a new
+    # array"; repeated positions: add accumulates, set keeps one update.
+    x = jnp.zeros(3)
+    with pytest.raises(TypeError, match="immutable"):
+        x[0] = 1.0
+    np.testing.assert_array_equal(x.at[jnp.array([1, 1])].add(2.0), [0.0, 4.0, 0.0])
+    assert float(x.at[jnp.array([1, 1])].set(jnp.array([5.0, 6.0]))[1]) in (5.0, 6.0)
+    np.testing.assert_array_equal(x, [0.0, 0.0, 0.0])
+
+
+def test_indexing_jax_primitives_for_indexing():
+    # indexing, "Where real JAX differs": x[1:3] is `slice`, a traced row
+    # index a `dynamic_slice` and a `squeeze`, an integer array a `gather`
+    # with PROMISE_IN_BOUNDS after wrapping negative indices (`select_n`), and
+    # the indices converted to int32; x[::-1] is `rev`, x[..., None]
+    # `broadcast_in_dim`; x.at[i].set a `scatter` with FILL_OR_DROP;
+    # multiply/min/max are `scatter-mul`/`scatter-min`/`scatter-max`; argmax
+    # and argmin are primitives; pad takes the padding value as an operand.
+    x = jnp.ones((3, 4))
+    assert "slice[" in _jaxpr_text(lambda x: x[1:3], x)
+    text = _jaxpr_text(lambda x, i: x[i], x, 1)
+    assert "dynamic_slice" in text and "squeeze" in text
+    text = _jaxpr_text(lambda x, i: x[i], x, jnp.array([0, 2]))
+    assert "gather[" in text and "PROMISE_IN_BOUNDS" in text
+    assert "select_n" in text and "new_dtype=int32" in text
+    assert "rev[" in _jaxpr_text(lambda x: x[::-1], x)
+    assert "broadcast_in_dim" in _jaxpr_text(lambda x: x[..., None], x)
+    text = _jaxpr_text(lambda x: x.at[jnp.array([0, 1])].set(2.0), x)
+    assert "scatter[" in text and "FILL_OR_DROP" in text
+    assert "scatter-mul" in _jaxpr_text(lambda x: x.at[0].multiply(2.0), x)
+    assert "scatter-min" in _jaxpr_text(lambda x: x.at[0].min(2.0), x)
+    assert "scatter-max" in _jaxpr_text(lambda x: x.at[0].max(2.0), x)
+    assert "argmax[" in _jaxpr_text(jnp.argmax, x)
+    assert "argmin[" in _jaxpr_text(jnp.argmin, x)
+    assert "pad[" in _jaxpr_text(lambda x: lax.pad(x, 0.0, [(1, 1, 0)] * 2), x)
+    assert list(inspect.signature(lax.pad).parameters)[:2] == [
+        "operand",
+        "padding_value",
+    ]
+
+
+def test_indexing_gradient_of_a_lookup_is_scatter_add():
+    # indexing: the gradient of an embedding lookup is a `scatter-add` (the
+    # jaxpr printed in "Where real JAX differs"), whose params include
+    # ScatterDimensionNumbers and an update_jaxpr.
+    table, tokens = jnp.ones((5, 3)), jnp.array([1, 4, 1])
+    text = _jaxpr_text(jax.grad(lambda t: jnp.sum(t[tokens] ** 2)), table)
+    assert "scatter-add[" in text and "ScatterDimensionNumbers" in text
+    assert "update_jaxpr" in text and "dot_general" not in text
+
+
+def test_indexing_gather_dimension_numbers_and_modes():
+    # indexing: lax.gather takes one stacked index array, a
+    # GatherDimensionNumbers (offset_dims, collapsed_slice_dims,
+    # start_index_map, operand_batching_dims, start_indices_batching_dims)
+    # and slice_sizes; gathers and scatters take a GatherScatterMode (CLIP,
+    # FILL_OR_DROP, PROMISE_IN_BOUNDS, ONE_HOT); unique_indices and
+    # indices_are_sorted are hints.
+    params = list(inspect.signature(lax.gather).parameters)
+    assert params[:4] == [
+        "operand",
+        "start_indices",
+        "dimension_numbers",
+        "slice_sizes",
+    ]
+    assert {"unique_indices", "indices_are_sorted", "mode"} <= set(params)
+    assert lax.GatherDimensionNumbers._fields == (
+        "offset_dims",
+        "collapsed_slice_dims",
+        "start_index_map",
+        "operand_batching_dims",
+        "start_indices_batching_dims",
+    )
+    assert set(lax.GatherScatterMode.__members__) == {
+        "CLIP",
+        "FILL_OR_DROP",
+        "PROMISE_IN_BOUNDS",
+        "ONE_HOT",
+    }
+    assert {"unique_indices", "indices_are_sorted", "mode"} <= set(
+        inspect.signature(lax.scatter_add).parameters
+    )
+
+
+def test_indexing_batched_dynamic_slice_is_a_sorted_unique_gather():
+    # indexing: "JAX's `dynamic_slice` batched over its starts becomes a
+    # `gather` with `indices_are_sorted=True` and `unique_indices=True`".
+    f = jax.vmap(lambda x, i: lax.dynamic_slice(x, (i,), (2,)))
+    text = _jaxpr_text(f, jnp.ones((4, 5)), jnp.arange(4))
+    assert "gather[" in text
+    assert "indices_are_sorted=True" in text and "unique_indices=True" in text
+
+
+def test_indexing_out_of_range_gradient_is_dropped_in_jax():
+    # indexing, "Where real JAX differs": JAX's x[idx] promises in-range
+    # indices; out of range its forward pass clamps, and its gradient drops
+    # the position (a scatter-add that drops), where ours adds at the clamped
+    # position.
+    x = jnp.arange(3.0)
+    assert float(x[jnp.array([5])][0]) == 2.0
+    g = jax.grad(lambda x: jnp.sum(x[jnp.array([5, 1])]))(x)
+    np.testing.assert_array_equal(g, [0.0, 1.0, 0.0])
+
+
+def test_indexing_scatter_jvp_scatters_ids():
+    # indexing: "JAX's `jvp` of `scatter` makes primal and tangent agree on
+    # it by scattering ids" (_scatter_jvp in jax/_src/lax/slicing.py).
+    from jax._src.lax import slicing
+
+    source = inspect.getsource(slicing._scatter_jvp)
+    assert "update_ids" in source and "scattered_ids" in source
+
+
+def test_indexing_argmax_takes_the_first_nan_and_traced_masks_fail():
+    # indexing: argmax finds "the first position of the maximum (or of a NaN,
+    # as JAX does)"; a traced boolean mask raises NonConcreteBooleanIndexError,
+    # an IndexError.
+    assert int(jnp.argmax(jnp.array([1.0, np.nan, 3.0, np.nan]))) == 1
+    assert int(jnp.argmax(jnp.array([1.0, 3.0, 3.0]))) == 1
+    assert issubclass(jax.errors.NonConcreteBooleanIndexError, IndexError)
+    with pytest.raises(jax.errors.NonConcreteBooleanIndexError):
+        jax.jit(lambda x: x[x > 0])(jnp.ones(3))
