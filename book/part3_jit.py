@@ -360,13 +360,25 @@ def runtime() -> _Runtime:
     return _Runtime(client, device, jax.sharding.SingleDeviceSharding(device))
 
 
+# Python functions that compiled programs call back (`debug.print`, in the
+# chapter on interpreters that read programs); a module names one by position.
+HOST_CALLBACKS: list[Callable] = []
+
+
 def xla_compile(module_text: str) -> Any:
     """XLA's executable for a StableHLO module, on our one device."""
     from jax._src.lib import xla_client
 
     rt = runtime()
     devices = xla_client.DeviceList((rt.device,))
-    return rt.client.compile_and_load(module_text, devices, xla_client.CompileOptions())
+    options = xla_client.CompileOptions()
+    if "python_cpu_callback" not in module_text:
+        return rt.client.compile_and_load(module_text, devices, options)
+    with mlir_context():  # jaxlib takes host callbacks with a parsed module only
+        module = ir.Module.parse(module_text)
+    return rt.client.compile_and_load(
+        module, devices, options, host_callbacks=HOST_CALLBACKS
+    )
 
 
 def xla_execute(executable: Any, buffers: list) -> list:

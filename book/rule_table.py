@@ -23,7 +23,8 @@
 # (`abstract eval`), lowering to StableHLO (`lower`), partial evaluation during
 # tracing (`partial eval`) and of a staged jaxpr (`partial eval jaxpr`), and
 # transposition (`transpose`) where the primitive is linear in at least one
-# operand (`mul` in either, `div` in its numerator, `select` in its branches).
+# operand (`mul` in either, `div` in its numerator, `select` in its branches),
+# and counting what it costs without running it (`cost`, {ref}`analysis`).
 # The table below is not written by hand: it is read off the registries of the
 # finished module (`PRIMITIVES`, each primitive's `rules`, `RULE_KINDS` and
 # `NOT_LINEAR`, `NEVER_TRANSPOSED`) every time this page is built. The *from* column names the
