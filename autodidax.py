@@ -7175,8 +7175,8 @@ class CostContext(NamedTuple):
         """Input ``i``'s value if it follows from known inputs, else None."""
         return self.inputs[i]()
 
-    def cost(self, jaxpr: Jaxpr, inputs: list[Callable], **more_axes) -> Cost:
-        return jaxpr_cost(jaxpr, inputs, {**self.axis_sizes, **more_axes})
+    def cost(self, jaxpr: Jaxpr, inputs: list[Callable], more_axes=None) -> Cost:
+        return jaxpr_cost(jaxpr, inputs, {**self.axis_sizes, **(more_axes or {})})
 
 
 UNKNOWN = given(ShapedArray((), np.float64))  # an input known by its type only
@@ -7350,7 +7350,7 @@ custom_vjp_call_p.def_rule("cost")(_custom_call_cost)
 def _pmap_cost(ctx, avals_in, avals_out, *, jaxpr, axis_name, axis_size):
     # every device runs the body on its own row: counted at types, n times
     rows = [UNKNOWN] * len(avals_in)
-    return axis_size * ctx.cost(jaxpr, rows, **{axis_name: axis_size})
+    return axis_size * ctx.cost(jaxpr, rows, {axis_name: axis_size})
 
 
 def most(a: Cost, b: Cost) -> Cost:
@@ -7414,7 +7414,8 @@ def _debug_print_jvp(primals, tangents, **params):
 
 @debug_print_p.def_rule("vmap")
 def _debug_print_vmap(axis, vals, dims, *, fmt, tree, batch_dims):
-    vals = [move_batch_axis(axis.size, d, 0, x) for x, d in zip(vals, dims)]
+    # this axis joins the leading ones as the last (it varies fastest, as in JAX)
+    vals = [move_batch_axis(axis.size, d, batch_dims, x) for x, d in zip(vals, dims)]
     bind(debug_print_p, *vals, fmt=fmt, tree=tree, batch_dims=batch_dims + 1)
     return [], []
 
@@ -7438,13 +7439,18 @@ def _debug_print_lower(ctx, avals_in, avals_out, *leaves, fmt, tree, batch_dims)
     return []
 
 
-# @title The debug namespace; a cost of zero; not linear; checks: the format
+# @title The debug namespace; cost and transpose rules; checks: the format
 @debug_print_p.def_rule("cost")
 def _debug_print_cost(ctx, avals_in, avals_out, **params):
     return Cost()  # a host callback does no arithmetic XLA counts
 
 
-NOT_LINEAR.update({"debug_print"})  # its inputs are primal values, never tangents
+@debug_print_p.def_rule("transpose")
+def _debug_print_transpose(cts, *args, **params):
+    # reached only by a print of tangents (in a custom_jvp rule, say): the
+    # backward pass drops it and gives its inputs no cotangent, as JAX does
+    return [None] * len(args)
+
 
 debug = types.ModuleType(
     "autodidax.debug", "Printing from transformed and compiled code."

@@ -166,8 +166,8 @@ class CostContext(NamedTuple):
         """Input ``i``'s value if it follows from known inputs, else None."""
         return self.inputs[i]()
 
-    def cost(self, jaxpr: Jaxpr, inputs: list[Callable], **more_axes) -> Cost:
-        return jaxpr_cost(jaxpr, inputs, {**self.axis_sizes, **more_axes})
+    def cost(self, jaxpr: Jaxpr, inputs: list[Callable], more_axes=None) -> Cost:
+        return jaxpr_cost(jaxpr, inputs, {**self.axis_sizes, **(more_axes or {})})
 
 
 UNKNOWN = given(ShapedArray((), np.float64))  # an input known by its type only
@@ -396,7 +396,7 @@ custom_vjp_call_p.def_rule("cost")(_custom_call_cost)
 def _pmap_cost(ctx, avals_in, avals_out, *, jaxpr, axis_name, axis_size):
     # every device runs the body on its own row: counted at types, n times
     rows = [UNKNOWN] * len(avals_in)
-    return axis_size * ctx.cost(jaxpr, rows, **{axis_name: axis_size})
+    return axis_size * ctx.cost(jaxpr, rows, {axis_name: axis_size})
 
 
 def most(a: Cost, b: Cost) -> Cost:
@@ -769,8 +769,8 @@ def _debug_print_impl(*leaves, fmt, tree, batch_dims):
 # The transformations each take a line. Staging records the equation (it has
 # no outputs, but the builder keeps every equation it is given); `jvp` prints
 # the primal values and leaves the tangents out; `vmap` prints one line per
-# example, by putting the batch axis first and counting it as one more of the
-# leading axes that `print_formatted` loops over.
+# example, by moving the batch axis next to the leading axes that
+# `print_formatted` loops over, and counting it as one more.
 
 
 # %% tags=["export"]
@@ -787,7 +787,8 @@ def _debug_print_jvp(primals, tangents, **params):
 
 @debug_print_p.def_rule("vmap")
 def _debug_print_vmap(axis, vals, dims, *, fmt, tree, batch_dims):
-    vals = [move_batch_axis(axis.size, d, 0, x) for x, d in zip(vals, dims)]
+    # this axis joins the leading ones as the last (it varies fastest, as in JAX)
+    vals = [move_batch_axis(axis.size, d, batch_dims, x) for x, d in zip(vals, dims)]
     bind(debug_print_p, *vals, fmt=fmt, tree=tree, batch_dims=batch_dims + 1)
     return [], []
 
@@ -833,13 +834,18 @@ def _debug_print_lower(ctx, avals_in, avals_out, *leaves, fmt, tree, batch_dims)
 
 
 # %% tags=["export", "hide-input"]
-# @title The debug namespace; a cost of zero; not linear; checks: the format
+# @title The debug namespace; cost and transpose rules; checks: the format
 @debug_print_p.def_rule("cost")
 def _debug_print_cost(ctx, avals_in, avals_out, **params):
     return Cost()  # a host callback does no arithmetic XLA counts
 
 
-NOT_LINEAR.update({"debug_print"})  # its inputs are primal values, never tangents
+@debug_print_p.def_rule("transpose")
+def _debug_print_transpose(cts, *args, **params):
+    # reached only by a print of tangents (in a custom_jvp rule, say): the
+    # backward pass drops it and gives its inputs no cotangent, as JAX does
+    return [None] * len(args)
+
 
 debug = types.ModuleType(
     "autodidax.debug", "Printing from transformed and compiled code."
@@ -940,11 +946,12 @@ show_error(lambda: jit(lambda x: debug.print("{y}", x))(1.0))
 
 
 # %% [markdown]
-# **Ordering.** JAX makes no promise about the order of `jax.debug.print`s by
-# default: a compiled program may run independent operations in any order, so
-# two prints may appear swapped, or interleaved with prints of other programs.
-# `jax.debug.print(..., ordered=True)` adds an *effect* with a token threaded
-# through the program, which orders those prints among themselves. Ours
+# **Ordering.** [`jax.debug.print`](https://docs.jax.dev/en/latest/_autosummary/jax.debug.print.html)
+# promises an order only to prints called with `ordered=True`, and only among
+# themselves: a compiled program may run independent operations in any order,
+# so two unordered prints may appear swapped. `ordered=True` adds an *effect*
+# to the jaxpr, and a token threaded through the compiled program that the
+# ordered prints pass from one to the next. Ours
 # accepts `ordered=` for compatibility and does nothing with it: there are no
 # tokens, and the order is whatever XLA's CPU runtime gives, which in our
 # tests is program order, on the calling thread, before the call returns.
@@ -957,12 +964,14 @@ show_error(lambda: jit(lambda x: debug.print("{y}", x))(1.0))
 #   `utilization0{}` and `bytes accessed0{}`, per operand); JAX's
 #   `Lowered.cost_analysis()` analyses the program before XLA optimizes it. As
 #   shown above, XLA counts a loop body once and leaves out keys whose count is
-#   zero. JAX has no cost interpreter over jaxprs; ours never compiles.
+#   zero. JAX's counts come from XLA, for a lowered or compiled program; ours
+#   come from the jaxpr, and never compile anything.
 # - **Effects and tokens.** A JAX jaxpr records which equations have effects:
 #   `jax.make_jaxpr` of a function calling `jax.debug.print` shows a
 #   `debug_print` equation, and the jaxpr's `effects` contain a
 #   `DebugEffect`; with `ordered=True`, an `OrderedDebugEffect`, which makes
-#   the lowering thread a token through the program. Effects also keep
+#   the lowering thread a token through the program (`main` takes and returns
+#   a `!stablehlo.token`, and the callback passes it on). Effects also keep
 #   dead-code elimination from deleting the print, a pass our jaxprs do not
 #   have yet.
 # - **The callback's route.** JAX lowers `debug_print` through

@@ -446,7 +446,11 @@ def rule_table(ns):
     return RuleTable(kinds, rows, primitive_origins())
 
 
-_CHAPTER_LABELS = {"appendix_primitives": "appendix", "performance": "performance"}
+_CHAPTER_LABELS = {
+    "appendix_primitives": "appendix",
+    "performance": "performance",
+    "analysis": "reading programs",
+}
 
 
 def primitive_origins():
