@@ -7323,21 +7323,19 @@ def _cond_cost(ctx, avals_in, avals_out, *, true_jaxpr, false_jaxpr):
 @while_p.def_rule("cost")
 def _while_cost(ctx, avals_in, avals_out, **params):
     cond_jaxpr, body_jaxpr = params["cond_jaxpr"], params["body_jaxpr"]
-    values = [ctx.known(i) for i in range(len(avals_in))]
-    check_trip_count_known(values, avals_in, params)
     cond_consts, body_consts, carry = _split(
-        values, params["cond_nconsts"], params["body_nconsts"]
+        ctx.inputs, params["cond_nconsts"], params["body_nconsts"]
     )
     total = Cost()
-    while True:  # run the loop, counting each trip
-        total += ctx.cost(cond_jaxpr, [given(v) for v in cond_consts + carry])
-        if not eval_jaxpr(cond_jaxpr, cond_consts + carry)[0]:
+    while True:  # run the loop, as much of it as the condition needs
+        total += ctx.cost(cond_jaxpr, cond_consts + carry)
+        if not known_condition(cond_jaxpr, cond_consts + carry, avals_in):
             return total
-        total += ctx.cost(body_jaxpr, [given(v) for v in body_consts + carry])
-        carry = eval_jaxpr(body_jaxpr, body_consts + carry)
+        total += ctx.cost(body_jaxpr, body_consts + carry)
+        carry = values_on_demand(body_jaxpr, body_consts + carry)
 
 
-# @title Cost rules: custom calls, pmap; helpers: most, the while-loop check
+# @title Cost rules: custom calls, pmap; helpers: most, running a loop's condition
 def _custom_call_cost(ctx, avals_in, avals_out, *, call_jaxpr, **params):
     return ctx.cost(call_jaxpr, ctx.inputs)
 
@@ -7363,16 +7361,25 @@ class UnknownTripCountError(ValueError):
     does not know (arguments given as ShapedArrays)."""
 
 
-def check_trip_count_known(values: list, avals: list, params: dict) -> None:
-    unknown = [a.str_short() for v, a in zip(values, avals) if v is None]
-    if unknown:
-        raise UnknownTripCountError(
-            "cost_analysis: cannot count a while_loop whose trip count depends "
-            f"on values known only by their types ({', '.join(unknown)} among "
-            "the loop's inputs): pass arrays instead of ShapedArrays for the "
-            "arguments they come from, or write the loop as fori_loop with "
-            "Python int bounds or as scan, whose trip count is in the program"
-        )
+def values_on_demand(jaxpr: Jaxpr, inputs: list[Callable]) -> list[Callable]:
+    """The outputs of ``jaxpr``, each computed when first asked for."""
+    known = KnownValues(jaxpr, inputs)
+    return [functools.partial(known, out) for out in jaxpr.outs]
+
+
+def known_condition(cond_jaxpr: Jaxpr, inputs: list[Callable], avals: list) -> bool:
+    """The loop condition's value on this trip; an error if it is unknown."""
+    (pred,) = values_on_demand(cond_jaxpr, inputs)
+    if pred() is not None:
+        return bool(pred())
+    raise UnknownTripCountError(
+        "cost_analysis: cannot count a while_loop whose trip count depends on "
+        "values known only by their types (the loop's inputs are "
+        f"{', '.join(a.str_short() for a in avals)}): pass arrays instead of "
+        "ShapedArrays for the arguments the condition depends on, or write the "
+        "loop as fori_loop with Python int bounds or as scan, whose trip count "
+        "is in the program"
+    )
 
 
 debug_print_p = Primitive("debug_print", multiple_results=True)

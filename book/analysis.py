@@ -344,9 +344,10 @@ def _scan_cost(ctx, avals_in, avals_out, *, jaxpr, num_consts, length, **params)
 # %% [markdown]
 # A `cond` costs the branch it takes, when its predicate can be known before
 # running; otherwise the dearer branch, key by key (the same choice XLA makes,
-# below). A `while_loop`'s trip count is known only by running it, so when its
-# inputs can be known, the rule runs the loop and adds up every trip; when they
-# cannot, it says so. (`fori_loop` with Python `int` bounds is a `scan`, whose
+# below). A `while_loop`'s trip count is known only by running it, so the rule
+# runs the loop, trip by trip, computing only what its condition needs (a
+# counter, say, but not the rest of the carry) and adding up each trip's cost;
+# when the condition depends on a value known only by its type, it says so. (`fori_loop` with Python `int` bounds is a `scan`, whose
 # length is a parameter: it is counted without running anything.)
 
 
@@ -362,18 +363,16 @@ def _cond_cost(ctx, avals_in, avals_out, *, true_jaxpr, false_jaxpr):
 @while_p.def_rule("cost")
 def _while_cost(ctx, avals_in, avals_out, **params):
     cond_jaxpr, body_jaxpr = params["cond_jaxpr"], params["body_jaxpr"]
-    values = [ctx.known(i) for i in range(len(avals_in))]
-    check_trip_count_known(values, avals_in, params)
     cond_consts, body_consts, carry = _split(
-        values, params["cond_nconsts"], params["body_nconsts"]
+        ctx.inputs, params["cond_nconsts"], params["body_nconsts"]
     )
     total = Cost()
-    while True:  # run the loop, counting each trip
-        total += ctx.cost(cond_jaxpr, [given(v) for v in cond_consts + carry])
-        if not eval_jaxpr(cond_jaxpr, cond_consts + carry)[0]:
+    while True:  # run the loop, as much of it as the condition needs
+        total += ctx.cost(cond_jaxpr, cond_consts + carry)
+        if not known_condition(cond_jaxpr, cond_consts + carry, avals_in):
             return total
-        total += ctx.cost(body_jaxpr, [given(v) for v in body_consts + carry])
-        carry = eval_jaxpr(body_jaxpr, body_consts + carry)
+        total += ctx.cost(body_jaxpr, body_consts + carry)
+        carry = values_on_demand(body_jaxpr, body_consts + carry)
 
 
 # %% [markdown]
@@ -383,7 +382,7 @@ def _while_cost(ctx, avals_in, avals_out, **params):
 
 
 # %% tags=["export", "hide-input"]
-# @title Cost rules: custom calls, pmap; helpers: most, the while-loop check
+# @title Cost rules: custom calls, pmap; helpers: most, running a loop's condition
 def _custom_call_cost(ctx, avals_in, avals_out, *, call_jaxpr, **params):
     return ctx.cost(call_jaxpr, ctx.inputs)
 
@@ -409,16 +408,25 @@ class UnknownTripCountError(ValueError):
     does not know (arguments given as ShapedArrays)."""
 
 
-def check_trip_count_known(values: list, avals: list, params: dict) -> None:
-    unknown = [a.str_short() for v, a in zip(values, avals) if v is None]
-    if unknown:
-        raise UnknownTripCountError(
-            "cost_analysis: cannot count a while_loop whose trip count depends "
-            f"on values known only by their types ({', '.join(unknown)} among "
-            "the loop's inputs): pass arrays instead of ShapedArrays for the "
-            "arguments they come from, or write the loop as fori_loop with "
-            "Python int bounds or as scan, whose trip count is in the program"
-        )
+def values_on_demand(jaxpr: Jaxpr, inputs: list[Callable]) -> list[Callable]:
+    """The outputs of ``jaxpr``, each computed when first asked for."""
+    known = KnownValues(jaxpr, inputs)
+    return [functools.partial(known, out) for out in jaxpr.outs]
+
+
+def known_condition(cond_jaxpr: Jaxpr, inputs: list[Callable], avals: list) -> bool:
+    """The loop condition's value on this trip; an error if it is unknown."""
+    (pred,) = values_on_demand(cond_jaxpr, inputs)
+    if pred() is not None:
+        return bool(pred())
+    raise UnknownTripCountError(
+        "cost_analysis: cannot count a while_loop whose trip count depends on "
+        "values known only by their types (the loop's inputs are "
+        f"{', '.join(a.str_short() for a in avals)}): pass arrays instead of "
+        "ShapedArrays for the arguments the condition depends on, or write the "
+        "loop as fori_loop with Python int bounds or as scan, whose trip count "
+        "is in the program"
+    )
 
 
 # %% [markdown]
@@ -462,11 +470,25 @@ def halve_until_small(x):
 print(cost_analysis(halve_until_small, np.full(4, 3.0)))
 show_error(lambda: cost_analysis(halve_until_small, ShapedArray((4,), np.float64)))
 
+
 # %% [markdown]
 # Each of the 4 trips that run costs 4 multiplications and a sum of 4 elements
 # (3 additions) and a comparison; the condition is evaluated a fifth time,
-# when it says stop.
-#
+# when it says stop. A `fori_loop` whose bound is an argument is a
+# `while_loop` too, but its condition reads only the counter and the bound, so
+# the rest of its carry may be given by type: here 5 trips of 3
+# multiplications, the counter's increment and its comparison, and a sixth
+# comparison.
+
+
+# %%
+def double_n_times(n, x):
+    return fori_loop(0, n, lambda i, v: v * 2.0, x)
+
+
+print(cost_analysis(double_n_times, 5, ShapedArray((3,), np.float64)))
+
+# %% [markdown]
 # (analysis-xla)=
 # ## Checked against XLA
 #
@@ -629,7 +651,7 @@ print("ours, cond:", flops_and_transcendentals(ours))
 # interpreter the promise can be checked: count `f`, count `grad(f)`, divide.
 # Here for an MLP of growing depth (each layer `tanh(h @ w + b)`, width 64, a
 # batch of 32), for a `scan` RNN of growing length, and for the
-# {ref}`appendix <appendix-primitives>`'s two-layer network:
+# {ref}`appendix <appendix>`'s two-layer network:
 
 
 # %%
@@ -660,8 +682,13 @@ rnn_ratios = [
     gradient_ratio(rnn_loss, layer_types[0], ShapedArray((n, 64), np.float64))
     for n in lengths
 ]
-print("MLP, grad/forward by depth:", dict(zip(depths, np.round(mlp_ratios, 2))))
-print("RNN, grad/forward by length:", dict(zip(lengths, np.round(rnn_ratios, 2))))
+print(
+    "MLP, grad/forward by depth:", {d: round(r, 2) for d, r in zip(depths, mlp_ratios)}
+)
+print(
+    "RNN, grad/forward by length:",
+    {n: round(r, 2) for n, r in zip(lengths, rnn_ratios)},
+)
 
 # %% tags=["hide-input"]
 # @title The appendix's network, and the plot
@@ -692,10 +719,12 @@ gradient_ratio_chart(
 
 
 # %% [markdown]
-# The ratio stays near 3 whatever the depth or the length: the backward pass
-# of a matrix product is two matrix products of the same size (one for the
-# weights' cotangent, one for the input's), and every elementwise operation is
-# matched by a few elementwise operations. That is the cheap-gradient principle:
+# The ratio stays near 3 whatever the depth or the length. `grad` runs the
+# forward pass too (its values are needed backwards), and the backward pass of
+# a matrix product is two matrix products of the same size, one for the
+# weights' cotangent and one for the input's: 1 + 2 products for each one of
+# the function. Every elementwise operation is matched by a few elementwise
+# operations, which the products outweigh. That is the cheap-gradient principle:
 # the constant does not grow with the size of the program, nor with the number
 # of parameters.
 #
@@ -909,7 +938,7 @@ def check_format(fmt: Any, args: tuple, kwargs: dict) -> None:
 
 # %%
 def noisy(x):
-    debug_print("x = {}, sin x = {s}", x, s=anp.sin(x))
+    debug.print("x = {}, sin x = {s}", x, s=anp.sin(x))
     return x * x
 
 
@@ -928,7 +957,7 @@ print(
 # %%
 def count_down(n):
     def body(i):
-        debug_print("i = {}", i)
+        debug.print("i = {}", i)
         return i - 1
 
     return while_loop(lambda i: i > 0, body, n)

@@ -2179,3 +2179,14 @@ def test_analysis_debug_print_transpose_drops_it():
 
     rule = jax_ad.primitive_transposes[debugging.debug_print_p]
     assert rule([], 1.0, 2.0, fmt="{} {}") == [None, None]
+
+
+def test_analysis_python_print_under_jit_shows_a_tracer_once(capsys):
+    # analysis: "Put `print(x)` in a function and `jit` it: the print runs
+    # once, while the function is traced, and shows a tracer."
+    f = jax.jit(lambda x: (print(x), x * 2)[1])
+    capsys.readouterr()
+    f(1.0)
+    f(2.0)
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith("JitTracer")
