@@ -842,6 +842,7 @@ def _debug_print_lower(ctx, avals_in, avals_out, *leaves, fmt, tree, batch_dims)
         print_formatted(fmt, tree, arrays, batch_dims)
         return ()
 
+    check_one_replica(ctx)
     HOST_CALLBACKS.append(callback)
     index = ir.IntegerAttr.get(ir.IntegerType.get_unsigned(64), len(HOST_CALLBACKS) - 1)
     hlo.CustomCallOp(
@@ -863,17 +864,16 @@ def _debug_print_lower(ctx, avals_in, avals_out, *leaves, fmt, tree, batch_dims)
 
 
 # %% tags=["export", "hide-input"]
-# @title The debug namespace; cost and transpose rules; checks: the format
+# @title The debug namespace; a cost rule; checks: the format, no pmap
 @debug_print_p.def_rule("cost")
 def _debug_print_cost(ctx, avals_in, avals_out, **params):
     return Cost()  # a host callback does no arithmetic XLA counts
 
 
-@debug_print_p.def_rule("transpose")
-def _debug_print_transpose(cts, *args, **params):
-    # reached only by a print of tangents (in a custom_jvp rule, say): the
-    # backward pass drops it and gives its inputs no cotangent, as JAX does
-    return [None] * len(args)
+# No transpose rule: the jvp rule prints primals only, and a print of tangents
+# (in a custom_jvp rule, say) leaves no equation in a linear jaxpr, since no
+# output depends on it; so, like sin, it is "not linear" in the rule table.
+NOT_LINEAR.update({"debug_print"})
 
 
 debug = types.ModuleType(
@@ -882,6 +882,20 @@ debug = types.ModuleType(
 debug.print = debug_print
 if __name__ != "__main__":  # in the module: `from autodidax import debug`
     sys.modules[f"{__name__}.debug"] = debug
+
+
+class DebugPrintInPmapError(TypeError):
+    """debug.print inside pmap, whose programs this book compiles without
+    host callbacks."""
+
+
+def check_one_replica(ctx: LoweringContext) -> None:
+    if ctx.replicas is not None:
+        raise DebugPrintInPmapError(
+            "debug.print inside pmap: this book compiles pmap's program for "
+            f"{ctx.replicas} replicas without host callbacks, so it cannot print; "
+            "print under vmap (same values, one line per example) or outside pmap"
+        )
 
 
 class DebugPrintFormatError(ValueError, LookupError):
@@ -1010,7 +1024,12 @@ show_error(lambda: jit(lambda x: debug.print("{y}", x))(1.0))
 #   two private pieces of jaxlib: that custom call's name and attribute, and
 #   the `host_callbacks=` argument of the client's `compile_and_load`.
 # - **Under `vmap`**, JAX also prints one line per example, as ours does.
-#   **Under `grad`**, both print the primal value once.
+#   **Under `grad`**, both print the primal value once; JAX also registers a
+#   transpose rule for `debug_print` that drops it, where ours has none and
+#   needs none, because partial evaluation keeps only equations that an output
+#   depends on. **Inside `pmap`**,
+#   JAX prints one line per device; ours refuses (its `pmap` compiles without
+#   host callbacks).
 #
 # ## Summary
 #

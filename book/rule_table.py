@@ -34,13 +34,15 @@
 # - *✓*: the primitive registers its own rule of this kind.
 # - *not linear* (only under `transpose`): no transpose rule, because none
 #   could work. Most of these primitives are not linear in any operand (`sin`,
-#   `max`, ...). Three are here for their own reasons: `axis_index` has no
+#   `max`, ...). Four are here for their own reasons: `axis_index` has no
 #   operand to be linear in; a `custom_vjp_call`
 #   never reaches a linear jaxpr (the `custom_lin` it leaves there does, and
 #   is transposed by running the function's `bwd`); and transposing `while`
 #   would need every trip's primal values, which the loop does not save
 #   ({ref}`Part 6 <part6>`; JAX registers a transpose rule for `while` that
-#   only raises an error). A `custom_jvp_call`, by contrast, is transposed by
+#   only raises an error); `debug_print` has no outputs, so no output of a
+#   linear jaxpr depends on it, and partial evaluation leaves it out
+#   ({ref}`analysis`). A `custom_jvp_call`, by contrast, is transposed by
 #   transposing its jaxpr, since a JVP rule may apply a `custom_jvp` function to
 #   a tangent.
 # - *never transposed* (only under `transpose`): linear, but never met by

@@ -189,7 +189,10 @@ def test_types_in_nothing_is_computed(monkeypatch):
 
 
 def test_every_primitive_has_a_cost_rule():
-    missing = [name for name, p in ad.PRIMITIVES.items() if "cost" not in p.rules]
+    # the module's primitives (other tests register primitives of their own)
+    module = {p.name: p for p in vars(ad).values() if isinstance(p, ad.Primitive)}
+    assert "dot_general" in module and "debug_print" in module
+    missing = [name for name, p in module.items() if "cost" not in p.rules]
     assert missing == [], f"primitives without a cost rule: {missing}"
     assert "cost" in ad.RULE_KINDS
 
@@ -526,3 +529,42 @@ def test_debug_print_format_that_does_not_fit(fmt, args, kwargs, match):
 def test_debug_print_format_must_be_a_string():
     with raises_clearly(TypeError, "format must be a str", then=lambda: None):
         ad.debug.print(3, 1.0)
+
+
+def test_debug_print_inside_pmap_is_a_clear_error(capsys):
+    def f(r):
+        ad.debug.print("r = {}", r)
+        return r * 2.0
+
+    with raises_clearly(
+        ad.DebugPrintInPmapError,
+        r"debug.print inside pmap.*4 replicas.*vmap",
+        then=lambda: printed(capsys, lambda: ad.vmap(f)(pos[:4, 0])),
+    ):
+        ad.pmap(f)(pos[:4, 0])
+
+
+def test_debug_print_of_a_tangent_is_dropped_under_grad(capsys):
+    @ad.custom_jvp
+    def f(x):
+        return anp.sin(x)
+
+    def f_jvp(primals, tangents):
+        ad.debug.print("tangent {}", tangents[0])
+        return f(*primals), ad.cos(primals[0]) * tangents[0]
+
+    f.defjvp(f_jvp)
+
+    @jax.custom_jvp
+    def g(x):
+        return jnp.sin(x)
+
+    def g_jvp(primals, tangents):
+        jax.debug.print("tangent {}", tangents[0])
+        return g(*primals), jnp.cos(primals[0]) * tangents[0]
+
+    g.defjvp(g_jvp)
+    theirs = printed(capsys, lambda: jax.grad(g)(0.5))
+    ours = printed(capsys, lambda: ad.grad(f)(0.5))
+    assert ours == theirs
+    assert float(ad.grad(f)(0.5)) == pytest.approx(np.cos(0.5))

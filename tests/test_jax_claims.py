@@ -2173,8 +2173,8 @@ def test_analysis_debug_print_format_errors():
 
 
 def test_analysis_debug_print_transpose_drops_it():
-    # analysis: a print of tangents is dropped by the backward pass, its
-    # inputs getting no cotangent, "as JAX does" (jax/_src/debugging.py).
+    # analysis: "JAX also registers a transpose rule for `debug_print` that
+    # drops it" (no cotangents for its inputs; jax/_src/debugging.py).
     from jax._src import debugging
 
     rule = jax_ad.primitive_transposes[debugging.debug_print_p]
@@ -2190,3 +2190,19 @@ def test_analysis_python_print_under_jit_shows_a_tracer_once(capsys):
     f(2.0)
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 1 and out[0].startswith("JitTracer")
+
+
+def test_analysis_debug_print_inside_pmap_prints_per_device(capsys):
+    # analysis: "Inside `pmap`, JAX prints one line per device".
+    def show(r):
+        jax.debug.print("r = {}", r)
+        return r
+
+    capsys.readouterr()
+    jax.pmap(show)(np.arange(3.0))
+    jax.effects_barrier()
+    assert sorted(capsys.readouterr().out.splitlines()) == [
+        "r = 0.0",
+        "r = 1.0",
+        "r = 2.0",
+    ]
