@@ -2085,6 +2085,22 @@ def runtime() -> _Runtime:
     return _Runtime(client, device, jax.sharding.SingleDeviceSharding(device))
 
 
+# Python functions that compiled programs call back (`debug.print`, in the
+# chapter on interpreters that read programs); a module names one by position.
+HOST_CALLBACKS: list[Callable] = []
+
+
+def compile_with_host_callbacks(module_text: str, devices: Any) -> Any:
+    """xla_compile for a module that calls back into Python."""
+    from jax._src.lib import xla_client
+
+    with mlir_context():  # jaxlib takes host callbacks with a parsed module only
+        module = ir.Module.parse(module_text)
+    return runtime().client.compile_and_load(
+        module, devices, xla_client.CompileOptions(), host_callbacks=HOST_CALLBACKS
+    )
+
+
 def device_put(x: np.ndarray) -> Array:
     """Copy a NumPy array to the device."""
     from jaxlib import _jax
@@ -2106,6 +2122,8 @@ def xla_compile(module_text: str) -> Any:
 
     rt = runtime()
     devices = xla_client.DeviceList((rt.device,))
+    if "python_cpu_callback" in module_text:  # debug.print: folded above
+        return compile_with_host_callbacks(module_text, devices)
     return rt.client.compile_and_load(module_text, devices, xla_client.CompileOptions())
 
 
@@ -8550,6 +8568,436 @@ def dense_constant(value: Any) -> ir.Value:
         as_int = hlo.constant(ir.DenseElementsAttr.get(x.astype(np.int8)))
         return hlo.convert(ir_type(ShapedArray(x.shape, x.dtype)), as_int)
     return hlo.constant(ir.DenseElementsAttr.get(x))
+
+
+# ==== chapter: analysis ====
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What running some code costs, in the units of XLA's cost analysis."""
+
+    flops: int = 0  # arithmetic operations (a multiply-add counts 2)
+    transcendentals: int = 0  # sin, exp, log, tanh, ... (one per element)
+    bytes_accessed: int = 0  # bytes read and written by the operations
+
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(*(a + b for a, b in zip(astuple(self), astuple(other))))
+
+    def __mul__(self, times: int) -> Cost:  # a loop body run `times` times
+        return Cost(*(a * times for a in astuple(self)))
+
+    __rmul__ = __mul__
+
+    def as_dict(self) -> dict[str, float]:
+        """XLA's key names and number type."""
+        keys = ("flops", "transcendentals", "bytes accessed")
+        return {key: float(n) for key, n in zip(keys, astuple(self))}
+
+
+def jaxpr_cost(jaxpr: Jaxpr, inputs: list[Callable], axis_sizes=None) -> Cost:
+    """What running ``jaxpr`` costs. ``inputs[i]()`` is input i's value, or
+    None when only its type is known."""
+    known = KnownValues(jaxpr, inputs)
+    total = Cost()
+    for eqn in jaxpr.eqns:
+        ctx = CostContext(
+            [functools.partial(known, x) for x in eqn.inputs], axis_sizes or {}
+        )
+        avals_in = [x.aval for x in eqn.inputs]
+        avals_out = [v.aval for v in eqn.out_binders]
+        total += eqn.primitive.rule("cost")(ctx, avals_in, avals_out, **eqn.params)
+    return total
+
+
+def cost_analysis(f: Callable, *args: Any) -> dict[str, float]:
+    """What ``f(*args)`` costs; each argument an array or a ShapedArray."""
+    jaxpr, consts, _ = make_jaxpr(f, *args)
+    inputs = [given(c) for c in consts] + [given(x) for x in tree_leaves(args)]
+    return jaxpr_cost(jaxpr, inputs).as_dict()
+
+
+def given(x: Any) -> Callable[[], Any]:
+    """An input's value on demand: None for a ShapedArray (a type, no value)."""
+    return lambda: None if isinstance(x, ShapedArray) else x
+
+
+# @title CostContext, and KnownValues: values computed only when a rule asks
+from dataclasses import astuple
+
+
+class CostContext(NamedTuple):
+    inputs: list[Callable[[], Any]]  # each input's value on demand, or None
+    axis_sizes: dict  # the named axes of an enclosing pmap: name -> size
+
+    def known(self, i: int) -> Any:
+        """Input ``i``'s value if it follows from known inputs, else None."""
+        return self.inputs[i]()
+
+    def cost(self, jaxpr: Jaxpr, inputs: list[Callable], more_axes=None) -> Cost:
+        return jaxpr_cost(jaxpr, inputs, {**self.axis_sizes, **(more_axes or {})})
+
+
+UNKNOWN = given(ShapedArray((), np.float64))  # an input known by its type only
+
+
+class KnownValues:
+    """The values of a jaxpr's variables that follow from its known inputs,
+    each computed (with ``bind``) the first time it is asked for."""
+
+    def __init__(self, jaxpr: Jaxpr, inputs: list[Callable]) -> None:
+        self.inputs = dict(zip(jaxpr.in_binders, inputs))
+        self.made_by = {v: eqn for eqn in jaxpr.eqns for v in eqn.out_binders}
+        self.values: dict[Var, Any] = {}
+
+    def __call__(self, atom: Atom) -> Any:
+        if isinstance(atom, Lit):
+            return atom.val
+        if atom not in self.values:
+            for var in toposort([atom], self._parents):  # parents first, no recursion
+                if var not in self.values:
+                    self._compute(var)
+        return self.values[atom]
+
+    def _parents(self, var: Var) -> list[Var]:
+        eqn = None if var in self.values else self.made_by.get(var)
+        return [x for x in eqn.inputs if isinstance(x, Var)] if eqn else []
+
+    def _compute(self, var: Var) -> None:
+        if var in self.inputs:
+            self.values[var] = self.inputs[var]()
+            return
+        eqn = self.made_by[var]
+        ins = [self(x) for x in eqn.inputs]
+        if any(v is None for v in ins):
+            outs = [None] * len(eqn.out_binders)
+        else:
+            outs = bind(eqn.primitive, *ins, **eqn.params)
+            outs = outs if eqn.primitive.multiple_results else [outs]
+        self.values.update(zip(eqn.out_binders, outs))
+
+
+def io_bytes(avals_in: list[ShapedArray], avals_out: list[ShapedArray]) -> int:
+    return sum(a.size * a.dtype.itemsize for a in [*avals_in, *avals_out])
+
+
+def per_element_cost(prim: Primitive, flops=1, transcendentals=0) -> None:
+    @prim.def_rule("cost")
+    def rule(ctx, avals_in, avals_out, **params):
+        n = avals_out[0].size
+        return Cost(flops * n, transcendentals * n, io_bytes(avals_in, avals_out))
+
+
+for prim in [add_p, sub_p, mul_p, div_p, neg_p, max_p, select_p]:
+    per_element_cost(prim)
+for prim in [sin_p, cos_p, exp_p, log_p, tanh_p, sqrt_p, rsqrt_p]:
+    per_element_cost(prim, flops=0, transcendentals=1)
+for prim in [transpose_p, broadcast_p, reshape_p]:
+    per_element_cost(prim, flops=0)
+
+
+@dot_general_p.def_rule("cost")
+def _dot_general_cost(ctx, avals_in, avals_out, *, dimension_numbers):
+    (x, _), (out,) = avals_in, avals_out
+    (x_contract, _), _ = dimension_numbers
+    length = math.prod(x.shape[i] for i in x_contract)  # of each dot product
+    return Cost(2 * out.size * length, 0, io_bytes(avals_in, avals_out))
+
+
+# @title Cost rules: comparisons, convert, powers, reductions, collectives, indexing
+for prim in [gt_p, lt_p, eq_p, ne_p, le_p, ge_p, convert_element_type_p]:
+    per_element_cost(prim)
+
+
+@integer_pow_p.def_rule("cost")
+def _integer_pow_cost(ctx, avals_in, avals_out, *, y):
+    # the lowering squares once per binary digit after the first, multiplies
+    # once per further digit that is set, and divides once for y < 0
+    n = abs(y)
+    per_element = max(n.bit_length() - 1, 0) + max(n.bit_count() - 1, 0) + (y < 0)
+    return Cost(per_element * avals_out[0].size, 0, io_bytes(avals_in, avals_out))
+
+
+def reduction_cost(prim: Primitive) -> None:
+    @prim.def_rule("cost")
+    def rule(ctx, avals_in, avals_out, *, axes):
+        (x,), (out,) = avals_in, avals_out
+        init = x.dtype.itemsize  # the lowering's starting value is read too
+        return Cost(max(x.size - out.size, 0), 0, io_bytes(avals_in, avals_out) + init)
+
+
+reduction_cost(reduce_sum_p)
+reduction_cost(reduce_max_p)
+
+
+def free_cost(prim: Primitive) -> None:
+    """A primitive that compiles to nothing (an identity) costs nothing."""
+    prim.def_rule("cost")(lambda ctx, avals_in, avals_out, **params: Cost())
+
+
+free_cost(stop_gradient_p)
+free_cost(keep_gradient_p)
+free_cost(axis_index_p)
+
+# The indexing chapter's primitives move data: they cost the bytes they read
+# and write, and scatter-add one addition per element of its updates.
+for prim in [slice_p, pad_p, dynamic_slice_p, dynamic_update_slice_p]:
+    per_element_cost(prim, flops=0)
+for prim in [gather_p, scatter_p]:
+    per_element_cost(prim, flops=0)
+
+
+@scatter_add_p.def_rule("cost")
+def _scatter_add_cost(ctx, avals_in, avals_out, **params):
+    updates = avals_in[1]
+    return Cost(updates.size, 0, io_bytes(avals_in, avals_out))
+
+
+def all_reduce_cost(prim: Primitive) -> None:
+    """Each member combines the values of all n members: n - 1 operations
+    per element, on every member."""
+
+    @prim.def_rule("cost")
+    def rule(ctx, avals_in, avals_out, *, axis_name):
+        if axis_name not in ctx.axis_sizes:
+            raise unbound_axis_error(axis_name, f"cost_analysis of {prim.name}")
+        n = ctx.axis_sizes[axis_name]
+        return Cost((n - 1) * avals_out[0].size, 0, io_bytes(avals_in, avals_out))
+
+
+all_reduce_cost(psum_p)
+all_reduce_cost(pmax_p)
+per_element_cost(all_gather_p, flops=0)
+
+# custom_lin cannot run forwards (Part 8), so it has no cost to count either
+_ = custom_lin_p.def_rule("cost")(forward_mode_error)
+
+
+@xla_call_p.def_rule("cost")
+def _xla_call_cost(ctx, avals_in, avals_out, *, jaxpr):
+    return ctx.cost(jaxpr, ctx.inputs)
+
+
+@scan_p.def_rule("cost")
+def _scan_cost(ctx, avals_in, avals_out, *, jaxpr, num_consts, length, **params):
+    changing = [UNKNOWN] * (len(avals_in) - num_consts)  # carry and rows
+    return length * ctx.cost(jaxpr, ctx.inputs[:num_consts] + changing)
+
+
+@cond_p.def_rule("cost")
+def _cond_cost(ctx, avals_in, avals_out, *, true_jaxpr, false_jaxpr):
+    pred, operands = ctx.known(0), ctx.inputs[1:]
+    if pred is None:  # decided at run time: count the dearer branch
+        return most(ctx.cost(true_jaxpr, operands), ctx.cost(false_jaxpr, operands))
+    return ctx.cost(true_jaxpr if pred else false_jaxpr, operands)
+
+
+@while_p.def_rule("cost")
+def _while_cost(ctx, avals_in, avals_out, **params):
+    cond_jaxpr, body_jaxpr = params["cond_jaxpr"], params["body_jaxpr"]
+    cond_consts, body_consts, carry = _split(
+        ctx.inputs, params["cond_nconsts"], params["body_nconsts"]
+    )
+    total = Cost()
+    while True:  # run the loop, as much of it as the condition needs
+        total += ctx.cost(cond_jaxpr, cond_consts + carry)
+        if not known_condition(cond_jaxpr, cond_consts + carry, avals_in):
+            return total
+        total += ctx.cost(body_jaxpr, body_consts + carry)
+        carry = values_on_demand(body_jaxpr, body_consts + carry)
+
+
+# @title Cost rules: custom calls, pmap; helpers: most, running a loop's condition
+def _custom_call_cost(ctx, avals_in, avals_out, *, call_jaxpr, **params):
+    return ctx.cost(call_jaxpr, ctx.inputs)
+
+
+custom_jvp_call_p.def_rule("cost")(_custom_call_cost)
+custom_vjp_call_p.def_rule("cost")(_custom_call_cost)
+
+
+@pmap_p.def_rule("cost")
+def _pmap_cost(ctx, avals_in, avals_out, *, jaxpr, axis_name, axis_size):
+    # every device runs the body on its own row: counted at types, n times
+    rows = [UNKNOWN] * len(avals_in)
+    return axis_size * ctx.cost(jaxpr, rows, {axis_name: axis_size})
+
+
+def most(a: Cost, b: Cost) -> Cost:
+    """The larger of two costs, key by key."""
+    return Cost(*(max(x, y) for x, y in zip(astuple(a), astuple(b))))
+
+
+class UnknownTripCountError(ValueError):
+    """cost_analysis met a while_loop whose trip count depends on values it
+    does not know (arguments given as ShapedArrays)."""
+
+
+def values_on_demand(jaxpr: Jaxpr, inputs: list[Callable]) -> list[Callable]:
+    """The outputs of ``jaxpr``, each computed when first asked for."""
+    known = KnownValues(jaxpr, inputs)
+    return [functools.partial(known, out) for out in jaxpr.outs]
+
+
+def known_condition(cond_jaxpr: Jaxpr, inputs: list[Callable], avals: list) -> bool:
+    """The loop condition's value on this trip; an error if it is unknown."""
+    (pred,) = values_on_demand(cond_jaxpr, inputs)
+    if pred() is not None:
+        return bool(pred())
+    raise UnknownTripCountError(
+        "cost_analysis: cannot count a while_loop whose trip count depends on "
+        "values known only by their types (the loop's inputs are "
+        f"{', '.join(a.str_short() for a in avals)}): pass arrays instead of "
+        "ShapedArrays for the arguments the condition depends on, or write the "
+        "loop as fori_loop with Python int bounds or as scan, whose trip count "
+        "is in the program"
+    )
+
+
+debug_print_p = Primitive("debug_print", multiple_results=True)
+
+
+def debug_print(fmt: str, *args: Any, ordered: bool = False, **kwargs: Any) -> None:
+    """Print ``fmt.format(*args, **kwargs)`` with the values the program
+    computes, also under jit, vmap and differentiation."""
+    check_format(fmt, args, kwargs)
+    leaves, tree = tree_flatten((args, kwargs))
+    leaves = [_as_input(x, "debug.print") for x in leaves]
+    bind(debug_print_p, *leaves, fmt=fmt, tree=tree, batch_dims=0)
+
+
+def print_formatted(fmt: str, tree: PyTreeDef, leaves: list, batch_dims: int) -> None:
+    """One line per example: ``batch_dims`` leading axes are vmap's."""
+    leaves = [np.asarray(x) for x in leaves]
+    for index in np.ndindex(*(leaves[0].shape[:batch_dims] if leaves else ())):
+        args, kwargs = tree_unflatten(tree, [x[index] for x in leaves])
+        print(fmt.format(*args, **kwargs))
+
+
+@debug_print_p.def_rule("impl")
+def _debug_print_impl(*leaves, fmt, tree, batch_dims):
+    print_formatted(fmt, tree, leaves, batch_dims)
+    return []
+
+
+@debug_print_p.def_rule("abstract_eval")
+def _debug_print_abstract_eval(*avals, **params):
+    return []
+
+
+@debug_print_p.def_rule("jvp")
+def _debug_print_jvp(primals, tangents, **params):
+    bind(debug_print_p, *primals, **params)
+    return [], []
+
+
+@debug_print_p.def_rule("vmap")
+def _debug_print_vmap(axis, vals, dims, *, fmt, tree, batch_dims):
+    # this axis joins the leading ones as the last (it varies fastest, as in JAX)
+    vals = [move_batch_axis(axis.size, d, batch_dims, x) for x, d in zip(vals, dims)]
+    bind(debug_print_p, *vals, fmt=fmt, tree=tree, batch_dims=batch_dims + 1)
+    return [], []
+
+
+@debug_print_p.def_rule("lower")
+def _debug_print_lower(ctx, avals_in, avals_out, *leaves, fmt, tree, batch_dims):
+    def callback(*arrays):  # called by the compiled program, on the host
+        print_formatted(fmt, tree, arrays, batch_dims)
+        return ()
+
+    check_one_replica(ctx)
+    HOST_CALLBACKS.append(callback)
+    index = ir.IntegerAttr.get(ir.IntegerType.get_unsigned(64), len(HOST_CALLBACKS) - 1)
+    hlo.CustomCallOp(
+        [],
+        list(leaves),
+        call_target_name="xla_ffi_python_cpu_callback",
+        has_side_effect=True,
+        backend_config=ir.DictAttr.get({"index": index}),
+        api_version=ir.IntegerAttr.get(ir.IntegerType.get_signless(32), 4),  # typed FFI
+    )
+    return []
+
+
+# @title The debug namespace; a cost rule; checks: the format, no pmap
+@debug_print_p.def_rule("cost")
+def _debug_print_cost(ctx, avals_in, avals_out, **params):
+    return Cost()  # a host callback does no arithmetic XLA counts
+
+
+# No transpose rule: the jvp rule prints primals only, and a print of tangents
+# (in a custom_jvp rule, say) leaves no equation in a linear jaxpr, since no
+# output depends on it; so, like sin, it is "not linear" in the rule table.
+NOT_LINEAR.update({"debug_print"})
+
+
+debug = types.ModuleType(
+    "autodidax.debug", "Printing from transformed and compiled code."
+)
+debug.print = debug_print
+if __name__ != "__main__":  # in the module: `from autodidax import debug`
+    sys.modules[f"{__name__}.debug"] = debug
+
+
+class DebugPrintInPmapError(TypeError):
+    """debug.print inside pmap, whose programs this book compiles without
+    host callbacks."""
+
+
+def check_one_replica(ctx: LoweringContext) -> None:
+    if ctx.replicas is not None:
+        raise DebugPrintInPmapError(
+            "debug.print inside pmap: this book compiles pmap's program for "
+            f"{ctx.replicas} replicas without host callbacks, so it cannot print; "
+            "print under vmap (same values, one line per example) or outside pmap"
+        )
+
+
+class DebugPrintFormatError(ValueError, LookupError):
+    """A debug.print format that does not fit its arguments (a LookupError as
+    well, like the IndexError or KeyError that JAX raises)."""
+
+
+class _Probe:
+    """Stands for an argument while the format is tried; records its use."""
+
+    def __init__(self) -> None:
+        self.used = False
+
+    def __format__(self, spec: str) -> str:
+        self.used = True
+        return ""
+
+    def __getattr__(self, name: str) -> _Probe:
+        self.used = True
+        return self
+
+    def __getitem__(self, key: Any) -> _Probe:
+        self.used = True
+        return self
+
+
+def check_format(fmt: Any, args: tuple, kwargs: dict) -> None:
+    if not isinstance(fmt, str):
+        raise TypeError(
+            f"debug.print: the format must be a str, got {_short_repr(fmt)}"
+        )
+    probes = [_Probe() for _ in args]
+    given = f"{len(args)} positional argument(s) and keywords {sorted(kwargs)}"
+    try:
+        fmt.format(*probes, **{k: _Probe() for k in kwargs})
+    except (IndexError, KeyError) as e:
+        raise DebugPrintFormatError(
+            f"debug.print: the format {fmt!r} asks for {e} but it was given {given}"
+        ) from None
+    except ValueError as e:
+        raise DebugPrintFormatError(f"debug.print: bad format {fmt!r}: {e}") from None
+    unused = [i for i, p in enumerate(probes) if not p.used]
+    if unused:
+        raise DebugPrintFormatError(
+            f"debug.print: the format {fmt!r} does not use the positional "
+            f"argument(s) at position {unused} ({given})"
+        )
 
 
 # ==== chapter: performance ====

@@ -411,6 +411,7 @@ _NO_TRANSPOSE_REASONS = {
     "axis_index": "no operand",
     "custom_vjp_call": "via bwd",
     "while": "trips not saved",
+    "debug_print": "no outputs",
 }
 
 
@@ -459,6 +460,7 @@ _CHAPTER_LABELS = {
     "appendix_primitives": "appendix",
     "indexing": "indexing",
     "performance": "performance",
+    "analysis": "reading programs",
 }
 
 
@@ -958,6 +960,109 @@ def scaling_chart(report):
                 f'fill="{color}">{library}: {_bench_number(largest_ms)} ms at N={n_max}'
                 "</text>"
             )
+    parts.append("</svg>")
+    return SVG("".join(parts))
+
+
+# ---------------------------------------------------------------- analysis
+
+
+def cost_comparison_table(rows):
+    """Our counts next to XLA's: ``rows`` of (program, ours, XLA's after
+    optimization, XLA's before), each count a dict with XLA's key names."""
+
+    def n(costs, key):
+        value = costs.get(key)
+        return "—" if value is None else f"{value:,.0f}"
+
+    header = [
+        "program",
+        "flops: ours",
+        "XLA",
+        "XLA unopt.",
+        "transc.: ours",
+        "XLA",
+        "bytes: ours",
+        "XLA",
+        "XLA unopt.",
+    ]
+    body = [
+        [
+            escape(name),
+            n(ours, "flops"),
+            n(xla, "flops"),
+            n(before, "flops"),
+            n(ours, "transcendentals"),
+            n(xla, "transcendentals"),
+            n(ours, "bytes accessed"),
+            n(xla, "bytes accessed"),
+            n(before, "bytes accessed"),
+        ]
+        for name, ours, xla, before in rows
+    ]
+    caption = (
+        "cost_analysis (ours), and XLA's cost analysis of JAX's program: "
+        "optimized (compile().cost_analysis()) and unoptimized "
+        "(lower().cost_analysis()); — : no such key"
+    )
+    table = _bench_html_table(caption, header, body, set(range(1, 9)))
+    table = table.replace('<table class="table">', '<table style="font-size: 0.85em">')
+    return HTML(f'<div style="overflow-x: auto">{table}</div>')
+
+
+def gradient_ratio_chart(series):
+    """grad's flops over the function's, against size (log scale), one line
+    per ``series`` entry: name -> (sizes, ratios)."""
+    colors = [_BENCH_GREEN, _BENCH_BLUE]
+    w, h, margin = 420, 220, 60
+    width, height = w + 2 * margin, h + 90
+    top = max(max(r) for _, r in series.values()) * 1.25
+
+    def py(ratio):
+        return 40 + h - ratio / top * h
+
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
+        f'height="{height}" font-family="sans-serif" font-size="13">',
+        "<title>Flops of grad over flops of the function, against size</title>",
+        f'<line x1="{margin}" y1="40" x2="{margin}" y2="{40 + h}" stroke="#333"/>',
+        f'<line x1="{margin}" y1="{40 + h}" x2="{margin + w}" y2="{40 + h}" '
+        'stroke="#333"/>',
+        f'<text x="{margin + w / 2}" y="{h + 84}" text-anchor="middle">'
+        "depth or length (log scale)</text>",
+        f'<text x="16" y="{40 + h / 2}" text-anchor="middle" '
+        f'transform="rotate(-90 16 {40 + h / 2})">grad flops / forward flops</text>',
+    ]
+    for tick in range(int(top) + 1):
+        parts.append(
+            f'<text x="{margin - 6}" y="{py(tick) + 4:.1f}" text-anchor="end" '
+            f'fill="#555555">{tick}</text>'
+        )
+    for i, (name, (sizes, ratios)) in enumerate(series.items()):
+        color = colors[i % len(colors)]
+        lo, hi = math.log(min(sizes)), math.log(max(sizes))
+
+        def px(size, lo=lo, hi=hi):
+            return margin + 20 + (math.log(size) - lo) / (hi - lo) * (w - 40)
+
+        points = " ".join(f"{px(s):.1f},{py(r):.1f}" for s, r in zip(sizes, ratios))
+        parts.append(
+            f'<polyline points="{points}" fill="none" stroke="{color}" '
+            'stroke-width="2"/>'
+        )
+        for s, r in zip(sizes, ratios):
+            parts.append(
+                f'<circle cx="{px(s):.1f}" cy="{py(r):.1f}" r="4" fill="{color}">'
+                f"<title>{escape(name)} {s}: {r:.2f}</title></circle>"
+            )
+            parts.append(
+                f'<text x="{px(s):.1f}" y="{40 + h + 16 + 15 * i}" '
+                f'text-anchor="middle" fill="{color}">{s}</text>'
+            )
+        parts.append(
+            f'<circle cx="{margin + 8 + 200 * i}" cy="14" r="5" fill="{color}"/>'
+            f'<text x="{margin + 18 + 200 * i}" y="18">{escape(name)}</text>'
+        )
     parts.append("</svg>")
     return SVG("".join(parts))
 

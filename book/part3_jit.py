@@ -364,6 +364,22 @@ def runtime() -> _Runtime:
     return _Runtime(client, device, jax.sharding.SingleDeviceSharding(device))
 
 
+# Python functions that compiled programs call back (`debug.print`, in the
+# chapter on interpreters that read programs); a module names one by position.
+HOST_CALLBACKS: list[Callable] = []
+
+
+def compile_with_host_callbacks(module_text: str, devices: Any) -> Any:
+    """xla_compile for a module that calls back into Python."""
+    from jax._src.lib import xla_client
+
+    with mlir_context():  # jaxlib takes host callbacks with a parsed module only
+        module = ir.Module.parse(module_text)
+    return runtime().client.compile_and_load(
+        module, devices, xla_client.CompileOptions(), host_callbacks=HOST_CALLBACKS
+    )
+
+
 def device_put(x: np.ndarray) -> Array:
     """Copy a NumPy array to the device."""
     from jaxlib import _jax
@@ -393,6 +409,8 @@ def xla_compile(module_text: str) -> Any:
 
     rt = runtime()
     devices = xla_client.DeviceList((rt.device,))
+    if "python_cpu_callback" in module_text:  # debug.print: folded above
+        return compile_with_host_callbacks(module_text, devices)
     return rt.client.compile_and_load(module_text, devices, xla_client.CompileOptions())
 
 

@@ -23,7 +23,8 @@
 # eval`), lowering to StableHLO (`lower`), partial evaluation during tracing
 # (`partial eval`) and of a staged jaxpr (`partial eval jaxpr`), and
 # transposition (`transpose`) where the primitive is linear in at least one
-# operand (`mul` in either, `div` in its numerator, `select` in its branches).
+# operand (`mul` in either, `div` in its numerator, `select` in its branches),
+# and counting what it costs without running it (`cost`, {ref}`analysis`).
 # The table below is read off the registries of the finished module
 # (`PRIMITIVES`, each primitive's `rules`, `RULE_KINDS`, `NOT_LINEAR` and
 # `NEVER_TRANSPOSED`) every time this page is built, and shows that every pair
@@ -43,13 +44,15 @@
 # 2. No `transpose` rule: *not linear* for the primitives in `NOT_LINEAR`, which
 #    are not linear in any operand (`sin`, `max`, `pmax`, ...; each is tested:
 #    a function made of that primitive alone gives $f(a + b) \ne f(a) + f(b)$
-#    for some inputs). Three members of `NOT_LINEAR` show their own reason:
+#    for some inputs). Four members of `NOT_LINEAR` show their own reason:
 #    *no operand* (`axis_index` has nothing to be linear in); *via bwd*
 #    (`custom_vjp_call` never reaches a linear jaxpr; the `custom_lin` it
 #    leaves there does, and is transposed by running the function's `bwd`); and
 #    *trips not saved* (transposing `while` would need every trip's primal
 #    values, which the loop does not save, {ref}`Part 6 <part6>`; JAX registers a
-#    transpose rule for `while` that only raises an error). *Never transposed*
+#    transpose rule for `while` that only raises an error); *no outputs*
+#    (`debug_print` returns nothing, so no output of a linear jaxpr depends on
+#    it, and partial evaluation leaves it out, {ref}`analysis`). *Never transposed*
 #    marks the primitives in `NEVER_TRANSPOSED`: `stop_gradient` is linear, but
 #    its tangent is always a fresh zero, so it never appears in a linear jaxpr
 #    (JAX registers no transpose rule for it either).

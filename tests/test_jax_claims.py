@@ -2297,3 +2297,170 @@ def test_indexing_argmax_takes_the_first_nan_and_traced_masks_fail():
     assert issubclass(jax.errors.NonConcreteBooleanIndexError, IndexError)
     with pytest.raises(jax.errors.NonConcreteBooleanIndexError):
         jax.jit(lambda x: x[x > 0])(jnp.ones(3))
+
+
+# ------------------------------------------------- analysis (book/analysis.md)
+
+
+def _xla_costs(f, *args):
+    """XLA's cost analysis of JAX's program: after and before optimization."""
+    lowered = jax.jit(f).lower(*args)
+    return lowered.compile().cost_analysis(), lowered.cost_analysis()
+
+
+def test_analysis_compiled_cost_analysis_keys():
+    # analysis: "`jax.jit(f).lower(*args).compile().cost_analysis()` returns a
+    # dict with the same three keys", "with more keys than ours (such as
+    # `utilization0{}` and `bytes accessed0{}`)", and "XLA leaves a key out
+    # when its count is zero (`transcendentals` for a product)";
+    # `jax.stages.Compiled.cost_analysis` and `Lowered.cost_analysis()` exist.
+    compiled, lowered = _xla_costs(lambda a, b: a @ b, np.ones((3, 4)), np.ones((4, 5)))
+    assert {"flops", "bytes accessed", "utilization0{}", "bytes accessed0{}"} <= set(
+        compiled
+    )
+    assert "transcendentals" not in compiled and compiled["flops"] == 2 * 3 * 4 * 5
+    assert "transcendentals" in _xla_costs(jnp.sin, np.ones(3))[0]
+    assert callable(jax.stages.Compiled.cost_analysis)
+    assert callable(jax.stages.Lowered.cost_analysis) and lowered["flops"] == 120
+
+
+def test_analysis_xla_counts_a_loop_body_once():
+    # analysis: "XLA counts a loop's body once, whatever its trip count": the
+    # same counts for 10 and 1000 trips, the body's 3 multiplications and 3
+    # sines plus the counter's increment and comparison.
+    def loop(trips):
+        return lambda x: lax.fori_loop(0, trips, lambda i, c: jnp.sin(c) * 2.0, x)
+
+    counts = [_xla_costs(loop(n), np.ones(3))[0] for n in (10, 1000)]
+    assert counts[0]["flops"] == counts[1]["flops"] == 3 + 2
+    assert counts[0]["transcendentals"] == counts[1]["transcendentals"] == 3
+
+
+def test_analysis_xla_cond_takes_the_larger_branch_key_by_key():
+    # analysis: "for a conditional it takes each key's maximum over the
+    # branches"; "XLA's `cond` count has one operation more than ours: JAX's
+    # `cond` turns the boolean predicate into an integer branch index (a
+    # `convert_element_type`)".
+    def pick(p, x):
+        return lax.cond(p, jnp.sin, lambda x: x * x, x)
+
+    compiled, _ = _xla_costs(pick, True, np.ones(3))
+    assert compiled["transcendentals"] == 3 and compiled["flops"] == 3 + 1
+    jaxpr = jax.make_jaxpr(pick)(True, np.ones(3))
+    assert jaxpr.eqns[0].primitive.name == "convert_element_type"
+    assert jaxpr.eqns[0].params["new_dtype"] == np.int32
+
+
+def test_analysis_xla_optimizer_rewrites():
+    # analysis: softmax's division became 6 reciprocals and 42 multiplications
+    # (6 more); x**3 and x**-2 share x * x (42 fewer); a dot of two vectors of
+    # 100 became a multiply and a two-stage sum over windows of 32 (227).
+    x = np.ones((6, 7))
+
+    def softmax(x):
+        e = jnp.exp(x - x.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    after, before = _xla_costs(softmax, x)
+    assert (after["flops"], before["flops"]) == (162, 156)
+    hlo = jax.jit(softmax).lower(x).compile().as_text()
+    assert re.search(r"f64\[6\]\{0\} divide", hlo)
+    after, before = _xla_costs(lambda x: x**3 + x**-2 + jnp.log(x), x)
+    assert (after["flops"], before["flops"]) == (210, 252)
+    v = np.ones(100)
+    after, before = _xla_costs(lambda u: u @ u, v)
+    assert (after["flops"], before["flops"]) == (227, 200)
+    hlo = jax.jit(lambda u: u @ u).lower(v).compile().as_text()
+    assert "reduce-window" in hlo and "size=32" in hlo
+
+
+def test_analysis_debug_print_effects_and_lowering():
+    # analysis: "`jax.make_jaxpr` of a function calling `jax.debug.print`
+    # shows a `debug_print` equation, and the jaxpr's `effects` contain a
+    # `DebugEffect`; with `ordered=True`, an `OrderedDebugEffect`, which makes
+    # the lowering thread a token through the program"; JAX "emits the same
+    # `xla_ffi_python_cpu_callback` custom call on CPU" through
+    # `jax._src.callback.emit_python_callback`.
+    from jax._src import callback
+
+    def show(x, ordered=False):
+        jax.debug.print("{}", x, ordered=ordered)
+        return x
+
+    jaxpr = jax.make_jaxpr(show)(1.0)
+    assert [e.primitive.name for e in jaxpr.eqns] == ["debug_print"]
+    assert [type(e).__name__ for e in jaxpr.effects] == ["DebugEffect"]
+    ordered = jax.make_jaxpr(functools.partial(show, ordered=True))(1.0)
+    assert [type(e).__name__ for e in ordered.effects] == ["OrderedDebugEffect"]
+    text = jax.jit(show).lower(1.0).as_text()
+    assert "custom_call @xla_ffi_python_cpu_callback" in text
+    assert "has_side_effect = true" in text
+    text = jax.jit(functools.partial(show, ordered=True)).lower(1.0).as_text()
+    assert "!stablehlo.token" in text
+    assert callable(callback.emit_python_callback)
+
+
+def test_analysis_debug_print_under_vmap_and_grad(capsys):
+    # analysis: "Under `vmap`, JAX also prints one line per example";
+    # "Under `grad`, both print the primal value once".
+    def show(x):
+        jax.debug.print("x = {}", x)
+        return x * x
+
+    capsys.readouterr()
+    jax.vmap(show)(np.arange(3.0))
+    jax.grad(show)(2.0)
+    jax.effects_barrier()
+    assert capsys.readouterr().out.splitlines() == [
+        "x = 0.0",
+        "x = 1.0",
+        "x = 2.0",
+        "x = 2.0",
+    ]
+
+
+def test_analysis_debug_print_format_errors():
+    # analysis: JAX refuses a format that does not fit its arguments "with
+    # IndexError, KeyError or ValueError", while tracing too.
+    with pytest.raises(IndexError):
+        jax.debug.print("{} and {}", 1.0)
+    with pytest.raises(KeyError):
+        jax.jit(lambda x: jax.debug.print("{y}", x))(1.0)
+    with pytest.raises(ValueError, match="Unused positional arguments"):
+        jax.debug.print("{}", 1.0, 2.0)
+
+
+def test_analysis_debug_print_transpose_drops_it():
+    # analysis: "JAX also registers a transpose rule for `debug_print` that
+    # drops it" (no cotangents for its inputs; jax/_src/debugging.py).
+    from jax._src import debugging
+
+    rule = jax_ad.primitive_transposes[debugging.debug_print_p]
+    assert rule([], 1.0, 2.0, fmt="{} {}") == [None, None]
+
+
+def test_analysis_python_print_under_jit_shows_a_tracer_once(capsys):
+    # analysis: "Put `print(x)` in a function and `jit` it: the print runs
+    # once, while the function is traced, and shows a tracer."
+    f = jax.jit(lambda x: (print(x), x * 2)[1])
+    capsys.readouterr()
+    f(1.0)
+    f(2.0)
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith("JitTracer")
+
+
+def test_analysis_debug_print_inside_pmap_prints_per_device(capsys):
+    # analysis: "Inside `pmap`, JAX prints one line per device".
+    def show(r):
+        jax.debug.print("r = {}", r)
+        return r
+
+    capsys.readouterr()
+    jax.pmap(show)(np.arange(3.0))
+    jax.effects_barrier()
+    assert sorted(capsys.readouterr().out.splitlines()) == [
+        "r = 0.0",
+        "r = 1.0",
+        "r = 2.0",
+    ]
