@@ -503,6 +503,13 @@ benchmark_summary_table(
             [],
             "our Python on every call: Part 9's pmap has no fast path",
         ),
+        (
+            "embedding grad (V = 50k, 200k)",
+            ["embedding_grad", "embedding_grad_large"],
+            [],
+            "a gather forward and a scatter-add backward in both (the indexing"
+            " chapter); only the zero-filled gradient table grows with V",
+        ),
     ],
 )
 
