@@ -736,10 +736,10 @@ def _scatter_add_transpose(cts, x, updates, *indices, batch_dims, mode):
 
 
 # %% [markdown]
-# The mode keeps the bounds right: a gather clamps an index that is out of
-# range, so its transpose adds at the clamped position; a scatter that drops
-# an update out of range gives that update a zero cotangent (the folded helper
-# `zero_where_dropped`), not what a clamped gather would read. The forward-mode rules are one line each
+# The two lines about `mode` only handle indices out of range (a gather
+# clamps, so its transpose adds at the clamped position; a dropped update gets
+# a zero cotangent); with indices in range, `mode` changes nothing. The
+# forward-mode rules are one line each
 # (the same gather or scatter of the tangents), and `scatter`'s transpose
 # differs from `scatter-add`'s in two ways: the cotangent of `x` is zero where
 # an update overwrote it, and only the update that won a repeated position gets
@@ -823,8 +823,10 @@ def update_won(shape, indices, batch_dims) -> ArrayLike:
 # Now the embedding lookup: a table of 5 rows of 3 numbers, tokens that read
 # rows 1, 4 and 1 again. The gradient of a loss that uses the rows is a
 # `scatter-add` of the three cotangent rows into a table of zeros; row 1 gets
-# two contributions, and the work is proportional to the number of tokens,
-# not the size of the table. No one-hot matrix appears.
+# two contributions. Apart from filling the table of zeros once ($V \cdot D$
+# numbers, as JAX's gradient does too), the work is proportional to the number
+# of tokens, $N \cdot D$ additions, where a one-hot product costs
+# $N \cdot V \cdot D$ multiply-adds. No one-hot matrix appears.
 
 # %%
 table = np.arange(15.0).reshape(5, 3)
@@ -1712,9 +1714,10 @@ show_jax(jax.grad(jax_loss), table, tokens)
 # - **Boolean masks.** A traced mask is JAX's `NonConcreteBooleanIndexError`,
 #   an `IndexError`; ours has the same name and is also a `TypeError`.
 # - **Hints.** `unique_indices` and `indices_are_sorted` let XLA pick a faster
-#   scatter; JAX's `dynamic_slice` batched over its starts becomes a `gather`
-#   with `indices_are_sorted=True` and `unique_indices=True`. We have neither
-#   hint.
+#   scatter; JAX's `dynamic_slice`, batched over both the array and its
+#   starts, becomes a `gather` with `indices_are_sorted=True` and
+#   `unique_indices=True` (batched over the starts alone, both are `False`).
+#   We have neither hint.
 # - **Index dtypes.** JAX converts indices to `int32` (its default index
 #   type) before gathering, as the jaxprs above show; we keep the user's
 #   integer dtype and convert to 64 bits when lowering.

@@ -2260,12 +2260,17 @@ def test_indexing_gather_dimension_numbers_and_modes():
 
 
 def test_indexing_batched_dynamic_slice_is_a_sorted_unique_gather():
-    # indexing: "JAX's `dynamic_slice` batched over its starts becomes a
-    # `gather` with `indices_are_sorted=True` and `unique_indices=True`".
+    # indexing: "JAX's `dynamic_slice`, batched over both the array and its
+    # starts, becomes a `gather` with `indices_are_sorted=True` and
+    # `unique_indices=True`; batched over the starts alone, both are False".
     f = jax.vmap(lambda x, i: lax.dynamic_slice(x, (i,), (2,)))
     text = _jaxpr_text(f, jnp.ones((4, 5)), jnp.arange(4))
     assert "gather[" in text
     assert "indices_are_sorted=True" in text and "unique_indices=True" in text
+    g = jax.vmap(lambda x, i: lax.dynamic_slice(x, (i,), (2,)), in_axes=(None, 0))
+    text = _jaxpr_text(g, jnp.ones(5), jnp.arange(4))
+    assert "gather[" in text
+    assert "indices_are_sorted=False" in text and "unique_indices=False" in text
 
 
 def test_indexing_out_of_range_gradient_is_dropped_in_jax():
