@@ -507,8 +507,8 @@ print(cost_analysis(double_n_times, 5, ShapedArray((3,), np.float64)))
 # ## Checked against XLA
 #
 # XLA has its own cost analysis, over its optimized program, and JAX shows it:
-# `jax.jit(f).lower(*args).compile().cost_analysis()` returns a dict with the
-# same three keys. The folded cell writes a few loop-free programs twice, with
+# `jax.jit(f).lower(*args).compile().cost_analysis()` returns a dict with
+# these three keys among others. The folded cell writes a few loop-free programs twice, with
 # `autodidax` and with `jax.numpy`, and prints both counts side by side; JAX's
 # `Lowered.cost_analysis()` adds XLA's count of the program before XLA
 # optimizes it.
@@ -737,7 +737,11 @@ gradient_ratio_chart(
 # forward pass too (its values are needed backwards), and the backward pass of
 # a matrix product is two matrix products of the same size, one for the
 # weights' cotangent and one for the input's: 1 + 2 products for each one of
-# the function. Every elementwise operation is matched by a few elementwise
+# the function. (For the first layer of the MLP the third product is one JAX
+# does not do: the batch is not differentiated, but our `jvp` gives it a
+# tangent of zeros and multiplies it by the weights like any other. JAX marks
+# such a tangent as a *symbolic zero* and skips the product, so its count for
+# the same MLP is 2.0 at depth 1 and approaches 3 only as the depth grows.) Every elementwise operation is matched by a few elementwise
 # operations, which the products outweigh. That is the cheap-gradient principle:
 # the constant does not grow with the size of the program, nor with the number
 # of parameters.

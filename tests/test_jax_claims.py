@@ -2469,3 +2469,29 @@ def test_analysis_debug_print_inside_pmap_prints_per_device(capsys):
         "r = 1.0",
         "r = 2.0",
     ]
+
+
+def test_analysis_jax_skips_the_zero_tangent_product_of_an_mlp():
+    # analysis: "JAX marks such a tangent as a symbolic zero and skips the
+    # product, so its count for the same MLP is 2.0 at depth 1 and approaches
+    # 3 only as the depth grows"; compile().cost_analysis() has the three keys
+    # among others.
+    def loss(params, x):
+        for w, b in params:
+            x = jnp.tanh(x @ w + b)
+        return jnp.sum(x * x)
+
+    def ratio(depth):
+        params = [(jnp.ones((64, 64)), jnp.ones(64))] * depth
+        x = jnp.ones((32, 64))
+        grad_cost = jax.jit(jax.grad(loss)).lower(params, x).cost_analysis()
+        return (
+            grad_cost["flops"] / jax.jit(loss).lower(params, x).cost_analysis()["flops"]
+        )
+
+    with jax.enable_x64(True):
+        assert 1.95 < ratio(1) < 2.05
+        assert 2.5 < ratio(8) < 3.0
+        keys = jax.jit(loss).lower([(jnp.ones((2, 2)), jnp.ones(2))], jnp.ones((1, 2)))
+        keys = set(keys.compile().cost_analysis())
+    assert {"flops", "transcendentals", "bytes accessed"} < keys
