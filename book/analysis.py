@@ -33,7 +33,14 @@
 # floating-point operations it does, how many transcendental functions it
 # evaluates, how many bytes it reads and writes) and the walk adds up what the
 # whole program costs. A 20000×20000 matrix product is counted as fast as a 2×2
-# one, because only the types are read.
+# one, because only the types are read. Control flow is the one exception: a
+# loop's trip count or a `cond`'s predicate may depend on values, and when the
+# arguments make them knowable, the interpreter evaluates just the equations
+# they depend on (and says so with an error when it cannot).
+#
+# The second half of the chapter goes the other way: `debug.print` is a
+# primitive that every interpreter must carry along, so that a compiled program
+# can still talk back to Python.
 #
 # The counting interpreter is the FLOPS transformation of mini-JAX, one of the
 # systems this book grew from, and it makes a claim of reverse-mode autodiff
