@@ -522,14 +522,12 @@ print(make_jaxpr(grad(window_sum), f64(6), i64())[0])
 # so the output has the index arrays' shape followed by the axes of `x` that
 # are not indexed, taken whole (the *window*: a row of the table). With
 # `batch_dims=b`, the first `b` axes of `x` and of the index arrays are paired
-# instead: example `n` reads only from `x[n]`. That is what batching will need.
-# An index outside the axis is clamped into it, as XLA's gather does.
+# instead, `out[n, p, ...] = x[n, i0[n, p], ...]` for `b = 1`: example `n`
+# reads only from `x[n]`. That is what batching will need.
 #
 # Its mirror image writes: `scatter_add(x, updates, i0, i1, ...)` adds each
 # window of `updates` into `x` at the indexed position, *accumulating* where
-# positions repeat, and dropping updates whose position is outside `x`, as
-# XLA's scatter does (with the param `mode="clip"`, it clamps them instead, as
-# a gather would). `scatter` is the same with overwriting instead of adding
+# positions repeat. `scatter` is the same with overwriting instead of adding
 # (`x.at[i].set(v)`); where a position repeats, one of the updates wins.
 #
 # The evaluation rules are NumPy's advanced indexing and `np.add.at`, which
@@ -736,9 +734,8 @@ def _scatter_add_transpose(cts, x, updates, *indices, batch_dims, mode):
 
 
 # %% [markdown]
-# The two lines about `mode` only handle indices out of range (a gather
-# clamps, so its transpose adds at the clamped position; a dropped update gets
-# a zero cotangent); with indices in range, `mode` changes nothing. The
+# The two lines about `mode` only matter for indices out of range, the subject
+# of the next section; with indices in range, they change nothing. The
 # forward-mode rules are one line each
 # (the same gather or scatter of the tangents), and `scatter`'s transpose
 # differs from `scatter-add`'s in two ways: the cotangent of `x` is zero where
@@ -843,6 +840,17 @@ print(grad(lookup_loss)(table, tokens))
 
 
 # %% [markdown]
+# ### Indices out of range
+#
+# An index outside its axis cannot fail at run time (a compiled program has no
+# exceptions), so each primitive has a rule, XLA's: a gather *clamps* the index
+# into the axis and reads the nearest row, and a scatter *drops* an update
+# whose position is outside `x`. The transposes follow from those rules. A
+# clamped read took its row from the clamped position, so the gather's
+# transpose adds its cotangent there: a `scatter-add` with `mode="clip"`,
+# which clamps instead of dropping. A dropped update had no effect on the
+# output, so its cotangent is zero (`zero_where_dropped`, folded above).
+#
 # ### Batching adds a batch dimension to the index map
 #
 # `vmap` of a gather has three cases, and none of them loops.
@@ -1709,7 +1717,7 @@ show_jax(jax.grad(jax_loss), table, tokens)
 # - **Gradients out of range.** Because `x[idx]` promises in-range indices,
 #   JAX's gradient of a read at an out-of-range position is not the derivative
 #   of the clamped read: its `scatter-add` drops that position (the gradient of
-#   `x[[5, 1]].sum()` for a 3-vector is `[0, 1, 0]`). Ours adds at the clamped
+#   `x[jnp.array([5, 1])].sum()` for a 3-vector is `[0, 1, 0]`). Ours adds at the clamped
 #   position (`[0, 1, 1]`), as the transpose of the read we compute.
 # - **Boolean masks.** A traced mask is JAX's `NonConcreteBooleanIndexError`,
 #   an `IndexError`; ours has the same name and is also a `TypeError`.
