@@ -8986,7 +8986,12 @@ def check_format(fmt: Any, args: tuple, kwargs: dict) -> None:
     given = f"{len(args)} positional argument(s) and keywords {sorted(kwargs)}"
     try:
         fmt.format(*probes, **{k: _Probe() for k in kwargs})
-    except (IndexError, KeyError) as e:
+    except IndexError:
+        raise DebugPrintFormatError(
+            f"debug.print: the format {fmt!r} asks for more positional arguments "
+            f"than it was given ({given})"
+        ) from None
+    except KeyError as e:
         raise DebugPrintFormatError(
             f"debug.print: the format {fmt!r} asks for {e} but it was given {given}"
         ) from None

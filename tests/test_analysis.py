@@ -509,7 +509,7 @@ def test_debug_print_costs_nothing():
 @pytest.mark.parametrize(
     "fmt, args, kwargs, match",
     [
-        ("{} and {}", (1.0,), {}, r"'\{\} and \{\}' asks for .*1 positional"),
+        ("{} and {}", (1.0,), {}, r"'\{\} and \{\}' asks for more positional .*1 pos"),
         ("{y}", (1.0,), {}, r"'\{y\}' asks for 'y'"),
         ("{}", (), {"x": 1.0}, r"asks for .*0 positional"),
         ("{", (1.0,), {}, r"bad format '\{'"),
