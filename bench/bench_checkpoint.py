@@ -79,7 +79,12 @@ def library(name: str) -> dict:
 
 def losses(lib: dict, steps: int) -> dict[str, Callable]:
     """The three ways of writing the loop, for ``lib``."""
-    scan, checkpoint, sin, total = lib["scan"], lib["checkpoint"], lib["sin"], lib["sum"]
+    scan, checkpoint, sin, total = (
+        lib["scan"],
+        lib["checkpoint"],
+        lib["sin"],
+        lib["sum"],
+    )
     k = math.isqrt(steps)
 
     def plain(w, h0):

@@ -739,7 +739,7 @@ dce_rules[custom_vjp_call_p] = dce_whole
 # %% [markdown]
 # Here is the kind of jaxpr the split leaves behind, and DCE at work on it: a
 # JVP of `two_sins`, with the primal output no longer used (only the tangent
-# is). Its `sin` of a `sin` (`e`) goes, and so does nothing else: every other
+# is). The `sin` of a `sin` (`f`) goes, and nothing else does: every other
 # equation feeds the tangent.
 
 # %%
@@ -829,7 +829,7 @@ def _checkpoint_partial_eval_jaxpr(unks_in, eqn):
 
 # %%
 for name, f in [("plain", two_sins), ("checkpointed", checkpoint(two_sins))]:
-    _, lin_jaxpr, residuals = linearize_flat(lambda x: [f(x)], [np.float64(0.5)])
+    _, lin_jaxpr, residuals = linearize_flat(lambda x, f=f: [f(x)], [np.float64(0.5)])
     print(f"{name}: residuals {[float(r) for r in residuals]}")
     print(lin_jaxpr)
 
@@ -1264,8 +1264,10 @@ for label, f in [
     ("everything_saveable", checkpoint(mlp, policy=everything_saveable)),
 ]:
     print(f"{label:20}", count(make_jaxpr(grad(f), W1, W2, x)[0], {"sin", "cos"}))
-# nothing_saveable computes the two sins again (and their cos) in the
-# backward pass: 2 more equations; everything_saveable adds none.
+# Plain: 2 sins and 2 cos, all in the forward pass. nothing_saveable: the
+# forward pass computes the 2 sins only (no cos: nothing there needs them),
+# the backward pass the first sin again and the 2 cos: one equation more.
+# everything_saveable is the plain split.
 
 # %% [markdown]
 # **3. A carry nobody needs.** A `scan` carries a counter and a value, and
@@ -1285,7 +1287,7 @@ def loop(x, reads_counter):
 
 
 for reads in [False, True]:
-    jaxpr = make_jaxpr(lambda x: loop(x, reads), scalar)[0]
+    jaxpr = make_jaxpr(functools.partial(loop, reads_counter=reads), scalar)[0]
     (scan_eqn,) = [e for e in jaxpr.eqns if e.primitive is scan_p]
     trimmed, _ = dce_jaxpr(jaxpr, [True])
     (new_scan,) = [e for e in trimmed.eqns if e.primitive is scan_p]
