@@ -44,9 +44,9 @@
 # residuals are fewer; the backward pass does more work.
 #
 # ```text
-#             forward (known half)            saved        backward (unknown half)
-# plain:      y = sin x, c = cos x     ->   c           ->  x̄ = ȳ · c
-# checkpoint: y = sin x                ->   x           ->  c = cos x;  x̄ = ȳ · c
+#               forward pass           saved   backward pass
+# plain:        y = sin x; c = cos x   c       x̄ = ȳ · c
+# checkpoint:   y = sin x              x       c = cos x; x̄ = ȳ · c
 # ```
 #
 # We build `checkpoint` as a primitive holding a jaxpr, give it every rule,
@@ -1068,9 +1068,10 @@ print(
 # - **$\sqrt n$ nested**: cut the loop into $k = \sqrt n$ chunks of $k$ steps;
 #   an outer scan over chunks whose body, checkpointed, is an inner scan over
 #   steps. The outer loop saves one state per chunk: $k$ rows. In the
-#   backward pass each chunk is run again, forwards, to rebuild its $k$ rows
-#   of residuals, which are used and dropped: memory of the order of
-#   $2\sqrt n$ rows at any time, for one extra forward pass in total.
+#   backward pass each chunk is run again, forwards, to rebuild its $2k$ rows
+#   of residuals, which are used and dropped: at any time, $k$ saved rows
+#   plus one chunk's $2k$, memory of the order of $\sqrt n$, for one extra
+#   forward pass in total.
 
 
 # %%
@@ -1111,9 +1112,9 @@ for (scheme, lib_name), row in measured.items():
 
 # %% [markdown]
 # The bytes are the same in both systems, size for size (the figure draws
-# ours as lines, JAX's as rings on them). Plain and checkpointed-body grow
-# linearly, the second at half the slope; the nested scheme grows as
-# $\sqrt n$. The arguments `w` and `h0` are left out of the count: they are
+# ours as lines, JAX's as rings on them). Plain and checkpointed body both
+# grow linearly, a factor of 2 apart (parallel lines on the logarithmic
+# scale); the nested scheme grows as $\sqrt n$, a line of half their slope. The arguments `w` and `h0` are left out of the count: they are
 # alive anyway.
 
 # %% mystnb={"image": {"alt": "Residual bytes against the trip count n (16, 64, 256, 1024), both axes logarithmic. Three lines for autodidax, plain, checkpointed body and the square-root scheme, and JAX's measurements as rings lying on the same points. The plain line is highest and grows linearly, the checkpointed body is half of it, and the square-root line rises with half the slope."}} tags=["hide-input"]
