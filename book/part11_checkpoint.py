@@ -534,9 +534,10 @@ def partial_eval_jaxpr_policy(jaxpr: Jaxpr, in_unknowns, policy) -> RematSplit:
             to_known_half(eqn)
             continue
         if rule is not None:  # a jaxpr inside: split it by its own rule first
-            eqn_known, eqn, _, _ = rule(unks, eqn)
+            eqn_known, eqn_unknown, _, _ = rule(unks, eqn)
             if eqn_known is not None:
                 to_known_half(eqn_known)
+            eqn = eqn_unknown
         to_unknown_half(eqn)
         unknown.update(eqn.out_binders)
 
