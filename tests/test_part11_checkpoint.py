@@ -673,3 +673,26 @@ def test_policy_sees_a_nested_jit_as_one_equation():
     sources = [s for _, s in ad.saved_residuals(g, np.ones((2, 3)))]
     assert not any(s.startswith("output of") for s in sources)
     close(ad.grad(g)(np.ones((2, 3))), ad.grad(f)(np.ones((2, 3))))
+
+
+def test_checkpoint_in_while_loop_body_batched_axes_and_keywords():
+    def run(L, while_loop):
+        step = L.checkpoint(lambda c, scale=1.0: L.sin(c) * scale)
+
+        def f(x):
+            return while_loop(
+                lambda c: c[0] < 3, lambda c: (c[0] + 1, step(c[1])), (0, x)
+            )[1]
+
+        def g(x, y):
+            return L.checkpoint(lambda x, y: L.sin(x) * y)(x, y=y)
+
+        mat = np.arange(6.0).reshape(2, 3) / 5
+        return {
+            "jvp while": L.jvp(f, (V,), (V * 0.5,)),
+            "vmap axis 1": L.vmap(L.checkpoint(lambda r: L.sin(r) * r), in_axes=1)(mat),
+            "keywords": L.grad(g, argnums=(0, 1))(0.4, 1.5),
+            "keyword default": L.grad(lambda x: step(x, scale=2.0))(0.3),
+        }
+
+    close(run(OURS, ad.while_loop), run(JAX, jax.lax.while_loop))
