@@ -755,9 +755,10 @@ print(tangent_only)
 # (part11-partial-eval)=
 # ## The two partial-evaluation rules
 #
-# The tracing rule is used by `linearize`, `vjp` and `grad`: the JVP rule
-# above has just bound `checkpoint` on a JVP jaxpr, with the primals known and
-# the tangents unknown. The rule splits that jaxpr with the policy (`None`
+# The tracing rule is the one `linearize`, `vjp` and `grad` meet. When they
+# run a checkpointed function, its JVP rule binds `checkpoint` on the JVP
+# jaxpr, and the partial evaluator underneath receives that equation with the
+# primals known and the tangents unknown. The rule splits that jaxpr with the policy (`None`
 # saves nothing but the inputs, as JAX's `nothing_saveable` does), runs the known half now, and stages
 # the unknown half as a new `checkpoint` equation, `differentiated=True`,
 # whose inputs are the saved residuals and the checkpoint's own inputs. Those
