@@ -1204,6 +1204,11 @@ show_error(checkpoint_name, "activations", "h")  # not an array
 #   `custom_jvp` and `custom_vjp` calls too, pruning the rules along with the
 #   call; ours keeps those calls whole. JAX's `while` has no rule: its loops
 #   are kept whole, where ours drops carries that nothing needs.
+# - **Residual counts follow the JVP rules.** The programs of this page use
+#   `sin`, whose derivative both systems save as one `cos`. Where a JVP rule
+#   is written differently the counts differ: for `tanh`, ours saves
+#   $1 - y^2$ alone, JAX's saves $y$ and $1 - y$ (its rule computes the
+#   tangent as $\dot x (1 - y) + \dot x (1 - y) y$).
 # - **`saved_residuals`** is `jax._src.ad_checkpoint.saved_residuals`
 #   (public: `jax.ad_checkpoint.print_saved_residuals`); its descriptions end
 #   with the source line (`output of cos from model.py:12`).

@@ -2677,3 +2677,21 @@ def test_part11_dce_rules_trim_custom_calls_not_while():
         "used_outputs",
         "instantiate",
     ]
+
+
+def test_part11_tanh_saves_y_and_one_minus_y():
+    # part11_checkpoint: "for `tanh`, [...] JAX's saves $y$ and $1 - y$ (its
+    # rule computes the tangent as xdot (1 - y) + xdot (1 - y) y)".
+    found = _checkpoint_module().saved_residuals(jnp.tanh, 0.5)
+    assert [s.split(" from ")[0] for _, s in found] == [
+        "output of tanh",
+        "output of sub",
+    ]
+    jaxpr = jax.make_jaxpr(lambda x: jax.vjp(jnp.tanh, x)[1](1.0))(0.5)
+    assert [e.primitive.name for e in jaxpr.eqns] == [
+        "tanh",
+        "sub",
+        "mul",
+        "mul",
+        "add_any",
+    ]
