@@ -1196,8 +1196,8 @@ show_error(checkpoint_name, "activations", "h")  # not an array
 #   `offload_dot_with_no_batch_dims` and `save_and_offload_only_these_names`
 #   are such policies; JAX also has `save_any_names_but_these` and
 #   `save_from_both_policies`. We have none of them.
-# - **Precision.** JAX passes each residual a checkpoint saves through
-#   `reduce_precision` (`_insert_reduce_precision` in
+# - **Precision.** JAX passes the floating-point values a checkpoint saves
+#   through `reduce_precision` (`_insert_reduce_precision` in
 #   `jax/_src/ad_checkpoint.py`), so that XLA computing in excess precision
 #   cannot make the forward and backward values differ.
 # - **Dead-code elimination** in JAX (`pe.dce_rules`) trims the outputs of
