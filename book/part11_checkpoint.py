@@ -856,7 +856,7 @@ print(make_jaxpr(vjp_of(checkpoint(two_sins)), scalar, scalar)[0])
 # %% [markdown]
 # The derivatives are the same, under every transformation and next to JAX:
 # first and second order, through `jit` and `vmap`, with the checkpoint
-# inside a `cond`, nested in another checkpoint, and around a `scan`:
+# around a `cond`, nested in another checkpoint, and around a `scan`:
 
 
 # %%
@@ -1126,41 +1126,32 @@ from figures import residual_bytes_chart
 residual_bytes_chart(sizes, measured)
 
 # %% [markdown]
-# Memory is bought with time: the checkpointed body computes each step's
-# `sin` and `cos` in the backward loop again, the nested scheme runs the whole
-# loop forwards twice. `bench/bench_checkpoint.py` times `jit(grad)` of the
-# three programs (and measures their residuals again) in both systems. Times
-# change from run to run, so this page does not measure them; the table below
-# is read from the benchmark's committed report,
-# `bench/checkpoint_results.json`. Whether recomputing costs time depends on
-# the program: here a step is one `sin` and one `cos` on 64 numbers, which
-# can cost less than writing a row of residuals to memory and reading it back,
-# so the checkpointed body need not be slower than the plain loop. The
-# comparison that matters for the book is the last column: the same program,
-# in our `jit` and in JAX's.
+# Memory is bought with work. The cost interpreter of
+# {ref}`the chapter on reading programs <analysis>` counts what `grad` of each
+# program executes, each loop body multiplied by its trip count; here for
+# $n = 1024$, next to the residual bytes measured above:
 
-# %% tags=["hide-input"]
-# @title The benchmark's committed report: jit(grad) of the three schemes
-import json
-from pathlib import Path
-
-report_path = Path("../bench/checkpoint_results.json")  # the notebook runs in book/
-if not report_path.is_file():  # Colab: fetch the committed report
-    book_setup.fetch_if_missing(
-        "checkpoint_results.json", "bench/checkpoint_results.json"
-    )
-    report_path = Path("checkpoint_results.json")
-report = json.loads(report_path.read_text())
-print(f"scan of n = {report['steps']} steps on float64[{report['width']}]; median ms")
-for row in report["rows"]:
+# %%
+n = 1024
+for scheme, loss in trip_count_losses(OURS, n).items():
+    cost = cost_analysis(grad(loss, argnums=(0, 1)), w0, h0)
+    kb = measured[(scheme, "ours")][sizes.index(n)] / 1e3
     print(
-        f"{row['scheme']:18} residuals {row['bytes']['autodidax'] / 1e3:7.1f} kB "
-        f"(JAX {row['bytes']['jax'] / 1e3:7.1f})   jit(grad) "
-        f"{row['ms']['autodidax']:7.2f} ms (JAX {row['ms']['jax']:7.2f}), "
-        f"ratio {row['ratio']:.2f}"
+        f"{scheme:18} residuals {kb:7.1f} kB   flops {cost['flops']:9,.0f}"
+        f"   sin/cos evaluations {cost['transcendentals']:9,.0f}"
     )
 
 # %% [markdown]
+# The checkpointed body halves the memory for a fifth more arithmetic (each
+# backward step multiplies `h * w` again and takes its `cos`; the `sin` it
+# would recompute is removed as dead code, so it evaluates no more sines and
+# cosines than the plain loop). The nested scheme keeps a sixty-fourth of the
+# memory and pays one more forward pass: half as many sine and cosine
+# evaluations again. How much time that costs depends on the machine and the program:
+# `bench/bench_checkpoint.py` times `jit(grad)` of the three programs in both
+# systems (on a small body like this one, recomputing can cost less than
+# writing residuals to memory and reading them back).
+#
 # (part11-errors)=
 # ## Mistakes `checkpoint` catches
 #
@@ -1208,7 +1199,7 @@ show_error(checkpoint_name, "activations", "h")  # not an array
 #   `sin`, whose derivative both systems save as one `cos`. Where a JVP rule
 #   is written differently the counts differ: for `tanh`, ours saves
 #   $1 - y^2$ alone, JAX's saves $y$ and $1 - y$ (its rule computes the
-#   tangent as $\dot x (1 - y) + \dot x (1 - y) y$).
+#   tangent as $(\dot x + \dot x\, y)(1 - y)$).
 # - **`saved_residuals`** is `jax._src.ad_checkpoint.saved_residuals`
 #   (public: `jax.ad_checkpoint.print_saved_residuals`); its descriptions end
 #   with the source line (`output of cos from model.py:12`).
