@@ -9130,7 +9130,13 @@ def _stackless_namespace() -> dict:
         )
 
     def transpose(x, perm):
-        return bind(ad.transpose_p, x, perm=tuple(int(p) for p in perm))
+        perm, aval = tuple(int(p) for p in perm), get_aval(x)
+        if sorted(perm) != list(range(aval.ndim)):
+            raise ValueError(
+                f"transpose: perm {perm} is not a permutation of the axes of "
+                f"{aval.str_short()}"
+            )
+        return bind(ad.transpose_p, x, perm=perm)
 
     def broadcast(x, shape, axes):
         shape, axes = tuple(int(d) for d in shape), tuple(sorted(int(a) for a in axes))
