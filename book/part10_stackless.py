@@ -29,9 +29,10 @@
 #
 # JAX itself stopped working that way in version 0.4.36 (December 2024). Its
 # core is now *stackless*: the trace of the running transformation sits in a
-# context, `bind` hands every operation to that *current trace*, and a
-# transformation applies its rules with the trace it was started under, its
-# *parent*, made current. No levels, no search over the inputs. This chapter
+# context, `bind` hands every operation to that
+# *{term}`current trace <current trace>`*, and a transformation applies its
+# rules with the trace it was started under, its
+# *{term}`parent <parent trace>`*, made current. No levels, no search over the inputs. This chapter
 # builds that design from zero, next to the stack rather than in its place, in
 # a namespace of its own, `autodidax.stackless`, and then runs the same programs
 # on both cores.
@@ -305,7 +306,13 @@ def reduce_sum(x, axis=None):
 
 
 def transpose(x, perm):
-    return bind(ad.transpose_p, x, perm=tuple(int(p) for p in perm))
+    perm, aval = tuple(int(p) for p in perm), get_aval(x)
+    if sorted(perm) != list(range(aval.ndim)):
+        raise ValueError(
+            f"transpose: perm {perm} is not a permutation of the axes of "
+            f"{aval.str_short()}"
+        )
+    return bind(ad.transpose_p, x, perm=perm)
 
 
 def broadcast(x, shape, axes):

@@ -41,7 +41,8 @@ HEADER = '''\
 
 GENERATED FILE: do not edit it by hand. It is tangled from the code cells
 tagged ``export`` in the book's chapters (book/*.md, in _toc.yml order) by
-build_tools/tangle.py. To change it, edit a chapter and regenerate it with
+build_tools/tangle.py; cells tagged ``export-<name>`` build the module
+``autodidax.<name>``. To change it, edit a chapter and regenerate it with
 
     python3 build_tools/book.py tangle
 
