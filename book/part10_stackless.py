@@ -142,7 +142,7 @@ print(confusion_test(lambda f: lambda x: ad.jvp(f, (x,), (1.0,))[1]))  # Part 1
 # transpose rules; `ShapedArray`; pytrees; the jaxpr types and printer,
 # `typecheck_jaxpr`, `split_call_jaxpr` (partial evaluation of jaxprs) and
 # `transpose_jaxpr_uncached`; and
-# `xla_call` with its compilation. What it writes anew: the dispatch, four
+# `xla_call` with its compilation. What it writes anew: the dispatch, five
 # traces, and the JVP and batching rules, because Part 1's rules call the main
 # module's `bind` (every `mul` inside them is the stack's) and so cannot run
 # here.
