@@ -9513,6 +9513,8 @@ def _stackless_namespace() -> dict:
         outs = bind(ad.xla_call_p, *consts, *args_flat, jaxpr=jaxpr)
         return ad.tree_unflatten(out_tree, outs)
 
+    # @title xla_call's JVP and batching rules: transform the jaxpr, call the result
+
     @functools.cache
     def jvp_jaxpr(jaxpr):
         n, types = len(jaxpr.in_binders), [v.aval for v in jaxpr.in_binders]
@@ -9529,7 +9531,6 @@ def _stackless_namespace() -> dict:
 
     jvp_rules[ad.xla_call_p] = _xla_call_jvp
 
-    # @title xla_call's batching rule: vmap the jaxpr (batch axes moved to 0), call it
     @functools.cache
     def vmap_jaxpr(jaxpr, axis_size, batched):
         types = [

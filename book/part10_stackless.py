@@ -439,7 +439,11 @@ def jvp_flat(f, primals, tangents):
 # %% [markdown]
 # That is the whole idea; the rest of the chapter is rules and plumbing. The
 # rules are the chain rule, as in Part 1, written with this core's wrappers.
-# The five linear primitives apply themselves to the tangents.
+# The five linear primitives apply themselves to the tangents. (They live in
+# this core's own tables, `jvp_rules` and later `vmap_rules`, not on the
+# primitives, so the {ref}`rule table <rule-table>`, read off the main module,
+# does not list them; every other rule this core uses is the main module's and
+# is listed there.)
 
 # %% tags=["export-stackless"]
 jvp_rules = {}
@@ -863,9 +867,9 @@ def jaxpr_as_fun(jaxpr: ad.Jaxpr):
 # `jit` traces with this core's `make_jaxpr` once per input signature and binds
 # Part 3's `xla_call` primitive, whose `impl` rule compiles the jaxpr with XLA.
 # Its abstract evaluation and lowering rules are reused too; it needs only a JVP
-# rule and a batching rule of this core, which transform the jaxpr with this
-# core's `jvp` and `vmap` and call the result (each cached per jaxpr, so the
-# derivative compiles once).
+# rule and a batching rule of this core (folded), which transform the jaxpr
+# with this core's `jvp` and `vmap` and call the result, each cached per jaxpr
+# so that a derivative compiles once.
 
 
 # %% tags=["export-stackless"]
@@ -890,6 +894,10 @@ def _call(jaxpr, consts, out_tree, args_flat):
     return ad.tree_unflatten(out_tree, outs)
 
 
+# %% tags=["export-stackless", "hide-input"]
+# @title xla_call's JVP and batching rules: transform the jaxpr, call the result
+
+
 @functools.cache
 def jvp_jaxpr(jaxpr):
     n, types = len(jaxpr.in_binders), [v.aval for v in jaxpr.in_binders]
@@ -909,8 +917,6 @@ def _xla_call_jvp(primals, tangents, *, jaxpr):
 jvp_rules[ad.xla_call_p] = _xla_call_jvp
 
 
-# %% tags=["export-stackless", "hide-input"]
-# @title xla_call's batching rule: vmap the jaxpr (batch axes moved to 0), call it
 @functools.cache
 def vmap_jaxpr(jaxpr, axis_size, batched):
     types = [
@@ -1126,7 +1132,8 @@ print([float(grad(soft_abs)(x)) for x in (-2.0, 0.5, 3.0)])
 # this chapter's core. The programs take the core as an argument, since each
 # core has its own `sin`, `jvp` and `make_jaxpr`:
 
-# %%
+# %% tags=["hide-input"]
+# @title The programs, each a function of a core `m`: ad or this chapter's
 import types
 
 new = types.SimpleNamespace(**globals())  # this chapter's names, as one object
@@ -1144,6 +1151,8 @@ programs = {
         m.make_jaxpr(lambda x: m.mul(x, 2.0), ad.ShapedArray((3,), np.float64))[0]
     ),
 }
+
+# %%
 for name, program in programs.items():
     same = ad.tree_map(np.array_equal, program(ad), program(new))
     print(f"{name:24} same output: {all(ad.tree_leaves(same))}")
@@ -1209,8 +1218,9 @@ compare(
 # - JAX's context is `jax._src.core.trace_ctx`; `set_current_trace(trace)` and
 #   `take_current_trace()` are its context managers. `Primitive.bind` takes the
 #   current trace and makes the evaluation trace current while that trace
-#   processes the primitive, so a rule that forgets to name its parent
-#   evaluates instead of recursing; its traces' rules then say
+#   processes the primitive, so a rule that forgets to name its parent hands
+#   its operations to the evaluation trace (which refuses tracers) instead of
+#   recursing; its traces' rules say
 #   `with core.set_current_trace(self.parent_trace)`.
 # - A JVP trace is `JVPTrace(parent_trace, tag)`, and it recognizes its tracers
 #   by `tracer._trace.tag is self.tag` rather than by the trace object itself:
