@@ -437,6 +437,13 @@ def jvp_flat(f, primals, tangents):
 
 
 # %% [markdown]
+# In this small core the first check alone would already send a rule's
+# operations outwards, since they act on primals and tangents, which are never
+# the trace's own tracers (try deleting the `with` line: the outputs below do
+# not change). Making the parent current says it directly, instead of relying
+# on a detour of every operation through this trace, and it is what JAX does,
+# where it is required (see *Where real JAX differs*).
+#
 # That is the whole idea; the rest of the chapter is rules and plumbing. The
 # rules are the chain rule, as in Part 1, written with this core's wrappers.
 # The five linear primitives apply themselves to the tangents. (They live in
@@ -1159,7 +1166,7 @@ for name, program in programs.items():
 print(programs["make_jaxpr(mul(x, 2.))"](new))
 
 # %% tags=["hide-input"]
-# @title Measure: lines of the two cores' bind, jvp machinery and dispatch state
+# @title Measure: lines of the two cores' bind and JVP machinery
 import inspect
 
 
@@ -1200,17 +1207,15 @@ compare(
 #
 # What got harder: every trace must now decide, for *each* operation it is
 # given, whether the operation is its business, and hand it to its parent if
-# not (Part 1's search made that decision once, in `bind`). A rule that
-# forgets to make the parent current sends its own operations back to its own
-# trace, which recurses without end; JAX guards against that by making the
-# evaluation trace current inside `bind` (below). And the line counts above
-# show that the JVP machinery itself barely shrank: the saving is in `bind`
-# and in the state around it.
+# not (Part 1's search made that decision once, in `bind`), and every trace
+# must say under which trace its rules run. And the line counts above show
+# that the JVP machinery itself barely shrank: the saving is in `bind` and in
+# the state around it.
 #
 # The jaxpr-level machinery (types, type checking, lowering, compilation,
 # partial evaluation of jaxprs, transposition) did not change at all: it never
-# looked at levels. That is where JAX's move cost little, and why only the
-# tracing half of this book needed a second version.
+# looked at levels. That is why only the tracing half of this book needed a second
+# version.
 #
 # (part10-jax-differs)=
 # ## Where real JAX differs
@@ -1218,9 +1223,9 @@ compare(
 # - JAX's context is `jax._src.core.trace_ctx`; `set_current_trace(trace)` and
 #   `take_current_trace()` are its context managers. `Primitive.bind` takes the
 #   current trace and makes the evaluation trace current while that trace
-#   processes the primitive, so a rule that forgets to name its parent hands
-#   its operations to the evaluation trace (which refuses tracers) instead of
-#   recursing; its traces' rules say
+#   processes the primitive. So in JAX a rule that did not make its parent
+#   current would send its operations to the evaluation trace, which refuses
+#   tracers: each trace's rules run inside
 #   `with core.set_current_trace(self.parent_trace)`.
 # - A JVP trace is `JVPTrace(parent_trace, tag)`, and it recognizes its tracers
 #   by `tracer._trace.tag is self.tag` rather than by the trace object itself:
