@@ -27,7 +27,8 @@
 # jaxprs, compilation, partial evaluation of jaxprs and transposition on top.
 # :::
 #
-# JAX itself stopped working that way in version 0.4.36 (December 2024). Its
+# JAX itself stopped working that way in version 0.4.36 (December 2024, see its
+# [changelog](https://docs.jax.dev/en/latest/changelog.html)). Its
 # core is now *stackless*: the trace of the running transformation sits in a
 # context, `bind` hands every operation to that
 # *{term}`current trace <current trace>`*, and a transformation applies its

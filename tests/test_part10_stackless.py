@@ -318,3 +318,18 @@ def test_source_and_tracebacks_point_into_autodidax_py():
             f.filename for f in __import__("traceback").extract_tb(error.__traceback__)
         ]
         assert frames[-1] == ad.__file__
+
+
+def test_the_ownership_check_alone_routes_a_rules_operations(monkeypatch):
+    # The chapter: "In this small core the first check alone would already
+    # send a rule's operations outwards ... try deleting the `with` line".
+    def without_parent_current(self, prim, args, params):
+        if not any(self.owns(x) for x in args):
+            return self.parent.process_primitive(prim, args, params)
+        primals, tangents = zip(*map(self.primal_tangent, args))
+        primals_out, tangents_out = sl.jvp_rules[prim](primals, tangents, **params)
+        return [sl.JVPTracer(self, p, t) for p, t in zip(primals_out, tangents_out)]
+
+    monkeypatch.setattr(sl.JVPTrace, "process_primitive", without_parent_current)
+    close(perturbation_program(sl.jvp, sl.add), 1.0)
+    close(sl.grad(sl.grad(f_sl))(0.9), jax.grad(jax.grad(f_jax))(0.9))
