@@ -135,18 +135,19 @@ print(confusion_test(lambda f: lambda x: ad.jvp(f, (x,), (1.0,))[1]))  # Part 1
 # ## The new core
 #
 # The cells of this chapter marked as library code go into the namespace
-# `autodidax.stackless` (tagged `export-stackless` instead of `export`; the
-# tangler makes them the body of a function whose names become that module), so
-# the new `bind`, `Trace` and `jvp` replace nothing in `autodidax`. They reach
-# the main module only through `ad`, and take from it, as it is: the
-# `Primitive` objects with their `impl`, abstract evaluation, lowering and
-# transpose rules; `ShapedArray`; pytrees; the jaxpr types and printer,
-# `typecheck_jaxpr`, `split_call_jaxpr` (partial evaluation of jaxprs) and
-# `transpose_jaxpr_uncached`; and
-# `xla_call` with its compilation. What it writes anew: the dispatch, five
-# traces, and the JVP and batching rules, because Part 1's rules call the main
-# module's `bind` (every `mul` inside them is the stack's) and so cannot run
-# here.
+# `autodidax.stackless` (they are tagged `export-stackless` instead of
+# `export`; the tangler makes them the body of a function whose names become
+# that module), so the new `bind`, `Trace` and `jvp` replace nothing in
+# `autodidax`. They reach the main module only through `ad`:
+#
+# - **reused as they are:** the `Primitive` objects with their `impl`,
+#   abstract evaluation, lowering and transpose rules; `ShapedArray`; pytrees;
+#   the jaxpr types and printer, `typecheck_jaxpr`, `split_call_jaxpr` (Part
+#   4's partial evaluation of jaxprs) and `transpose_jaxpr_uncached`; `xla_call`
+#   with its compilation;
+# - **written anew:** the dispatch, five traces, and the JVP and batching rules.
+#   Part 1's rules cannot run here: they call the main module's `bind` (every
+#   `mul` inside them is the stack's).
 #
 # A trace knows its parent and whether its transformation has finished. A
 # tracer knows its trace: that reference is its tag. The evaluation trace, at the
@@ -438,13 +439,6 @@ def jvp_flat(f, primals, tangents):
 
 
 # %% [markdown]
-# In this small core the first check alone would already send a rule's
-# operations outwards, since they act on primals and tangents, which are never
-# the trace's own tracers (try deleting the `with` line: the outputs below do
-# not change). Making the parent current says it directly, instead of relying
-# on a detour of every operation through this trace, and it is what JAX does,
-# where it is required (see *Where real JAX differs*).
-#
 # That is the whole idea; the rest of the chapter is rules and plumbing. The
 # rules are the chain rule, as in Part 1, written with this core's wrappers.
 # The five linear primitives apply themselves to the tangents. (They live in
@@ -1212,6 +1206,15 @@ compare(
 # must say under which trace its rules run. And the line counts above show
 # that the JVP machinery itself barely shrank: the saving is in `bind` and in
 # the state around it.
+#
+# One honest remark about this core: its first check ("no input is mine: pass
+# it to the parent") would on its own already send a rule's operations
+# outwards, since they act on primals and tangents, never on the trace's own
+# tracers; without the `with set_current_trace(self.parent)` line, the
+# derivatives above come out the same (a test checks it). Making the parent
+# current says directly where the rule's work belongs instead of relying on a
+# detour of each operation through the trace, and in JAX it is required (see
+# below).
 #
 # The jaxpr-level machinery (types, type checking, lowering, compilation,
 # partial evaluation of jaxprs, transposition) did not change at all: it never
