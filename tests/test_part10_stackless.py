@@ -321,8 +321,9 @@ def test_source_and_tracebacks_point_into_autodidax_py():
 
 
 def test_the_ownership_check_alone_routes_a_rules_operations(monkeypatch):
-    # The chapter: "In this small core the first check alone would already
-    # send a rule's operations outwards ... try deleting the `with` line".
+    # The chapter: "its first check ... would on its own already send a rule's
+    # operations outwards ... without the `with set_current_trace(self.parent)`
+    # line, the derivatives above come out the same (a test checks it)".
     def without_parent_current(self, prim, args, params):
         if not any(self.owns(x) for x in args):
             return self.parent.process_primitive(prim, args, params)
