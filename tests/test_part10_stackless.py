@@ -334,3 +334,82 @@ def test_the_ownership_check_alone_routes_a_rules_operations(monkeypatch):
     monkeypatch.setattr(sl.JVPTrace, "process_primitive", without_parent_current)
     close(perturbation_program(sl.jvp, sl.add), 1.0)
     close(sl.grad(sl.grad(f_sl))(0.9), jax.grad(jax.grad(f_jax))(0.9))
+
+
+# Seeded random programs (no Hypothesis, to keep this file fast): each is a
+# list of operations on a float64[3] input, run on both cores' spellings.
+OPS = ["sin", "cos", "neg", "add", "mul", "sum_bcast", "trans_sum", "scale"]
+
+
+def random_program(rng: np.random.Generator, n_ops: int) -> list:
+    return [
+        (
+            OPS[rng.integers(len(OPS))],
+            int(rng.integers(i + 1)),
+            int(rng.integers(i + 1)),
+        )
+        for i in range(n_ops)
+    ]
+
+
+OURS = {
+    "sin": lambda a, b: sl.sin(a),
+    "cos": lambda a, b: sl.cos(a),
+    "neg": lambda a, b: sl.neg(a),
+    "add": lambda a, b: sl.add(a, b),
+    "mul": lambda a, b: sl.mul(a, b),
+    "sum_bcast": lambda a, b: sl.broadcast(sl.reduce_sum(a), (3,), (0,)),
+    "trans_sum": lambda a, b: sl.reduce_sum(
+        sl.transpose(sl.broadcast(a, (2, 3), (0,)), (1, 0)), axis=1
+    ),
+    "scale": lambda a, b: a * 0.5,
+}
+THEIRS = {
+    "sin": lambda a, b: jnp.sin(a),
+    "cos": lambda a, b: jnp.cos(a),
+    "neg": lambda a, b: -a,
+    "add": lambda a, b: a + b,
+    "mul": lambda a, b: a * b,
+    "sum_bcast": lambda a, b: jnp.broadcast_to(jnp.sum(a), (3,)),
+    "trans_sum": lambda a, b: jnp.sum(jnp.broadcast_to(a, (2, 3)).T, axis=1),
+    "scale": lambda a, b: a * 0.5,
+}
+
+
+def run_program(prog: list, ops: dict, x):
+    vals = [x]
+    for op, i, j in prog:
+        vals.append(ops[op](vals[i], vals[j]))
+    return vals[-1]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_programs_under_every_transformation(seed):
+    rng = np.random.default_rng(seed)
+    prog = random_program(rng, n_ops=int(rng.integers(2, 7)))
+    x, t = rng.uniform(-1, 1, 3), rng.uniform(-1, 1, 3)
+    xs = rng.uniform(-1, 1, (2, 3))
+
+    def ours(x):
+        return run_program(prog, OURS, x)
+
+    def theirs(x):
+        return run_program(prog, THEIRS, x)
+
+    def ours_loss(x):
+        return sl.reduce_sum(ours(x))
+
+    def theirs_loss(x):
+        return jnp.sum(theirs(x))
+
+    close(ours(x), theirs(x))
+    close(sl.jvp(ours, (x,), (t,)), jax.jvp(theirs, (x,), (t,)))
+    close(sl.vmap(ours)(xs), jax.vmap(theirs)(xs))
+    close(sl.jit(ours)(x), jax.jit(theirs)(x))
+    close(sl.grad(ours_loss)(x), jax.grad(theirs_loss)(x))
+    close(sl.grad(sl.jit(ours_loss))(x), jax.grad(jax.jit(theirs_loss))(x))
+    close(sl.vmap(sl.grad(ours_loss))(xs), jax.vmap(jax.grad(theirs_loss))(xs))
+    close(
+        sl.jvp(sl.grad(ours_loss), (x,), (t,)),
+        jax.jvp(jax.grad(theirs_loss), (x,), (t,)),
+    )
