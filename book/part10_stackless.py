@@ -1270,8 +1270,9 @@ compare(
 # ## Exercises
 #
 # **1. The stack is still there.** Write `trace_chain()`, which lists the types
-# of the current trace and its ancestors, and print it inside `jvp(vmap(g))`.
-# Compare with the stack Part 1 printed for the same nesting.
+# of the current trace and its ancestors, and print it from inside a function
+# transformed by `jvp(vmap(...))`. Compare with the stack Part 1 printed for
+# the same nesting.
 
 
 # %% tags=["hide-input"]
@@ -1294,7 +1295,7 @@ _ = jvp(vmap(spy), (xs,), (np.ones(3),))
 # %% [markdown]
 # **2. `jacfwd` in the new core.** Build `jacfwd(f)(x)` for a vector `x` as
 # `vmap` of `jvp` over the rows of an identity matrix, and check it against
-# `jax.jacfwd` on `g` from above.
+# `jax.jacfwd` on $x \mapsto \sin(x)\,x$.
 
 # %% tags=["hide-input"]
 # @title Solution 2: jacfwd = vmap of jvp
