@@ -9041,11 +9041,14 @@ def _stackless_namespace() -> dict:
 
     class EvalTrace(Trace):
         def process_primitive(self, prim, args, params):
+            refuse_tracers(args)  # a tracer here reached the wrong trace (folded)
             return prim.rule("impl")(*args, **params)
+
+    eval_trace = EvalTrace(parent=None)  # the bottom of every chain of parents
 
     class _Context(threading.local):  # each thread has its own current trace
         def __init__(self) -> None:
-            self.trace: Trace = EvalTrace(parent=None)
+            self.trace: Trace = eval_trace
 
     _context = _Context()
 
@@ -9071,10 +9074,12 @@ def _stackless_namespace() -> dict:
 
     def bind(prim: ad.Primitive, *args, **params):
         args = checked_args(prim, args, params)  # arrays or live tracers, well typed
-        outs = current_trace().process_primitive(prim, args, params)
+        trace = current_trace()
+        with set_current_trace(eval_trace):  # the trace says where its work goes
+            outs = trace.process_primitive(prim, args, params)
         return outs if prim.multiple_results else outs[0]
 
-    # @title Checks: arguments are arrays or live tracers, of types the primitive takes
+    # @title Checks: well-typed arrays or live tracers; eval trace refuses tracers
     UnexpectedTracerError = ad.UnexpectedTracerError
     ConcretizationError = ad.ConcretizationError
 
@@ -9084,6 +9089,16 @@ def _stackless_namespace() -> dict:
     def zeros_like(x) -> np.ndarray:
         aval = get_aval(x)
         return np.zeros(aval.shape, aval.dtype)
+
+    def refuse_tracers(args) -> None:
+        for x in args:
+            if isinstance(x, Tracer):
+                raise UnexpectedTracerError(
+                    f"the evaluation trace was given a {type(x).__name__} of type "
+                    f"{x.aval.str_short()}: its transformation is not current here "
+                    "(it runs in another thread, or a trace ran a rule without "
+                    "making its parent current)"
+                )
 
     def check_live(x) -> None:
         if isinstance(x, Tracer) and x._trace.finished:
@@ -9503,7 +9518,7 @@ def _stackless_namespace() -> dict:
             if key not in cache:
                 traced = make_jaxpr(f, *ad.tree_unflatten(in_tree, key[1]))
                 if any(isinstance(c, Tracer) for c in traced[1]):
-                    return _call(*traced, args_flat)  # closes over a live tracer
+                    return _call(*traced, args_flat)  # used once, not cached
                 cache[key] = traced
             return _call(*cache[key], args_flat)
 
@@ -9582,7 +9597,7 @@ def _stackless_namespace() -> dict:
 
     def vjp_flat(f, primals):
         primals_out, linear, residuals = linearize_flat(f, primals)
-        undefined = (False,) * len(residuals) + (True,) * len(primals)
+        undefined = (False,) * len(residuals) + (True,) * len(primals)  # linear inputs
         transposed, consts = ad.transpose_jaxpr_uncached(linear, undefined)
 
         def f_vjp(*cotangents):

@@ -22,9 +22,10 @@
 # :class: note
 # {ref}`Part 1 <part1>` built an interpreter *stack*: numbered levels, a `bind`
 # that searches its inputs for the highest level, `full_raise` and `full_lower`
-# to move values between levels, and {ref}`Part 2 <part2-dynamic>` bolted a
-# dynamic level onto it so that staging sees every operation. Parts 3–4 built
-# jaxprs, compilation, partial evaluation of jaxprs and transposition on top.
+# to move values between levels. {ref}`Part 2 <part2>` built jaxprs and
+# bolted a {ref}`dynamic level <part2-dynamic>` onto the stack so that staging
+# sees every operation; Part 3 compiled jaxprs, and Part 4 added partial
+# evaluation of jaxprs and transposition.
 # :::
 #
 # JAX itself stopped working that way in version 0.4.36 (December 2024, see its
@@ -33,7 +34,8 @@
 # context, `bind` hands every operation to that
 # *{term}`current trace <current trace>`*, and a transformation applies its
 # rules with the trace it was started under, its
-# *{term}`parent <parent trace>`*, made current. No levels, no search over the inputs. This chapter
+# *{term}`parent <parent trace>`*, made current. No levels, no search over the
+# inputs. This chapter
 # builds that design from zero, next to the stack rather than in its place, in
 # a namespace of its own, `autodidax.stackless`, and then runs the same programs
 # on both cores.
@@ -42,9 +44,12 @@
 # those sentences:
 #
 # 1. A context holds the current trace; at the bottom is the evaluation trace.
-# 2. `bind` asks the current trace to process the primitive. Nothing else.
-# 3. Each trace remembers its parent and runs its rules with the parent current,
-#    so the operations a rule performs go one step outwards.
+# 2. `bind` hands the primitive to the current trace, with the evaluation trace
+#    made current while that trace processes it. Nothing else.
+# 3. So each trace must say where its rules' operations go: it remembers its
+#    parent and runs its rules with the parent current, so they go one step
+#    outwards (left at the bottom, they would reach the evaluation trace, which
+#    refuses tracers).
 # 4. A trace recognizes its own tracers by their *tag* (the trace they belong
 #    to); any other value, including another trace's tracer, is a constant to it.
 
@@ -143,11 +148,20 @@ print(confusion_test(lambda f: lambda x: ad.jvp(f, (x,), (1.0,))[1]))  # Part 1
 # - **reused as they are:** the `Primitive` objects with their `impl`,
 #   abstract evaluation, lowering and transpose rules; `ShapedArray`; pytrees;
 #   the jaxpr types and printer, `typecheck_jaxpr`, `split_call_jaxpr` (Part
-#   4's partial evaluation of jaxprs) and `transpose_jaxpr_uncached`; `xla_call`
-#   with its compilation;
+#   4's partial evaluation of jaxprs, which rewrites one jaxpr into two without
+#   tracing); `xla_call` with its compilation;
+# - **reused, and still running on the stack:** Part 4's
+#   `transpose_jaxpr_uncached`, which `grad` needs. It builds the transposed
+#   jaxpr by tracing Part 4's `backward_pass` with the main module's
+#   `make_jaxpr`, so reverse mode here borrows the old core's tracing. That is
+#   safe because it traces on types alone: its inputs are `ShapedArray`s and
+#   the linear jaxpr it reads holds no tracer of this core, so the stack starts
+#   and ends inside that one call and never meets this core's traces;
 # - **written anew:** the dispatch, five traces, and the JVP and batching rules.
 #   Part 1's rules cannot run here: they call the main module's `bind` (every
-#   `mul` inside them is the stack's).
+#   `mul` inside them is the stack's). The new rules live in this core's own
+#   tables, not on the primitives, so the {ref}`rule table <rule-table>` (read
+#   off the main module) does not list them.
 #
 # A trace knows its parent and whether its transformation has finished. A
 # tracer knows its trace: that reference is its tag. The evaluation trace, at the
@@ -173,22 +187,26 @@ class Tracer:
 
 class EvalTrace(Trace):
     def process_primitive(self, prim, args, params):
+        refuse_tracers(args)  # a tracer here reached the wrong trace (folded)
         return prim.rule("impl")(*args, **params)
 
 
 # %% [markdown]
-# The context is one thread-local variable, the current trace.
-# `set_current_trace` changes it for the length of a `with` block, and
-# `transformation` does the same for a whole run of a transformation, marking
-# the trace finished at the end so that its tracers cannot be used afterwards.
-# `bind` asks the current trace, and that is all it does (besides checking its
-# arguments, in the folded cell).
-
+# The context is one thread-local variable, the current trace, which starts
+# as the one evaluation trace. `set_current_trace` changes it for the length of
+# a `with` block, and `transformation` does the same for a whole run of a
+# transformation, marking the trace finished at the end so that its tracers
+# cannot be used afterwards. `bind` takes the current trace and lets it process
+# the primitive with the evaluation trace current; that is all it does (besides
+# checking its arguments, in the folded cell).
 
 # %% tags=["export-stackless"]
+eval_trace = EvalTrace(parent=None)  # the bottom of every chain of parents
+
+
 class _Context(threading.local):  # each thread has its own current trace
     def __init__(self) -> None:
-        self.trace: Trace = EvalTrace(parent=None)
+        self.trace: Trace = eval_trace
 
 
 _context = _Context()
@@ -219,19 +237,24 @@ def transformation(trace: Trace):
 
 def bind(prim: ad.Primitive, *args, **params):
     args = checked_args(prim, args, params)  # arrays or live tracers, well typed
-    outs = current_trace().process_primitive(prim, args, params)
+    trace = current_trace()
+    with set_current_trace(eval_trace):  # the trace says where its work goes
+        outs = trace.process_primitive(prim, args, params)
     return outs if prim.multiple_results else outs[0]
 
 
 # %% [markdown]
 # Compare Part 1's `bind`: no `find_top_trace`, no `full_raise` of the inputs,
-# no `full_lower` of the outputs. The checks are Part 2's abstract evaluation
+# no `full_lower` of the outputs. Why reset the context to the bottom? If the
+# trace processing a primitive stayed current, every operation its rule
+# performs would come straight back to that same trace. With the evaluation
+# trace current instead, nothing goes anywhere unless the trace sends it. The checks are Part 2's abstract evaluation
 # rules, run on the arguments' types, so every interpreter reports a bad operand
 # the same way; a finished trace's tracer is refused with
 # `UnexpectedTracerError`:
 
 # %% tags=["export-stackless", "hide-input"]
-# @title Checks: arguments are arrays or live tracers, of types the primitive takes
+# @title Checks: well-typed arrays or live tracers; eval trace refuses tracers
 UnexpectedTracerError = ad.UnexpectedTracerError
 ConcretizationError = ad.ConcretizationError
 
@@ -243,6 +266,17 @@ def get_aval(x) -> ad.ShapedArray:
 def zeros_like(x) -> np.ndarray:
     aval = get_aval(x)
     return np.zeros(aval.shape, aval.dtype)
+
+
+def refuse_tracers(args) -> None:
+    for x in args:
+        if isinstance(x, Tracer):
+            raise UnexpectedTracerError(
+                f"the evaluation trace was given a {type(x).__name__} of type "
+                f"{x.aval.str_short()}: its transformation is not current here "
+                "(it runs in another thread, or a trace ran a rule without "
+                "making its parent current)"
+            )
 
 
 def check_live(x) -> None:
@@ -264,7 +298,8 @@ def checked_args(prim, args, params) -> list:
 
 
 # %% [markdown]
-# The wrappers users call are Part 1's, minus its hardening: each binds one of
+# The wrappers users call are Part 1's without their own argument checks (this
+# core's `bind` runs the abstract evaluation rules instead): each binds one of
 # the main module's primitives, and `_operands` (folded) turns a Python number
 # next to an array into an array of the same dtype and shape, with an explicit
 # `broadcast`, as Part 1's wrappers do.
@@ -399,7 +434,9 @@ print(f(3.0))
 # ## Forward mode, tagged
 #
 # A JVP trace unpacks its own tracers into primal and tangent; anything else
-# gets a zero tangent. If *no* input is its own, the operation is not its
+# gets a zero tangent, `zeros_like(x)`: a NumPy array of zeros of `x`'s shape
+# and dtype, even when `x` is another trace's tracer, so the zero is a
+# constant to every trace. If *no* input is its own, the operation is not its
 # business: it passes it to its parent unchanged (JAX does the same when every
 # tangent is zero). Otherwise it runs the primitive's rule **with its parent
 # as the current trace**, so the operations inside the rule (the `mul` and
@@ -440,12 +477,9 @@ def jvp_flat(f, primals, tangents):
 
 # %% [markdown]
 # That is the whole idea; the rest of the chapter is rules and plumbing. The
-# rules are the chain rule, as in Part 1, written with this core's wrappers.
-# The five linear primitives apply themselves to the tangents. (They live in
-# this core's own tables, `jvp_rules` and later `vmap_rules`, not on the
-# primitives, so the {ref}`rule table <rule-table>`, read off the main module,
-# does not list them; every other rule this core uses is the main module's and
-# is listed there.)
+# rules, in the table `jvp_rules`, are the chain rule as in Part 1, written
+# with this core's wrappers; each of the five linear primitives applies itself
+# to the tangents.
 
 # %% tags=["export-stackless"]
 jvp_rules = {}
@@ -526,6 +560,7 @@ def derivative(fun):
 print(jvp(f, (3.0,), (1.0,)))
 print(derivative(derivative(derivative(derivative(sin))))(3.0), np.sin(3.0))
 
+
 # %% [markdown]
 # How does nesting work without levels? When the second `derivative` calls
 # `jvp`, the current trace is the first `jvp`'s trace, so that becomes the new
@@ -535,6 +570,30 @@ print(derivative(derivative(derivative(derivative(sin))))(3.0), np.sin(3.0))
 # evaluation trace. The chain of parents is the stack, but nobody searches it:
 # each trace knows the one step it needs.
 #
+# The `with set_current_trace(self.parent)` line is what makes this work. Here
+# is a JVP trace without it; one derivative still comes out right, because the
+# evaluation trace that then runs the rule's `sin` and `cos` happens to be the
+# parent. Nest two, and the inner rule's `sin` of its primal, a tracer of the
+# outer derivative, lands on the evaluation trace, which refuses it:
+
+
+# %%
+class CarelessJVPTrace(JVPTrace):  # JVPTrace minus `with set_current_trace(...)`
+    def process_primitive(self, prim, args, params):
+        primals, tangents = zip(*map(self.primal_tangent, args))
+        primals_out, tangents_out = jvp_rules[prim](primals, tangents, **params)
+        return [JVPTracer(self, p, t) for p, t in zip(primals_out, tangents_out)]
+
+
+def careless_derivative(fun, x):
+    with transformation(CarelessJVPTrace(current_trace())) as trace:
+        return trace.primal_tangent(fun(JVPTracer(trace, x, 1.0)))[1]
+
+
+print(careless_derivative(sin, 3.0), np.cos(3.0))
+show_error(lambda: careless_derivative(lambda x: careless_derivative(sin, x), 3.0))
+
+# %% [markdown]
 # And perturbation confusion? `x + y` inside the inner derivative reaches the
 # inner trace, which owns `y` but not `x`: `x` is a constant to it, with a zero
 # tangent, exactly as the math says. Its rule then adds the primals with the
@@ -871,7 +930,11 @@ def jaxpr_as_fun(jaxpr: ad.Jaxpr):
 # Its abstract evaluation and lowering rules are reused too; it needs only a JVP
 # rule and a batching rule of this core (folded), which transform the jaxpr
 # with this core's `jvp` and `vmap` and call the result, each cached per jaxpr
-# so that a derivative compiles once.
+# so that a derivative compiles once. One kind of trace is not cached: a jaxpr
+# whose constants include a tracer (the function closed over a value of a
+# transformation still running, such as `x` in `jvp(lambda x: jit(lambda y: x *
+# y)(2.0), ...)`). That tracer dies with its transformation, so the jaxpr is
+# used once and the next call traces again.
 
 
 # %% tags=["export-stackless"]
@@ -884,7 +947,7 @@ def jit(f):
         if key not in cache:
             traced = make_jaxpr(f, *ad.tree_unflatten(in_tree, key[1]))
             if any(isinstance(c, Tracer) for c in traced[1]):
-                return _call(*traced, args_flat)  # closes over a live tracer
+                return _call(*traced, args_flat)  # used once, not cached
             cache[key] = traced
         return _call(*cache[key], args_flat)
 
@@ -971,11 +1034,17 @@ print(make_jaxpr(wave, scalar)[0])
 # *residuals* the tangent computation needs) and a linear map of the tangents,
 # recorded as a jaxpr; transposition runs that jaxpr backwards. In this design
 # the split is one small trace. Run `jvp` with tangents that are tracers of a
-# staging trace, under a `PartialTrace` that records every operation touching
-# a tangent and passes every other operation to its parent, to be computed (or
-# handled by whatever transformation is outside). The primal values stay
-# concrete, so Python control flow works as under `jvp`, and the constants of
-# the recorded jaxpr are exactly the residuals.
+# staging trace. Why not simply make that staging trace the JVP trace's
+# parent? Because a current staging trace records *every* operation, as the
+# previous section showed: the primal computation would be recorded too,
+# instead of computed now. So a `PartialTrace` sits in between as the JVP
+# trace's parent: it hands every operation touching a tangent to the staging
+# trace, and passes every other operation to its own parent, to be computed
+# (or handled by whatever transformation is outside). The primal values stay
+# concrete, so Python control flow works as under `jvp`. The residuals are the
+# primal values the recorded tangent operations read: they become the
+# constants of the recorded jaxpr, except NumPy scalars, which the staging
+# trace writes into it as literals (`cos(1.0)` in `grad(sin)(1.0)`, say).
 
 
 # %% tags=["export-stackless"]
@@ -1005,17 +1074,20 @@ def linearize_flat(f, primals):
 
 
 # %% [markdown]
-# Transposition is Part 4's `transpose_jaxpr_uncached`, unchanged: it runs
-# Part 4's `backward_pass` on the linear jaxpr under the main module's
-# `make_jaxpr`, on types alone, so no tracer of this core ever meets the
-# stack. The transposed jaxpr is then evaluated with this core's `eval_jaxpr`,
-# so whatever transformation is current sees its operations:
+# Transposition is Part 4's `transpose_jaxpr_uncached`, unchanged (it traces
+# Part 4's `backward_pass` with the main module's `make_jaxpr`, on types alone,
+# as listed at the top). The linear jaxpr takes the residuals first, then the
+# tangents; the mask `undefined` tells transposition which inputs are the
+# linear ones whose cotangents we want. The transposed jaxpr takes its own
+# constants, the residuals and the output cotangents, and is evaluated with
+# this core's `eval_jaxpr`, so whatever transformation is current sees its
+# operations:
 
 
 # %% tags=["export-stackless"]
 def vjp_flat(f, primals):
     primals_out, linear, residuals = linearize_flat(f, primals)
-    undefined = (False,) * len(residuals) + (True,) * len(primals)
+    undefined = (False,) * len(residuals) + (True,) * len(primals)  # linear inputs
     transposed, consts = ad.transpose_jaxpr_uncached(linear, undefined)
 
     def f_vjp(*cotangents):
@@ -1130,62 +1202,27 @@ print([float(grad(soft_abs)(x)) for x in (-2.0, 0.5, 3.0)])
 # %% [markdown]
 # ## The same programs on both cores
 #
-# Part 1's and Part 2's programs, each run with the main module (`ad`) and with
-# this chapter's core. The programs take the core as an argument, since each
-# core has its own `sin`, `jvp` and `make_jaxpr`:
-
-# %% tags=["hide-input"]
-# @title The programs, each a function of a core `m`: ad or this chapter's
-import types
-
-new = types.SimpleNamespace(**globals())  # this chapter's names, as one object
-programs = {
-    "f(3.0)": lambda m: m.add(m.mul(-2.0, m.sin(3.0)), 3.0),
-    "jvp of f": lambda m: m.jvp(lambda x: -2.0 * m.sin(x) + x, (3.0,), (1.0,)),
-    "4th derivative of sin": lambda m: m.jvp(
-        lambda x: m.jvp(lambda y: m.jvp(m.cos, (y,), (1.0,))[1], (x,), (1.0,))[1],
-        (3.0,),
-        (1.0,),
-    ),
-    "jvp of vmap": lambda m: m.jvp(m.vmap(m.sin), (xs,), (np.ones(3),)),
-    "make_jaxpr(mul(2., 2.))": lambda m: str(m.make_jaxpr(lambda: m.mul(2.0, 2.0))[0]),
-    "make_jaxpr(mul(x, 2.))": lambda m: str(
-        m.make_jaxpr(lambda x: m.mul(x, 2.0), ad.ShapedArray((3,), np.float64))[0]
-    ),
-}
+# Each core has its own `sin`, `jvp`, `vmap` and `make_jaxpr`, so a program
+# that should run on both takes the core as an argument, `m`. The main module
+# is one object already, `ad`; `stackless` gathers this chapter's names into
+# one:
 
 # %%
-for name, program in programs.items():
-    same = ad.tree_map(np.array_equal, program(ad), program(new))
-    print(f"{name:24} same output: {all(ad.tree_leaves(same))}")
-print(programs["make_jaxpr(mul(x, 2.))"](new))
+import types
 
-# %% tags=["hide-input"]
-# @title Measure: lines of the two cores' bind and JVP machinery
-import inspect
+stackless = types.SimpleNamespace(**globals())  # this chapter's sin, jvp, ...
 
 
-def lines(*objects):
-    return sum(len(inspect.getsource(obj).splitlines()) for obj in objects)
+def programs(m):  # Part 1's and Part 2's examples, written against a core m
+    d = lambda fun: lambda x: m.jvp(fun, (x,), (1.0,))[1]
+    print(m.jvp(lambda x: -2.0 * m.sin(x) + x, (3.0,), (1.0,)), d(d(m.sin))(3.0))
+    print(m.jvp(m.vmap(m.sin), (xs,), (np.ones(3),)))
+    print(m.make_jaxpr(lambda: m.mul(2.0, 2.0))[0])
 
 
-def compare(what, stack_fns, stackless_fns):
-    print(
-        f"{what}: {lines(*stack_fns)} lines with the stack, {lines(*stackless_fns)} without"
-    )
-
-
-compare("bind", [ad.bind], [bind])
-compare(
-    "bind and choosing the trace",
-    [ad.bind, ad.find_top_trace, ad.Trace.full_raise, ad.full_lower],
-    [bind, current_trace, set_current_trace],
-)
-compare(
-    "JVP trace and jvp_flat",
-    [ad.JVPTrace.pure, ad.JVPTrace.process_primitive, ad.jvp_flat],
-    [JVPTrace.primal_tangent, JVPTrace.process_primitive, jvp_flat],
-)
+for name, core in [("the stack", ad), ("stackless", stackless)]:
+    print(f"--- {name}")
+    programs(core)
 
 
 # %% [markdown]
@@ -1198,39 +1235,31 @@ compare(
 # | Operations on constants while staging | missed, until Part 2's dynamic level | recorded: the staging trace is current |
 # | Nested derivatives kept apart by | level numbers | tags (the tracer's trace) and parents |
 # | Leaked tracers detected by | comparing a level with the stack entry at its number | a `finished` flag on the trace |
-# | A rule's own operations | found their level by searching again | go to the parent, made current explicitly |
+# | A rule's own operations | found their level by searching again | go to the parent, made current explicitly (`bind` leaves the evaluation trace current) |
 #
 # What got harder: every trace must now decide, for *each* operation it is
 # given, whether the operation is its business, and hand it to its parent if
 # not (Part 1's search made that decision once, in `bind`), and every trace
-# must say under which trace its rules run. And the line counts above show
-# that the JVP machinery itself barely shrank: the saving is in `bind` and in
-# the state around it.
-#
-# One honest remark about this core: its first check ("no input is mine: pass
-# it to the parent") would on its own already send a rule's operations
-# outwards, since they act on primals and tangents, never on the trace's own
-# tracers; without the `with set_current_trace(self.parent)` line, the
-# derivatives above come out the same (a test checks it). Making the parent
-# current says directly where the rule's work belongs instead of relying on a
-# detour of each operation through the trace, and in JAX it is required (see
-# below).
+# must say under which trace its rules run. The saving is in `bind` and in
+# the state around it: no levels, no dynamic level, no boxing and unboxing.
 #
 # The jaxpr-level machinery (types, type checking, lowering, compilation,
-# partial evaluation of jaxprs, transposition) did not change at all: it never
-# looked at levels. That is why only the tracing half of this book needed a second
+# partial evaluation of jaxprs, transposition) did not change at all: it
+# works on jaxprs, not on tracers. That is why only the tracing half of this book needed a second
 # version.
 #
 # (part10-jax-differs)=
 # ## Where real JAX differs
 #
 # - JAX's context is `jax._src.core.trace_ctx`; `set_current_trace(trace)` and
-#   `take_current_trace()` are its context managers. `Primitive.bind` takes the
-#   current trace and makes the evaluation trace current while that trace
-#   processes the primitive. So in JAX a rule that did not make its parent
-#   current would send its operations to the evaluation trace, which refuses
-#   tracers: each trace's rules run inside
-#   `with core.set_current_trace(self.parent_trace)`.
+#   `take_current_trace()` are its context managers. `Primitive.bind` works as
+#   ours: it takes the current trace and makes the evaluation trace
+#   (`core.eval_trace`) current while `bind_with_trace` hands the primitive to
+#   that trace's `process_primitive` (a hand-inlined
+#   `with take_current_trace()`). `JVPTrace.process_primitive` runs the JVP rule
+#   inside `with core.set_current_trace(self.parent_trace)`, and the evaluation
+#   trace refuses tracers (`check_eval_args`), so a rule run without it fails
+#   as `CarelessJVPTrace` did above, with an `UnexpectedTracerError`.
 # - A JVP trace is `JVPTrace(parent_trace, tag)`, and it recognizes its tracers
 #   by `tracer._trace.tag is self.tag` rather than by the trace object itself:
 #   the tag is a `TraceTag`, and a transformation that creates several trace
@@ -1240,8 +1269,10 @@ compare(
 # - JAX's tangents for constants are symbolic zeros (`Zero`), so "is this
 #   operation mine" is "does any input have a non-zero tangent"; ours is
 #   "does any input carry my tag".
-# - `find_top_trace` survives in `jax._src.core` only as a deprecated one-line
-#   function that ignores its argument and returns the current trace. Levels,
+# - `find_top_trace` survives as a one-line function that ignores its
+#   argument and returns the current trace; it is public in `jax.extend.core`,
+#   and only its old `jax.core` alias is deprecated (its warning points to
+#   `jax.extend.core`). Levels,
 #   sublevels and `MainTrace` are gone; JAX's 0.4.36
 #   [changelog](https://docs.jax.dev/en/latest/changelog.html) describes the
 #   change as making dispatch "purely a function of context rather than a
@@ -1256,16 +1287,18 @@ compare(
 # ## Summary
 #
 # - One context variable, the current trace, replaces the stack of levels and the
-#   dynamic level; `bind` asks it to process each primitive.
-# - Each trace records its parent and runs its rules with the parent current,
-#   so a rule's operations go one step outwards: the chain of parents is the
-#   stack, and nobody searches it.
+#   dynamic level; `bind` hands each primitive to it, with the evaluation trace
+#   current while it is processed.
+# - So each trace records its parent and runs its rules with the parent
+#   current, and a rule's operations go one step outwards: the chain of parents
+#   is the stack, and nobody searches it.
 # - Tracers are tagged with their trace; a trace unpacks its own and treats
 #   every other value as a constant, which prevents perturbation confusion.
 # - Staging records every operation because its trace is current: omnistaging
 #   needs no extra machinery.
 # - Everything that works on jaxprs — type checking, compilation, partial
-#   evaluation, transposition — is reused unchanged from Parts 2–4.
+#   evaluation, transposition — is reused unchanged from Parts 2–4
+#   (transposition still traces with the stack, on types alone).
 #
 # ## Exercises
 #

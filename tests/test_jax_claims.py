@@ -2521,11 +2521,12 @@ def test_part10_context_and_its_context_managers():
 
 
 def test_part10_bind_makes_eval_trace_current_and_rules_run_under_parent():
-    # part10_stackless: "`Primitive.bind` takes the current trace and makes the
-    # evaluation trace current while that trace processes the primitive ...
-    # its traces' rules then say `with core.set_current_trace(self.parent_trace)`"
-    # and (chapter intro) "a transformation applies its rules with the trace it
-    # was started under, its *parent*, made current".
+    # part10_stackless: "`Primitive.bind` works as ours: it takes the current
+    # trace and makes the evaluation trace (`core.eval_trace`) current ...
+    # `JVPTrace.process_primitive` runs the JVP rule inside
+    # `with core.set_current_trace(self.parent_trace)`" and (chapter intro)
+    # "a transformation applies its rules with the trace it was started under,
+    # its *parent*, made current".
     assert "trace_ctx.set_trace(eval_trace)" in inspect.getsource(core.Primitive.bind)
     assert "core.set_current_trace(self.parent_trace)" in inspect.getsource(
         jax_ad.JVPTrace.process_primitive
@@ -2607,11 +2608,24 @@ def test_part10_constants_go_to_the_parent_by_symbolic_zeros():
     assert "bind_with_trace(self.parent_trace" in source
 
 
-def test_part10_find_top_trace_is_a_deprecated_shim_and_levels_are_gone():
-    # part10_stackless: "`find_top_trace` survives in `jax._src.core` only as a
-    # deprecated one-line function that ignores its argument and returns the
-    # current trace. Levels, sublevels and `MainTrace` are gone".
+def test_part10_find_top_trace_is_public_in_extend_and_levels_are_gone():
+    # part10_stackless: "`find_top_trace` survives as a one-line function that
+    # ignores its argument and returns the current trace; it is public in
+    # `jax.extend.core`, and only its old `jax.core` alias is deprecated (its
+    # warning points to `jax.extend.core`). Levels, sublevels and `MainTrace`
+    # are gone".
+    import warnings
+
+    import jax.extend.core as jex_core
+
     assert core.find_top_trace(object()) is core.trace_ctx.trace
+    body = inspect.getsource(core.find_top_trace).strip().splitlines()
+    assert body[-1].strip() == "return unsafe_get_current_trace()"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert jex_core.find_top_trace is core.find_top_trace  # no warning
+    with pytest.warns(DeprecationWarning, match="jax.extend.core.find_top_trace"):
+        jax.core.find_top_trace  # noqa: B018 - the attribute access warns
     seen = []
 
     def f(x):
@@ -2622,6 +2636,54 @@ def test_part10_find_top_trace_is_a_deprecated_shim_and_levels_are_gone():
     assert seen == [True]
     for gone in ["MainTrace", "new_main", "new_base_main", "Sublevel", "cur_sublevel"]:
         assert not hasattr(core, gone), gone
+
+
+def test_part10_traces_process_with_eval_trace_current(monkeypatch):
+    # part10_stackless: "`Primitive.bind` works as ours: it takes the current
+    # trace and makes the evaluation trace (`core.eval_trace`) current while
+    # `bind_with_trace` hands the primitive to that trace's `process_primitive`
+    # (a hand-inlined `with take_current_trace()`)."
+    bind_source = inspect.getsource(core.Primitive.bind)
+    assert 'equivalent to "with take_current_trace()"' in bind_source
+    assert "self.bind_with_trace(prev_trace" in bind_source
+    assert "trace.process_primitive(self, args, params)" in inspect.getsource(
+        core.Primitive.bind_with_trace
+    )
+    seen = []
+    original = jax_ad.JVPTrace.process_primitive
+
+    def spy(self, primitive, tracers, params):
+        seen.append(core.trace_ctx.trace)
+        return original(self, primitive, tracers, params)
+
+    monkeypatch.setattr(jax_ad.JVPTrace, "process_primitive", spy)
+    jax.jvp(lambda x: jax.jvp(lax.sin, (x,), (1.0,))[1], (1.0,), (1.0,))
+    assert seen and all(trace is core.eval_trace for trace in seen)
+
+
+def test_part10_a_jvp_rule_without_its_parent_current_fails(monkeypatch):
+    # part10_stackless: "`JVPTrace.process_primitive` runs the JVP rule inside
+    # `with core.set_current_trace(self.parent_trace)`, and the evaluation
+    # trace refuses tracers (`check_eval_args`), so a rule run without it
+    # fails ... with an `UnexpectedTracerError`."
+    source = inspect.getsource(jax_ad.JVPTrace.process_primitive)
+    assert "with core.set_current_trace(self.parent_trace):" in source
+    assert "jvp(primals_in, tangents_in, **params)" in source
+    assert "check_eval_args(args)" in inspect.getsource(
+        core.EvalTrace.process_primitive
+    )
+
+    def careless(self, primitive, tracers, params):  # the `with` line removed
+        primals_in, tangents_in = zip(*map(self.to_primal_tangent_pair, tracers))
+        rule = jax_ad.primitive_jvps[primitive]
+        primal_out, tangent_out = rule(primals_in, tangents_in, **params)
+        return jax_ad.maybe_jvp_tracer(self, primal_out, tangent_out)
+
+    monkeypatch.setattr(jax_ad.JVPTrace, "process_primitive", careless)
+    one = jax.jvp(lax.sin, (3.0,), (1.0,))[1]  # one level: still right
+    np.testing.assert_allclose(one, np.cos(3.0))
+    with pytest.raises(jax.errors.UnexpectedTracerError):
+        jax.jvp(lambda x: jax.jvp(lax.sin, (x,), (1.0,))[1], (3.0,), (1.0,))
 
 
 def test_part10_leaked_tracer_raises_unexpected_tracer_error():

@@ -308,7 +308,7 @@ def test_the_new_core_reaches_the_main_module_only_through_ad():
 
 def test_source_and_tracebacks_point_into_autodidax_py():
     assert inspect.getsourcefile(sl.bind) == ad.__file__
-    assert "current_trace().process_primitive" in inspect.getsource(sl.bind)
+    assert "trace.process_primitive(prim, args, params)" in inspect.getsource(sl.bind)
     leaked = []
     sl.jvp(lambda x: leaked.append(x) or x, (1.0,), (1.0,))
     try:
@@ -320,20 +320,129 @@ def test_source_and_tracebacks_point_into_autodidax_py():
         assert frames[-1] == ad.__file__
 
 
-def test_the_ownership_check_alone_routes_a_rules_operations(monkeypatch):
-    # The chapter: "its first check ... would on its own already send a rule's
-    # operations outwards ... without the `with set_current_trace(self.parent)`
-    # line, the derivatives above come out the same (a test checks it)".
-    def without_parent_current(self, prim, args, params):
-        if not any(self.owns(x) for x in args):
-            return self.parent.process_primitive(prim, args, params)
-        primals, tangents = zip(*map(self.primal_tangent, args))
-        primals_out, tangents_out = sl.jvp_rules[prim](primals, tangents, **params)
-        return [sl.JVPTracer(self, p, t) for p, t in zip(primals_out, tangents_out)]
+def test_bind_leaves_the_evaluation_trace_current_and_rules_run_under_parent(
+    monkeypatch,
+):
+    # The chapter: "`bind` hands the primitive to the current trace, with the
+    # evaluation trace made current while that trace processes it" and "runs
+    # its rules with the parent current".
+    seen = []
+    process, rule = sl.JVPTrace.process_primitive, sl.jvp_rules[sl.ad.sin_p]
 
-    monkeypatch.setattr(sl.JVPTrace, "process_primitive", without_parent_current)
-    close(perturbation_program(sl.jvp, sl.add), 1.0)
-    close(sl.grad(sl.grad(f_sl))(0.9), jax.grad(jax.grad(f_jax))(0.9))
+    def spy_process(self, prim, args, params):
+        seen.append(("process", self, sl.current_trace()))
+        return process(self, prim, args, params)
+
+    def spy_rule(primals, tangents):
+        seen.append(("rule", None, sl.current_trace()))
+        return rule(primals, tangents)
+
+    monkeypatch.setattr(sl.JVPTrace, "process_primitive", spy_process)
+    monkeypatch.setitem(sl.jvp_rules, sl.ad.sin_p, spy_rule)
+    traces = []
+
+    def inner(x):
+        traces.append(sl.current_trace())
+        return sl.sin(x)
+
+    sl.jvp(lambda x: sl.jvp(inner, (x,), (1.0,))[1], (0.5,), (1.0,))
+    (inner_trace,) = traces
+    assert inner_trace.parent is not None
+    # the inner trace processes sin with the evaluation trace current ...
+    assert seen[0] == ("process", inner_trace, sl.eval_trace)
+    # ... and runs sin's rule with its parent, the outer JVP trace, current
+    assert seen[1] == ("rule", None, inner_trace.parent)
+    assert sl.current_trace() is sl.eval_trace
+
+
+def careless_jvp_trace():
+    """The chapter's JVP trace without `with set_current_trace(self.parent)`."""
+
+    class CarelessJVPTrace(sl.JVPTrace):
+        def process_primitive(self, prim, args, params):
+            primals, tangents = zip(*map(self.primal_tangent, args))
+            p_out, t_out = sl.jvp_rules[prim](primals, tangents, **params)
+            return [sl.JVPTracer(self, p, t) for p, t in zip(p_out, t_out)]
+
+    def careless_derivative(fun, x):
+        with sl.transformation(CarelessJVPTrace(sl.current_trace())) as trace:
+            return trace.primal_tangent(fun(sl.JVPTracer(trace, x, 1.0)))[1]
+
+    return careless_derivative
+
+
+def test_without_making_the_parent_current_nesting_fails():
+    # The chapter: one careless derivative is right; nest two and the inner
+    # rule's sin lands on the evaluation trace, which refuses it.
+    careless = careless_jvp_trace()
+    close(careless(sl.sin, 3.0), jax.jvp(jnp.sin, (3.0,), (1.0,))[1])
+    with pytest.raises(
+        sl.UnexpectedTracerError, match="evaluation trace was given a JVPTracer"
+    ):
+        careless(lambda x: careless(sl.sin, x), 3.0)
+    # the same nesting with the chapter's JVP trace is right
+    close(
+        sl.jvp(lambda x: sl.jvp(sl.sin, (x,), (1.0,))[1], (3.0,), (1.0,))[1],
+        -np.sin(3.0),
+    )
+    # and under staging the careless trace fails too
+    with pytest.raises(sl.UnexpectedTracerError, match="StagingTracer"):
+        sl.make_jaxpr(lambda x: careless(sl.sin, x), SCALAR)
+
+
+def test_a_tracer_of_a_transformation_running_in_another_thread_is_refused():
+    import threading
+
+    errors = []
+
+    def body(x):
+        thread = threading.Thread(target=lambda: _try(lambda: sl.sin(x), errors))
+        thread.start()
+        thread.join()
+        return x
+
+    sl.jvp(body, (1.0,), (1.0,))
+    (error,) = errors
+    assert isinstance(error, sl.UnexpectedTracerError)
+    assert "evaluation trace was given a JVPTracer of type float64[]" in str(error)
+
+
+def _try(fn, errors):
+    try:
+        fn()
+    except Exception as error:  # noqa: BLE001 - recorded for the test to check
+        errors.append(error)
+
+
+def test_jit_does_not_cache_a_jaxpr_closing_over_a_live_tracer():
+    traced = []
+
+    def outer(x):
+        def body(y):
+            traced.append(1)
+            return x * y
+
+        fast = sl.jit(body)
+        return fast(2.0) + fast(3.0)
+
+    got = sl.jvp(outer, (1.5,), (1.0,))
+    want = jax.jvp(lambda x: x * 2.0 + x * 3.0, (1.5,), (1.0,))
+    close(got, want)
+    assert len(traced) == 2  # traced again: the first jaxpr held a dead tracer
+
+
+def test_residuals_are_constants_or_scalar_literals():
+    # The chapter: residuals "become the constants of the recorded jaxpr,
+    # except NumPy scalars, which the staging trace writes into it as literals
+    # (`cos(1.0)` in `grad(sin)(1.0)`, say)".
+    _, linear, residuals = sl.linearize_flat(lambda x: [sl.sin(x)], [np.float64(1.0)])
+    assert residuals == []
+    (eqn,) = linear.eqns
+    lits = [a.val for a in eqn.inputs if isinstance(a, ad.Lit)]
+    close(lits, [np.cos(1.0)])
+    _, linear, residuals = sl.linearize_flat(lambda x: [sl.sin(x)], [X])
+    close(residuals, [np.cos(X)])
+    assert linear.in_binders[0].aval.shape == (3,)
 
 
 # Seeded random programs (no Hypothesis, to keep this file fast): each is a
