@@ -247,11 +247,14 @@ def bind(prim: ad.Primitive, *args, **params):
 # Compare Part 1's `bind`: no `find_top_trace`, no `full_raise` of the inputs,
 # no `full_lower` of the outputs. Why reset the context to the bottom? If the
 # trace processing a primitive stayed current, every operation its rule
-# performs would come straight back to that same trace. With the evaluation
-# trace current instead, nothing goes anywhere unless the trace sends it. The checks are Part 2's abstract evaluation
-# rules, run on the arguments' types, so every interpreter reports a bad operand
-# the same way; a finished trace's tracer is refused with
-# `UnexpectedTracerError`:
+# performs would come straight back to that same trace, to be sorted out
+# again. With the evaluation trace current instead, nothing a trace does goes
+# anywhere unless the trace sends it there.
+#
+# The checks are Part 2's abstract evaluation rules, run on the arguments'
+# types, so every interpreter reports a bad operand the same way; a finished
+# trace's tracer is refused with `UnexpectedTracerError`, and so is any tracer
+# that reaches the evaluation trace:
 
 # %% tags=["export-stackless", "hide-input"]
 # @title Checks: well-typed arrays or live tracers; eval trace refuses tracers
@@ -801,7 +804,8 @@ print(jvp(vmap(f), (xs,), (np.ones(3),)))
 # %% [markdown]
 # The last line is `jvp` of `vmap`: the batching trace's parent is the JVP
 # trace, so each batched `sin` becomes a `sin` on JVP tracers, which the JVP
-# trace differentiates with the evaluation trace current.
+# trace differentiates, running `sin`'s rule with its own parent, the
+# evaluation trace, current.
 #
 # (part10-staging)=
 # ## Staging: omnistaging for free
@@ -1245,8 +1249,8 @@ for name, core in [("the stack", ad), ("stackless", stackless)]:
 #
 # The jaxpr-level machinery (types, type checking, lowering, compilation,
 # partial evaluation of jaxprs, transposition) did not change at all: it
-# works on jaxprs, not on tracers. That is why only the tracing half of this book needed a second
-# version.
+# works on jaxprs, not on tracers. That is why only the tracing half of this
+# book needed a second version.
 #
 # (part10-jax-differs)=
 # ## Where real JAX differs

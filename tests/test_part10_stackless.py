@@ -355,6 +355,23 @@ def test_bind_leaves_the_evaluation_trace_current_and_rules_run_under_parent(
     assert sl.current_trace() is sl.eval_trace
 
 
+def test_zeros_like_of_another_traces_tracer_is_an_array():
+    # The chapter: zeros_like(x) is "a NumPy array of zeros of `x`'s shape and
+    # dtype, even when `x` is another trace's tracer".
+    seen = []
+
+    def inner(x):
+        def body(y):
+            seen.append(sl.zeros_like(x))
+            return x * y
+
+        return sl.jvp(body, (np.full(3, 2.0),), (np.ones(3),))[1]
+
+    sl.jvp(inner, (np.ones(3),), (np.ones(3),))
+    (zero,) = seen
+    assert type(zero) is np.ndarray and zero.shape == (3,) and not zero.any()
+
+
 def careless_jvp_trace():
     """The chapter's JVP trace without `with set_current_trace(self.parent)`."""
 
