@@ -2,7 +2,8 @@
 
 GENERATED FILE: do not edit it by hand. It is tangled from the code cells
 tagged ``export`` in the book's chapters (book/*.md, in _toc.yml order) by
-build_tools/tangle.py. To change it, edit a chapter and regenerate it with
+build_tools/tangle.py; cells tagged ``export-<name>`` build the module
+``autodidax.<name>``. To change it, edit a chapter and regenerate it with
 
     python3 build_tools/book.py tangle
 
@@ -9004,6 +9005,673 @@ def check_format(fmt: Any, args: tuple, kwargs: dict) -> None:
             f"argument(s) at position {unused} ({given})"
         )
 
+
+# ==== chapter: part10_stackless ====
+
+# Cells tagged 'export-stackless': the body of _stackless_namespace(),
+# whose names make up the module autodidax.stackless; this module's own
+# names stay as they were (build_tools/tangle.py explains).
+import sys
+import types
+
+
+def _stackless_namespace() -> dict:
+    """The names defined by the cells tagged export-stackless."""
+    import functools
+    import threading
+    from contextlib import contextmanager
+
+    import numpy as np
+
+    import autodidax as ad  # the main module: Parts 1-9, with the stack
+
+    class Trace:
+        """An interpreter. ``parent``: the trace that was current when it began."""
+
+        def __init__(self, parent: Trace | None) -> None:
+            self.parent, self.finished = parent, False
+
+        def owns(self, x) -> bool:
+            return isinstance(x, Tracer) and x._trace is self
+
+    class Tracer:
+        """A value that a transformation is looking at; ``_trace`` is its tag."""
+
+        _trace: Trace
+
+    class EvalTrace(Trace):
+        def process_primitive(self, prim, args, params):
+            refuse_tracers(args)  # a tracer here reached the wrong trace (folded)
+            return prim.rule("impl")(*args, **params)
+
+    eval_trace = EvalTrace(parent=None)  # the bottom of every chain of parents
+
+    class _Context(threading.local):  # each thread has its own current trace
+        def __init__(self) -> None:
+            self.trace: Trace = eval_trace
+
+    _context = _Context()
+
+    def current_trace() -> Trace:
+        return _context.trace
+
+    @contextmanager
+    def set_current_trace(trace: Trace):
+        previous, _context.trace = _context.trace, trace
+        try:
+            yield trace
+        finally:
+            _context.trace = previous
+
+    @contextmanager
+    def transformation(trace: Trace):
+        """Run a transformation with ``trace`` current; its tracers die with it."""
+        with set_current_trace(trace):
+            try:
+                yield trace
+            finally:
+                trace.finished = True
+
+    def bind(prim: ad.Primitive, *args, **params):
+        args = checked_args(prim, args, params)  # arrays or live tracers, well typed
+        trace = current_trace()
+        with set_current_trace(eval_trace):  # the trace says where its work goes
+            outs = trace.process_primitive(prim, args, params)
+        return outs if prim.multiple_results else outs[0]
+
+    # @title Checks: well-typed arrays or live tracers; eval trace refuses tracers
+    UnexpectedTracerError = ad.UnexpectedTracerError
+    ConcretizationError = ad.ConcretizationError
+
+    def get_aval(x) -> ad.ShapedArray:
+        return x.aval if isinstance(x, Tracer) else ad.get_aval(x)
+
+    def zeros_like(x) -> np.ndarray:
+        aval = get_aval(x)
+        return np.zeros(aval.shape, aval.dtype)
+
+    def refuse_tracers(args) -> None:
+        for x in args:
+            if isinstance(x, Tracer):
+                raise UnexpectedTracerError(
+                    f"the evaluation trace was given a {type(x).__name__} of type "
+                    f"{x.aval.str_short()}: its transformation is not current here "
+                    "(it runs in another thread, or a trace ran a rule without "
+                    "making its parent current)"
+                )
+
+    def check_live(x) -> None:
+        if isinstance(x, Tracer) and x._trace.finished:
+            raise UnexpectedTracerError(
+                f"a {type(x).__name__} of type {x.aval.str_short()} was used after "
+                f"its transformation ({type(x._trace).__name__}) had finished: a "
+                "traced value escaped, for example into a global or a list. "
+                "Return values from the transformed function instead."
+            )
+
+    def checked_args(prim, args, params) -> list:
+        args = [x if isinstance(x, Tracer) else ad.as_array(x, prim.name) for x in args]
+        for x in args:
+            check_live(x)
+        prim.rule("abstract_eval")(*[get_aval(x) for x in args], **params)
+        return args
+
+    def add(x, y):
+        return bind(ad.add_p, *_operands(x, y))
+
+    def mul(x, y):
+        return bind(ad.mul_p, *_operands(x, y))
+
+    def neg(x):
+        return bind(ad.neg_p, x)
+
+    def sin(x):
+        return bind(ad.sin_p, x)
+
+    def cos(x):
+        return bind(ad.cos_p, x)
+
+    # @title More wrappers (greater, less, reduce_sum, ...); Python numbers
+    def greater(x, y):
+        return bind(ad.gt_p, *_operands(x, y))
+
+    def less(x, y):
+        return bind(ad.lt_p, *_operands(x, y))
+
+    def reduce_sum(x, axis=None):
+        ndim = get_aval(x).ndim
+        axis = tuple(range(ndim)) if axis is None else axis
+        return bind(
+            ad.reduce_sum_p, x, axes=ad._normalize_axes("reduce_sum", axis, ndim)
+        )
+
+    def transpose(x, perm):
+        perm, aval = tuple(int(p) for p in perm), get_aval(x)
+        if sorted(perm) != list(range(aval.ndim)):
+            raise ValueError(
+                f"transpose: perm {perm} is not a permutation of the axes of "
+                f"{aval.str_short()}"
+            )
+        return bind(ad.transpose_p, x, perm=perm)
+
+    def broadcast(x, shape, axes):
+        shape, axes = tuple(int(d) for d in shape), tuple(sorted(int(a) for a in axes))
+        return bind(ad.broadcast_p, x, shape=shape, axes=axes)
+
+    def _is_number(x) -> bool:
+        return type(x) in (bool, int, float)
+
+    def _like(c, other):
+        """The Python number ``c`` as an array shaped like ``other``."""
+        aval = get_aval(other)
+        const = np.asarray(c, aval.dtype)
+        if aval.ndim == 0:
+            return const
+        return broadcast(const, aval.shape, tuple(range(aval.ndim)))
+
+    def _operands(x, y):
+        if _is_number(x) and _is_number(y):
+            dtype = np.result_type(type(x), type(y))
+            return np.asarray(x, dtype), np.asarray(y, dtype)
+        return (_like(x, y) if _is_number(x) else x), (
+            _like(y, x) if _is_number(y) else y
+        )
+
+    # @title Tracers: Python's operators and shapes; no bool() or NumPy array
+    def _subtract(x, y):
+        return add(x, -y if _is_number(y) else neg(y))
+
+    def _tracer_bool(self) -> bool:
+        check_live(self)
+        raise ConcretizationError(
+            f"the truth value of a traced {self.aval.str_short()} value is not known "
+            "while tracing, so Python `if`/`while`/`bool()` cannot use it"
+        )
+
+    def _tracer_array(self, dtype=None, copy=None):
+        raise TypeError(
+            f"a {type(self).__name__} cannot be turned into a NumPy array; use the "
+            "stackless core's operations (add, mul, sin, ...) on traced values"
+        )
+
+    Tracer.__add__ = lambda self, other: add(self, other)
+    Tracer.__radd__ = lambda self, other: add(other, self)
+    Tracer.__mul__ = lambda self, other: mul(self, other)
+    Tracer.__rmul__ = lambda self, other: mul(other, self)
+    Tracer.__sub__ = lambda self, other: _subtract(self, other)
+    Tracer.__rsub__ = lambda self, other: _subtract(other, self)
+    Tracer.__neg__ = lambda self: neg(self)
+    Tracer.__gt__ = lambda self, other: greater(self, other)
+    Tracer.__lt__ = lambda self, other: less(self, other)
+    Tracer.__bool__ = _tracer_bool
+    Tracer.__array__ = _tracer_array
+    Tracer.__array_ufunc__ = None  # `np.ones(3) * tracer` asks the tracer
+    Tracer.shape = property(lambda self: self.aval.shape)
+    Tracer.dtype = property(lambda self: self.aval.dtype)
+    Tracer.ndim = property(lambda self: self.aval.ndim)
+    Tracer.__repr__ = lambda self: f"{type(self).__name__}<{self.aval.str_short()}>"
+
+    class JVPTracer(Tracer):
+        def __init__(self, trace, primal, tangent) -> None:
+            self._trace, self.primal, self.tangent = trace, primal, tangent
+
+        @property
+        def aval(self) -> ad.ShapedArray:
+            return get_aval(self.primal)
+
+    class JVPTrace(Trace):
+        def primal_tangent(self, x):
+            return (x.primal, x.tangent) if self.owns(x) else (x, zeros_like(x))
+
+        def process_primitive(self, prim, args, params):
+            if not any(self.owns(x) for x in args):  # all constants to us
+                return self.parent.process_primitive(prim, args, params)
+            primals, tangents = zip(*map(self.primal_tangent, args))
+            with set_current_trace(self.parent):
+                primals_out, tangents_out = jvp_rules[prim](primals, tangents, **params)
+            return [JVPTracer(self, p, t) for p, t in zip(primals_out, tangents_out)]
+
+    def jvp_flat(f, primals, tangents):
+        trace = JVPTrace(parent=current_trace())
+        with transformation(trace):
+            outs = f(*[JVPTracer(trace, p, t) for p, t in zip(primals, tangents)])
+        pairs = [trace.primal_tangent(out) for out in outs]
+        return [p for p, _ in pairs], [t for _, t in pairs]
+
+    jvp_rules = {}
+
+    def _linear_jvp(primals, tangents, *, prim, **params):
+        return [bind(prim, *primals, **params)], [bind(prim, *tangents, **params)]
+
+    for _prim in [ad.add_p, ad.neg_p, ad.reduce_sum_p, ad.transpose_p, ad.broadcast_p]:
+        jvp_rules[_prim] = functools.partial(_linear_jvp, prim=_prim)
+
+    def _mul_jvp(primals, tangents):
+        (x, y), (dx, dy) = primals, tangents
+        return [mul(x, y)], [add(mul(dx, y), mul(x, dy))]
+
+    jvp_rules[ad.mul_p] = _mul_jvp
+    jvp_rules[ad.sin_p] = lambda p, t: ([sin(p[0])], [mul(t[0], cos(p[0]))])
+    jvp_rules[ad.cos_p] = lambda p, t: ([cos(p[0])], [neg(mul(t[0], sin(p[0])))])
+
+    def _comparison_jvp(primals, tangents, *, prim):
+        out = bind(prim, *primals)
+        return [out], [zeros_like(out)]  # booleans do not vary
+
+    for _prim in [ad.gt_p, ad.lt_p]:
+        jvp_rules[_prim] = functools.partial(_comparison_jvp, prim=_prim)
+
+    # @title jvp: pytrees in and out; checks: tangents must match primals
+    def jvp(f, primals: tuple, tangents: tuple):
+        primals_flat, in_tree = ad.tree_flatten(tuple(primals))
+        tangents_flat, tangent_tree = ad.tree_flatten(tuple(tangents))
+        _check_tangents(in_tree, tangent_tree, primals_flat, tangents_flat)
+        flat_f = ad.flatten_fun(f, in_tree)
+        primals_out, tangents_out = jvp_flat(flat_f, primals_flat, tangents_flat)
+        out_tree = flat_f.out_tree
+        return (
+            ad.tree_unflatten(out_tree, primals_out),
+            ad.tree_unflatten(out_tree, tangents_out),
+        )
+
+    def _check_tangents(in_tree, tangent_tree, primals, tangents) -> None:
+        if in_tree != tangent_tree:
+            raise TypeError(
+                "jvp: primals and tangents must have the same structure, got "
+                f"{in_tree} and {tangent_tree}"
+            )
+        for i, (p, t) in enumerate(zip(primals, tangents)):
+            p_aval, t_aval = get_aval(p), get_aval(t)
+            if (p_aval.shape, p_aval.dtype) != (t_aval.shape, t_aval.dtype):
+                raise ValueError(
+                    f"jvp: tangent {i} is {t_aval.str_short()} but its primal is "
+                    f"{p_aval.str_short()}; each tangent must match its primal"
+                )
+
+    class BatchTracer(Tracer):
+        def __init__(self, trace, val, batch_axis: int) -> None:
+            self._trace, self.val, self.batch_axis = trace, val, batch_axis
+
+        @property
+        def aval(self) -> ad.ShapedArray:  # the aval of one example
+            shape = list(get_aval(self.val).shape)
+            del shape[self.batch_axis]
+            return ad.ShapedArray(shape, get_aval(self.val).dtype)
+
+    class BatchTrace(Trace):
+        def __init__(self, parent, axis_size: int) -> None:
+            super().__init__(parent)
+            self.axis_size = axis_size
+
+        def val_axis(self, x):
+            return (x.val, x.batch_axis) if self.owns(x) else (x, None)
+
+        def process_primitive(self, prim, args, params):
+            if not any(self.owns(x) for x in args):  # nothing batched
+                return self.parent.process_primitive(prim, args, params)
+            vals, dims = zip(*map(self.val_axis, args))  # dims: the batch axes
+            with set_current_trace(self.parent):
+                outs, dims_out = vmap_rules[prim](self.axis_size, vals, dims, **params)
+            return [BatchTracer(self, x, d) for x, d in zip(outs, dims_out)]
+
+    def vmap_flat(f, axis_size, in_axes, args):
+        trace = BatchTrace(current_trace(), axis_size)
+        tracers = [
+            x if a is None else BatchTracer(trace, x, a) for x, a in zip(args, in_axes)
+        ]
+        with transformation(trace):
+            outs = f(*tracers)
+        return [
+            move_batch_axis(axis_size, a, 0, x) for x, a in map(trace.val_axis, outs)
+        ]
+
+    # @title Batching rules and move_batch_axis as in Part 1; vmap and in_axes
+    def move_batch_axis(axis_size, src, dst, x):
+        if src == dst:
+            return x
+        if src is None:
+            shape = list(get_aval(x).shape)
+            shape.insert(dst, axis_size)
+            return broadcast(x, shape, (dst,))
+        perm = list(range(get_aval(x).ndim))
+        perm.remove(src)
+        perm.insert(dst, src)
+        return transpose(x, perm)
+
+    vmap_rules = {}
+
+    def _unary_vmap(axis_size, vals, dims, *, prim):
+        return [bind(prim, vals[0])], [dims[0]]
+
+    def _binary_vmap(axis_size, vals, dims, *, prim):
+        (x, y), (dx, dy) = vals, dims
+        out = dy if dx is None else dx
+        x, y = (
+            move_batch_axis(axis_size, dx, out, x),
+            move_batch_axis(axis_size, dy, out, y),
+        )
+        return [bind(prim, x, y)], [out]
+
+    for _prim in [ad.neg_p, ad.sin_p, ad.cos_p]:
+        vmap_rules[_prim] = functools.partial(_unary_vmap, prim=_prim)
+    for _prim in [ad.add_p, ad.mul_p, ad.gt_p, ad.lt_p]:
+        vmap_rules[_prim] = functools.partial(_binary_vmap, prim=_prim)
+
+    def _reduce_sum_vmap(axis_size, vals, dims, *, axes):
+        (x,), (b,) = vals, dims
+        full = tuple(a if a < b else a + 1 for a in axes)
+        return [bind(ad.reduce_sum_p, x, axes=full)], [b - sum(a < b for a in axes)]
+
+    def _transpose_vmap(axis_size, vals, dims, *, perm):
+        x = move_batch_axis(axis_size, dims[0], 0, vals[0])
+        return [bind(ad.transpose_p, x, perm=(0, *(p + 1 for p in perm)))], [0]
+
+    def _broadcast_vmap(axis_size, vals, dims, *, shape, axes):
+        x = move_batch_axis(axis_size, dims[0], 0, vals[0])
+        new_axes = tuple(a + 1 for a in axes)
+        return [bind(ad.broadcast_p, x, shape=(axis_size, *shape), axes=new_axes)], [0]
+
+    vmap_rules[ad.reduce_sum_p] = _reduce_sum_vmap
+    vmap_rules[ad.transpose_p] = _transpose_vmap
+    vmap_rules[ad.broadcast_p] = _broadcast_vmap
+
+    def vmap(f, in_axes=0):
+        """Batch ``f`` over ``in_axes`` (an int, None, or one entry per argument,
+        each an int, None or a pytree of those); every output gets axis 0."""
+
+        def batched_f(*args):
+            args_flat, in_tree = ad.tree_flatten(args)
+            spec = tuple(in_axes) if isinstance(in_axes, list) else in_axes
+            _check_in_axes(spec, args)
+            axes = ad._broadcast_prefix(spec, args, "")
+            axes, size = _checked_batch_axes(args_flat, axes)
+            flat_f = ad.flatten_fun(f, in_tree)
+            outs = vmap_flat(flat_f, size, axes, args_flat)
+            return ad.tree_unflatten(flat_f.out_tree, outs)
+
+        return batched_f
+
+    def _check_in_axes(spec, args) -> None:
+        if isinstance(spec, tuple) and len(spec) != len(args):
+            raise ValueError(
+                f"vmap: in_axes has {len(spec)} entries but the function was called "
+                f"with {len(args)} positional arguments"
+            )
+
+    def _checked_batch_axes(args_flat, axes):
+        """Axes made non-negative and checked; the one batch size they agree on."""
+        out, sizes = [], set()
+        for i, (x, a) in enumerate(zip(args_flat, axes)):
+            if a is None:
+                out.append(None)
+                continue
+            aval = get_aval(x)
+            if not -aval.ndim <= a < aval.ndim:
+                raise ValueError(
+                    f"vmap: in_axes {a} is out of range for argument {i} of type "
+                    f"{aval.str_short()}"
+                )
+            out.append(a % aval.ndim)
+            sizes.add(aval.shape[a])
+        if len(sizes) != 1:
+            raise ValueError(
+                "vmap: the batched arguments must have one batch size, got "
+                f"{sorted(sizes) or 'no batched argument'}"
+            )
+        return out, sizes.pop()
+
+    def _batch_tracer_bool(self) -> bool:
+        check_live(self)
+        raise ad._batched_bool_error()
+
+    def _jvp_tracer_bool(self) -> bool:  # Python control flow reads the primal
+        check_live(self)
+        return bool(self.primal)
+
+    BatchTracer.__bool__ = _batch_tracer_bool
+    JVPTracer.__bool__ = _jvp_tracer_bool
+
+    class StagingTracer(Tracer):
+        def __init__(self, trace, aval) -> None:
+            self._trace, self.aval, self.var = trace, aval, ad.Var(aval)
+
+    class StagingTrace(Trace):
+        def __init__(self, parent) -> None:
+            super().__init__(parent)
+            self.eqns, self.consts = [], {}  # consts: id(value) -> (Var, value)
+
+        def atom(self, x):
+            if self.owns(x):
+                return x.var
+            if isinstance(x, (np.ndarray, np.generic)) and x.shape == ():
+                return ad.Lit(x)
+            if id(x) not in self.consts:  # a constant, or another trace's tracer
+                self.consts[id(x)] = (ad.Var(get_aval(x)), x)
+            return self.consts[id(x)][0]
+
+        def process_primitive(self, prim, args, params):
+            avals = prim.rule("abstract_eval")(*[get_aval(x) for x in args], **params)
+            outs = [StagingTracer(self, aval) for aval in avals]
+            ins = [self.atom(x) for x in args]
+            self.eqns.append(ad.JaxprEqn(prim, ins, params, [t.var for t in outs]))
+            return outs
+
+        def to_jaxpr(self, tracers_in, outs):
+            """The jaxpr recorded and its constants (its first inputs)."""
+            out_atoms = [self.atom(x) for x in outs]
+            const_vars, consts = zip(*self.consts.values()) if self.consts else ((), ())
+            jaxpr = ad.Jaxpr(
+                [*const_vars, *(t.var for t in tracers_in)], self.eqns, out_atoms
+            )
+            ad.typecheck_jaxpr(jaxpr)
+            self.finished = True
+            return jaxpr, list(consts)
+
+    def make_jaxpr_flat(f, avals):
+        trace = StagingTrace(current_trace())
+        tracers_in = [StagingTracer(trace, aval) for aval in avals]
+        with transformation(trace):
+            outs = f(*tracers_in)
+        return trace.to_jaxpr(tracers_in, outs)
+
+    # @title make_jaxpr(f, *avals) -> (jaxpr, consts, out_tree), with pytrees
+    def make_jaxpr(f, *avals_in):
+        """Trace ``f`` at the types ``avals_in`` (arrays stand for their types)."""
+        leaves, in_tree = ad.tree_flatten(avals_in)
+        avals = [x if isinstance(x, ad.ShapedArray) else get_aval(x) for x in leaves]
+        flat_f = ad.flatten_fun(f, in_tree)
+        jaxpr, consts = make_jaxpr_flat(flat_f, avals)
+        return jaxpr, consts, flat_f.out_tree
+
+    def _staging_tracer_bool(self) -> bool:
+        check_live(self)
+        raise ConcretizationError(
+            f"Python `if`, `while` or bool() on a traced {self.aval.str_short()} "
+            "value: while a function is staged out (make_jaxpr, jit) only its type "
+            "is known, not its value"
+        )
+
+    StagingTracer.__bool__ = _staging_tracer_bool
+
+    def eval_jaxpr(jaxpr: ad.Jaxpr, args) -> list:
+        env = dict(zip(jaxpr.in_binders, args))
+
+        def read(atom):
+            return atom.val if isinstance(atom, ad.Lit) else env[atom]
+
+        for eqn in jaxpr.eqns:
+            outs = bind(eqn.primitive, *map(read, eqn.inputs), **eqn.params)
+            env.update(
+                zip(eqn.out_binders, outs if eqn.primitive.multiple_results else [outs])
+            )
+        return [read(x) for x in jaxpr.outs]
+
+    def jaxpr_as_fun(jaxpr: ad.Jaxpr):
+        return lambda *args: eval_jaxpr(jaxpr, args)
+
+    def jit(f):
+        cache = {}
+
+        def f_jitted(*args):
+            args_flat, in_tree = ad.tree_flatten(args)
+            key = (in_tree, tuple(get_aval(x) for x in args_flat))
+            if key not in cache:
+                traced = make_jaxpr(f, *ad.tree_unflatten(in_tree, key[1]))
+                if any(isinstance(c, Tracer) for c in traced[1]):
+                    return _call(*traced, args_flat)  # used once, not cached
+                cache[key] = traced
+            return _call(*cache[key], args_flat)
+
+        return f_jitted
+
+    def _call(jaxpr, consts, out_tree, args_flat):
+        outs = bind(ad.xla_call_p, *consts, *args_flat, jaxpr=jaxpr)
+        return ad.tree_unflatten(out_tree, outs)
+
+    # @title xla_call's JVP and batching rules: transform the jaxpr, call the result
+
+    @functools.cache
+    def jvp_jaxpr(jaxpr):
+        n, types = len(jaxpr.in_binders), [v.aval for v in jaxpr.in_binders]
+
+        def primals_and_tangents(*args):
+            return sum(jvp_flat(jaxpr_as_fun(jaxpr), args[:n], args[n:]), [])
+
+        return make_jaxpr_flat(primals_and_tangents, types + types)
+
+    def _xla_call_jvp(primals, tangents, *, jaxpr):
+        new_jaxpr, consts = jvp_jaxpr(jaxpr)
+        outs = bind(ad.xla_call_p, *consts, *primals, *tangents, jaxpr=new_jaxpr)
+        return outs[: len(outs) // 2], outs[len(outs) // 2 :]
+
+    jvp_rules[ad.xla_call_p] = _xla_call_jvp
+
+    @functools.cache
+    def vmap_jaxpr(jaxpr, axis_size, batched):
+        types = [
+            ad.ShapedArray((axis_size, *v.aval.shape), v.aval.dtype) if b else v.aval
+            for v, b in zip(jaxpr.in_binders, batched)
+        ]
+        in_axes = [0 if b else None for b in batched]
+
+        def batched_fun(*args):
+            return vmap_flat(jaxpr_as_fun(jaxpr), axis_size, in_axes, args)
+
+        return make_jaxpr_flat(batched_fun, types)
+
+    def _xla_call_vmap(axis_size, vals, dims, *, jaxpr):
+        vals = [
+            v if d is None else move_batch_axis(axis_size, d, 0, v)
+            for v, d in zip(vals, dims)
+        ]
+        new_jaxpr, consts = vmap_jaxpr(
+            jaxpr, axis_size, tuple(d is not None for d in dims)
+        )
+        outs = bind(ad.xla_call_p, *consts, *vals, jaxpr=new_jaxpr)
+        return outs, [0] * len(outs)
+
+    vmap_rules[ad.xla_call_p] = _xla_call_vmap
+
+    class PartialTrace(Trace):
+        """Record the operations on tangents; pass all others to the parent."""
+
+        def __init__(self, parent) -> None:
+            super().__init__(parent)
+            self.tangents = StagingTrace(parent)
+
+        def process_primitive(self, prim, args, params):
+            if not any(self.tangents.owns(x) for x in args):
+                return self.parent.process_primitive(prim, args, params)
+            if prim in partial_eval_rules:  # a jitted call: split its jaxpr (folded)
+                return partial_eval_rules[prim](self, args, params)
+            return self.tangents.process_primitive(prim, args, params)
+
+    def linearize_flat(f, primals):
+        """The primal outputs, and the linear map as a jaxpr with its residuals."""
+        trace = PartialTrace(current_trace())
+        tangents_in = [StagingTracer(trace.tangents, get_aval(p)) for p in primals]
+        with transformation(trace):
+            primals_out, tangents_out = jvp_flat(f, primals, tangents_in)
+        linear, residuals = trace.tangents.to_jaxpr(tangents_in, tangents_out)
+        return primals_out, linear, residuals
+
+    def vjp_flat(f, primals):
+        primals_out, linear, residuals = linearize_flat(f, primals)
+        undefined = (False,) * len(residuals) + (True,) * len(primals)  # linear inputs
+        transposed, consts = ad.transpose_jaxpr_uncached(linear, undefined)
+
+        def f_vjp(*cotangents):
+            return eval_jaxpr(transposed, [*consts, *residuals, *cotangents])
+
+        return primals_out, f_vjp
+
+    def grad(f):
+        def gradient(x):
+            (y,), f_vjp = vjp_flat(lambda x: [f(x)], [check_float_input(x)])
+            check_scalar_float_output(y)
+            return f_vjp(np.ones((), get_aval(y).dtype))[0]
+
+        return gradient
+
+    # @title xla_call under PartialTrace; linearize; checks: grad's input and output
+    def _xla_call_partial_eval(trace, args, params):
+        unknowns = tuple(trace.tangents.owns(x) for x in args)
+        known, unknown, out_unknowns, num_res = ad.split_call_jaxpr(
+            params["jaxpr"], unknowns
+        )
+        known_args = [x for x, u in zip(args, unknowns) if not u]
+        outs = trace.parent.process_primitive(
+            ad.xla_call_p, known_args, dict(jaxpr=known)
+        )
+        known_outs, residuals = outs[: len(outs) - num_res], outs[len(outs) - num_res :]
+        unknown_args = [*residuals, *(x for x, u in zip(args, unknowns) if u)]
+        unknown_outs = trace.tangents.process_primitive(
+            ad.xla_call_p, unknown_args, dict(jaxpr=unknown)
+        )
+        known_it, unknown_it = iter(known_outs), iter(unknown_outs)
+        return [next(unknown_it) if u else next(known_it) for u in out_unknowns]
+
+    partial_eval_rules = {ad.xla_call_p: _xla_call_partial_eval}
+
+    def linearize(f, *primals):
+        """``(f(*primals), f_lin)``, as jax.linearize."""
+        primals_flat, in_tree = ad.tree_flatten(primals)
+        flat_f = ad.flatten_fun(f, in_tree)
+        primals_out, linear, residuals = linearize_flat(flat_f, primals_flat)
+        out_tree = flat_f.out_tree
+
+        def f_lin(*tangents):
+            tangents_flat, tangent_tree = ad.tree_flatten(tangents)
+            _check_tangents(in_tree, tangent_tree, primals_flat, tangents_flat)
+            outs = eval_jaxpr(linear, [*residuals, *tangents_flat])
+            return ad.tree_unflatten(out_tree, outs)
+
+        return ad.tree_unflatten(out_tree, primals_out), f_lin
+
+    def check_float_input(x):
+        x = x if isinstance(x, Tracer) else ad.as_array(x, "grad")
+        if get_aval(x).dtype.kind != "f":
+            raise TypeError(
+                "grad: can only differentiate with respect to float inputs, got "
+                f"dtype {get_aval(x).dtype.name}"
+            )
+        return x
+
+    def check_scalar_float_output(y) -> None:
+        aval = get_aval(y)
+        if aval.shape != () or aval.dtype.kind != "f":
+            raise TypeError(
+                f"grad: f must return a float scalar (shape ()), got "
+                f"{aval.str_short()}; use vjp or jacfwd for other outputs"
+            )
+
+    return locals()
+
+
+stackless = types.ModuleType(f"{__name__}.stackless")
+stackless.__dict__.update(_stackless_namespace())
+if __name__ != "__main__":  # in the module: `from autodidax import stackless`
+    sys.modules[stackless.__name__] = stackless
 
 # ==== chapter: part11_checkpoint ====
 

@@ -5,10 +5,28 @@ a marker line ``# ==== chapter: <name> ====`` followed by that chapter's code
 cells tagged ``export``, in order. Later definitions replace earlier ones, as
 when the chapters run one after another in a single kernel. The result is
 passed through ``ruff format`` so that it is deterministic.
+
+A cell tagged ``export-<name>`` (``export-stackless``) is library code of the
+namespace ``autodidax.<name>`` instead: the chapter's cells with that tag
+become, in order and indented, the body of a function ``_<name>_namespace``
+in the chapter's section of the module, and the names that body defines make
+up a module object ``<name>`` (registered as ``autodidax.<name>``). So such a
+chapter can define its own ``bind`` or ``jvp`` without replacing the main
+module's, while its source stays in ``autodidax.py`` (tracebacks and
+``inspect.getsource`` point there). In the chapter's notebook the same cells
+run at top level, so they shadow the main names in that notebook only; code
+in them reaches the main module through an import (``import autodidax as
+ad``), never by a bare name. Because the cells become a function body, they
+may not use ``global``, nor multi-line string literals other than docstrings
+(indenting would change their value).
 """
 
 from __future__ import annotations
 
+import ast
+import io
+import textwrap
+import tokenize
 from pathlib import Path
 
 from build_tools.chapters import Chapter, find_chapters
@@ -23,7 +41,8 @@ HEADER = '''\
 
 GENERATED FILE: do not edit it by hand. It is tangled from the code cells
 tagged ``export`` in the book's chapters (book/*.md, in _toc.yml order) by
-build_tools/tangle.py. To change it, edit a chapter and regenerate it with
+build_tools/tangle.py; cells tagged ``export-<name>`` build the module
+``autodidax.<name>``. To change it, edit a chapter and regenerate it with
 
     python3 build_tools/book.py tangle
 
@@ -82,26 +101,44 @@ def marker(chapter: Chapter) -> str:
     return f"# ==== chapter: {chapter.name} ===="
 
 
-def exported_cells(chapter: Chapter) -> list[str]:
-    """The sources of the chapter's code cells tagged ``export``, in order.
+def _export_tag(namespace: str | None) -> str:
+    return EXPORT_TAG if namespace is None else f"{EXPORT_TAG}-{namespace}"
+
+
+def namespaces(chapter: Chapter) -> list[str]:
+    """The namespaces of the chapter's ``export-<name>`` cells, in order."""
+    found: list[str] = []
+    for cell in read_source(chapter).cells:
+        for tag in cell.metadata.get("tags", []) if cell.cell_type == "code" else []:
+            name = tag.removeprefix(f"{EXPORT_TAG}-")
+            if tag.startswith(f"{EXPORT_TAG}-") and name not in found:
+                found.append(name)
+    return found
+
+
+def exported_cells(chapter: Chapter, namespace: str | None = None) -> list[str]:
+    """The sources of the chapter's code cells tagged ``export`` (or, given a
+    namespace, ``export-<namespace>``), in order.
 
     Raises TangleError for an IPython magic or shell escape (a line starting
     with ``%`` or ``!``), which plain Python cannot import, and for any other
-    syntax error.
+    syntax error; in a namespace cell, also for what a function body cannot
+    keep as it is (see the module docstring).
     """
+    tag = _export_tag(namespace)
     sources = []
     code_cell_number = 0
     for cell in read_source(chapter).cells:
         if cell.cell_type != "code":
             continue
         code_cell_number += 1
-        if EXPORT_TAG not in cell.metadata.get("tags", []):
+        if tag not in cell.metadata.get("tags", []):
             continue
         where = f"{chapter.rel(chapter.md)}, code cell {code_cell_number}"
         for line in cell.source.splitlines():
             if line.startswith(("%", "!")):
                 raise TangleError(
-                    f"{where} is tagged '{EXPORT_TAG}' but uses the IPython magic "
+                    f"{where} is tagged '{tag}' but uses the IPython magic "
                     f"{line!r}; export cells must be plain Python (move the magic "
                     "to a cell without the tag)"
                 )
@@ -109,10 +146,58 @@ def exported_cells(chapter: Chapter) -> list[str]:
             compile(cell.source, where, "exec")
         except SyntaxError as error:
             raise TangleError(
-                f"{where} is tagged '{EXPORT_TAG}' but is not valid Python: {error}"
+                f"{where} is tagged '{tag}' but is not valid Python: {error}"
             ) from error
+        if namespace is not None:
+            _check_namespace_cell(cell.source, f"{where} is tagged '{tag}' but")
         sources.append(cell.source.strip("\n"))
     return sources
+
+
+def _check_namespace_cell(source: str, where: str) -> None:
+    """Refuse what would change meaning inside a function body."""
+    tree = ast.parse(source)
+    docstrings = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            raise TangleError(
+                f"{where} uses `global`, which inside the namespace's function "
+                "would name the main module's globals; keep state in an object"
+            )
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            value = body[0].value
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                docstrings.add((value.lineno, value.col_offset))
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        spans_lines = token.start[0] != token.end[0]
+        if token.type == tokenize.STRING and spans_lines:
+            if (token.start[0], token.start[1]) not in docstrings:
+                raise TangleError(
+                    f"{where} has a multi-line string literal on line "
+                    f"{token.start[0]}, whose value indenting into the "
+                    "namespace's function would change; join shorter strings"
+                )
+
+
+def namespace_section(name: str, cells: list[str]) -> str:
+    """The module code that builds the namespace ``name`` from its cells."""
+    body = textwrap.indent("\n\n".join(cells), "    ")
+    return (
+        f"# Cells tagged '{EXPORT_TAG}-{name}': the body of _{name}_namespace(),\n"
+        f"# whose names make up the module autodidax.{name}; this module's own\n"
+        "# names stay as they were (build_tools/tangle.py explains).\n"
+        "import sys\n"
+        "import types\n\n\n"
+        f"def _{name}_namespace() -> dict:\n"
+        f'    """The names defined by the cells tagged {EXPORT_TAG}-{name}."""\n'
+        f"{body}\n"
+        "    return locals()\n\n\n"
+        f'{name} = types.ModuleType(f"{{__name__}}.{name}")\n'
+        f"{name}.__dict__.update(_{name}_namespace())\n"
+        f'if __name__ != "__main__":  # in the module: `from autodidax import {name}`\n'
+        f"    sys.modules[{name}.__name__] = {name}"
+    )
 
 
 def tangle_unformatted(root: Path) -> str:
@@ -121,6 +206,8 @@ def tangle_unformatted(root: Path) -> str:
     for chapter in find_chapters(root):
         parts.append(marker(chapter))
         parts.extend(exported_cells(chapter))
+        for name in namespaces(chapter):
+            parts.append(namespace_section(name, exported_cells(chapter, name)))
     parts.append(FOOTER)
     return "\n\n".join(part.strip("\n") for part in parts) + "\n"
 

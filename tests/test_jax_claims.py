@@ -2695,3 +2695,222 @@ def test_part11_tanh_saves_y_and_one_minus_y():
         "mul",
         "add_any",
     ]
+# ------------------------------------------------------ part10_stackless
+
+
+def test_part10_context_and_its_context_managers():
+    # part10_stackless: "JAX's context is `jax._src.core.trace_ctx`;
+    # `set_current_trace(trace)` and `take_current_trace()` are its context
+    # managers."
+    assert hasattr(core, "trace_ctx")
+    with core.take_current_trace() as taken:
+        assert taken is core.eval_trace  # at top level, the evaluation trace
+    seen = []
+
+    def f(x):
+        trace = core.trace_ctx.trace
+        with core.set_current_trace(trace.parent_trace):
+            seen.append(core.trace_ctx.trace)
+        seen.append(core.trace_ctx.trace)
+        return x
+
+    jax.jvp(f, (1.0,), (1.0,))
+    assert seen[0] is core.eval_trace and type(seen[1]).__name__ == "JVPTrace"
+
+
+def test_part10_bind_makes_eval_trace_current_and_rules_run_under_parent():
+    # part10_stackless: "`Primitive.bind` works as ours: it takes the current
+    # trace and makes the evaluation trace (`core.eval_trace`) current ...
+    # `JVPTrace.process_primitive` runs the JVP rule inside
+    # `with core.set_current_trace(self.parent_trace)`" and (chapter intro)
+    # "a transformation applies its rules with the trace it was started under,
+    # its *parent*, made current".
+    assert "trace_ctx.set_trace(eval_trace)" in inspect.getsource(core.Primitive.bind)
+    assert "core.set_current_trace(self.parent_trace)" in inspect.getsource(
+        jax_ad.JVPTrace.process_primitive
+    )
+    probe = core.Primitive("part10_probe")
+    seen = []
+
+    def impl(x):
+        seen.append(("impl", core.trace_ctx.trace))
+        return x
+
+    def rule(primals, tangents):
+        seen.append(("jvp", core.trace_ctx.trace))
+        return probe.bind(primals[0]), tangents[0]
+
+    probe.def_impl(impl)
+    probe.def_abstract_eval(lambda x: x)
+    jax_ad.primitive_jvps[probe] = rule
+    try:
+        outer = []
+
+        def inner_derivative(x):
+            outer.append(core.trace_ctx.trace)
+            return jax.jvp(probe.bind, (x,), (1.0,))[1]
+
+        jax.jvp(inner_derivative, (1.0,), (1.0,))
+    finally:
+        del jax_ad.primitive_jvps[probe]
+    # the inner JVP trace's rule runs with the outer JVP trace current; the
+    # outer rule runs with the evaluation trace current; impl sees eval_trace.
+    kinds = [(kind, trace) for kind, trace in seen]
+    assert kinds[0] == ("jvp", outer[0])
+    assert kinds[1] == ("jvp", core.eval_trace)
+    assert kinds[-1] == ("impl", core.eval_trace)
+
+
+def test_part10_traces_have_parents_and_tags():
+    # part10_stackless: "A JVP trace is `JVPTrace(parent_trace, tag)`, and it
+    # recognizes its tracers by `tracer._trace.tag is self.tag` ... the tag is a
+    # `TraceTag` ... Batching is `BatchTrace(parent_trace, tag, axis_data)`."
+    assert list(inspect.signature(jax_ad.JVPTrace.__init__).parameters) == [
+        "self",
+        "parent_trace",
+        "tag",
+    ]
+    assert list(inspect.signature(jax_batching.BatchTrace.__init__).parameters) == [
+        "self",
+        "parent_trace",
+        "tag",
+        "axis_data",
+    ]
+    assert "val._trace.tag is self.tag" in inspect.getsource(
+        jax_ad.JVPTrace.to_primal_tangent_pair
+    )
+    seen = []
+
+    def inner(y):
+        seen.append((core.trace_ctx.trace, y))
+        return y
+
+    def outer(x):
+        seen.append((core.trace_ctx.trace, x))
+        return jax.jvp(inner, (x,), (1.0,))[1]
+
+    jax.jvp(outer, (1.0,), (1.0,))
+    (outer_trace, x), (inner_trace, y) = seen
+    assert inner_trace.parent_trace is outer_trace
+    assert isinstance(outer_trace.tag, core.TraceTag)
+    assert inner_trace.tag is not outer_trace.tag
+    assert x._trace is outer_trace and y._trace is inner_trace
+
+
+def test_part10_constants_go_to_the_parent_by_symbolic_zeros():
+    # part10_stackless: "JAX's tangents for constants are symbolic zeros
+    # (`Zero`), so 'is this operation mine' is 'does any input have a non-zero
+    # tangent'" (jax/_src/interpreters/ad.py, JVPTrace.process_primitive).
+    source = inspect.getsource(jax_ad.JVPTrace.process_primitive)
+    assert "all(type(t) is Zero for t in tangents_in)" in source
+    assert "bind_with_trace(self.parent_trace" in source
+
+
+def test_part10_find_top_trace_is_public_in_extend_and_levels_are_gone():
+    # part10_stackless: "`find_top_trace` survives as a one-line function that
+    # ignores its argument and returns the current trace; it is public in
+    # `jax.extend.core`, and only its old `jax.core` alias is deprecated (its
+    # warning points to `jax.extend.core`). Levels, sublevels and `MainTrace`
+    # are gone".
+    import warnings
+
+    import jax.extend.core as jex_core
+
+    assert core.find_top_trace(object()) is core.trace_ctx.trace
+    body = inspect.getsource(core.find_top_trace).strip().splitlines()
+    assert body[-1].strip() == "return unsafe_get_current_trace()"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert jex_core.find_top_trace is core.find_top_trace  # no warning
+    with pytest.warns(DeprecationWarning, match="jax.extend.core.find_top_trace"):
+        jax.core.find_top_trace  # noqa: B018 - the attribute access warns
+    seen = []
+
+    def f(x):
+        seen.append(core.find_top_trace([]) is core.trace_ctx.trace)
+        return x
+
+    jax.jvp(f, (1.0,), (1.0,))
+    assert seen == [True]
+    for gone in ["MainTrace", "new_main", "new_base_main", "Sublevel", "cur_sublevel"]:
+        assert not hasattr(core, gone), gone
+
+
+def test_part10_traces_process_with_eval_trace_current(monkeypatch):
+    # part10_stackless: "`Primitive.bind` works as ours: it takes the current
+    # trace and makes the evaluation trace (`core.eval_trace`) current while
+    # `bind_with_trace` hands the primitive to that trace's `process_primitive`
+    # (a hand-inlined `with take_current_trace()`)."
+    bind_source = inspect.getsource(core.Primitive.bind)
+    assert 'equivalent to "with take_current_trace()"' in bind_source
+    assert "self.bind_with_trace(prev_trace" in bind_source
+    assert "trace.process_primitive(self, args, params)" in inspect.getsource(
+        core.Primitive.bind_with_trace
+    )
+    seen = []
+    original = jax_ad.JVPTrace.process_primitive
+
+    def spy(self, primitive, tracers, params):
+        seen.append(core.trace_ctx.trace)
+        return original(self, primitive, tracers, params)
+
+    monkeypatch.setattr(jax_ad.JVPTrace, "process_primitive", spy)
+    jax.jvp(lambda x: jax.jvp(lax.sin, (x,), (1.0,))[1], (1.0,), (1.0,))
+    assert seen and all(trace is core.eval_trace for trace in seen)
+
+
+def test_part10_a_jvp_rule_without_its_parent_current_fails(monkeypatch):
+    # part10_stackless: "`JVPTrace.process_primitive` runs the JVP rule inside
+    # `with core.set_current_trace(self.parent_trace)`, and the evaluation
+    # trace refuses tracers (`check_eval_args`), so a rule run without it
+    # fails ... with an `UnexpectedTracerError`."
+    source = inspect.getsource(jax_ad.JVPTrace.process_primitive)
+    assert "with core.set_current_trace(self.parent_trace):" in source
+    assert "jvp(primals_in, tangents_in, **params)" in source
+    assert "check_eval_args(args)" in inspect.getsource(
+        core.EvalTrace.process_primitive
+    )
+
+    def careless(self, primitive, tracers, params):  # the `with` line removed
+        primals_in, tangents_in = zip(*map(self.to_primal_tangent_pair, tracers))
+        rule = jax_ad.primitive_jvps[primitive]
+        primal_out, tangent_out = rule(primals_in, tangents_in, **params)
+        return jax_ad.maybe_jvp_tracer(self, primal_out, tangent_out)
+
+    monkeypatch.setattr(jax_ad.JVPTrace, "process_primitive", careless)
+    one = jax.jvp(lax.sin, (3.0,), (1.0,))[1]  # one level: still right
+    np.testing.assert_allclose(one, np.cos(3.0))
+    with pytest.raises(jax.errors.UnexpectedTracerError):
+        jax.jvp(lambda x: jax.jvp(lax.sin, (x,), (1.0,))[1], (3.0,), (1.0,))
+
+
+def test_part10_leaked_tracer_raises_unexpected_tracer_error():
+    # part10_stackless: "JAX detects a leaked tracer when it reaches `bind`
+    # with an invalidated trace (`trace.is_valid()`), or when the evaluation
+    # trace meets any tracer at all, and raises `UnexpectedTracerError`."
+    assert "is_valid()" in inspect.getsource(core.Primitive.bind)
+    assert "escaped_tracer_error" in inspect.getsource(core.check_eval_args)
+    leaked = []
+    jax.jvp(lambda x: leaked.append(x) or x, (1.0,), (1.0,))
+    with pytest.raises(jax.errors.UnexpectedTracerError):
+        jnp.sin(leaked[0])
+    staged = []
+    jax.make_jaxpr(lambda x: staged.append(x) or x)(1.0)
+    with pytest.raises(jax.errors.UnexpectedTracerError):
+        jnp.sin(staged[0])
+
+
+def test_part10_perturbation_confusion_program():
+    # part10_stackless: d/dx [x * d/dy (x + y) at y=1] at x=1 is 1 in JAX.
+    def derivative(fn):
+        return lambda x: jax.jvp(fn, (x,), (1.0,))[1]
+
+    assert derivative(lambda x: x * derivative(lambda y: x + y)(1.0))(1.0) == 1.0
+
+
+def test_part10_linearize_trace_stages_tangents():
+    # part10_stackless: "JAX 0.10.2 linearizes the same way, with one trace
+    # (`LinearizeTrace`) whose tangents live in a staging trace".
+    source = inspect.getsource(jax_ad.linearize_subtrace_2)
+    assert "tangent_trace = pe.DynamicJaxprTrace" in source
+    assert "LinearizeTrace(parent_trace, tangent_trace" in source

@@ -433,6 +433,59 @@ def test_load_chapters_runs_earlier_chapters_in_a_namespace(tmp_path: Path) -> N
         module.load_chapters({}, before="three")
 
 
+def test_namespace_cells_make_a_module_and_replace_no_main_name(tmp_path: Path) -> None:
+    write_book(
+        tmp_path,
+        {
+            "one": [
+                code(
+                    "def helper():\n    return 'main'\n\n\ndef api():\n"
+                    "    return helper()",
+                    "export",
+                )
+            ],
+            "two": [
+                code("def helper():\n    return 'namespace'", "export-extra"),
+                code(
+                    'def api():\n    """Doc\n    string."""\n    return helper()',
+                    "export-extra",
+                ),
+                code("X = 1", "export"),
+                code("print(api())"),
+            ],
+        },
+    )
+    write_module(tmp_path)
+    module = _load_tangled(tmp_path, "tangled_ns")
+    assert (module.api(), module.helper(), module.X) == ("main", "main", 1)
+    assert module.extra.api() == "namespace"
+    assert module.extra.__name__ == "tangled_ns.extra"
+    assert sys.modules["tangled_ns.extra"] is module.extra
+    import inspect
+
+    source_file = Path(inspect.getsourcefile(module.extra.api))
+    assert source_file == tmp_path / "autodidax.py"
+    assert "return helper()" in inspect.getsource(module.extra.api)
+    namespace: dict = {}
+    module.load_chapters(namespace, before="two")  # chapter two's notebook
+    assert namespace["api"]() == "main" and "extra" not in namespace
+
+
+@pytest.mark.parametrize(
+    "source, problem",
+    [
+        ("X = 0\n\n\ndef f():\n    global X\n    X = 1", "global"),
+        ('TEXT = """two\nlines"""', "multi-line string"),
+    ],
+)
+def test_namespace_cells_refuse_what_a_function_body_changes(
+    tmp_path: Path, source: str, problem: str
+) -> None:
+    write_book(tmp_path, {"ch": [code(source, "export-extra")]})
+    with pytest.raises(TangleError, match=problem):
+        tangle(tmp_path)
+
+
 def test_load_chapters_tracebacks_point_into_the_module(tmp_path: Path) -> None:
     write_book(
         tmp_path,
