@@ -97,79 +97,151 @@ def UNIQUE(lib):
 
 # name: (fn, x shape, index args, float output)
 CASES: dict[str, tuple] = {
-    "rows 1:3": (lambda lib, x: x[1:3], (4, 5), [], True),
-    "every other column": (lambda lib, x: x[:, ::2], (4, 5), [], True),
-    "new last axis": (lambda lib, x: x[..., None], (4, 5), [], True),
-    "last row": (lambda lib, x: x[-1], (4, 5), [], True),
-    "negative steps": (lambda lib, x: x[::-1, 4:0:-2], (4, 5), [], True),
-    "int None slice": (lambda lib, x: x[1, None, -2:], (4, 5), [], True),
-    "int out of range": (lambda lib, x: x[7] + x[-9], (4, 5), [], True),
-    "ellipsis int": (lambda lib, x: x[..., 2, 1:], (2, 4, 5), [], True),
-    "static mask": (lambda lib, x: x[MASK], (4, 5), [], True),
-    "static mask 2d": (lambda lib, x: x[np.eye(4, 5) > 0], (4, 5), [], True),
-    "static int array": (lambda lib, x: x[I2], (4, 5), [], True),
-    "out of range array": (lambda lib, x: x[np.array([9, -9, 2])], (4, 5), [], True),
-    "array on axis 1": (
-        lambda lib, x: x[:, np.array([[0, 4], [2, 2]])],
+    # static indices: one case per group, a list of results (a failure names
+    # the leaf)
+    "slices, ints, None": (
+        lambda lib, x: [
+            x[1:3],
+            x[:, ::2],
+            x[..., None],
+            x[-1],
+            x[1, None, -2:],
+            x[7] + x[-9],  # out of range: clamped
+            x[..., 2, 1:],
+            x[:, None],
+        ],
         (4, 5),
         [],
         True,
     ),
-    "two arrays": (
-        lambda lib, x: x[np.array([0, 3]), np.array([1, 4])],
+    "static gathers": (
+        lambda lib, x: [
+            x[::-1, 4:0:-2],
+            x[MASK],
+            x[np.eye(4, 5) > 0],
+            x[I2],
+            x[np.array([9, -9, 2])],  # out of range
+            x[:, np.array([[0, 4], [2, 2]])],
+            x[np.array([0, 3]), np.array([1, 4])],
+            x[np.array([0, 2]), None, np.array([1, 3])],
+        ],
         (4, 5),
         [],
         True,
     ),
-    "arrays split by None": (
-        lambda lib, x: x[np.array([0, 2]), None, np.array([1, 3])],
-        (4, 5),
-        [],
-        True,
-    ),
-    "arrays split by slice": (
-        lambda lib, x: x[np.array([1, 0]), :, np.array([[2], [0]])],
+    "arrays and slices, 3-d": (
+        lambda lib, x: [
+            x[np.array([1, 0]), :, np.array([[2], [0]])],
+            x[1, np.array([0, 2]), 1:],
+            x[:, np.array([3, 0, 3])],
+            x[..., 2, 1:],
+        ],
         (3, 4, 5),
         [],
         True,
     ),
-    "array int slice": (lambda lib, x: x[1, np.array([0, 2]), 1:], (3, 4, 5), [], True),
-    "traced row": (lambda lib, x, i: x[i], (4, 5), ["i"], True),
-    "traced row, slice": (lambda lib, x, i: x[i, 1:4], (4, 5), ["i"], True),
-    "traced column": (lambda lib, x, i: x[:, i], (4, 5), ["i"], True),
-    "traced row, strided": (lambda lib, x, i: x[i, ::2], (4, 5), ["i"], True),
-    "traced rows": (lambda lib, x, t: x[t], (4, 5), ["t"], True),
-    "traced rows and int": (lambda lib, x, t: x[t, -1], (4, 5), ["t"], True),
+    "scalar booleans": (
+        lambda lib, x: [x[True], x[1, True], x[np.array([0, 2]), True], x[:, False]],
+        (4, 5),
+        [],
+        True,
+    ),
+    "static updates": (
+        lambda lib, x: [
+            x.at[I2].add(x[0] * 3.0),
+            x.at[np.array([2, 0]), 1:].set(x[:2, :4] * 2.0),
+            x.at[1:3, ::2].set(7.0),
+            x.at[np.array([5, -1, -7])].add(x[1:4]),  # out of range: dropped
+            x.at[::2, np.array([1, 1])].get(),
+            x.at[0, True].set(x[1] * 2.0),
+        ],
+        (4, 5),
+        [],
+        True,
+    ),
+    "multiply, min, clip": (
+        lambda lib, x: [
+            x.at[np.array([2, 0]), 1:].multiply(x[:2, :4], **UNIQUE(lib)),
+            x.at[I2].multiply(np.arange(1.0, 6.0)),
+            x.at[I2].min(x[0] * 0.5),
+            x.at[np.array([5, -1, -7])].add(x[1:4], mode="clip"),
+        ],
+        (4, 5),
+        [],
+        True,
+    ),
+    "take": (
+        lambda lib, x: [
+            lib.np.take(x, np.array([7, -1, 25, 3])),
+            lib.np.take(x, np.array([7, -1, 2]), axis=0, mode="clip"),
+            lib.np.take_along_axis(x, np.array([[0, 5, -1, 2, 1]]), axis=0),
+            lib.np.take_along_axis(
+                x, np.array([[0, 5, -1, 2, -9]]), axis=0, mode="clip"
+            ),
+        ],
+        (4, 5),
+        [],
+        True,
+    ),
+    "split": (
+        lambda lib, x: [*lib.np.split(x, 2, axis=0), *lib.np.split(x, [1, 3], axis=1)],
+        (4, 5),
+        [],
+        True,
+    ),
+    "iterate": (lambda lib, x: lib.np.stack(list(x)[::-1]) * x[0], (4, 5), [], True),
+    "lax, static": (
+        lambda lib, x: [
+            lib.lax.slice(x, (1, 0), (4, 5), (2, 3)),
+            _scatter_add(lib, x, np.array([1, 7, 2])),  # 7: dropped
+        ],
+        (4, 5),
+        [],
+        True,
+    ),
+    "argmax, argmin": (
+        lambda lib, x: [
+            lib.np.argmax(x, axis=1),
+            lib.np.argmin(x),
+            lib.np.argmax(x, axis=0, keepdims=True),
+        ],
+        (4, 5),
+        [],
+        False,
+    ),
+    # traced indices
+    "traced scalar": (
+        lambda lib, x, i: [
+            x[i],
+            x[i, 1:4],
+            x[:, i],
+            x[i, ::2],
+            x.at[i, 1:].set(x[0, :4]),
+            lib.lax.dynamic_slice(x, (i, 1), (2, 3)),
+            lib.lax.dynamic_update_slice(x, x[:2, :3] * 3.0, (1, i)),
+        ],
+        (4, 5),
+        ["i"],
+        True,
+    ),
+    "traced rows": (
+        lambda lib, x, t: [
+            x[t],
+            x[t, -1],
+            x[:, t],
+            x.at[t].add(x[:3]),
+            x.at[t].max(x[:3]),
+            lib.np.take(x, t, axis=1),
+        ],
+        (4, 5),
+        ["t"],
+        True,
+    ),
     "traced rows, column": (lambda lib, x, t, i: x[t, i], (4, 5), ["t", "i"], True),
-    "traced rows on axis 1": (lambda lib, x, t: x[:, t], (4, 5), ["t"], True),
-    "at add repeated": (lambda lib, x: x.at[I2].add(x[0] * 3.0), (4, 5), [], True),
-    "at set unique": (
-        lambda lib, x: x.at[np.array([2, 0]), 1:].set(x[:2, :4] * 2.0),
+    "lax.gather, scatter_add": (
+        lambda lib, x, t: [_gather(lib, x, t), _scatter_add(lib, x, t)],
         (4, 5),
-        [],
-        True,
-    ),
-    "at set slice scalar": (lambda lib, x: x.at[1:3, ::2].set(7.0), (4, 5), [], True),
-    "at add out of range": (
-        lambda lib, x: x.at[np.array([5, -1, -7])].add(x[1:4]),
-        (4, 5),
-        [],
-        True,
-    ),
-    "at get": (lambda lib, x: x.at[::2, np.array([1, 1])].get(), (4, 5), [], True),
-    "at traced add": (lambda lib, x, t: x.at[t].add(x[:3]), (4, 5), ["t"], True),
-    "at traced set": (lambda lib, x, i: x.at[i, 1:].set(x[0, :4]), (4, 5), ["i"], True),
-    "take flat": (
-        lambda lib, x: lib.np.take(x, np.array([7, -1, 25, 3])),
-        (4, 5),
-        [],
-        True,
-    ),
-    "take axis 1": (lambda lib, x, t: lib.np.take(x, t, axis=1), (4, 5), ["t"], True),
-    "take clip": (
-        lambda lib, x: lib.np.take(x, np.array([7, -1, 2]), axis=0, mode="clip"),
-        (4, 5),
-        [],
+        ["t3"],
         True,
     ),
     "take_along_axis": (
@@ -178,109 +250,18 @@ CASES: dict[str, tuple] = {
         ["y"],
         True,
     ),
-    "take_along_axis 0": (
-        lambda lib, x: lib.np.take_along_axis(x, np.array([[0, 5, -1, 2, 1]]), axis=0),
-        (4, 5),
-        [],
-        True,
-    ),
-    "split sections": (lambda lib, x: lib.np.split(x, 2, axis=0), (4, 5), [], True),
-    "split indices": (lambda lib, x: lib.np.split(x, [1, 3], axis=1), (4, 5), [], True),
-    "iterate": (lambda lib, x: lib.np.stack(list(x)[::-1]) * x[0], (4, 5), [], True),
-    "lax.slice": (
-        lambda lib, x: lib.lax.slice(x, (1, 0), (4, 5), (2, 3)),
-        (4, 5),
-        [],
-        True,
-    ),
-    "lax.dynamic_slice": (
-        lambda lib, x, i: lib.lax.dynamic_slice(x, (i, 1), (2, 3)),
-        (4, 5),
-        ["i"],
-        True,
-    ),
-    "lax.dynamic_update_slice": (
-        lambda lib, x, i: lib.lax.dynamic_update_slice(x, x[:2, :3] * 3.0, (1, i)),
-        (4, 5),
-        ["i"],
-        True,
-    ),
-    "lax.gather": (_gather, (4, 5), ["t3"], True),
-    "lax.scatter_add": (_scatter_add, (4, 5), ["t3"], True),
-    "lax.scatter_add dropped": (
-        lambda lib, x: _scatter_add(lib, x, np.array([1, 7, 2])),
-        (4, 5),
-        [],
-        True,
-    ),
     "int32 rows": (lambda lib, x, t: x[t], (4, 5), ["t32"], True),
     "uint8 rows": (lambda lib, x, t: x[:, t] * 2.0, (4, 5), ["u8"], True),
     "traced out of range": (
-        lambda lib, x, o: x[o] + x[:, o[:2]].sum(),
+        lambda lib, x, o: [
+            x[o] + x[:, o[:2]].sum(),
+            x.at[o].set(x[:4] * 2.0, mode="drop"),
+            x.at[:, o].get(mode="fill", fill_value=-1.0),
+            x.at[o].get(mode="clip"),
+        ],
         (4, 5),
         ["o"],
         True,
-    ),
-    "at multiply unique": (
-        lambda lib, x: x.at[np.array([2, 0]), 1:].multiply(x[:2, :4], **UNIQUE(lib)),
-        (4, 5),
-        [],
-        True,
-    ),
-    "at multiply repeated": (
-        lambda lib, x: x.at[I2].multiply(np.arange(1.0, 6.0)),
-        (4, 5),
-        [],
-        True,
-    ),
-    "at min repeated": (lambda lib, x: x.at[I2].min(x[0] * 0.5), (4, 5), [], True),
-    "at max traced": (lambda lib, x, t: x.at[t].max(x[:3]), (4, 5), ["t"], True),
-    "at add clip": (
-        lambda lib, x: x.at[np.array([5, -1, -7])].add(x[1:4], mode="clip"),
-        (4, 5),
-        [],
-        True,
-    ),
-    "at set drop": (
-        lambda lib, x, o: x.at[o].set(x[:4] * 2.0, mode="drop"),
-        (4, 5),
-        ["o"],
-        True,
-    ),
-    "at get fill": (
-        lambda lib, x, o: x.at[:, o].get(mode="fill", fill_value=-1.0),
-        (4, 5),
-        ["o"],
-        True,
-    ),
-    "at get clip": (lambda lib, x, o: x.at[o].get(mode="clip"), (4, 5), ["o"], True),
-    "scalar booleans": (
-        lambda lib, x: [x[True], x[1, True], x[np.array([0, 2]), True], x[:, False]],
-        (4, 5),
-        [],
-        True,
-    ),
-    "at scalar boolean": (
-        lambda lib, x: x.at[0, True].set(x[1] * 2.0),
-        (4, 5),
-        [],
-        True,
-    ),
-    "take_along_axis clip": (
-        lambda lib, x: lib.np.take_along_axis(
-            x, np.array([[0, 5, -1, 2, -9]]), axis=0, mode="clip"
-        ),
-        (4, 5),
-        [],
-        True,
-    ),
-    "argmax": (lambda lib, x: lib.np.argmax(x, axis=1), (4, 5), [], False),
-    "argmin flat": (lambda lib, x: lib.np.argmin(x), (4, 5), [], False),
-    "argmax keepdims": (
-        lambda lib, x: lib.np.argmax(x, axis=0, keepdims=True),
-        (4, 5),
-        [],
-        False,
     ),
 }
 
