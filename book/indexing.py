@@ -1222,7 +1222,7 @@ def getitem(x: ArrayLike, idx: Any) -> ArrayLike:
 # read. The update is broadcast to the shape `x[idx]` has and converted to
 # `x`'s dtype, and then one scatter writes it at the positions a gather plan
 # would read: `scatter` for `set`, `scatter-add` for `add`, and so on. The
-# `mode` says what happens to indices out of range (the section after next).
+# `mode` says what happens to indices out of range (the next section).
 
 
 # %% tags=["export"]
@@ -1675,7 +1675,7 @@ print(jit(lambda x: x.at[np.array([0, 2]), 1].multiply(10.0))(x))
 # `dynamic_slice` and `dynamic_update_slice` count a negative start from the
 # end and then move the block back inside. The front end counts negative
 # integer-array indices from the end (a `select`) before the gather, as NumPy
-# does. Two transposes need a second look.
+# does. Three transposes need a second look.
 #
 # **A clamped read, a dropped gradient.** A gather that clamped read its row
 # from the clamped position, but its transpose, a scatter-add at the same
@@ -1738,8 +1738,9 @@ zero_dropped_updates(scatter_add_p)
 #   floats by default) where a position is out of range, with a `select`
 #   after the gather.
 #
-# `take` and `take_along_axis` take the same modes, with `"fill"` as the
-# default (as JAX's). The same reads and writes, next to JAX's:
+# `take_along_axis` takes the same modes, and `take` takes `"fill"` and
+# `"clip"`; both default to `"fill"`, as JAX's do. The same reads and writes,
+# next to JAX's:
 
 # %%
 xs, far = np.arange(4.0), np.array([9, -1, -9, 2])  # 9 and -9 are out of range
@@ -2048,8 +2049,8 @@ show_jax(jax.grad(jax_loss), table, tokens)
 #   the primitive (the jaxprs above show `PROMISE_IN_BOUNDS`). Ours have one
 #   fixed rule each, and the front end clamps indices (`"clip"`) or fills
 #   with a `select` (`"fill"`) around them. JAX's `.at[]` also has
-#   `wrap_negative_indices`, and its `take` a mode `"wrap"`; ours have
-#   neither.
+#   `wrap_negative_indices`, its `take` a mode `"wrap"`, and its
+#   `lax.dynamic_slice` an `allow_negative_indices`; ours have none of them.
 # - **Boolean masks.** A traced mask is JAX's `NonConcreteBooleanIndexError`,
 #   an `IndexError`; ours has the same name and is also a `TypeError`.
 # - **Hints.** `unique_indices` and `indices_are_sorted` let XLA pick a faster
@@ -2069,8 +2070,8 @@ show_jax(jax.grad(jax_loss), table, tokens)
 #   drops axes with `squeeze` and adds them with `broadcast_in_dim`, has
 #   `argmax` and `argmin` primitives and a `split` primitive (`jnp.split` is
 #   one equation with every piece's size), and its `pad` takes the padding
-#   value as an operand. We use a gather, `reshape`, a composition of
-#   comparisons, slices, and zero padding. A `scatter` with repeated indices
+#   value as an operand; we use, in that order, a gather, `reshape`, a
+#   composition of comparisons, slices, and zero padding. A `scatter` with repeated indices
 #   has one winner in both; JAX's `jvp` of `scatter` makes primal and tangent
 #   agree on it by scattering ids, where ours relies on a fixed order of
 #   updates.
