@@ -804,6 +804,28 @@ def update_won(shape, indices, batch_dims) -> ArrayLike:
 
 
 # %% [markdown]
+# Now the embedding lookup: a table of 5 rows of 3 numbers, tokens that read
+# rows 1, 4 and 1 again. The gradient of a loss that uses the rows is a
+# `scatter-add` of the three cotangent rows into a table of zeros; row 1 gets
+# two contributions. Apart from filling the table of zeros once ($V \cdot D$
+# numbers, as JAX's gradient does too), the work is proportional to the number
+# of tokens, $N \cdot D$ additions, where a one-hot product costs
+# $N \cdot V \cdot D$ multiply-adds. No one-hot matrix appears.
+
+# %%
+table = np.arange(15.0).reshape(5, 3)
+tokens = np.array([1, 4, 1])
+
+
+def lookup_loss(table, tokens):
+    rows = gather(table, tokens)  # (3 tokens, 3 numbers)
+    return reduce_sum(mul(rows, rows))
+
+
+print(make_jaxpr(grad(lookup_loss), f64(5, 3), i64(3))[0])
+print(grad(lookup_loss)(table, tokens))
+
+# %% [markdown]
 # Three more scatters combine differently, for `x.at[i].multiply(v)`,
 # `.min(v)` and `.max(v)`: `scatter-mul`, `scatter-min` and `scatter-max`.
 # Their rules are folded. `scatter-mul` is linear in `x` only, with the same
@@ -929,28 +951,6 @@ def _scatter_extremal_jvp(prim: Primitive) -> None:
 _scatter_extremal_jvp(scatter_min_p)
 _scatter_extremal_jvp(scatter_max_p)
 NOT_LINEAR.update({"scatter-min", "scatter-max"})  # no transpose rule
-
-# %% [markdown]
-# Now the embedding lookup: a table of 5 rows of 3 numbers, tokens that read
-# rows 1, 4 and 1 again. The gradient of a loss that uses the rows is a
-# `scatter-add` of the three cotangent rows into a table of zeros; row 1 gets
-# two contributions. Apart from filling the table of zeros once ($V \cdot D$
-# numbers, as JAX's gradient does too), the work is proportional to the number
-# of tokens, $N \cdot D$ additions, where a one-hot product costs
-# $N \cdot V \cdot D$ multiply-adds. No one-hot matrix appears.
-
-# %%
-table = np.arange(15.0).reshape(5, 3)
-tokens = np.array([1, 4, 1])
-
-
-def lookup_loss(table, tokens):
-    rows = gather(table, tokens)  # (3 tokens, 3 numbers)
-    return reduce_sum(mul(rows, rows))
-
-
-print(make_jaxpr(grad(lookup_loss), f64(5, 3), i64(3))[0])
-print(grad(lookup_loss)(table, tokens))
 
 
 # %% [markdown]
