@@ -6138,9 +6138,9 @@ def _entries(aval: ShapedArray, idx: Any) -> list:
                 mask_shape = get_aval(array).shape
                 if mask_shape != aval.shape[axis : axis + len(mask_shape)]:
                     raise IndexingError(
-                        f"indexing {aval.str_short()}: a boolean mask of shape "
-                        f"{mask_shape} does not match the axes it indexes, "
-                        f"{aval.shape[axis : axis + len(mask_shape)]}"
+                        f"indexing {aval.str_short()}: boolean index did not match "
+                        f"shape of indexed array: a mask of shape {mask_shape} "
+                        f"for the axes {aval.shape[axis : axis + len(mask_shape)]}"
                     )
                 for a in np.nonzero(array):
                     entries.append(("array", axis, a))

@@ -1361,9 +1361,9 @@ def _entries(aval: ShapedArray, idx: Any) -> list:
                 mask_shape = get_aval(array).shape
                 if mask_shape != aval.shape[axis : axis + len(mask_shape)]:
                     raise IndexingError(
-                        f"indexing {aval.str_short()}: a boolean mask of shape "
-                        f"{mask_shape} does not match the axes it indexes, "
-                        f"{aval.shape[axis : axis + len(mask_shape)]}"
+                        f"indexing {aval.str_short()}: boolean index did not match "
+                        f"shape of indexed array: a mask of shape {mask_shape} "
+                        f"for the axes {aval.shape[axis : axis + len(mask_shape)]}"
                     )
                 for a in np.nonzero(array):
                     entries.append(("array", axis, a))
@@ -1987,10 +1987,12 @@ print(ours.shape, np.abs(np.asarray(ours) - np.asarray(theirs)).max())
 # %% [markdown]
 # ## Mistakes indexing catches
 #
-# Errors about an index are `IndexingError`, an `IndexError` as in NumPy and
-# JAX (so `except IndexError` catches them), with JAX's wording where JAX has
-# one ("Too many indices"); the class is also a `TypeError`, the type of the
-# book's other errors about a bad argument.
+# The exception types are JAX's: an index of the wrong type is a `TypeError`,
+# a step of 0 a `ValueError`, and an index that does not fit the array (too
+# many indices, a mask of the wrong shape) an `IndexError`; ours is
+# `IndexingError`, an `IndexError` that is also a `TypeError`, the type of the
+# book's other errors about a bad argument. The messages name the array's
+# type, in JAX's words where JAX has them.
 
 # %%
 show_error(jit(lambda x: x[1.0]), x)  # a float index

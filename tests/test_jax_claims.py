@@ -2404,6 +2404,14 @@ def test_indexing_index_dtype_split_booleans_and_index_errors():
         IndexError, match="Too many indices: array is 2-dimensional, but 3 were indexed"
     ):
         x[0, 1, 2]
+    # "an index of the wrong type is a TypeError, a step of 0 a ValueError,
+    # ... a mask of the wrong shape an IndexError"
+    with pytest.raises(TypeError, match="Indexer must have integer or boolean type"):
+        x[1.0]
+    with pytest.raises(ValueError, match="slice step cannot be zero"):
+        x[::0]
+    with pytest.raises(IndexError, match="boolean index did not match shape"):
+        x[jnp.array([True, False])]
 
 
 # ------------------------------------------------- analysis (book/analysis.md)
