@@ -6003,11 +6003,11 @@ def getitem(x: ArrayLike, idx: Any) -> ArrayLike:
     plan = index_plan(get_aval(x), idx)
     if plan.kind == "empty":  # nothing to read
         return zeros_of(ShapedArray(plan.shape, get_aval(x).dtype))
-    if plan.kind == "slice":
-        x = lax_slice(x, plan.starts, plan.limits, plan.strides)
-    elif plan.kind == "dynamic_slice":
+    if plan.kind == "dynamic_slice":
         x = dynamic_slice(x, plan.starts, plan.sizes)
-    elif plan.kind == "gather":  # indexed axes first, whole axes as the window
+    elif plan.starts is not None:  # a static slice (before a gather, if any)
+        x = lax_slice(x, plan.starts, plan.limits, plan.strides)
+    if plan.kind == "gather":  # indexed axes first, whole axes as the window
         x = gather(permute(x, plan.perm), *plan.positions)
         x = permute(x, plan.out_perm)  # the result's axes in NumPy's order
     return reshape(x, plan.shape)
@@ -6043,7 +6043,7 @@ class IndexUpdateRef(NamedTuple):
         if plan.kind == "empty":  # nothing to write
             return self.x
         x = permute(self.x, plan.perm)  # the axes as the gather would read them
-        values = permute(values, inverse_perm(plan.out_perm))
+        values = permute(values, inverse_perm(plan.out_perm))  # and the update
         x = scatter_fn(x, values, *bounded_positions(plan, mode))
         return permute(x, inverse_perm(plan.perm))
 
@@ -6205,9 +6205,33 @@ def index_plan(aval: ShapedArray, idx: Any, for_update: bool = False) -> IndexPl
     entries = _entries(aval, idx)
     arrays = [e for e in entries if e[0] == "array"]
     simple = all(e[0] != "slice" or e[2][1] > 0 for e in entries)
-    if not for_update and simple and all(get_aval(e[2]).ndim == 0 for e in arrays):
+    if for_update:
+        return _gather_plan(aval, entries)
+    if simple and all(get_aval(e[2]).ndim == 0 for e in arrays):
         return _slicing_plan(aval, entries)
-    return _gather_plan(aval, entries)
+    return _slice_then_gather_plan(aval, entries)
+
+
+def _slice_then_gather_plan(aval: ShapedArray, entries: list) -> IndexPlan:
+    """A read: the slices with a positive step that do not take their whole
+    axis are done by a static slice first, so the gather reads them whole, as
+    its window, instead of at positions given by a constant."""
+    starts, limits, strides = [0] * aval.ndim, list(aval.shape), [1] * aval.ndim
+    sliced = []
+    for e in entries:
+        if e[0] == "slice" and e[2][1] > 0 and e[2] != (0, 1, aval.shape[e[1]]):
+            (start, step, count), axis = e[2], e[1]
+            starts[axis], strides[axis] = start, step
+            limits[axis] = past_last(start, count, step)
+            e = ("slice", axis, (0, 1, count))
+        sliced.append(e)
+    if sliced == entries:
+        return _gather_plan(aval, entries)
+    shape = tuple(map(_sliced_size, starts, limits, strides))
+    plan = _gather_plan(ShapedArray(shape, aval.dtype), sliced)
+    return plan._replace(
+        starts=tuple(starts), limits=tuple(limits), strides=tuple(strides)
+    )
 
 
 def _slicing_plan(aval: ShapedArray, entries: list) -> IndexPlan:
@@ -6232,12 +6256,13 @@ def _slicing_plan(aval: ShapedArray, entries: list) -> IndexPlan:
             starts[e[1]], limits[e[1]], dynamic = e[2], None, True  # wrapped later
     if not dynamic:
         whole = starts == [0] * aval.ndim and limits == list(aval.shape)
-        kind = "whole" if whole and strides == [1] * aval.ndim else "slice"
+        if whole and strides == [1] * aval.ndim:
+            return IndexPlan("whole", tuple(shape))
         return IndexPlan(
-            kind, tuple(shape), tuple(starts), tuple(limits), tuple(strides)
+            "slice", tuple(shape), tuple(starts), tuple(limits), tuple(strides)
         )
     if any(s != 1 for s in strides):
-        return _gather_plan(aval, entries)
+        return _slice_then_gather_plan(aval, entries)
     sizes = tuple(1 if hi is None else hi - lo for lo, hi in zip(starts, limits))
     starts = [s if isinstance(s, Tracer) else np.asarray(s, np.int64) for s in starts]
     return IndexPlan("dynamic_slice", tuple(shape), starts=starts, sizes=sizes)

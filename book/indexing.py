@@ -828,8 +828,9 @@ print(grad(lookup_loss)(table, tokens))
 # %% [markdown]
 # Three more scatters combine differently, for `x.at[i].multiply(v)`,
 # `.min(v)` and `.max(v)`: `scatter-mul`, `scatter-min` and `scatter-max`.
-# Their rules are folded. `scatter-mul` is linear in `x` only, with the same
-# scatter as its transpose; its derivative with respect to the updates is, at
+# Their rules are folded. `scatter-mul` is linear in `x` only, and its
+# transpose multiplies the cotangent by the same updates (the same
+# `scatter-mul`); its derivative with respect to the updates is, at
 # each position, `x` times the sum over the updates there of each update's
 # tangent times the product of the others (a scatter-add). `scatter-min` and
 # `scatter-max` are not linear: their derivative follows the updates that won
@@ -1183,16 +1184,17 @@ with jax.enable_x64(True):
 # any mix, with rules for where the axes of the index arrays go. Ours turns an
 # index into as few of our primitives as it can:
 #
-# - only ints, slices with a positive step, `None` and `...`: one `slice` and a
-#   `reshape` (an int `i` is the slice `i:i+1`, whose axis the reshape drops);
+# - only ints, slices with a positive step, `None` and `...`: one `slice` (none
+#   if it would take everything) and a `reshape` (an int `i` is the slice
+#   `i:i+1`, whose axis the reshape drops);
 # - the same with traced scalar integers among them: one `dynamic_slice` and a
 #   `reshape`;
-# - anything else (integer arrays, boolean masks, negative steps): one
-#   `gather` whose index arrays give, for every element of the result, its
-#   position along each indexed axis of `x`. The axes that the index takes
-#   whole (`:`) are not indexed: they are moved last (a `transpose`) and
-#   read as the gather's window, so `x[:, i]` reads columns without an array
-#   of row numbers. A boolean mask becomes integer arrays with `np.nonzero`,
+# - anything else (integer arrays, boolean masks, negative steps): the
+#   slices first, as one `slice`, then one `gather` whose index arrays give,
+#   for every element of the result, its position along each indexed axis of
+#   `x`. The axes that are taken whole (`:`, or a slice already done) are not
+#   indexed: they are moved last (a `transpose`) and read as the gather's
+#   window, so `x[:, i]` reads columns without an array of row numbers. A boolean mask becomes integer arrays with `np.nonzero`,
 #   which only works when the mask is known while tracing: the shape of the
 #   result depends on it.
 #
@@ -1206,11 +1208,11 @@ def getitem(x: ArrayLike, idx: Any) -> ArrayLike:
     plan = index_plan(get_aval(x), idx)
     if plan.kind == "empty":  # nothing to read
         return zeros_of(ShapedArray(plan.shape, get_aval(x).dtype))
-    if plan.kind == "slice":
-        x = lax_slice(x, plan.starts, plan.limits, plan.strides)
-    elif plan.kind == "dynamic_slice":
+    if plan.kind == "dynamic_slice":
         x = dynamic_slice(x, plan.starts, plan.sizes)
-    elif plan.kind == "gather":  # indexed axes first, whole axes as the window
+    elif plan.starts is not None:  # a static slice (before a gather, if any)
+        x = lax_slice(x, plan.starts, plan.limits, plan.strides)
+    if plan.kind == "gather":  # indexed axes first, whole axes as the window
         x = gather(permute(x, plan.perm), *plan.positions)
         x = permute(x, plan.out_perm)  # the result's axes in NumPy's order
     return reshape(x, plan.shape)
@@ -1256,7 +1258,7 @@ class IndexUpdateRef(NamedTuple):
         if plan.kind == "empty":  # nothing to write
             return self.x
         x = permute(self.x, plan.perm)  # the axes as the gather would read them
-        values = permute(values, inverse_perm(plan.out_perm))
+        values = permute(values, inverse_perm(plan.out_perm))  # and the update
         x = scatter_fn(x, values, *bounded_positions(plan, mode))
         return permute(x, inverse_perm(plan.perm))
 
@@ -1428,9 +1430,33 @@ def index_plan(aval: ShapedArray, idx: Any, for_update: bool = False) -> IndexPl
     entries = _entries(aval, idx)
     arrays = [e for e in entries if e[0] == "array"]
     simple = all(e[0] != "slice" or e[2][1] > 0 for e in entries)
-    if not for_update and simple and all(get_aval(e[2]).ndim == 0 for e in arrays):
+    if for_update:
+        return _gather_plan(aval, entries)
+    if simple and all(get_aval(e[2]).ndim == 0 for e in arrays):
         return _slicing_plan(aval, entries)
-    return _gather_plan(aval, entries)
+    return _slice_then_gather_plan(aval, entries)
+
+
+def _slice_then_gather_plan(aval: ShapedArray, entries: list) -> IndexPlan:
+    """A read: the slices with a positive step that do not take their whole
+    axis are done by a static slice first, so the gather reads them whole, as
+    its window, instead of at positions given by a constant."""
+    starts, limits, strides = [0] * aval.ndim, list(aval.shape), [1] * aval.ndim
+    sliced = []
+    for e in entries:
+        if e[0] == "slice" and e[2][1] > 0 and e[2] != (0, 1, aval.shape[e[1]]):
+            (start, step, count), axis = e[2], e[1]
+            starts[axis], strides[axis] = start, step
+            limits[axis] = past_last(start, count, step)
+            e = ("slice", axis, (0, 1, count))
+        sliced.append(e)
+    if sliced == entries:
+        return _gather_plan(aval, entries)
+    shape = tuple(map(_sliced_size, starts, limits, strides))
+    plan = _gather_plan(ShapedArray(shape, aval.dtype), sliced)
+    return plan._replace(
+        starts=tuple(starts), limits=tuple(limits), strides=tuple(strides)
+    )
 
 
 def _slicing_plan(aval: ShapedArray, entries: list) -> IndexPlan:
@@ -1455,12 +1481,13 @@ def _slicing_plan(aval: ShapedArray, entries: list) -> IndexPlan:
             starts[e[1]], limits[e[1]], dynamic = e[2], None, True  # wrapped later
     if not dynamic:
         whole = starts == [0] * aval.ndim and limits == list(aval.shape)
-        kind = "whole" if whole and strides == [1] * aval.ndim else "slice"
+        if whole and strides == [1] * aval.ndim:
+            return IndexPlan("whole", tuple(shape))
         return IndexPlan(
-            kind, tuple(shape), tuple(starts), tuple(limits), tuple(strides)
+            "slice", tuple(shape), tuple(starts), tuple(limits), tuple(strides)
         )
     if any(s != 1 for s in strides):
-        return _gather_plan(aval, entries)
+        return _slice_then_gather_plan(aval, entries)
     sizes = tuple(1 if hi is None else hi - lo for lo, hi in zip(starts, limits))
     starts = [s if isinstance(s, Tracer) else np.asarray(s, np.int64) for s in starts]
     return IndexPlan("dynamic_slice", tuple(shape), starts=starts, sizes=sizes)
@@ -2041,10 +2068,11 @@ show_jax(jax.grad(jax_loss), table, tokens)
 #   take a `ScatterDimensionNumbers` and an `update_jaxpr`. Our
 #   `gather(x, *indices, batch_dims=)` is the special case that NumPy's
 #   indexing needs, and lowers to those same dimension numbers.
-# - **Positions as constants.** A slice that is not the whole axis next to an
-#   integer array, `x[1:3, i]`, or a negative step, `x[::-1]`, becomes index
-#   arrays of positions, constants of the result's size; JAX builds them
-#   with `iota` in the program, or reads a window.
+# - **Positions as constants.** A negative step, `x[::-1]`, and, in a write,
+#   a slice next to an integer array, `x.at[1:3, i].set(v)`, become index
+#   arrays of positions, constants of the result's size; JAX reverses with
+#   `rev`, builds positions with `iota` in the program, or reads a window
+#   (`x[1:3, i]` reads rows 1 and 2 as one window).
 # - **Modes.** JAX's gather and scatters take a `mode`:
 #   [`GatherScatterMode`](https://docs.jax.dev/en/latest/_autosummary/jax.lax.GatherScatterMode.html)
 #   `CLIP`, `FILL_OR_DROP`, `PROMISE_IN_BOUNDS` (and `ONE_HOT`), a param of

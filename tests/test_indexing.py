@@ -591,7 +591,8 @@ def test_gather_batching_cases_match_jax(in_axes, batch_dims):
 
 def test_whole_axes_are_read_as_the_window():
     """x[:, i] reads columns with a transpose and a gather: no constant of
-    row positions (JAX reads the same window with offset_dims)."""
+    row positions (JAX reads the same window with offset_dims); x[1:3, i]
+    slices first."""
     f64, i64 = np.float64, np.int64
     avals = [ad.ShapedArray((3, 4), f64), ad.ShapedArray((2,), i64)]
     jaxpr, consts, _ = ad.make_jaxpr(lambda x, i: x[:, i], *avals)
@@ -602,6 +603,11 @@ def test_whole_axes_are_read_as_the_window():
         lambda x, i, u: x.at[:, i].set(u), *avals, ad.ShapedArray((3, 2), f64)
     )
     assert not consts and len(jaxpr.in_binders) == 3, jaxpr
+    # a partial slice next to an array is a static slice first, then the window
+    for read in [lambda x, i: x[1:3, i], lambda x, i: x[::2, i]]:
+        jaxpr, consts, _ = ad.make_jaxpr(read, *avals)
+        names = [e.primitive.name for e in jaxpr.eqns]
+        assert not consts and "slice" in names and "gather" in names, jaxpr
 
 
 def test_scatter_min_max_split_ties_as_jax():
