@@ -5172,20 +5172,28 @@ def pad(x: ArrayLike, low, high, interior) -> ArrayLike:
     return bind(pad_p, x, **check_pad(get_aval(x), low, high, interior))
 
 
+def past_last(start: int, taken: int, stride: int) -> int:
+    """The position after the last of ``taken`` elements read every ``stride``
+    from ``start``: start + (taken - 1) * stride + 1 (just start if none)."""
+    return start + (taken - 1) * stride + 1 if taken else start
+
+
 @slice_p.def_rule("transpose")
 def _slice_transpose(cts, x, *, start_indices, limit_indices, strides):
     (ct,) = cts
     taken = get_aval(ct).shape
-    end = map(_past_last, start_indices, taken, strides)  # where the taken ones end
-    high = [n - e for n, e in zip(x.aval.shape, end)]
-    return [pad(ct, start_indices, high, [s - 1 for s in strides])]
+    end = map(past_last, start_indices, taken, strides)
+    low = start_indices  # zeros before the first taken element,
+    high = [n - e for n, e in zip(x.aval.shape, end)]  # after the last one,
+    interior = [s - 1 for s in strides]  # and between two taken ones
+    return [pad(ct, low, high, interior)]
 
 
 @pad_p.def_rule("transpose")
 def _pad_transpose(cts, x, *, low, high, interior):
-    (ct,) = cts
+    (ct,) = cts  # read back every (interior + 1)-th element, from low on
     steps = [i + 1 for i in interior]
-    limits = map(_past_last, low, x.aval.shape, steps)
+    limits = map(past_last, low, x.aval.shape, steps)
     return [lax_slice(ct, low, tuple(limits), steps)]
 
 
@@ -5230,11 +5238,6 @@ def check_pad(aval: ShapedArray, low, high, interior) -> dict:
             f"negative (padding {aval.str_short()})"
         )
     return dict(low=low, high=high, interior=interior)
-
-
-def _past_last(start: int, count: int, step: int) -> int:
-    """The position after the last of ``count`` elements taken every ``step``."""
-    return start + (count - 1) * step + 1 if count else start
 
 
 def _sliced_size(start: int, limit: int, stride: int) -> int:
@@ -5317,32 +5320,26 @@ dynamic_slice_p = Primitive("dynamic_slice")
 dynamic_update_slice_p = Primitive("dynamic_update_slice")
 
 
-def dynamic_slice(x, start_indices, slice_sizes, *, allow_negative_indices=True):
+def dynamic_slice(x: ArrayLike, start_indices, slice_sizes) -> ArrayLike:
     """The block of ``slice_sizes`` at ``start_indices`` (clamped to fit)."""
     x = _as_input(x, "dynamic_slice")
     starts = check_starts("dynamic_slice", get_aval(x), start_indices)
-    if allow_negative_indices:  # as in JAX's lax, -1 is the last position
-        starts = [_wrap_negative(s, n) for s, n in zip(starts, get_aval(x).shape)]
     sizes = check_slice_sizes(get_aval(x), slice_sizes)
     return bind(dynamic_slice_p, x, *starts, slice_sizes=sizes)
 
 
-def dynamic_update_slice(x, update, start_indices, *, allow_negative_indices=True):
+def dynamic_update_slice(x: ArrayLike, update: ArrayLike, start_indices) -> ArrayLike:
     """``x`` with ``update`` written at ``start_indices`` (clamped to fit)."""
     x, update = _as_input(x, "dynamic_update_slice"), _as_input(update, "update")
     check_update_block(get_aval(x), get_aval(update))
     starts = check_starts("dynamic_update_slice", get_aval(x), start_indices)
-    if allow_negative_indices:
-        starts = [_wrap_negative(s, n) for s, n in zip(starts, get_aval(x).shape)]
     return bind(dynamic_update_slice_p, x, update, *starts)
 
 
 @dynamic_slice_p.def_rule("transpose")
 def _dynamic_slice_transpose(cts, x, *starts, slice_sizes):
-    (ct,) = cts
-    ct_x = dynamic_update_slice(
-        zeros_of(x.aval), ct, starts, allow_negative_indices=False
-    )
+    (ct,) = cts  # the block, written into zeros where it was read
+    ct_x = dynamic_update_slice(zeros_of(x.aval), ct, starts)
     return [ct_x] + [None] * len(starts)
 
 
@@ -5350,23 +5347,24 @@ def _dynamic_slice_transpose(cts, x, *starts, slice_sizes):
 def _dynamic_update_slice_transpose(cts, x, update, *starts):
     (ct,) = cts
     block = _aval_of(update)
-    exact = dict(allow_negative_indices=False)  # starts as the primitive got them
-    ct_x = (
-        dynamic_update_slice(ct, zeros_of(block), starts, **exact)
-        if _is_undef(x)
-        else None
-    )
-    ct_update = (
-        dynamic_slice(ct, starts, block.shape, **exact) if _is_undef(update) else None
-    )
+    ct_x = ct_update = None
+    if _is_undef(x):  # x's elements under the block were overwritten: zero
+        ct_x = dynamic_update_slice(ct, zeros_of(block), starts)
+    if _is_undef(update):  # the block's cotangent is read where it was written
+        ct_update = dynamic_slice(ct, starts, block.shape)
     return [ct_x, ct_update] + [None] * len(starts)
 
 
 # @title dynamic_slice, dynamic_update_slice: checks, evaluation, types, jvp, lowering
 def zeros_of(aval: ShapedArray) -> ArrayLike:
     """Zeros of type ``aval``: a broadcast of one zero (an equation under jit)."""
-    zero = np.zeros((), aval.dtype)
-    return broadcast(zero, aval.shape, tuple(range(aval.ndim))) if aval.ndim else zero
+    return full_of(aval, 0)
+
+
+def full_of(aval: ShapedArray, value: Any) -> ArrayLike:
+    """An array of type ``aval`` holding ``value``: a broadcast of one number."""
+    one = np.asarray(value).astype(aval.dtype)
+    return broadcast(one, aval.shape, tuple(range(aval.ndim))) if aval.ndim else one
 
 
 def _wrap_negative(i: Any, n: int) -> Any:
@@ -5432,7 +5430,9 @@ def check_update_block(aval: ShapedArray, block: ShapedArray) -> None:
 
 
 def _clamped_starts(shape, starts, sizes) -> list[int]:
+    """Negative starts count from the end, then each is clamped so the block fits."""
     starts = [int(np.asarray(s)) for s in starts]
+    starts = [s + n if s < 0 else s for s, n in zip(starts, shape)]
     return [min(max(s, 0), n - k) for s, n, k in zip(starts, shape, sizes)]
 
 
@@ -5483,22 +5483,35 @@ def _dynamic_update_slice_jvp(primals, tangents):
     ]
 
 
-def _i64_scalars(starts: Sequence[ir.Value], avals: Sequence[ShapedArray]) -> list:
-    """The start indices as i64 scalars: StableHLO wants one integer type."""
-    i64 = ir_type(ShapedArray((), np.int64))
-    return [
-        s if a.dtype == np.int64 else hlo.convert(i64, s) for s, a in zip(starts, avals)
-    ]
+def _i64_starts(starts: Sequence[ir.Value], avals: Sequence[ShapedArray], shape):
+    """The start indices as i64 scalars (StableHLO wants one integer type),
+    negative ones counted from the end; StableHLO then clamps them."""
+    i64 = ShapedArray((), np.int64)
+    out = []
+    for s, a, n in zip(starts, avals, shape):
+        s = s if a.dtype == np.int64 else hlo.convert(ir_type(i64), s)
+        if a.dtype.kind != "u":
+            zero = ir_constant(0, i64)
+            negative = hlo.compare(
+                s,
+                zero,
+                hlo.ComparisonDirectionAttr.get("LT"),
+                compare_type=hlo.ComparisonTypeAttr.get("SIGNED"),
+            )
+            s = hlo.select(negative, hlo.add(s, ir_constant(n, i64)), s)
+        out.append(s)
+    return out
 
 
 @dynamic_slice_p.def_rule("lower")
 def _dynamic_slice_lower(ctx, avals_in, avals_out, x, *starts, slice_sizes):
-    return [hlo.dynamic_slice(x, _i64_scalars(starts, avals_in[1:]), slice_sizes)]
+    starts = _i64_starts(starts, avals_in[1:], avals_in[0].shape)
+    return [hlo.dynamic_slice(x, starts, slice_sizes)]
 
 
 @dynamic_update_slice_p.def_rule("lower")
 def _dynamic_update_slice_lower(ctx, avals_in, avals_out, x, update, *starts):
-    starts = _i64_scalars(starts, avals_in[2:])
+    starts = _i64_starts(starts, avals_in[2:], avals_in[0].shape)
     return [hlo.dynamic_update_slice(x, update, starts)]
 
 
@@ -5513,12 +5526,10 @@ def gather(x: ArrayLike, *indices: ArrayLike, batch_dims: int = 0) -> ArrayLike:
     return bind(gather_p, x, *indices, batch_dims=batch_dims)
 
 
-def scatter_add(x, updates, *indices, batch_dims: int = 0, mode="drop") -> ArrayLike:
-    """``x`` with ``updates`` added at ``x[i0, i1, ...]`` (repeats accumulate;
-    positions out of range dropped, or clamped with ``mode="clip"``)."""
+def scatter_add(x, updates, *indices, batch_dims: int = 0) -> ArrayLike:
+    """``x`` with ``updates`` added at ``x[i0, i1, ...]`` (repeats accumulate)."""
     x, updates, indices = check_scatter("scatter_add", x, updates, indices, batch_dims)
-    mode = check_scatter_mode(mode)
-    return bind(scatter_add_p, x, updates, *indices, batch_dims=batch_dims, mode=mode)
+    return bind(scatter_add_p, x, updates, *indices, batch_dims=batch_dims)
 
 
 def scatter(x, updates, *indices, batch_dims: int = 0) -> ArrayLike:
@@ -5527,24 +5538,10 @@ def scatter(x, updates, *indices, batch_dims: int = 0) -> ArrayLike:
     return bind(scatter_p, x, updates, *indices, batch_dims=batch_dims)
 
 
-@gather_p.def_rule("impl")
-def _gather_impl(x, *indices, batch_dims):
-    return [np.asarray(x)[numpy_index(np.shape(x), indices, batch_dims, clamp=True)]]
-
-
-@scatter_add_p.def_rule("impl")
-def _scatter_add_impl(x, updates, *indices, batch_dims, mode):
-    out = np.array(x, copy=True)
-    if mode == "clip":
-        indices = numpy_index(out.shape, indices, batch_dims, clamp=True)[batch_dims:]
-    inside, index = in_bounds_index(out.shape, indices, batch_dims)
-    np.add.at(out, index, np.asarray(updates)[inside])
-    return [out]
-
-
-# @title gather and the scatters: index tuples, checks, abstract evaluation
-def numpy_index(shape, indices, batch_dims: int, clamp: bool) -> tuple:
-    """NumPy's index tuple for ``x[batch..., i0, i1, ...]``."""
+# @title gather and the scatters: checks, evaluation, abstract evaluation
+def numpy_index(shape, indices, batch_dims: int) -> tuple:
+    """NumPy's index tuple for ``x[batch..., i0, i1, ...]``; indices out of
+    range are clamped to the nearest position (XLA's gather does the same)."""
     idx_shape = np.shape(indices[0])
     batch = [
         np.arange(idx_shape[d]).reshape(
@@ -5552,29 +5549,44 @@ def numpy_index(shape, indices, batch_dims: int, clamp: bool) -> tuple:
         )
         for d in range(batch_dims)
     ]
-    indices = [np.asarray(i) for i in indices]
-    if clamp:
-        sizes = shape[batch_dims:]
-        indices = [np.clip(i, 0, n - 1).astype(i.dtype) for i, n in zip(indices, sizes)]
+    sizes = shape[batch_dims:]
+    indices = [np.clip(np.asarray(i), 0, n - 1) for i, n in zip(indices, sizes)]
     return (*batch, *indices)
 
 
 def in_bounds_index(shape, indices, batch_dims: int) -> tuple:
-    """Which index positions fall inside the array, and their index tuple."""
+    """Which index positions fall inside the array, and their index tuple (a
+    scatter drops the updates outside, as XLA's does)."""
     inside = np.ones(np.shape(indices[0]), bool)
     for i, n in zip(indices, shape[batch_dims:]):
         i = np.asarray(i)
         inside &= (i >= 0) & (i < n)
-    index = numpy_index(shape, indices, batch_dims, clamp=False)
+    index = numpy_index(shape, indices, batch_dims)
     return inside, tuple(np.broadcast_to(a, inside.shape)[inside] for a in index)
 
 
-@scatter_p.def_rule("impl")
-def _scatter_impl(x, updates, *indices, batch_dims):
-    out = np.array(x, copy=True)
-    inside, index = in_bounds_index(out.shape, indices, batch_dims)
-    out[index] = np.asarray(updates)[inside]  # a repeated position: the last wins
-    return [out]
+@gather_p.def_rule("impl")
+def _gather_impl(x, *indices, batch_dims):
+    return [np.asarray(x)[numpy_index(np.shape(x), indices, batch_dims)]]
+
+
+def _scatter_impl_with(combine: Callable | None) -> Callable:
+    """Evaluation of a scatter: ``combine.at`` (np.add, ...), or assignment."""
+
+    def rule(x, updates, *indices, batch_dims):
+        out = np.array(x, copy=True)
+        inside, index = in_bounds_index(out.shape, indices, batch_dims)
+        if combine is None:  # a repeated position: the last update wins
+            out[index] = np.asarray(updates)[inside]
+        else:
+            combine.at(out, index, np.asarray(updates)[inside])
+        return [out]
+
+    return rule
+
+
+scatter_add_p.def_rule("impl")(_scatter_impl_with(np.add))
+scatter_p.def_rule("impl")(_scatter_impl_with(None))
 
 
 def _gather_types(name, x, indices, batch_dims) -> tuple:
@@ -5600,12 +5612,6 @@ def _gather_types(name, x, indices, batch_dims) -> tuple:
             f"batch_dims={batch_dims} do not fit {x.str_short()}"
         )
     return idx_shape, x.shape[batch_dims + len(indices) :]
-
-
-def check_scatter_mode(mode: Any) -> str:
-    if mode not in ("drop", "clip"):
-        raise ValueError(f"scatter_add: mode must be 'drop' or 'clip', got {mode!r}")
-    return mode
 
 
 def check_gather(name, x, indices, batch_dims) -> tuple:
@@ -5640,63 +5646,40 @@ def _gather_abstract_eval(x, *indices, batch_dims):
     return [ShapedArray((*idx_shape, *window), x.dtype)]
 
 
-def _scatter_abstract_eval(name: str) -> Callable:
-    def rule(x, updates, *indices, batch_dims, mode="drop"):
+def _scatter_abstract_eval(name: str, numeric: bool) -> Callable:
+    def rule(x, updates, *indices, batch_dims):
         _check_scatter_types(name, x, updates, indices, batch_dims)
-        if name == "scatter_add" and x.dtype.kind not in "iuf":
-            raise TypeError(
-                f"scatter_add: expected a numeric array, got {x.str_short()}"
-            )
+        if numeric and x.dtype.kind not in "iuf":
+            raise TypeError(f"{name}: expected a numeric array, got {x.str_short()}")
         return [x]
 
     return rule
 
 
 for _prim, _name in [(scatter_add_p, "scatter_add"), (scatter_p, "scatter")]:
-    _prim.def_rule("abstract_eval")(_scatter_abstract_eval(_name))
+    _prim.def_rule("abstract_eval")(
+        _scatter_abstract_eval(_name, _prim is scatter_add_p)
+    )
 
 
 @gather_p.def_rule("transpose")
 def _gather_transpose(cts, x, *indices, batch_dims):
-    (ct,) = cts
-    zeros = zeros_of(x.aval)
-    # mode="clip": add where the gather read, at the clamped positions
-    ct_x = scatter_add(zeros, ct, *indices, batch_dims=batch_dims, mode="clip")
+    (ct,) = cts  # add each row's cotangent where the row was read
+    ct_x = scatter_add(zeros_of(x.aval), ct, *indices, batch_dims=batch_dims)
     return [ct_x] + [None] * len(indices)
 
 
 @scatter_add_p.def_rule("transpose")
-def _scatter_add_transpose(cts, x, updates, *indices, batch_dims, mode):
+def _scatter_add_transpose(cts, x, updates, *indices, batch_dims):
     (ct,) = cts
+    ct_x = ct if _is_undef(x) else None  # x was added to unchanged
     ct_updates = None
-    if _is_undef(updates):
+    if _is_undef(updates):  # each update: the cotangent where it was added
         ct_updates = gather(ct, *indices, batch_dims=batch_dims)
-        if mode == "drop":  # a dropped update had no effect: zero cotangent
-            ct_updates = zero_where_dropped(ct_updates, ct, indices, batch_dims)
-    return [ct if _is_undef(x) else None, ct_updates] + [None] * len(indices)
+    return [ct_x, ct_updates] + [None] * len(indices)
 
 
-# @title Bounds in the transposes; jvp rules; scatter's transpose
-def in_bounds(shape, indices, batch_dims) -> ArrayLike:
-    """A boolean array over the index positions: inside the array or not."""
-    inside = True
-    for i, n in zip(indices, shape[batch_dims:]):
-        here = select(i >= 0, i < n, i >= 0)  # i >= 0 and i < n
-        inside = here if inside is True else select(here, inside, here)
-    return inside
-
-
-def zero_where_dropped(values, ct, indices, batch_dims) -> ArrayLike:
-    """``values`` (one window per index position), zero where the index was
-    outside ``ct``'s shape (a scatter dropped that update)."""
-    inside = in_bounds(get_aval(ct).shape, indices, batch_dims)
-    aval = get_aval(values)
-    idx_ndim = get_aval(indices[0]).ndim
-    window = tuple(range(idx_ndim, aval.ndim))
-    inside = broadcast(inside, aval.shape, window) if window else inside
-    return select(inside, values, zeros_of(aval))
-
-
+# @title jvp rules; scatter's transpose
 @gather_p.def_rule("jvp")
 def _gather_jvp(primals, tangents, *, batch_dims):
     (x, *indices), (dx, *_) = primals, tangents
@@ -5719,6 +5702,12 @@ _scatter_jvp(scatter_add_p)
 _scatter_jvp(scatter_p)
 
 
+def _per_window(mask, aval: ShapedArray, idx_ndim: int) -> ArrayLike:
+    """A mask over index positions, broadcast over the windows of ``aval``."""
+    window = tuple(range(idx_ndim, aval.ndim))
+    return broadcast(mask, aval.shape, window) if window else mask
+
+
 @scatter_p.def_rule("transpose")
 def _scatter_transpose(cts, x, updates, *indices, batch_dims):
     (ct,) = cts
@@ -5726,13 +5715,10 @@ def _scatter_transpose(cts, x, updates, *indices, batch_dims):
     ct_x = ct_updates = None
     if _is_undef(x):  # overwritten positions had no influence on the output
         ct_x = scatter(ct, zeros_of(up_aval), *indices, batch_dims=batch_dims)
-    if _is_undef(updates):
+    if _is_undef(updates):  # only the winners (a dropped update never wins)
         ct_updates = gather(ct, *indices, batch_dims=batch_dims)
-        ct_updates = zero_where_dropped(ct_updates, ct, indices, batch_dims)
         won = update_won(get_aval(ct).shape, indices, batch_dims)
-        idx_ndim = get_aval(indices[0]).ndim
-        window = tuple(range(idx_ndim, up_aval.ndim))
-        won = broadcast(won, up_aval.shape, window) if window else won
+        won = _per_window(won, up_aval, get_aval(indices[0]).ndim)
         ct_updates = select(won, ct_updates, zeros_of(up_aval))
     return [ct_x, ct_updates] + [None] * len(indices)
 
@@ -5746,6 +5732,123 @@ def update_won(shape, indices, batch_dims) -> ArrayLike:
     board = np.full(positions, -1, np.int64)
     written = scatter(board, ids, *indices, batch_dims=batch_dims)
     return equal(gather(written, *indices, batch_dims=batch_dims), ids)
+
+
+# @title scatter-mul, scatter-min, scatter-max: evaluation, types, jvp, transpose
+scatter_mul_p = Primitive("scatter-mul")
+scatter_min_p = Primitive("scatter-min")
+scatter_max_p = Primitive("scatter-max")
+
+
+def _scatter_wrapper(prim: Primitive, name: str) -> Callable:
+    def fn(x, updates, *indices, batch_dims: int = 0) -> ArrayLike:
+        x, updates, indices = check_scatter(name, x, updates, indices, batch_dims)
+        return bind(prim, x, updates, *indices, batch_dims=batch_dims)
+
+    fn.__name__ = name
+    fn.__doc__ = f"``x`` with ``updates`` combined by {name[8:]} at ``x[i0, ...]``."
+    return fn
+
+
+scatter_mul = _scatter_wrapper(scatter_mul_p, "scatter_mul")
+scatter_min = _scatter_wrapper(scatter_min_p, "scatter_min")
+scatter_max = _scatter_wrapper(scatter_max_p, "scatter_max")
+for _prim, _name, _combine in [
+    (scatter_mul_p, "scatter_mul", np.multiply),
+    (scatter_min_p, "scatter_min", np.minimum),
+    (scatter_max_p, "scatter_max", np.maximum),
+]:
+    _prim.def_rule("impl")(_scatter_impl_with(_combine))
+    _prim.def_rule("abstract_eval")(_scatter_abstract_eval(_name, True))
+
+
+@scatter_mul_p.def_rule("jvp")
+def _scatter_mul_jvp(primals, tangents, *, batch_dims):
+    (x, u, *indices), (dx, du, *_) = primals, tangents
+    out = scatter_mul(x, u, *indices, batch_dims=batch_dims)
+    t_out = scatter_mul(dx, u, *indices, batch_dims=batch_dims)
+    if get_aval(x).dtype.kind != "f":
+        return [out], [t_out]
+    # d(prod of the updates at a position) = sum_k du_k * (prod of the others)
+    # computed without dividing by zero: count the zero updates per position
+    # and multiply the nonzero ones
+    x_aval = get_aval(x)
+    is_zero = numpy_equal(u, 0.0)
+    nonzero_product = scatter_mul(
+        full_of(x_aval, 1.0),
+        numpy_where(is_zero, 1.0, u),
+        *indices,
+        batch_dims=batch_dims,
+    )
+    zero_count = scatter_add(
+        zeros_of(x_aval),
+        convert_element_type(is_zero, x_aval.dtype),
+        *indices,
+        batch_dims=batch_dims,
+    )
+    product_k = gather(nonzero_product, *indices, batch_dims=batch_dims)
+    zeros_k = gather(zero_count, *indices, batch_dims=batch_dims)
+    others = numpy_where(
+        is_zero,
+        numpy_where(numpy_equal(zeros_k, 1.0), product_k, 0.0),
+        numpy_where(
+            numpy_equal(zeros_k, 0.0),
+            numpy_divide(product_k, numpy_where(is_zero, 1.0, u)),
+            0.0,
+        ),
+    )
+    d_product = scatter_add(
+        zeros_of(x_aval), mul(du, others), *indices, batch_dims=batch_dims
+    )
+    return [out], [add(t_out, mul(x, d_product))]
+
+
+@scatter_mul_p.def_rule("transpose")
+def _scatter_mul_transpose(cts, x, updates, *indices, batch_dims):
+    (ct,) = cts
+    if _is_undef(updates):
+        raise TypeError("scatter_mul is linear in its operand x only, not in updates")
+    ct_x = scatter_mul(ct, updates, *indices, batch_dims=batch_dims)
+    return [ct_x, None] + [None] * len(indices)
+
+
+def _scatter_extremal_jvp(prim: Primitive) -> None:
+    """The tangent of the value that won at each position; where several tie
+    (updates, and x if it kept its value), their tangents are averaged."""
+
+    @prim.def_rule("jvp")
+    def rule(primals, tangents, *, batch_dims):
+        (x, u, *indices), (dx, du, *_) = primals, tangents
+        out = bind(prim, x, u, *indices, batch_dims=batch_dims)
+        x_aval, u_aval = get_aval(x), get_aval(u)
+        if x_aval.dtype.kind != "f":
+            return [out], [zeros_of(x_aval)]
+        p = dict(batch_dims=batch_dims)
+
+        def count_at_positions(which):  # per update: how many share its position
+            per_position = scatter_add(zeros_of(x_aval), which, *indices, **p)
+            return gather(per_position, *indices, **p)
+
+        target = gather(out, *indices, **p)
+        won = numpy_equal(u, target)
+        kept = numpy_equal(gather(x, *indices, **p), target)
+        winners = count_at_positions(convert_element_type(won, x_aval.dtype))
+        refs = count_at_positions(full_of(u_aval, 1.0))
+        # (each denominator at least 1: it is 0 only for updates out of range,
+        # whose tangents the last scatter-add drops anyway)
+        share = numpy_divide(
+            1.0, numpy_where(kept, winners + 1.0, numpy_maximum(winners, 1.0))
+        )
+        u_coef = numpy_where(won, share, 0.0)
+        x_share = numpy_where(kept, numpy_divide(1.0, winners + 1.0), 0.0)
+        x_coef = numpy_divide(x_share - 1.0, numpy_maximum(refs, 1.0))
+        moved = add(mul(gather(dx, *indices, **p), x_coef), mul(du, u_coef))
+        return [out], [scatter_add(dx, moved, *indices, **p)]
+
+
+_scatter_extremal_jvp(scatter_min_p)
+_scatter_extremal_jvp(scatter_max_p)
+NOT_LINEAR.update({"scatter-min", "scatter-max"})  # no transpose rule
 
 
 @gather_p.def_rule("vmap")
@@ -5784,8 +5887,8 @@ def _scatter_vmap(prim: Primitive) -> None:
         return [bind(prim, x, updates, *indices, batch_dims=nb + 1, **params)], [0]
 
 
-_scatter_vmap(scatter_add_p)
-_scatter_vmap(scatter_p)
+for _prim in [scatter_add_p, scatter_p, scatter_mul_p, scatter_min_p, scatter_max_p]:
+    _scatter_vmap(_prim)
 
 
 def block_positions(axis_size, shape, starts, b_starts, sizes) -> list:
@@ -5795,7 +5898,7 @@ def block_positions(axis_size, shape, starts, b_starts, sizes) -> list:
     positions = []
     for a, (s, b, n, k) in enumerate(zip(starts, b_starts, shape, sizes)):
         s = move_batch_axis(axis_size, b, 0, s)  # (batch,)
-        s = numpy_clip(s, 0, n - k)
+        s = numpy_clip(_wrap_negative(s, n), 0, n - k)
         offsets = np.arange(k, dtype=get_aval(s).dtype)
         others = tuple(d for d in range(len(out_shape)) if d != a + 1)
         s = broadcast(s, out_shape, tuple(range(1, len(out_shape))))
@@ -5837,18 +5940,14 @@ def _dynamic_update_slice_vmap(axis, vals, dims):
 
 
 # @title Lowering to stablehlo.gather and stablehlo.scatter
-def _stacked_indices(indices, avals, clamp_to=None) -> ir.Value:
-    """One i64 index array with the index vector as its last axis (each
-    index clamped into [0, size) if the sizes ``clamp_to`` are given)."""
+def _stacked_indices(indices, avals) -> ir.Value:
+    """One i64 index array with the index vector as its last axis."""
     shape = avals[0].shape
     column = ir_type(ShapedArray((*shape, 1), np.int64))
     i64 = ShapedArray(shape, np.int64)
     columns = []
-    for k, (i, a) in enumerate(zip(indices, avals)):
+    for i, a in zip(indices, avals):
         i = i if a.dtype == np.int64 else hlo.convert(ir_type(i64), i)
-        if clamp_to is not None:
-            top = ir_constant(max(clamp_to[k] - 1, 0), i64)
-            i = hlo.clamp(ir_constant(0, i64), i, top)
         columns.append(hlo.reshape(column, i))
     return columns[0] if len(columns) == 1 else hlo.concatenate(columns, len(shape))
 
@@ -5872,7 +5971,7 @@ def _gather_lower(ctx, avals_in, avals_out, x, *indices, batch_dims):
 
 def _lower_scatter(prim: Primitive, combine: Callable | None) -> None:
     @prim.def_rule("lower")
-    def rule(ctx, avals_in, avals_out, x, updates, *indices, batch_dims, mode="drop"):
+    def rule(ctx, avals_in, avals_out, x, updates, *indices, batch_dims):
         x_aval, up_aval, idx_avals = avals_in[0], avals_in[1], avals_in[2:]
         nb, k, r = batch_dims, len(indices), idx_avals[0].ndim
         dims = hlo.ScatterDimensionNumbers.get(
@@ -5883,8 +5982,7 @@ def _lower_scatter(prim: Primitive, combine: Callable | None) -> None:
             scattered_dims_to_operand_dims=list(range(nb, nb + k)),
             index_vector_dim=r,
         )
-        sizes = x_aval.shape[nb:] if mode == "clip" else None
-        stacked = _stacked_indices(indices, idx_avals, sizes)
+        stacked = _stacked_indices(indices, idx_avals)
         op = hlo.ScatterOp([ir_type(avals_out[0])], [x], stacked, [updates], dims)
         scalar = ir_type(ShapedArray((), x_aval.dtype))
         body = op.regions[0].blocks.append(scalar, scalar)
@@ -5896,44 +5994,59 @@ def _lower_scatter(prim: Primitive, combine: Callable | None) -> None:
 
 _lower_scatter(scatter_add_p, hlo.add)
 _lower_scatter(scatter_p, None)
+_lower_scatter(scatter_mul_p, hlo.multiply)
+_lower_scatter(scatter_min_p, hlo.minimum)
+_lower_scatter(scatter_max_p, hlo.maximum)
 
 
 def getitem(x: ArrayLike, idx: Any) -> ArrayLike:
-    """``x[idx]`` with NumPy's indexing rules (JAX's bounds: reads clamp)."""
+    """``x[idx]`` with NumPy's indexing rules."""
     plan = index_plan(get_aval(x), idx)
     if plan.kind == "empty":  # nothing to read
         return zeros_of(ShapedArray(plan.shape, get_aval(x).dtype))
-    if plan.kind == "slice":
-        x = lax_slice(x, plan.starts, plan.limits, plan.strides)
-    elif plan.kind == "dynamic_slice":
+    if plan.kind == "dynamic_slice":
         x = dynamic_slice(x, plan.starts, plan.sizes)
-    else:
-        x = gather(x, *plan.positions)
+    elif plan.starts is not None:  # a static slice (before a gather, if any)
+        x = lax_slice(x, plan.starts, plan.limits, plan.strides)
+    if plan.kind == "gather":  # indexed axes first, whole axes as the window
+        x = gather(permute(x, plan.perm), *plan.positions)
+        x = permute(x, plan.out_perm)  # the result's axes in NumPy's order
     return reshape(x, plan.shape)
 
 
 class IndexUpdateRef(NamedTuple):
-    """``x.at[idx]``: what ``set``, ``add`` and ``get`` act on."""
+    """``x.at[idx]``: what ``get``, ``set``, ``add``, ... act on."""
 
     x: ArrayLike
     idx: Any
 
-    def get(self) -> ArrayLike:
-        return getitem(self.x, self.idx)
+    def get(self, *, mode=None, fill_value=None) -> ArrayLike:
+        return read_with_mode(self.x, self.idx, mode, fill_value)
 
-    def set(self, values: ArrayLike) -> ArrayLike:
-        return self._write(scatter, values)
+    def set(self, values: ArrayLike, *, mode=None) -> ArrayLike:
+        return self._write(scatter, values, mode)
 
-    def add(self, values: ArrayLike) -> ArrayLike:
-        return self._write(scatter_add, values)
+    def add(self, values: ArrayLike, *, mode=None) -> ArrayLike:
+        return self._write(scatter_add, values, mode)
 
-    def _write(self, scatter_fn: Callable, values: ArrayLike) -> ArrayLike:
+    def multiply(self, values: ArrayLike, *, mode=None) -> ArrayLike:
+        return self._write(scatter_mul, values, mode)
+
+    def min(self, values: ArrayLike, *, mode=None) -> ArrayLike:
+        return self._write(scatter_min, values, mode)
+
+    def max(self, values: ArrayLike, *, mode=None) -> ArrayLike:
+        return self._write(scatter_max, values, mode)
+
+    def _write(self, scatter_fn: Callable, values: ArrayLike, mode) -> ArrayLike:
         plan = index_plan(get_aval(self.x), self.idx, for_update=True)
         values = check_update_values(self.x, plan.shape, values)  # broadcast, cast
         if plan.kind == "empty":  # nothing to write
             return self.x
-        values = reshape(values, plan.gather_shape)
-        return scatter_fn(self.x, values, *plan.positions)
+        x = permute(self.x, plan.perm)  # the axes as the gather would read them
+        values = permute(values, inverse_perm(plan.out_perm))  # and the update
+        x = scatter_fn(x, values, *bounded_positions(plan, mode))
+        return permute(x, inverse_perm(plan.perm))
 
 
 # @title index_plan: NumPy's index language, parsed into a slice or a gather
@@ -5946,14 +6059,32 @@ class NonConcreteBooleanIndexError(IndexingError):
 
 
 class IndexPlan(NamedTuple):
-    kind: str  # "slice", "dynamic_slice", "gather" or "empty"
+    kind: str  # "slice", "dynamic_slice", "gather", "whole" (x) or "empty"
     shape: tuple  # the shape of x[idx]
     starts: Any = None  # slice, dynamic_slice
     limits: Any = None  # slice
     strides: Any = None  # slice
     sizes: Any = None  # dynamic_slice
-    positions: Any = None  # gather: one index array per indexed leading axis
-    gather_shape: Any = None  # the shape the gather reads (x[idx] before reshaping)
+    positions: Any = None  # gather: one index array per indexed axis
+    perm: Any = None  # gather: x's indexed axes first, then the whole ones
+    out_perm: Any = None  # gather: from the gather's axes to the result's
+    indexed_shape: Any = None  # gather: the sizes of the indexed axes
+
+
+def permute(x: ArrayLike, perm: Sequence[int]) -> ArrayLike:
+    """``transpose(x, perm)``, or ``x`` itself for the identity."""
+    return x if tuple(perm) == tuple(range(len(perm))) else transpose(x, perm)
+
+
+def inverse_perm(perm: Sequence[int]) -> tuple:
+    return tuple(int(i) for i in np.argsort(perm))
+
+
+def _is_scalar_bool(item: Any) -> bool:
+    """``True``, ``False``, a NumPy bool or a 0-d boolean array (not traced)."""
+    return isinstance(item, (bool, np.bool_)) or (
+        isinstance(item, np.ndarray) and item.shape == () and item.dtype == np.bool_
+    )
 
 
 def _entries(aval: ShapedArray, idx: Any) -> list:
@@ -5970,8 +6101,8 @@ def _entries(aval: ShapedArray, idx: Any) -> list:
     used = sum(_axes_used(aval, item) for item in items if item is not Ellipsis)
     if used > aval.ndim:
         raise IndexingError(
-            f"Too many indices: {aval.str_short()} has {aval.ndim} axes, but "
-            f"{used} were indexed by {_short_repr(idx)}"
+            f"Too many indices: array is {aval.ndim}-dimensional, but {used} were "
+            f"indexed (indexing {aval.str_short()} with {_short_repr(idx)})"
         )
     if not any(item is Ellipsis for item in items):
         items.append(Ellipsis)
@@ -5981,6 +6112,9 @@ def _entries(aval: ShapedArray, idx: Any) -> list:
     for item in items:
         if item is None:
             entries.append(("new",))
+            continue
+        if _is_scalar_bool(item):  # an index array on a new axis of size 1
+            entries.append(("array", None, np.zeros(1 if item else 0, np.int64)))
             continue
         n = aval.shape[axis] if axis < aval.ndim else 0
         if isinstance(item, slice):
@@ -6005,9 +6139,9 @@ def _entries(aval: ShapedArray, idx: Any) -> list:
                 mask_shape = get_aval(array).shape
                 if mask_shape != aval.shape[axis : axis + len(mask_shape)]:
                     raise IndexingError(
-                        f"indexing {aval.str_short()}: a boolean mask of shape "
-                        f"{mask_shape} does not match the axes it indexes, "
-                        f"{aval.shape[axis : axis + len(mask_shape)]}"
+                        f"indexing {aval.str_short()}: boolean index did not match "
+                        f"shape of indexed array: a mask of shape {mask_shape} "
+                        f"for the axes {aval.shape[axis : axis + len(mask_shape)]}"
                     )
                 for a in np.nonzero(array):
                     entries.append(("array", axis, a))
@@ -6019,7 +6153,7 @@ def _entries(aval: ShapedArray, idx: Any) -> list:
 
 
 def _axes_used(aval: ShapedArray, item: Any) -> int:
-    if item is None:
+    if item is None or _is_scalar_bool(item):
         return 0
     if isinstance(item, (slice, int, np.integer)) or _is_python_scalar(item):
         return 1
@@ -6072,9 +6206,33 @@ def index_plan(aval: ShapedArray, idx: Any, for_update: bool = False) -> IndexPl
     entries = _entries(aval, idx)
     arrays = [e for e in entries if e[0] == "array"]
     simple = all(e[0] != "slice" or e[2][1] > 0 for e in entries)
-    if not for_update and simple and all(get_aval(e[2]).ndim == 0 for e in arrays):
+    if for_update:
+        return _gather_plan(aval, entries)
+    if simple and all(get_aval(e[2]).ndim == 0 for e in arrays):
         return _slicing_plan(aval, entries)
-    return _gather_plan(aval, entries)
+    return _slice_then_gather_plan(aval, entries)
+
+
+def _slice_then_gather_plan(aval: ShapedArray, entries: list) -> IndexPlan:
+    """A read: the slices with a positive step that do not take their whole
+    axis are done by a static slice first, so the gather reads them whole, as
+    its window, instead of at positions given by a constant."""
+    starts, limits, strides = [0] * aval.ndim, list(aval.shape), [1] * aval.ndim
+    sliced = []
+    for e in entries:
+        if e[0] == "slice" and e[2][1] > 0 and e[2] != (0, 1, aval.shape[e[1]]):
+            (start, step, count), axis = e[2], e[1]
+            starts[axis], strides[axis] = start, step
+            limits[axis] = past_last(start, count, step)
+            e = ("slice", axis, (0, 1, count))
+        sliced.append(e)
+    if sliced == entries:
+        return _gather_plan(aval, entries)
+    shape = tuple(map(_sliced_size, starts, limits, strides))
+    plan = _gather_plan(ShapedArray(shape, aval.dtype), sliced)
+    return plan._replace(
+        starts=tuple(starts), limits=tuple(limits), strides=tuple(strides)
+    )
 
 
 def _slicing_plan(aval: ShapedArray, entries: list) -> IndexPlan:
@@ -6098,19 +6256,23 @@ def _slicing_plan(aval: ShapedArray, entries: list) -> IndexPlan:
         else:  # a traced scalar: a dynamic start
             starts[e[1]], limits[e[1]], dynamic = e[2], None, True  # wrapped later
     if not dynamic:
+        whole = starts == [0] * aval.ndim and limits == list(aval.shape)
+        if whole and strides == [1] * aval.ndim:
+            return IndexPlan("whole", tuple(shape))
         return IndexPlan(
             "slice", tuple(shape), tuple(starts), tuple(limits), tuple(strides)
         )
     if any(s != 1 for s in strides):
-        return _gather_plan(aval, entries)
+        return _slice_then_gather_plan(aval, entries)
     sizes = tuple(1 if hi is None else hi - lo for lo, hi in zip(starts, limits))
     starts = [s if isinstance(s, Tracer) else np.asarray(s, np.int64) for s in starts]
     return IndexPlan("dynamic_slice", tuple(shape), starts=starts, sizes=sizes)
 
 
 def _gather_plan(aval: ShapedArray, entries: list) -> IndexPlan:
-    """Everything else: the position of each element of x[idx] along each
-    indexed axis, as index arrays shaped like the result."""
+    """Everything else: the axes taken whole become the gather's window; for
+    the others, the position of each element of x[idx] along each of them,
+    as index arrays."""
     entries = [
         ("array", e[1], np.asarray(e[2])) if e[0] == "int" else e for e in entries
     ]
@@ -6126,30 +6288,45 @@ def _gather_plan(aval: ShapedArray, entries: list) -> IndexPlan:
             layout.append(("array",))
     if not contiguous:
         layout.insert(0, ("array",))
-    shape, where = [], {}
-    for item in layout:
-        where[item] = len(shape)
+
+    def entry_of(axis):
+        return next(e for e in entries if e[0] != "new" and e[1] == axis)
+
+    # axes taken whole (x[:, ...]) are read as the window; at least one is indexed
+    whole = [
+        a
+        for a in range(aval.ndim)
+        if entry_of(a)[0] == "slice" and entry_of(a)[2] == (0, 1, aval.shape[a])
+    ]
+    if len(whole) == aval.ndim:
+        whole = whole[1:]
+    indexed = [a for a in range(aval.ndim) if a not in whole]
+
+    def sizes(item):
         if item[0] == "array":
-            shape.extend(adv_shape)
-        elif item[0] == "new":
-            shape.append(1)
+            return list(adv_shape)
+        if item[0] == "new":
+            return [1]
+        return [entry_of(item[1])[2][2]]
+
+    shape = [n for item in layout for n in sizes(item)]
+    # the gather's output: the positions' axes (the result's axes that are not
+    # whole, in order), then the whole axes in x's order
+    at, positions_axes, window_axes = 0, [], {}
+    where = {}
+    for item in layout:
+        k = len(sizes(item))
+        if item[0] == "slice" and item[1] in whole:
+            window_axes[item[1]] = at
         else:
-            shape.append(next(e[2][2] for e in entries if e[:2] == item))
-    # trailing axes of x taken whole, last in the result too: the window
-    window = 0
-    for axis in reversed(range(1, aval.ndim)):  # axis 0 is always indexed
-        e = next(e for e in entries if e[0] != "new" and e[1] == axis)
-        if (
-            e[0] != "slice"
-            or e[2] != (0, 1, aval.shape[axis])
-            or where[("slice", axis)] != len(shape) - (aval.ndim - axis)
-        ):
-            break
-        window += 1
-    positions_shape = tuple(shape[: len(shape) - window])
+            where[item] = len(positions_axes)
+            positions_axes.extend(range(at, at + k))
+        at += k
+    gather_axes = positions_axes + [window_axes[a] for a in whole]
+    positions_shape = tuple(shape[d] for d in positions_axes)
     positions = []
-    for axis in range(aval.ndim - window):
-        e = next(e for e in entries if e[0] != "new" and e[1] == axis)
+    for axis in indexed:
+        e = entry_of(axis)
         if e[0] == "slice":
             start, step, count = e[2]
             p = np.arange(count, dtype=np.int64) * step + start
@@ -6162,12 +6339,78 @@ def _gather_plan(aval: ShapedArray, entries: list) -> IndexPlan:
             block = range(at, at + len(adv_shape))
             others = tuple(d for d in range(len(positions_shape)) if d not in block)
             positions.append(broadcast(p, positions_shape, others) if others else p)
-    gather_shape = (*positions_shape, *aval.shape[aval.ndim - window :])
-    if 0 in gather_shape:  # an empty result: nothing to gather
-        return IndexPlan("empty", tuple(shape), gather_shape=gather_shape)
+    if 0 in shape:  # an empty result: nothing to gather
+        return IndexPlan("empty", tuple(shape))
     return IndexPlan(
-        "gather", tuple(shape), positions=positions, gather_shape=gather_shape
+        "gather",
+        tuple(shape),
+        positions=positions,
+        perm=tuple(indexed + whole),
+        out_perm=inverse_perm(gather_axes),
+        indexed_shape=tuple(aval.shape[a] for a in indexed),
     )
+
+
+def check_index_mode(name: str, mode: Any) -> str:
+    """JAX's out-of-range modes; None is "promise_in_bounds" ("fill" for take)."""
+    if mode is None:
+        return "promise_in_bounds"
+    mode = getattr(mode, "name", mode)  # a GatherScatterMode-like enum
+    mode = {"FILL_OR_DROP": "fill", "CLIP": "clip"}.get(mode, str(mode).lower())
+    if mode not in ("promise_in_bounds", "clip", "fill", "drop"):
+        raise ValueError(
+            f"{name}: mode must be None, 'promise_in_bounds', 'clip', 'fill' or "
+            f"'drop', got {mode!r}"
+        )
+    return mode
+
+
+def bounded_positions(plan: IndexPlan, mode: Any) -> list:
+    """The plan's positions; with mode "clip", clamped into their axes."""
+    if check_index_mode("at[]", mode) != "clip":
+        return plan.positions
+    return [
+        numpy_clip(p, 0, max(n - 1, 0))
+        for p, n in zip(plan.positions, plan.indexed_shape)
+    ]
+
+
+def in_bounds(shape, indices) -> ArrayLike:
+    """A boolean array over the index positions: inside ``shape`` or not."""
+    inside = True
+    for i, n in zip(indices, shape):
+        here = select(i >= 0, i < n, i >= 0)  # i >= 0 and i < n
+        inside = here if inside is True else select(here, inside, here)
+    return inside
+
+
+def read_with_mode(x: ArrayLike, idx: Any, mode: Any, fill_value: Any) -> ArrayLike:
+    """``x.at[idx].get(mode=..., fill_value=...)``: "clip" clamps the positions
+    before the gather, "fill" (or "drop") puts ``fill_value`` where they are
+    out of range; by default, the same as ``x[idx]``."""
+    mode = check_index_mode("at[].get", mode)
+    if mode == "promise_in_bounds":
+        return getitem(x, idx)
+    plan = index_plan(get_aval(x), idx, for_update=True)
+    dtype = get_aval(x).dtype
+    if plan.kind == "empty":
+        return zeros_of(ShapedArray(plan.shape, dtype))
+    out = gather(permute(x, plan.perm), *bounded_positions(plan, mode))
+    if mode in ("fill", "drop"):
+        inside = in_bounds(plan.indexed_shape, plan.positions)
+        inside = _per_window(inside, get_aval(out), get_aval(plan.positions[0]).ndim)
+        fill = _fill_value(dtype) if fill_value is None else fill_value
+        out = select(inside, out, full_of(get_aval(out), fill))
+    return reshape(permute(out, plan.out_perm), plan.shape)
+
+
+def _fill_value(dtype: np.dtype) -> Any:
+    """JAX's fill for out-of-range reads: NaN, the lowest int, or True."""
+    if dtype.kind == "f":
+        return np.nan
+    if dtype.kind == "b":
+        return True
+    return np.iinfo(dtype).min if dtype.kind == "i" else np.iinfo(dtype).max
 
 
 def check_update_values(x: ArrayLike, shape: tuple, values: ArrayLike) -> ArrayLike:
@@ -6204,71 +6447,62 @@ class _IndexUpdateHelper(NamedTuple):
         return IndexUpdateRef(self.x, idx)
 
 
+def zero_dropped_updates(prim: Primitive) -> None:
+    """Wrap ``prim``'s transpose rule: zero cotangent for the dropped updates."""
+    in_range_rule = prim.rules["transpose"]
+
+    @prim.def_rule("transpose")
+    def rule(cts, x, updates, *indices, batch_dims):
+        ct_x, ct_u, *rest = in_range_rule(
+            cts, x, updates, *indices, batch_dims=batch_dims
+        )
+        if ct_u is not None:  # keep the cotangents of the updates inside x
+            inside = in_bounds(get_aval(cts[0]).shape[batch_dims:], indices)
+            inside = _per_window(inside, get_aval(ct_u), get_aval(indices[0]).ndim)
+            ct_u = select(inside, ct_u, zeros_of(get_aval(ct_u)))
+        return [ct_x, ct_u, *rest]
+
+
+zero_dropped_updates(scatter_add_p)
+
+
 # @title take, take_along_axis, split, argmax, argmin; the lax names
-def _fill_value(dtype: np.dtype) -> Any:
-    """JAX's fill for out-of-range reads: NaN, the lowest int, or True."""
-    if dtype.kind == "f":
-        return np.nan
-    if dtype.kind == "b":
-        return True
-    return np.iinfo(dtype).min if dtype.kind == "i" else np.iinfo(dtype).max
-
-
-def _check_mode(name: str, mode: Any) -> str:
-    if mode not in (None, "fill", "clip"):
-        raise ValueError(f"{name}: mode must be None, 'fill' or 'clip', got {mode!r}")
+def _check_take_mode(name: str, mode: Any, allowed: tuple) -> str:
+    """take's modes: None is "fill", as in JAX."""
+    if mode not in (None, *allowed):
+        raise ValueError(
+            f"{name}: mode must be None, {', '.join(map(repr, allowed))}, got {mode!r}"
+        )
     return mode or "fill"
-
-
-def _fill_outside(out, indices, n, out_axes_of_indices, fill_value) -> ArrayLike:
-    """``out`` with ``fill_value`` where ``indices`` (wrapped) fell outside [0, n)."""
-    inside = in_bounds((n,), [_wrap_negative(indices, n)], 0)
-    aval = get_aval(out)
-    new_axes = tuple(d for d in range(aval.ndim) if d not in out_axes_of_indices)
-    inside = broadcast_to(inside, tuple(aval.shape[d] for d in out_axes_of_indices))
-    inside = broadcast(inside, aval.shape, new_axes) if new_axes else inside
-    fill = _fill_value(aval.dtype) if fill_value is None else fill_value
-    return select(inside, out, full_of(aval, fill))
-
-
-def full_of(aval: ShapedArray, value: Any) -> ArrayLike:
-    """An array of type ``aval`` holding ``value``: a broadcast of one number."""
-    one = np.asarray(value).astype(aval.dtype)
-    return broadcast(one, aval.shape, tuple(range(aval.ndim))) if aval.ndim else one
 
 
 @numpy_function
 def numpy_take(a, indices, axis=None, mode=None, fill_value=None) -> ArrayLike:
     """Elements (or slices along ``axis``) of ``a`` at ``indices``."""
-    mode = _check_mode("take", mode)
+    mode = _check_take_mode("take", mode, ("fill", "clip"))
     a = _as_input(a, "take")
     if axis is None:
         a, axis = reshape(a, (-1,)), 0
-    ndim = get_aval(a).ndim
-    axis = _normalize_axes("take", axis, ndim)[0]
+    axis = _normalize_axes("take", axis, get_aval(a).ndim)[0]
     indices = _index_array(get_aval(a), indices)
-    n = get_aval(a).shape[axis]
-    if mode == "clip":
-        indices = numpy_clip(indices, 0, max(n - 1, 0))
-    out = getitem(a, (slice(None),) * axis + (indices,))
-    if mode == "clip":
-        return out
-    idx_axes = tuple(range(axis, axis + get_aval(indices).ndim))
-    return _fill_outside(out, indices, n, idx_axes, fill_value)
+    if mode == "clip":  # as NumPy's take: clamped before counting from the end
+        n = get_aval(a).shape[axis]
+        indices, mode = numpy_clip(indices, 0, max(n - 1, 0)), "promise_in_bounds"
+    return read_with_mode(a, (slice(None),) * axis + (indices,), mode, fill_value)
 
 
 @numpy_function
 def numpy_take_along_axis(arr, indices, axis=-1, mode=None, fill_value=None):
     """``arr`` read at ``indices`` along ``axis``, the other axes matched."""
-    mode = _check_mode("take_along_axis", mode)
+    allowed = ("fill", "drop", "clip", "promise_in_bounds")
+    mode = _check_take_mode("take_along_axis", mode, allowed)
     arr = _as_input(arr, "take_along_axis")
     aval = get_aval(arr)
     indices = _index_array(aval, indices)
-    idx_aval = get_aval(indices)
     if axis is None:
-        arr, aval, axis = reshape(arr, (-1,)), ShapedArray((aval.size,), aval.dtype), 0
-        indices = reshape(indices, (-1,))
-        idx_aval = get_aval(indices)
+        arr, indices, axis = reshape(arr, (-1,)), reshape(indices, (-1,)), 0
+        aval = get_aval(arr)
+    idx_aval = get_aval(indices)
     axis = _normalize_axes("take_along_axis", axis, aval.ndim)[0]
     if idx_aval.ndim != aval.ndim:
         raise TypeError(
@@ -6280,26 +6514,18 @@ def numpy_take_along_axis(arr, indices, axis=-1, mode=None, fill_value=None):
         for a in (aval, idx_aval)
     ]
     shape = list(np.broadcast_shapes(*others))  # the other axes must match
-    shape[axis] = idx_aval.shape[axis]
-    shape, n = tuple(shape), aval.shape[axis]
-    positions = []
-    for d in range(aval.ndim):
-        if d == axis:
-            if mode == "clip":
-                p = numpy_clip(indices, 0, max(n - 1, 0))
-            else:
-                p = _wrap_negative(indices, n)
-        else:
-            p = np.arange(shape[d]).reshape(
-                [-1 if e == d else 1 for e in range(len(shape))]
-            )
-        positions.append(broadcast_to(p, shape))
-    out = gather(arr, *positions)
-    if mode == "clip":
-        return out
-    return _fill_outside(
-        out, broadcast_to(indices, shape), n, tuple(range(len(shape))), fill_value
-    )
+    n, k = aval.shape[axis], idx_aval.shape[axis]
+    arr = broadcast_to(arr, tuple(shape[:axis] + [n] + shape[axis + 1 :]))
+    indices = broadcast_to(indices, tuple(shape[:axis] + [k] + shape[axis + 1 :]))
+    # the other axes first and paired (batch_dims): no positions to build
+    perm = [d for d in range(aval.ndim) if d != axis] + [axis]
+    arr, indices = permute(arr, perm), permute(_wrap_negative(indices, n), perm)
+    positions = numpy_clip(indices, 0, max(n - 1, 0)) if mode == "clip" else indices
+    out = gather(arr, positions, batch_dims=aval.ndim - 1)
+    if mode in ("fill", "drop"):
+        fill = _fill_value(aval.dtype) if fill_value is None else fill_value
+        out = select(in_bounds((n,), [indices]), out, full_of(get_aval(out), fill))
+    return permute(out, inverse_perm(perm))
 
 
 @numpy_function
@@ -6380,6 +6606,9 @@ for _name, _fn in {
     "gather": gather,
     "scatter_add": scatter_add,
     "scatter": scatter,
+    "scatter_mul": scatter_mul,
+    "scatter_min": scatter_min,
+    "scatter_max": scatter_max,
 }.items():
     setattr(lax_namespace, _name, _fn)
 
@@ -8741,17 +8970,21 @@ free_cost(keep_gradient_p)
 free_cost(axis_index_p)
 
 # The indexing chapter's primitives move data: they cost the bytes they read
-# and write, and scatter-add one addition per element of its updates.
+# and write, and scatter-add (-mul, -min, -max) one operation per element of
+# its updates.
 for prim in [slice_p, pad_p, dynamic_slice_p, dynamic_update_slice_p]:
     per_element_cost(prim, flops=0)
 for prim in [gather_p, scatter_p]:
     per_element_cost(prim, flops=0)
 
 
-@scatter_add_p.def_rule("cost")
-def _scatter_add_cost(ctx, avals_in, avals_out, **params):
+def _scatter_combine_cost(ctx, avals_in, avals_out, **params):
     updates = avals_in[1]
     return Cost(updates.size, 0, io_bytes(avals_in, avals_out))
+
+
+for prim in [scatter_add_p, scatter_mul_p, scatter_min_p, scatter_max_p]:
+    prim.def_rule("cost")(_scatter_combine_cost)
 
 
 def all_reduce_cost(prim: Primitive) -> None:

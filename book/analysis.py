@@ -259,7 +259,7 @@ def _dot_general_cost(ctx, avals_in, avals_out, *, dimension_numbers):
 # reductions (one operation per element that disappears), the two identities
 # `stop_gradient` and `keep_gradient` (nothing: they vanish in compiled code),
 # {ref}`Part 9 <part9>`'s collectives, and the indexing primitives (the bytes
-# they move; `scatter-add` also one addition per update).
+# they move; the combining scatters also one operation per update).
 
 # %% tags=["export", "hide-input"]
 # @title Cost rules: comparisons, convert, powers, reductions, collectives, indexing
@@ -298,17 +298,21 @@ free_cost(keep_gradient_p)
 free_cost(axis_index_p)
 
 # The indexing chapter's primitives move data: they cost the bytes they read
-# and write, and scatter-add one addition per element of its updates.
+# and write, and scatter-add (-mul, -min, -max) one operation per element of
+# its updates.
 for prim in [slice_p, pad_p, dynamic_slice_p, dynamic_update_slice_p]:
     per_element_cost(prim, flops=0)
 for prim in [gather_p, scatter_p]:
     per_element_cost(prim, flops=0)
 
 
-@scatter_add_p.def_rule("cost")
-def _scatter_add_cost(ctx, avals_in, avals_out, **params):
+def _scatter_combine_cost(ctx, avals_in, avals_out, **params):
     updates = avals_in[1]
     return Cost(updates.size, 0, io_bytes(avals_in, avals_out))
+
+
+for prim in [scatter_add_p, scatter_mul_p, scatter_min_p, scatter_max_p]:
+    prim.def_rule("cost")(_scatter_combine_cost)
 
 
 def all_reduce_cost(prim: Primitive) -> None:

@@ -29,7 +29,8 @@
 # has to be written as a product with a one-hot matrix: for each token,
 # `V·D` multiply-adds to fetch `D` numbers from a `V × D` table, forward and
 # backward. Picking a target's log-probability becomes a masked sum, and
-# splitting a fused projection into three is impossible. This chapter adds
+# splitting a fused projection into three becomes three more products with
+# 0/1 matrices. This chapter adds
 # indexing the way JAX has it, as a handful of primitives whose rules carry two
 # of the nicest ideas of the book:
 #
@@ -42,9 +43,10 @@
 #
 # In order: the static `slice` and its transpose `pad`; `dynamic_slice` and
 # `dynamic_update_slice`, whose start is known only when the program runs;
-# `gather`, `scatter-add` and `scatter`; and the NumPy interface on top: `x[i]`,
-# `x[1:3]`, `x[..., None]`, integer-array and boolean-mask indices, `x.at[i].set(v)`,
-# `take`, `take_along_axis`, `split`, `argmax`.
+# `gather`, `scatter-add` and the other scatters; the NumPy interface on top:
+# `x[i]`, `x[1:3]`, `x[..., None]`, integer-array and boolean-mask indices,
+# `x.at[i].set(v)`; what happens to an index out of range; and `take`,
+# `take_along_axis`, `split`.
 
 # %% tags=["hide-input"]
 # @title Setup: the pinned JAX, the module `autodidax`, the earlier chapters
@@ -90,7 +92,10 @@ def i64(*shape):
 # slice come from? Every element that was taken gets its cotangent back, every
 # other element gets zero: the cotangent, padded with zeros before (`start`),
 # after, and between the taken elements (`stride - 1` of them). That is a second
-# primitive, `pad`, whose own transpose is again a slice.
+# primitive, `pad`, whose own transpose is again a slice. The only arithmetic is
+# the amount after: an axis of `n` elements, read from `start` every `stride`,
+# `taken` times, ends at `start + (taken - 1)·stride + 1`, so `high` is `n`
+# minus that.
 
 # %% tags=["export"]
 import operator
@@ -112,20 +117,28 @@ def pad(x: ArrayLike, low, high, interior) -> ArrayLike:
     return bind(pad_p, x, **check_pad(get_aval(x), low, high, interior))
 
 
+def past_last(start: int, taken: int, stride: int) -> int:
+    """The position after the last of ``taken`` elements read every ``stride``
+    from ``start``: start + (taken - 1) * stride + 1 (just start if none)."""
+    return start + (taken - 1) * stride + 1 if taken else start
+
+
 @slice_p.def_rule("transpose")
 def _slice_transpose(cts, x, *, start_indices, limit_indices, strides):
     (ct,) = cts
     taken = get_aval(ct).shape
-    end = map(_past_last, start_indices, taken, strides)  # where the taken ones end
-    high = [n - e for n, e in zip(x.aval.shape, end)]
-    return [pad(ct, start_indices, high, [s - 1 for s in strides])]
+    end = map(past_last, start_indices, taken, strides)
+    low = start_indices  # zeros before the first taken element,
+    high = [n - e for n, e in zip(x.aval.shape, end)]  # after the last one,
+    interior = [s - 1 for s in strides]  # and between two taken ones
+    return [pad(ct, low, high, interior)]
 
 
 @pad_p.def_rule("transpose")
 def _pad_transpose(cts, x, *, low, high, interior):
-    (ct,) = cts
+    (ct,) = cts  # read back every (interior + 1)-th element, from low on
     steps = [i + 1 for i in interior]
-    limits = map(_past_last, low, x.aval.shape, steps)
+    limits = map(past_last, low, x.aval.shape, steps)
     return [lax_slice(ct, low, tuple(limits), steps)]
 
 
@@ -180,11 +193,6 @@ def check_pad(aval: ShapedArray, low, high, interior) -> dict:
             f"negative (padding {aval.str_short()})"
         )
     return dict(low=low, high=high, interior=interior)
-
-
-def _past_last(start: int, count: int, step: int) -> int:
-    """The position after the last of ``count`` elements taken every ``step``."""
-    return start + (count - 1) * step + 1 if count else start
 
 
 def _sliced_size(start: int, limit: int, stride: int) -> int:
@@ -285,6 +293,8 @@ print(make_jaxpr(grad(every_other), f64(6))[0])
 # while tracing. Its partner `dynamic_update_slice` writes a block into an array
 # at a traced position. XLA keeps both inside the array: a start that would
 # make the block stick out is moved back (clamped) until it fits, and so do we.
+# A negative start first counts from the end, as in JAX's `lax`: `-1` is the
+# last position.
 #
 # The transposes say the same as for `slice`, with traced starts: the cotangent
 # of a block read at `start` is that block written into zeros at `start`; and
@@ -296,32 +306,26 @@ dynamic_slice_p = Primitive("dynamic_slice")
 dynamic_update_slice_p = Primitive("dynamic_update_slice")
 
 
-def dynamic_slice(x, start_indices, slice_sizes, *, allow_negative_indices=True):
+def dynamic_slice(x: ArrayLike, start_indices, slice_sizes) -> ArrayLike:
     """The block of ``slice_sizes`` at ``start_indices`` (clamped to fit)."""
     x = _as_input(x, "dynamic_slice")
     starts = check_starts("dynamic_slice", get_aval(x), start_indices)
-    if allow_negative_indices:  # as in JAX's lax, -1 is the last position
-        starts = [_wrap_negative(s, n) for s, n in zip(starts, get_aval(x).shape)]
     sizes = check_slice_sizes(get_aval(x), slice_sizes)
     return bind(dynamic_slice_p, x, *starts, slice_sizes=sizes)
 
 
-def dynamic_update_slice(x, update, start_indices, *, allow_negative_indices=True):
+def dynamic_update_slice(x: ArrayLike, update: ArrayLike, start_indices) -> ArrayLike:
     """``x`` with ``update`` written at ``start_indices`` (clamped to fit)."""
     x, update = _as_input(x, "dynamic_update_slice"), _as_input(update, "update")
     check_update_block(get_aval(x), get_aval(update))
     starts = check_starts("dynamic_update_slice", get_aval(x), start_indices)
-    if allow_negative_indices:
-        starts = [_wrap_negative(s, n) for s, n in zip(starts, get_aval(x).shape)]
     return bind(dynamic_update_slice_p, x, update, *starts)
 
 
 @dynamic_slice_p.def_rule("transpose")
 def _dynamic_slice_transpose(cts, x, *starts, slice_sizes):
-    (ct,) = cts
-    ct_x = dynamic_update_slice(
-        zeros_of(x.aval), ct, starts, allow_negative_indices=False
-    )
+    (ct,) = cts  # the block, written into zeros where it was read
+    ct_x = dynamic_update_slice(zeros_of(x.aval), ct, starts)
     return [ct_x] + [None] * len(starts)
 
 
@@ -329,23 +333,19 @@ def _dynamic_slice_transpose(cts, x, *starts, slice_sizes):
 def _dynamic_update_slice_transpose(cts, x, update, *starts):
     (ct,) = cts
     block = _aval_of(update)
-    exact = dict(allow_negative_indices=False)  # starts as the primitive got them
-    ct_x = (
-        dynamic_update_slice(ct, zeros_of(block), starts, **exact)
-        if _is_undef(x)
-        else None
-    )
-    ct_update = (
-        dynamic_slice(ct, starts, block.shape, **exact) if _is_undef(update) else None
-    )
+    ct_x = ct_update = None
+    if _is_undef(x):  # x's elements under the block were overwritten: zero
+        ct_x = dynamic_update_slice(ct, zeros_of(block), starts)
+    if _is_undef(update):  # the block's cotangent is read where it was written
+        ct_update = dynamic_slice(ct, starts, block.shape)
     return [ct_x, ct_update] + [None] * len(starts)
 
 
 # %% [markdown]
 # `zeros_of(aval)` is an array of zeros made by a `broadcast` of one zero, so
 # that under `jit` it is an equation XLA fills in place, not a constant of the
-# array's size shipped with every call. The checks, evaluation (clamp, then
-# NumPy's slicing), abstract evaluation, `jvp` (the same block of the tangent)
+# array's size shipped with every call. The checks, evaluation (wrap a
+# negative start, clamp, then NumPy's slicing), abstract evaluation, `jvp` (the same block of the tangent)
 # and lowering (StableHLO's ops of the same names) are folded. Batching is
 # after `gather`, which it needs.
 
@@ -354,8 +354,13 @@ def _dynamic_update_slice_transpose(cts, x, update, *starts):
 # @title dynamic_slice, dynamic_update_slice: checks, evaluation, types, jvp, lowering
 def zeros_of(aval: ShapedArray) -> ArrayLike:
     """Zeros of type ``aval``: a broadcast of one zero (an equation under jit)."""
-    zero = np.zeros((), aval.dtype)
-    return broadcast(zero, aval.shape, tuple(range(aval.ndim))) if aval.ndim else zero
+    return full_of(aval, 0)
+
+
+def full_of(aval: ShapedArray, value: Any) -> ArrayLike:
+    """An array of type ``aval`` holding ``value``: a broadcast of one number."""
+    one = np.asarray(value).astype(aval.dtype)
+    return broadcast(one, aval.shape, tuple(range(aval.ndim))) if aval.ndim else one
 
 
 def _wrap_negative(i: Any, n: int) -> Any:
@@ -421,7 +426,9 @@ def check_update_block(aval: ShapedArray, block: ShapedArray) -> None:
 
 
 def _clamped_starts(shape, starts, sizes) -> list[int]:
+    """Negative starts count from the end, then each is clamped so the block fits."""
     starts = [int(np.asarray(s)) for s in starts]
+    starts = [s + n if s < 0 else s for s, n in zip(starts, shape)]
     return [min(max(s, 0), n - k) for s, n, k in zip(starts, shape, sizes)]
 
 
@@ -472,22 +479,35 @@ def _dynamic_update_slice_jvp(primals, tangents):
     ]
 
 
-def _i64_scalars(starts: Sequence[ir.Value], avals: Sequence[ShapedArray]) -> list:
-    """The start indices as i64 scalars: StableHLO wants one integer type."""
-    i64 = ir_type(ShapedArray((), np.int64))
-    return [
-        s if a.dtype == np.int64 else hlo.convert(i64, s) for s, a in zip(starts, avals)
-    ]
+def _i64_starts(starts: Sequence[ir.Value], avals: Sequence[ShapedArray], shape):
+    """The start indices as i64 scalars (StableHLO wants one integer type),
+    negative ones counted from the end; StableHLO then clamps them."""
+    i64 = ShapedArray((), np.int64)
+    out = []
+    for s, a, n in zip(starts, avals, shape):
+        s = s if a.dtype == np.int64 else hlo.convert(ir_type(i64), s)
+        if a.dtype.kind != "u":
+            zero = ir_constant(0, i64)
+            negative = hlo.compare(
+                s,
+                zero,
+                hlo.ComparisonDirectionAttr.get("LT"),
+                compare_type=hlo.ComparisonTypeAttr.get("SIGNED"),
+            )
+            s = hlo.select(negative, hlo.add(s, ir_constant(n, i64)), s)
+        out.append(s)
+    return out
 
 
 @dynamic_slice_p.def_rule("lower")
 def _dynamic_slice_lower(ctx, avals_in, avals_out, x, *starts, slice_sizes):
-    return [hlo.dynamic_slice(x, _i64_scalars(starts, avals_in[1:]), slice_sizes)]
+    starts = _i64_starts(starts, avals_in[1:], avals_in[0].shape)
+    return [hlo.dynamic_slice(x, starts, slice_sizes)]
 
 
 @dynamic_update_slice_p.def_rule("lower")
 def _dynamic_update_slice_lower(ctx, avals_in, avals_out, x, update, *starts):
-    starts = _i64_scalars(starts, avals_in[2:])
+    starts = _i64_starts(starts, avals_in[2:], avals_in[0].shape)
     return [hlo.dynamic_update_slice(x, update, starts)]
 
 
@@ -529,9 +549,6 @@ print(make_jaxpr(grad(window_sum), f64(6), i64())[0])
 # window of `updates` into `x` at the indexed position, *accumulating* where
 # positions repeat. `scatter` is the same with overwriting instead of adding
 # (`x.at[i].set(v)`); where a position repeats, one of the updates wins.
-#
-# The evaluation rules are NumPy's advanced indexing and `np.add.at`, which
-# accumulates over repeated indices where `out[idx] += u` would not:
 
 # %% tags=["export"]
 gather_p = Primitive("gather")
@@ -545,12 +562,10 @@ def gather(x: ArrayLike, *indices: ArrayLike, batch_dims: int = 0) -> ArrayLike:
     return bind(gather_p, x, *indices, batch_dims=batch_dims)
 
 
-def scatter_add(x, updates, *indices, batch_dims: int = 0, mode="drop") -> ArrayLike:
-    """``x`` with ``updates`` added at ``x[i0, i1, ...]`` (repeats accumulate;
-    positions out of range dropped, or clamped with ``mode="clip"``)."""
+def scatter_add(x, updates, *indices, batch_dims: int = 0) -> ArrayLike:
+    """``x`` with ``updates`` added at ``x[i0, i1, ...]`` (repeats accumulate)."""
     x, updates, indices = check_scatter("scatter_add", x, updates, indices, batch_dims)
-    mode = check_scatter_mode(mode)
-    return bind(scatter_add_p, x, updates, *indices, batch_dims=batch_dims, mode=mode)
+    return bind(scatter_add_p, x, updates, *indices, batch_dims=batch_dims)
 
 
 def scatter(x, updates, *indices, batch_dims: int = 0) -> ArrayLike:
@@ -559,34 +574,19 @@ def scatter(x, updates, *indices, batch_dims: int = 0) -> ArrayLike:
     return bind(scatter_p, x, updates, *indices, batch_dims=batch_dims)
 
 
-@gather_p.def_rule("impl")
-def _gather_impl(x, *indices, batch_dims):
-    return [np.asarray(x)[numpy_index(np.shape(x), indices, batch_dims, clamp=True)]]
-
-
-@scatter_add_p.def_rule("impl")
-def _scatter_add_impl(x, updates, *indices, batch_dims, mode):
-    out = np.array(x, copy=True)
-    if mode == "clip":
-        indices = numpy_index(out.shape, indices, batch_dims, clamp=True)[batch_dims:]
-    inside, index = in_bounds_index(out.shape, indices, batch_dims)
-    np.add.at(out, index, np.asarray(updates)[inside])
-    return [out]
-
-
 # %% [markdown]
-# `numpy_index` turns the index arrays into NumPy's index tuple (an `arange`
-# for each batch axis, the index arrays clamped), and `in_bounds_index` keeps
-# only the positions inside the array. They are folded with the checks (index
-# arrays of one integer type and shape, the paired axes of equal sizes, an
-# `updates` array shaped like the gather would read), abstract evaluation, and
-# `scatter`'s evaluation (an assignment).
+# Evaluation is NumPy's advanced indexing, and `np.add.at` for `scatter-add`,
+# which accumulates over repeated positions where `out[idx] += u` would not.
+# It is folded with the checks (index arrays of one integer type and shape, the
+# paired axes of equal sizes, an `updates` array shaped like what the gather
+# would read) and abstract evaluation.
 
 
 # %% tags=["export", "hide-input"]
-# @title gather and the scatters: index tuples, checks, abstract evaluation
-def numpy_index(shape, indices, batch_dims: int, clamp: bool) -> tuple:
-    """NumPy's index tuple for ``x[batch..., i0, i1, ...]``."""
+# @title gather and the scatters: checks, evaluation, abstract evaluation
+def numpy_index(shape, indices, batch_dims: int) -> tuple:
+    """NumPy's index tuple for ``x[batch..., i0, i1, ...]``; indices out of
+    range are clamped to the nearest position (XLA's gather does the same)."""
     idx_shape = np.shape(indices[0])
     batch = [
         np.arange(idx_shape[d]).reshape(
@@ -594,29 +594,44 @@ def numpy_index(shape, indices, batch_dims: int, clamp: bool) -> tuple:
         )
         for d in range(batch_dims)
     ]
-    indices = [np.asarray(i) for i in indices]
-    if clamp:
-        sizes = shape[batch_dims:]
-        indices = [np.clip(i, 0, n - 1).astype(i.dtype) for i, n in zip(indices, sizes)]
+    sizes = shape[batch_dims:]
+    indices = [np.clip(np.asarray(i), 0, n - 1) for i, n in zip(indices, sizes)]
     return (*batch, *indices)
 
 
 def in_bounds_index(shape, indices, batch_dims: int) -> tuple:
-    """Which index positions fall inside the array, and their index tuple."""
+    """Which index positions fall inside the array, and their index tuple (a
+    scatter drops the updates outside, as XLA's does)."""
     inside = np.ones(np.shape(indices[0]), bool)
     for i, n in zip(indices, shape[batch_dims:]):
         i = np.asarray(i)
         inside &= (i >= 0) & (i < n)
-    index = numpy_index(shape, indices, batch_dims, clamp=False)
+    index = numpy_index(shape, indices, batch_dims)
     return inside, tuple(np.broadcast_to(a, inside.shape)[inside] for a in index)
 
 
-@scatter_p.def_rule("impl")
-def _scatter_impl(x, updates, *indices, batch_dims):
-    out = np.array(x, copy=True)
-    inside, index = in_bounds_index(out.shape, indices, batch_dims)
-    out[index] = np.asarray(updates)[inside]  # a repeated position: the last wins
-    return [out]
+@gather_p.def_rule("impl")
+def _gather_impl(x, *indices, batch_dims):
+    return [np.asarray(x)[numpy_index(np.shape(x), indices, batch_dims)]]
+
+
+def _scatter_impl_with(combine: Callable | None) -> Callable:
+    """Evaluation of a scatter: ``combine.at`` (np.add, ...), or assignment."""
+
+    def rule(x, updates, *indices, batch_dims):
+        out = np.array(x, copy=True)
+        inside, index = in_bounds_index(out.shape, indices, batch_dims)
+        if combine is None:  # a repeated position: the last update wins
+            out[index] = np.asarray(updates)[inside]
+        else:
+            combine.at(out, index, np.asarray(updates)[inside])
+        return [out]
+
+    return rule
+
+
+scatter_add_p.def_rule("impl")(_scatter_impl_with(np.add))
+scatter_p.def_rule("impl")(_scatter_impl_with(None))
 
 
 def _gather_types(name, x, indices, batch_dims) -> tuple:
@@ -642,12 +657,6 @@ def _gather_types(name, x, indices, batch_dims) -> tuple:
             f"batch_dims={batch_dims} do not fit {x.str_short()}"
         )
     return idx_shape, x.shape[batch_dims + len(indices) :]
-
-
-def check_scatter_mode(mode: Any) -> str:
-    if mode not in ("drop", "clip"):
-        raise ValueError(f"scatter_add: mode must be 'drop' or 'clip', got {mode!r}")
-    return mode
 
 
 def check_gather(name, x, indices, batch_dims) -> tuple:
@@ -682,20 +691,20 @@ def _gather_abstract_eval(x, *indices, batch_dims):
     return [ShapedArray((*idx_shape, *window), x.dtype)]
 
 
-def _scatter_abstract_eval(name: str) -> Callable:
-    def rule(x, updates, *indices, batch_dims, mode="drop"):
+def _scatter_abstract_eval(name: str, numeric: bool) -> Callable:
+    def rule(x, updates, *indices, batch_dims):
         _check_scatter_types(name, x, updates, indices, batch_dims)
-        if name == "scatter_add" and x.dtype.kind not in "iuf":
-            raise TypeError(
-                f"scatter_add: expected a numeric array, got {x.str_short()}"
-            )
+        if numeric and x.dtype.kind not in "iuf":
+            raise TypeError(f"{name}: expected a numeric array, got {x.str_short()}")
         return [x]
 
     return rule
 
 
 for _prim, _name in [(scatter_add_p, "scatter_add"), (scatter_p, "scatter")]:
-    _prim.def_rule("abstract_eval")(_scatter_abstract_eval(_name))
+    _prim.def_rule("abstract_eval")(
+        _scatter_abstract_eval(_name, _prim is scatter_add_p)
+    )
 
 
 # %% [markdown]
@@ -715,56 +724,31 @@ for _prim, _name in [(scatter_add_p, "scatter_add"), (scatter_p, "scatter")]:
 # %% tags=["export"]
 @gather_p.def_rule("transpose")
 def _gather_transpose(cts, x, *indices, batch_dims):
-    (ct,) = cts
-    zeros = zeros_of(x.aval)
-    # mode="clip": add where the gather read, at the clamped positions
-    ct_x = scatter_add(zeros, ct, *indices, batch_dims=batch_dims, mode="clip")
+    (ct,) = cts  # add each row's cotangent where the row was read
+    ct_x = scatter_add(zeros_of(x.aval), ct, *indices, batch_dims=batch_dims)
     return [ct_x] + [None] * len(indices)
 
 
 @scatter_add_p.def_rule("transpose")
-def _scatter_add_transpose(cts, x, updates, *indices, batch_dims, mode):
+def _scatter_add_transpose(cts, x, updates, *indices, batch_dims):
     (ct,) = cts
+    ct_x = ct if _is_undef(x) else None  # x was added to unchanged
     ct_updates = None
-    if _is_undef(updates):
+    if _is_undef(updates):  # each update: the cotangent where it was added
         ct_updates = gather(ct, *indices, batch_dims=batch_dims)
-        if mode == "drop":  # a dropped update had no effect: zero cotangent
-            ct_updates = zero_where_dropped(ct_updates, ct, indices, batch_dims)
-    return [ct if _is_undef(x) else None, ct_updates] + [None] * len(indices)
+    return [ct_x, ct_updates] + [None] * len(indices)
 
 
 # %% [markdown]
-# The two lines about `mode` only matter for indices out of range, the subject
-# of the next section; with indices in range, they change nothing. The
-# forward-mode rules are one line each
-# (the same gather or scatter of the tangents), and `scatter`'s transpose
-# differs from `scatter-add`'s in two ways: the cotangent of `x` is zero where
-# an update overwrote it, and only the update that won a repeated position gets
-# a cotangent.
+# The forward-mode rules are one line each (the same gather or scatter of the
+# tangents). `scatter`'s transpose differs from `scatter-add`'s in two ways:
+# the cotangent of `x` is zero where an update overwrote it, and only the
+# update that won a repeated position gets a cotangent (the rule scatters the
+# updates' ids and reads them back to see which one won).
 
 
 # %% tags=["export", "hide-input"]
-# @title Bounds in the transposes; jvp rules; scatter's transpose
-def in_bounds(shape, indices, batch_dims) -> ArrayLike:
-    """A boolean array over the index positions: inside the array or not."""
-    inside = True
-    for i, n in zip(indices, shape[batch_dims:]):
-        here = select(i >= 0, i < n, i >= 0)  # i >= 0 and i < n
-        inside = here if inside is True else select(here, inside, here)
-    return inside
-
-
-def zero_where_dropped(values, ct, indices, batch_dims) -> ArrayLike:
-    """``values`` (one window per index position), zero where the index was
-    outside ``ct``'s shape (a scatter dropped that update)."""
-    inside = in_bounds(get_aval(ct).shape, indices, batch_dims)
-    aval = get_aval(values)
-    idx_ndim = get_aval(indices[0]).ndim
-    window = tuple(range(idx_ndim, aval.ndim))
-    inside = broadcast(inside, aval.shape, window) if window else inside
-    return select(inside, values, zeros_of(aval))
-
-
+# @title jvp rules; scatter's transpose
 @gather_p.def_rule("jvp")
 def _gather_jvp(primals, tangents, *, batch_dims):
     (x, *indices), (dx, *_) = primals, tangents
@@ -787,6 +771,12 @@ _scatter_jvp(scatter_add_p)
 _scatter_jvp(scatter_p)
 
 
+def _per_window(mask, aval: ShapedArray, idx_ndim: int) -> ArrayLike:
+    """A mask over index positions, broadcast over the windows of ``aval``."""
+    window = tuple(range(idx_ndim, aval.ndim))
+    return broadcast(mask, aval.shape, window) if window else mask
+
+
 @scatter_p.def_rule("transpose")
 def _scatter_transpose(cts, x, updates, *indices, batch_dims):
     (ct,) = cts
@@ -794,13 +784,10 @@ def _scatter_transpose(cts, x, updates, *indices, batch_dims):
     ct_x = ct_updates = None
     if _is_undef(x):  # overwritten positions had no influence on the output
         ct_x = scatter(ct, zeros_of(up_aval), *indices, batch_dims=batch_dims)
-    if _is_undef(updates):
+    if _is_undef(updates):  # only the winners (a dropped update never wins)
         ct_updates = gather(ct, *indices, batch_dims=batch_dims)
-        ct_updates = zero_where_dropped(ct_updates, ct, indices, batch_dims)
         won = update_won(get_aval(ct).shape, indices, batch_dims)
-        idx_ndim = get_aval(indices[0]).ndim
-        window = tuple(range(idx_ndim, up_aval.ndim))
-        won = broadcast(won, up_aval.shape, window) if window else won
+        won = _per_window(won, up_aval, get_aval(indices[0]).ndim)
         ct_updates = select(won, ct_updates, zeros_of(up_aval))
     return [ct_x, ct_updates] + [None] * len(indices)
 
@@ -838,19 +825,136 @@ def lookup_loss(table, tokens):
 print(make_jaxpr(grad(lookup_loss), f64(5, 3), i64(3))[0])
 print(grad(lookup_loss)(table, tokens))
 
+# %% [markdown]
+# Three more scatters combine differently, for `x.at[i].multiply(v)`,
+# `.min(v)` and `.max(v)`: `scatter-mul`, `scatter-min` and `scatter-max`.
+# Their rules are folded. `scatter-mul` is linear in `x` only, and its
+# transpose multiplies the cotangent by the same updates (the same
+# `scatter-mul`); its derivative with respect to the updates is, at
+# each position, `x` times the sum over the updates there of each update's
+# tangent times the product of the others (a scatter-add). `scatter-min` and
+# `scatter-max` are not linear: their derivative follows the updates that won
+# and splits the tangent evenly between ties, as JAX's does.
+
+# %% tags=["export", "hide-input"]
+# @title scatter-mul, scatter-min, scatter-max: evaluation, types, jvp, transpose
+scatter_mul_p = Primitive("scatter-mul")
+scatter_min_p = Primitive("scatter-min")
+scatter_max_p = Primitive("scatter-max")
+
+
+def _scatter_wrapper(prim: Primitive, name: str) -> Callable:
+    def fn(x, updates, *indices, batch_dims: int = 0) -> ArrayLike:
+        x, updates, indices = check_scatter(name, x, updates, indices, batch_dims)
+        return bind(prim, x, updates, *indices, batch_dims=batch_dims)
+
+    fn.__name__ = name
+    fn.__doc__ = f"``x`` with ``updates`` combined by {name[8:]} at ``x[i0, ...]``."
+    return fn
+
+
+scatter_mul = _scatter_wrapper(scatter_mul_p, "scatter_mul")
+scatter_min = _scatter_wrapper(scatter_min_p, "scatter_min")
+scatter_max = _scatter_wrapper(scatter_max_p, "scatter_max")
+for _prim, _name, _combine in [
+    (scatter_mul_p, "scatter_mul", np.multiply),
+    (scatter_min_p, "scatter_min", np.minimum),
+    (scatter_max_p, "scatter_max", np.maximum),
+]:
+    _prim.def_rule("impl")(_scatter_impl_with(_combine))
+    _prim.def_rule("abstract_eval")(_scatter_abstract_eval(_name, True))
+
+
+@scatter_mul_p.def_rule("jvp")
+def _scatter_mul_jvp(primals, tangents, *, batch_dims):
+    (x, u, *indices), (dx, du, *_) = primals, tangents
+    out = scatter_mul(x, u, *indices, batch_dims=batch_dims)
+    t_out = scatter_mul(dx, u, *indices, batch_dims=batch_dims)
+    if get_aval(x).dtype.kind != "f":
+        return [out], [t_out]
+    # d(prod of the updates at a position) = sum_k du_k * (prod of the others)
+    # computed without dividing by zero: count the zero updates per position
+    # and multiply the nonzero ones
+    x_aval = get_aval(x)
+    is_zero = numpy_equal(u, 0.0)
+    nonzero_product = scatter_mul(
+        full_of(x_aval, 1.0),
+        numpy_where(is_zero, 1.0, u),
+        *indices,
+        batch_dims=batch_dims,
+    )
+    zero_count = scatter_add(
+        zeros_of(x_aval),
+        convert_element_type(is_zero, x_aval.dtype),
+        *indices,
+        batch_dims=batch_dims,
+    )
+    product_k = gather(nonzero_product, *indices, batch_dims=batch_dims)
+    zeros_k = gather(zero_count, *indices, batch_dims=batch_dims)
+    others = numpy_where(
+        is_zero,
+        numpy_where(numpy_equal(zeros_k, 1.0), product_k, 0.0),
+        numpy_where(
+            numpy_equal(zeros_k, 0.0),
+            numpy_divide(product_k, numpy_where(is_zero, 1.0, u)),
+            0.0,
+        ),
+    )
+    d_product = scatter_add(
+        zeros_of(x_aval), mul(du, others), *indices, batch_dims=batch_dims
+    )
+    return [out], [add(t_out, mul(x, d_product))]
+
+
+@scatter_mul_p.def_rule("transpose")
+def _scatter_mul_transpose(cts, x, updates, *indices, batch_dims):
+    (ct,) = cts
+    if _is_undef(updates):
+        raise TypeError("scatter_mul is linear in its operand x only, not in updates")
+    ct_x = scatter_mul(ct, updates, *indices, batch_dims=batch_dims)
+    return [ct_x, None] + [None] * len(indices)
+
+
+def _scatter_extremal_jvp(prim: Primitive) -> None:
+    """The tangent of the value that won at each position; where several tie
+    (updates, and x if it kept its value), their tangents are averaged."""
+
+    @prim.def_rule("jvp")
+    def rule(primals, tangents, *, batch_dims):
+        (x, u, *indices), (dx, du, *_) = primals, tangents
+        out = bind(prim, x, u, *indices, batch_dims=batch_dims)
+        x_aval, u_aval = get_aval(x), get_aval(u)
+        if x_aval.dtype.kind != "f":
+            return [out], [zeros_of(x_aval)]
+        p = dict(batch_dims=batch_dims)
+
+        def count_at_positions(which):  # per update: how many share its position
+            per_position = scatter_add(zeros_of(x_aval), which, *indices, **p)
+            return gather(per_position, *indices, **p)
+
+        target = gather(out, *indices, **p)
+        won = numpy_equal(u, target)
+        kept = numpy_equal(gather(x, *indices, **p), target)
+        winners = count_at_positions(convert_element_type(won, x_aval.dtype))
+        refs = count_at_positions(full_of(u_aval, 1.0))
+        # (each denominator at least 1: it is 0 only for updates out of range,
+        # whose tangents the last scatter-add drops anyway)
+        share = numpy_divide(
+            1.0, numpy_where(kept, winners + 1.0, numpy_maximum(winners, 1.0))
+        )
+        u_coef = numpy_where(won, share, 0.0)
+        x_share = numpy_where(kept, numpy_divide(1.0, winners + 1.0), 0.0)
+        x_coef = numpy_divide(x_share - 1.0, numpy_maximum(refs, 1.0))
+        moved = add(mul(gather(dx, *indices, **p), x_coef), mul(du, u_coef))
+        return [out], [scatter_add(dx, moved, *indices, **p)]
+
+
+_scatter_extremal_jvp(scatter_min_p)
+_scatter_extremal_jvp(scatter_max_p)
+NOT_LINEAR.update({"scatter-min", "scatter-max"})  # no transpose rule
+
 
 # %% [markdown]
-# ### Indices out of range
-#
-# An index outside its axis cannot fail at run time (a compiled program has no
-# exceptions), so each primitive has a rule, XLA's: a gather *clamps* the index
-# into the axis and reads the nearest row, and a scatter *drops* an update
-# whose position is outside `x`. The transposes follow from those rules. A
-# clamped read took its row from the clamped position, so the gather's
-# transpose adds its cotangent there: a `scatter-add` with `mode="clip"`,
-# which clamps instead of dropping. A dropped update had no effect on the
-# output, so its cotangent is zero (`zero_where_dropped`, folded above).
-#
 # ### Batching adds a batch dimension to the index map
 #
 # `vmap` of a gather has three cases, and none of them loops.
@@ -913,8 +1017,8 @@ def _scatter_vmap(prim: Primitive) -> None:
         return [bind(prim, x, updates, *indices, batch_dims=nb + 1, **params)], [0]
 
 
-_scatter_vmap(scatter_add_p)
-_scatter_vmap(scatter_p)
+for _prim in [scatter_add_p, scatter_p, scatter_mul_p, scatter_min_p, scatter_max_p]:
+    _scatter_vmap(_prim)
 
 
 def block_positions(axis_size, shape, starts, b_starts, sizes) -> list:
@@ -924,7 +1028,7 @@ def block_positions(axis_size, shape, starts, b_starts, sizes) -> list:
     positions = []
     for a, (s, b, n, k) in enumerate(zip(starts, b_starts, shape, sizes)):
         s = move_batch_axis(axis_size, b, 0, s)  # (batch,)
-        s = numpy_clip(s, 0, n - k)
+        s = numpy_clip(_wrap_negative(s, n), 0, n - k)
         offsets = np.arange(k, dtype=get_aval(s).dtype)
         others = tuple(d for d in range(len(out_shape)) if d != a + 1)
         s = broadcast(s, out_shape, tuple(range(1, len(out_shape))))
@@ -974,32 +1078,47 @@ def _dynamic_update_slice_vmap(axis, vals, dims):
 print(make_jaxpr(vmap(gather), f64(4, 5, 3), i64(4, 2))[0])
 print(make_jaxpr(vmap(gather, (0, None)), f64(4, 5, 3), i64(2))[0])
 
+# %% [markdown]
+# And the three cases give JAX's numbers: four tables of 5 rows, read at one
+# array of tokens or at four.
+
+# %%
+rng = np.random.default_rng(2)
+tables, token_rows = rng.normal(size=(4, 5, 3)), rng.integers(0, 5, size=(4, 2))
+cases = {  # in_axes, table(s), token array(s)
+    "tables batched": ((0, None), tables, token_rows[0]),
+    "tokens batched": ((None, 0), tables[0], token_rows),
+    "both batched": ((0, 0), tables, token_rows),
+}
+for name, (in_axes, t, i) in cases.items():
+    ours = vmap(gather, in_axes)(t, i)
+    with jax.enable_x64(True):
+        theirs = jax.vmap(lambda t, i: t[i], in_axes)(jnp.asarray(t), i)
+    print(f"{name:15}", ours.shape, np.allclose(ours, theirs, rtol=1e-12))
+
 
 # %% [markdown]
 # ### Lowering
 #
-# The three primitives become `stablehlo.gather` and `stablehlo.scatter`, whose
+# The gather and the scatters become `stablehlo.gather` and `stablehlo.scatter`, whose
 # dimension numbers describe our form: the index arrays are stacked along a new
 # last axis (the "index vector"), the indexed axes of `x` are *collapsed* (read
 # with size 1 and dropped), the others are *offset* (window) axes, and the
 # paired axes are *batching* dimensions. A scatter carries a small region that
-# combines the old value with the update: `add`, or return the update.
+# combines the old value with the update: `add`, `multiply`, `minimum`,
+# `maximum`, or return the update.
 
 
 # %% tags=["export", "hide-input"]
 # @title Lowering to stablehlo.gather and stablehlo.scatter
-def _stacked_indices(indices, avals, clamp_to=None) -> ir.Value:
-    """One i64 index array with the index vector as its last axis (each
-    index clamped into [0, size) if the sizes ``clamp_to`` are given)."""
+def _stacked_indices(indices, avals) -> ir.Value:
+    """One i64 index array with the index vector as its last axis."""
     shape = avals[0].shape
     column = ir_type(ShapedArray((*shape, 1), np.int64))
     i64 = ShapedArray(shape, np.int64)
     columns = []
-    for k, (i, a) in enumerate(zip(indices, avals)):
+    for i, a in zip(indices, avals):
         i = i if a.dtype == np.int64 else hlo.convert(ir_type(i64), i)
-        if clamp_to is not None:
-            top = ir_constant(max(clamp_to[k] - 1, 0), i64)
-            i = hlo.clamp(ir_constant(0, i64), i, top)
         columns.append(hlo.reshape(column, i))
     return columns[0] if len(columns) == 1 else hlo.concatenate(columns, len(shape))
 
@@ -1023,7 +1142,7 @@ def _gather_lower(ctx, avals_in, avals_out, x, *indices, batch_dims):
 
 def _lower_scatter(prim: Primitive, combine: Callable | None) -> None:
     @prim.def_rule("lower")
-    def rule(ctx, avals_in, avals_out, x, updates, *indices, batch_dims, mode="drop"):
+    def rule(ctx, avals_in, avals_out, x, updates, *indices, batch_dims):
         x_aval, up_aval, idx_avals = avals_in[0], avals_in[1], avals_in[2:]
         nb, k, r = batch_dims, len(indices), idx_avals[0].ndim
         dims = hlo.ScatterDimensionNumbers.get(
@@ -1034,8 +1153,7 @@ def _lower_scatter(prim: Primitive, combine: Callable | None) -> None:
             scattered_dims_to_operand_dims=list(range(nb, nb + k)),
             index_vector_dim=r,
         )
-        sizes = x_aval.shape[nb:] if mode == "clip" else None
-        stacked = _stacked_indices(indices, idx_avals, sizes)
+        stacked = _stacked_indices(indices, idx_avals)
         op = hlo.ScatterOp([ir_type(avals_out[0])], [x], stacked, [updates], dims)
         scalar = ir_type(ShapedArray((), x_aval.dtype))
         body = op.regions[0].blocks.append(scalar, scalar)
@@ -1047,6 +1165,9 @@ def _lower_scatter(prim: Primitive, combine: Callable | None) -> None:
 
 _lower_scatter(scatter_add_p, hlo.add)
 _lower_scatter(scatter_p, None)
+_lower_scatter(scatter_mul_p, hlo.multiply)
+_lower_scatter(scatter_min_p, hlo.minimum)
+_lower_scatter(scatter_max_p, hlo.maximum)
 
 # %%
 print(jit(grad(lookup_loss))(table, tokens))
@@ -1063,34 +1184,37 @@ with jax.enable_x64(True):
 # any mix, with rules for where the axes of the index arrays go. Ours turns an
 # index into as few of our primitives as it can:
 #
-# - only ints, slices with a positive step, `None` and `...`: one `slice` and a
-#   `reshape` (an int `i` is the slice `i:i+1`, whose axis the reshape drops);
+# - only ints, slices with a positive step, `None` and `...`: one `slice` (none
+#   if it would take everything) and a `reshape` (an int `i` is the slice
+#   `i:i+1`, whose axis the reshape drops);
 # - the same with traced scalar integers among them: one `dynamic_slice` and a
 #   `reshape`;
-# - anything else (integer arrays, boolean masks, negative steps): one
-#   `gather` whose index arrays give, for every element of the result, its
-#   position along each indexed axis of `x`; the trailing axes of `x` that the
-#   index takes whole stay a window. A boolean mask becomes integer arrays
-#   with `np.nonzero`, which only works when the mask is known while tracing:
-#   the shape of the result depends on it.
+# - anything else (integer arrays, boolean masks, negative steps): the
+#   slices first, as one `slice`, then one `gather` whose index arrays give,
+#   for every element of the result, its position along each indexed axis of
+#   `x`. The axes that are taken whole (`:`, or a slice already done) are not
+#   indexed: they are moved last (a `transpose`) and read as the gather's
+#   window, so `x[:, i]` reads columns without an array of row numbers. A boolean mask becomes integer arrays with `np.nonzero`,
+#   which only works when the mask is known while tracing: the shape of the
+#   result depends on it.
 #
-# Negative indices count from the end, as in NumPy; an index out of range is
-# clamped for reading, as JAX's indexing does. The parsing is folded: it
+# Negative indices count from the end, as in NumPy. The parsing is folded: it
 # expands `...`, checks each entry, and builds the plan.
 
 
 # %% tags=["export"]
 def getitem(x: ArrayLike, idx: Any) -> ArrayLike:
-    """``x[idx]`` with NumPy's indexing rules (JAX's bounds: reads clamp)."""
+    """``x[idx]`` with NumPy's indexing rules."""
     plan = index_plan(get_aval(x), idx)
     if plan.kind == "empty":  # nothing to read
         return zeros_of(ShapedArray(plan.shape, get_aval(x).dtype))
-    if plan.kind == "slice":
-        x = lax_slice(x, plan.starts, plan.limits, plan.strides)
-    elif plan.kind == "dynamic_slice":
+    if plan.kind == "dynamic_slice":
         x = dynamic_slice(x, plan.starts, plan.sizes)
-    else:
-        x = gather(x, *plan.positions)
+    elif plan.starts is not None:  # a static slice (before a gather, if any)
+        x = lax_slice(x, plan.starts, plan.limits, plan.strides)
+    if plan.kind == "gather":  # indexed axes first, whole axes as the window
+        x = gather(permute(x, plan.perm), *plan.positions)
+        x = permute(x, plan.out_perm)  # the result's axes in NumPy's order
     return reshape(x, plan.shape)
 
 
@@ -1098,41 +1222,54 @@ def getitem(x: ArrayLike, idx: Any) -> ArrayLike:
 # Writing goes through `x.at[idx]`, since JAX's arrays are immutable:
 # `x.at[idx].set(v)` returns a new array with `v` written where `x[idx]` would
 # read. The update is broadcast to the shape `x[idx]` has and converted to
-# `x`'s dtype, and then one `scatter` or `scatter-add` writes it at the
-# positions a gather plan would read, with JAX's bounds: updates out of range
-# are dropped.
+# `x`'s dtype, and then one scatter writes it at the positions a gather plan
+# would read: `scatter` for `set`, `scatter-add` for `add`, and so on. The
+# `mode` says what happens to indices out of range (the next section).
 
 
 # %% tags=["export"]
 class IndexUpdateRef(NamedTuple):
-    """``x.at[idx]``: what ``set``, ``add`` and ``get`` act on."""
+    """``x.at[idx]``: what ``get``, ``set``, ``add``, ... act on."""
 
     x: ArrayLike
     idx: Any
 
-    def get(self) -> ArrayLike:
-        return getitem(self.x, self.idx)
+    def get(self, *, mode=None, fill_value=None) -> ArrayLike:
+        return read_with_mode(self.x, self.idx, mode, fill_value)
 
-    def set(self, values: ArrayLike) -> ArrayLike:
-        return self._write(scatter, values)
+    def set(self, values: ArrayLike, *, mode=None) -> ArrayLike:
+        return self._write(scatter, values, mode)
 
-    def add(self, values: ArrayLike) -> ArrayLike:
-        return self._write(scatter_add, values)
+    def add(self, values: ArrayLike, *, mode=None) -> ArrayLike:
+        return self._write(scatter_add, values, mode)
 
-    def _write(self, scatter_fn: Callable, values: ArrayLike) -> ArrayLike:
+    def multiply(self, values: ArrayLike, *, mode=None) -> ArrayLike:
+        return self._write(scatter_mul, values, mode)
+
+    def min(self, values: ArrayLike, *, mode=None) -> ArrayLike:
+        return self._write(scatter_min, values, mode)
+
+    def max(self, values: ArrayLike, *, mode=None) -> ArrayLike:
+        return self._write(scatter_max, values, mode)
+
+    def _write(self, scatter_fn: Callable, values: ArrayLike, mode) -> ArrayLike:
         plan = index_plan(get_aval(self.x), self.idx, for_update=True)
         values = check_update_values(self.x, plan.shape, values)  # broadcast, cast
         if plan.kind == "empty":  # nothing to write
             return self.x
-        values = reshape(values, plan.gather_shape)
-        return scatter_fn(self.x, values, *plan.positions)
+        x = permute(self.x, plan.perm)  # the axes as the gather would read them
+        values = permute(values, inverse_perm(plan.out_perm))  # and the update
+        x = scatter_fn(x, values, *bounded_positions(plan, mode))
+        return permute(x, inverse_perm(plan.perm))
 
 
 # %% [markdown]
 # The folded cell has the parser, `index_plan`; it returns the kind of plan,
-# the params of the slice, the positions for a gather or a scatter, and the
-# shapes, with the errors a learner meets first: a float index, too many
-# indices, a step of 0, a traced boolean mask.
+# the params of the slice, the positions for a gather or a scatter, the axis
+# permutations and the shapes, with the errors a learner meets first: a float
+# index, too many indices, a step of 0, a traced boolean mask. A scalar
+# boolean, `x[True]` or `x[False]`, is NumPy's and JAX's too: a new axis of
+# size 1 or 0, read as an index array of shape `(1,)` or `(0,)`.
 
 
 # %% tags=["export", "hide-input"]
@@ -1146,14 +1283,32 @@ class NonConcreteBooleanIndexError(IndexingError):
 
 
 class IndexPlan(NamedTuple):
-    kind: str  # "slice", "dynamic_slice", "gather" or "empty"
+    kind: str  # "slice", "dynamic_slice", "gather", "whole" (x) or "empty"
     shape: tuple  # the shape of x[idx]
     starts: Any = None  # slice, dynamic_slice
     limits: Any = None  # slice
     strides: Any = None  # slice
     sizes: Any = None  # dynamic_slice
-    positions: Any = None  # gather: one index array per indexed leading axis
-    gather_shape: Any = None  # the shape the gather reads (x[idx] before reshaping)
+    positions: Any = None  # gather: one index array per indexed axis
+    perm: Any = None  # gather: x's indexed axes first, then the whole ones
+    out_perm: Any = None  # gather: from the gather's axes to the result's
+    indexed_shape: Any = None  # gather: the sizes of the indexed axes
+
+
+def permute(x: ArrayLike, perm: Sequence[int]) -> ArrayLike:
+    """``transpose(x, perm)``, or ``x`` itself for the identity."""
+    return x if tuple(perm) == tuple(range(len(perm))) else transpose(x, perm)
+
+
+def inverse_perm(perm: Sequence[int]) -> tuple:
+    return tuple(int(i) for i in np.argsort(perm))
+
+
+def _is_scalar_bool(item: Any) -> bool:
+    """``True``, ``False``, a NumPy bool or a 0-d boolean array (not traced)."""
+    return isinstance(item, (bool, np.bool_)) or (
+        isinstance(item, np.ndarray) and item.shape == () and item.dtype == np.bool_
+    )
 
 
 def _entries(aval: ShapedArray, idx: Any) -> list:
@@ -1170,8 +1325,8 @@ def _entries(aval: ShapedArray, idx: Any) -> list:
     used = sum(_axes_used(aval, item) for item in items if item is not Ellipsis)
     if used > aval.ndim:
         raise IndexingError(
-            f"Too many indices: {aval.str_short()} has {aval.ndim} axes, but "
-            f"{used} were indexed by {_short_repr(idx)}"
+            f"Too many indices: array is {aval.ndim}-dimensional, but {used} were "
+            f"indexed (indexing {aval.str_short()} with {_short_repr(idx)})"
         )
     if not any(item is Ellipsis for item in items):
         items.append(Ellipsis)
@@ -1181,6 +1336,9 @@ def _entries(aval: ShapedArray, idx: Any) -> list:
     for item in items:
         if item is None:
             entries.append(("new",))
+            continue
+        if _is_scalar_bool(item):  # an index array on a new axis of size 1
+            entries.append(("array", None, np.zeros(1 if item else 0, np.int64)))
             continue
         n = aval.shape[axis] if axis < aval.ndim else 0
         if isinstance(item, slice):
@@ -1205,9 +1363,9 @@ def _entries(aval: ShapedArray, idx: Any) -> list:
                 mask_shape = get_aval(array).shape
                 if mask_shape != aval.shape[axis : axis + len(mask_shape)]:
                     raise IndexingError(
-                        f"indexing {aval.str_short()}: a boolean mask of shape "
-                        f"{mask_shape} does not match the axes it indexes, "
-                        f"{aval.shape[axis : axis + len(mask_shape)]}"
+                        f"indexing {aval.str_short()}: boolean index did not match "
+                        f"shape of indexed array: a mask of shape {mask_shape} "
+                        f"for the axes {aval.shape[axis : axis + len(mask_shape)]}"
                     )
                 for a in np.nonzero(array):
                     entries.append(("array", axis, a))
@@ -1219,7 +1377,7 @@ def _entries(aval: ShapedArray, idx: Any) -> list:
 
 
 def _axes_used(aval: ShapedArray, item: Any) -> int:
-    if item is None:
+    if item is None or _is_scalar_bool(item):
         return 0
     if isinstance(item, (slice, int, np.integer)) or _is_python_scalar(item):
         return 1
@@ -1272,9 +1430,33 @@ def index_plan(aval: ShapedArray, idx: Any, for_update: bool = False) -> IndexPl
     entries = _entries(aval, idx)
     arrays = [e for e in entries if e[0] == "array"]
     simple = all(e[0] != "slice" or e[2][1] > 0 for e in entries)
-    if not for_update and simple and all(get_aval(e[2]).ndim == 0 for e in arrays):
+    if for_update:
+        return _gather_plan(aval, entries)
+    if simple and all(get_aval(e[2]).ndim == 0 for e in arrays):
         return _slicing_plan(aval, entries)
-    return _gather_plan(aval, entries)
+    return _slice_then_gather_plan(aval, entries)
+
+
+def _slice_then_gather_plan(aval: ShapedArray, entries: list) -> IndexPlan:
+    """A read: the slices with a positive step that do not take their whole
+    axis are done by a static slice first, so the gather reads them whole, as
+    its window, instead of at positions given by a constant."""
+    starts, limits, strides = [0] * aval.ndim, list(aval.shape), [1] * aval.ndim
+    sliced = []
+    for e in entries:
+        if e[0] == "slice" and e[2][1] > 0 and e[2] != (0, 1, aval.shape[e[1]]):
+            (start, step, count), axis = e[2], e[1]
+            starts[axis], strides[axis] = start, step
+            limits[axis] = past_last(start, count, step)
+            e = ("slice", axis, (0, 1, count))
+        sliced.append(e)
+    if sliced == entries:
+        return _gather_plan(aval, entries)
+    shape = tuple(map(_sliced_size, starts, limits, strides))
+    plan = _gather_plan(ShapedArray(shape, aval.dtype), sliced)
+    return plan._replace(
+        starts=tuple(starts), limits=tuple(limits), strides=tuple(strides)
+    )
 
 
 def _slicing_plan(aval: ShapedArray, entries: list) -> IndexPlan:
@@ -1298,19 +1480,23 @@ def _slicing_plan(aval: ShapedArray, entries: list) -> IndexPlan:
         else:  # a traced scalar: a dynamic start
             starts[e[1]], limits[e[1]], dynamic = e[2], None, True  # wrapped later
     if not dynamic:
+        whole = starts == [0] * aval.ndim and limits == list(aval.shape)
+        if whole and strides == [1] * aval.ndim:
+            return IndexPlan("whole", tuple(shape))
         return IndexPlan(
             "slice", tuple(shape), tuple(starts), tuple(limits), tuple(strides)
         )
     if any(s != 1 for s in strides):
-        return _gather_plan(aval, entries)
+        return _slice_then_gather_plan(aval, entries)
     sizes = tuple(1 if hi is None else hi - lo for lo, hi in zip(starts, limits))
     starts = [s if isinstance(s, Tracer) else np.asarray(s, np.int64) for s in starts]
     return IndexPlan("dynamic_slice", tuple(shape), starts=starts, sizes=sizes)
 
 
 def _gather_plan(aval: ShapedArray, entries: list) -> IndexPlan:
-    """Everything else: the position of each element of x[idx] along each
-    indexed axis, as index arrays shaped like the result."""
+    """Everything else: the axes taken whole become the gather's window; for
+    the others, the position of each element of x[idx] along each of them,
+    as index arrays."""
     entries = [
         ("array", e[1], np.asarray(e[2])) if e[0] == "int" else e for e in entries
     ]
@@ -1326,30 +1512,45 @@ def _gather_plan(aval: ShapedArray, entries: list) -> IndexPlan:
             layout.append(("array",))
     if not contiguous:
         layout.insert(0, ("array",))
-    shape, where = [], {}
-    for item in layout:
-        where[item] = len(shape)
+
+    def entry_of(axis):
+        return next(e for e in entries if e[0] != "new" and e[1] == axis)
+
+    # axes taken whole (x[:, ...]) are read as the window; at least one is indexed
+    whole = [
+        a
+        for a in range(aval.ndim)
+        if entry_of(a)[0] == "slice" and entry_of(a)[2] == (0, 1, aval.shape[a])
+    ]
+    if len(whole) == aval.ndim:
+        whole = whole[1:]
+    indexed = [a for a in range(aval.ndim) if a not in whole]
+
+    def sizes(item):
         if item[0] == "array":
-            shape.extend(adv_shape)
-        elif item[0] == "new":
-            shape.append(1)
+            return list(adv_shape)
+        if item[0] == "new":
+            return [1]
+        return [entry_of(item[1])[2][2]]
+
+    shape = [n for item in layout for n in sizes(item)]
+    # the gather's output: the positions' axes (the result's axes that are not
+    # whole, in order), then the whole axes in x's order
+    at, positions_axes, window_axes = 0, [], {}
+    where = {}
+    for item in layout:
+        k = len(sizes(item))
+        if item[0] == "slice" and item[1] in whole:
+            window_axes[item[1]] = at
         else:
-            shape.append(next(e[2][2] for e in entries if e[:2] == item))
-    # trailing axes of x taken whole, last in the result too: the window
-    window = 0
-    for axis in reversed(range(1, aval.ndim)):  # axis 0 is always indexed
-        e = next(e for e in entries if e[0] != "new" and e[1] == axis)
-        if (
-            e[0] != "slice"
-            or e[2] != (0, 1, aval.shape[axis])
-            or where[("slice", axis)] != len(shape) - (aval.ndim - axis)
-        ):
-            break
-        window += 1
-    positions_shape = tuple(shape[: len(shape) - window])
+            where[item] = len(positions_axes)
+            positions_axes.extend(range(at, at + k))
+        at += k
+    gather_axes = positions_axes + [window_axes[a] for a in whole]
+    positions_shape = tuple(shape[d] for d in positions_axes)
     positions = []
-    for axis in range(aval.ndim - window):
-        e = next(e for e in entries if e[0] != "new" and e[1] == axis)
+    for axis in indexed:
+        e = entry_of(axis)
         if e[0] == "slice":
             start, step, count = e[2]
             p = np.arange(count, dtype=np.int64) * step + start
@@ -1362,12 +1563,78 @@ def _gather_plan(aval: ShapedArray, entries: list) -> IndexPlan:
             block = range(at, at + len(adv_shape))
             others = tuple(d for d in range(len(positions_shape)) if d not in block)
             positions.append(broadcast(p, positions_shape, others) if others else p)
-    gather_shape = (*positions_shape, *aval.shape[aval.ndim - window :])
-    if 0 in gather_shape:  # an empty result: nothing to gather
-        return IndexPlan("empty", tuple(shape), gather_shape=gather_shape)
+    if 0 in shape:  # an empty result: nothing to gather
+        return IndexPlan("empty", tuple(shape))
     return IndexPlan(
-        "gather", tuple(shape), positions=positions, gather_shape=gather_shape
+        "gather",
+        tuple(shape),
+        positions=positions,
+        perm=tuple(indexed + whole),
+        out_perm=inverse_perm(gather_axes),
+        indexed_shape=tuple(aval.shape[a] for a in indexed),
     )
+
+
+def check_index_mode(name: str, mode: Any) -> str:
+    """JAX's out-of-range modes; None is "promise_in_bounds" ("fill" for take)."""
+    if mode is None:
+        return "promise_in_bounds"
+    mode = getattr(mode, "name", mode)  # a GatherScatterMode-like enum
+    mode = {"FILL_OR_DROP": "fill", "CLIP": "clip"}.get(mode, str(mode).lower())
+    if mode not in ("promise_in_bounds", "clip", "fill", "drop"):
+        raise ValueError(
+            f"{name}: mode must be None, 'promise_in_bounds', 'clip', 'fill' or "
+            f"'drop', got {mode!r}"
+        )
+    return mode
+
+
+def bounded_positions(plan: IndexPlan, mode: Any) -> list:
+    """The plan's positions; with mode "clip", clamped into their axes."""
+    if check_index_mode("at[]", mode) != "clip":
+        return plan.positions
+    return [
+        numpy_clip(p, 0, max(n - 1, 0))
+        for p, n in zip(plan.positions, plan.indexed_shape)
+    ]
+
+
+def in_bounds(shape, indices) -> ArrayLike:
+    """A boolean array over the index positions: inside ``shape`` or not."""
+    inside = True
+    for i, n in zip(indices, shape):
+        here = select(i >= 0, i < n, i >= 0)  # i >= 0 and i < n
+        inside = here if inside is True else select(here, inside, here)
+    return inside
+
+
+def read_with_mode(x: ArrayLike, idx: Any, mode: Any, fill_value: Any) -> ArrayLike:
+    """``x.at[idx].get(mode=..., fill_value=...)``: "clip" clamps the positions
+    before the gather, "fill" (or "drop") puts ``fill_value`` where they are
+    out of range; by default, the same as ``x[idx]``."""
+    mode = check_index_mode("at[].get", mode)
+    if mode == "promise_in_bounds":
+        return getitem(x, idx)
+    plan = index_plan(get_aval(x), idx, for_update=True)
+    dtype = get_aval(x).dtype
+    if plan.kind == "empty":
+        return zeros_of(ShapedArray(plan.shape, dtype))
+    out = gather(permute(x, plan.perm), *bounded_positions(plan, mode))
+    if mode in ("fill", "drop"):
+        inside = in_bounds(plan.indexed_shape, plan.positions)
+        inside = _per_window(inside, get_aval(out), get_aval(plan.positions[0]).ndim)
+        fill = _fill_value(dtype) if fill_value is None else fill_value
+        out = select(inside, out, full_of(get_aval(out), fill))
+    return reshape(permute(out, plan.out_perm), plan.shape)
+
+
+def _fill_value(dtype: np.dtype) -> Any:
+    """JAX's fill for out-of-range reads: NaN, the lowest int, or True."""
+    if dtype.kind == "f":
+        return np.nan
+    if dtype.kind == "b":
+        return True
+    return np.iinfo(dtype).min if dtype.kind == "i" else np.iinfo(dtype).max
 
 
 def check_update_values(x: ArrayLike, shape: tuple, values: ArrayLike) -> ArrayLike:
@@ -1422,88 +1689,173 @@ print(make_jaxpr(lambda x, i: x[i, None], f64(3, 4), i64())[0])
 print(make_jaxpr(lambda x, i: x[:, i], f64(3, 4), i64(2))[0])
 print(jit(lambda x: x[np.array([True, False, True]), -1])(x))
 print(jit(lambda x: x.at[np.array([0, 0]), 1].add(10.0))(x))
+print(jit(lambda x: x.at[np.array([0, 2]), 1].multiply(10.0))(x))
 
 
 # %% [markdown]
-# ## `take`, `take_along_axis`, `split`, `argmax`
+# ## Indices out of range
 #
-# The rest of the NumPy interface is built from these pieces, and folded:
-# `take(a, indices, axis)` is `a[:, ..., indices]` along `axis` and
+# An index outside its axis cannot raise an error at run time (a compiled
+# program has no exceptions), so each primitive has a rule for it. Ours are
+# XLA's, as JAX's are: `gather` *clamps* each index into its axis and reads
+# the nearest row; a scatter *drops* an update whose position is outside `x`;
+# `dynamic_slice` and `dynamic_update_slice` count a negative start from the
+# end and then move the block back inside. The front end counts negative
+# integer-array indices from the end (a `select`) before the gather, as NumPy
+# does. Three transposes need a second look.
+#
+# **A clamped read, a dropped gradient.** A gather that clamped read its row
+# from the clamped position, but its transpose, a scatter-add at the same
+# indices, drops: out of range, the gradient of a read is zero instead of the
+# clamped row's derivative. JAX's `x[idx]` does the same: it *promises* that
+# the indices are in range (its mode `PROMISE_IN_BOUNDS`) and does nothing
+# for the gradient of those that are not. To read the nearest row *and* get
+# its derivative, ask for `mode="clip"`: the indices are clamped in the
+# program, before the gather, so the gather and its transpose only ever see
+# indices in range.
+#
+# **A dropped update, no cotangent.** The transpose of a scatter-add gathers
+# each update's cotangent at its position, and a gather clamps, so an update
+# that was dropped would get the cotangent of its clamped neighbour. It had
+# no effect on the output, so its cotangent is zero. The rule registered above
+# is right for indices in range; this wraps it, keeping its result and masking
+# the updates' cotangents:
+
+
+# %% tags=["export"]
+def zero_dropped_updates(prim: Primitive) -> None:
+    """Wrap ``prim``'s transpose rule: zero cotangent for the dropped updates."""
+    in_range_rule = prim.rules["transpose"]
+
+    @prim.def_rule("transpose")
+    def rule(cts, x, updates, *indices, batch_dims):
+        ct_x, ct_u, *rest = in_range_rule(
+            cts, x, updates, *indices, batch_dims=batch_dims
+        )
+        if ct_u is not None:  # keep the cotangents of the updates inside x
+            inside = in_bounds(get_aval(cts[0]).shape[batch_dims:], indices)
+            inside = _per_window(inside, get_aval(ct_u), get_aval(indices[0]).ndim)
+            ct_u = select(inside, ct_u, zeros_of(get_aval(ct_u)))
+        return [ct_x, ct_u, *rest]
+
+
+zero_dropped_updates(scatter_add_p)
+
+# %% [markdown]
+# `scatter`'s own transpose needs no mask: it gives a cotangent only to the
+# update that won its position, and a dropped update never wins.
+#
+# **Negative starts are wrapped inside the primitive.** The transpose of a
+# `dynamic_slice` calls `dynamic_update_slice` with the very starts the read
+# got, and must find the same block. So the wrapping of a negative start is
+# part of the primitive (its evaluation and its lowering), not of the function
+# that binds it: had `dynamic_slice` wrapped before binding, the transpose,
+# calling `dynamic_update_slice`, would wrap a second time. A start of −10 on
+# an axis of 6 is −4 after one wrap, which clamps to 0; after two it is 2.
+# (JAX's `lax.dynamic_slice` wraps before binding, and its transpose binds the
+# primitive directly instead of calling the function.)
+#
+# **Modes.** `x.at[idx]`'s methods take JAX's `mode=`:
+#
+# - `None` or `"promise_in_bounds"`: the primitives' rules, reads clamp and
+#   writes drop;
+# - `"clip"`: the positions are clamped before the gather or the scatter, so
+#   reads and writes both go to the nearest position, and so do gradients;
+# - `"fill"` or `"drop"`: writes drop; `get` returns `fill_value` (NaN for
+#   floats by default) where a position is out of range, with a `select`
+#   after the gather.
+#
+# `take_along_axis` takes the same modes, and `take` takes `"fill"` and
+# `"clip"`; both default to `"fill"`, as JAX's do. The same reads and writes,
+# next to JAX's:
+
+# %%
+xs, far = np.arange(4.0), np.array([9, -1, -9, 2])  # 9 and -9 are out of range
+
+
+def reads_and_writes(mode):
+    return lambda x: (x.at[far].get(mode=mode), x.at[far].add(10.0, mode=mode))
+
+
+for mode in [None, "clip", "fill"]:
+    ours = jit(reads_and_writes(mode))(xs)
+    with jax.enable_x64(True):
+        theirs = jax.jit(reads_and_writes(mode))(xs)
+    same = all(np.array_equal(a, b, equal_nan=True) for a, b in zip(ours, theirs))
+    print(f"{mode!s:5}", *ours, same)
+
+
+# %% [markdown]
+# And the gradients of a read at 5 and 1 in a vector of 3: the default drops
+# the position out of range, `"clip"` gives it to the last element.
+
+
+# %%
+def read_sum(mode):  # x[5] * 10 + x[1], read with mode
+    weights = np.array([10.0, 1.0])
+    return lambda x: (x.at[np.array([5, 1])].get(mode=mode) * weights).sum()
+
+
+for mode in [None, "clip"]:
+    ours = grad(read_sum(mode))(np.zeros(3))
+    with jax.enable_x64(True):
+        theirs = jax.grad(read_sum(mode))(jnp.zeros(3))
+    print(f"{mode!s:5}", ours, theirs)
+
+
+# %% [markdown]
+# ## `take`, `take_along_axis`, `split`
+#
+# The rest of NumPy's indexing functions are built from these pieces, and
+# folded: `take(a, indices, axis)` is `a[:, ..., indices]` along `axis`;
 # `take_along_axis(a, indices, axis)` reads one element per position of
-# `indices`, both with JAX's default mode, which *fills* out-of-range positions
-# (NaN for floats) instead of clamping; `split` is slices; `argmax` and
-# `argmin` find the first position of the maximum (or of a NaN, as JAX does),
-# with comparisons and a `reduce_max`. `autodidax.lax` gets `slice`,
-# `dynamic_slice`, `dynamic_update_slice`, `gather`, `scatter_add`, `scatter`
-# and `pad`.
+# `indices`, a gather whose other axes are paired batch dimensions; `split` is
+# slices. Both reads default to JAX's mode `"fill"`. Next to them, `argmax`
+# and `argmin`, which *make* indices (the token a greedy decoder picks, whose
+# embedding it reads next): the first position of the maximum (or of a NaN, as
+# JAX does), with comparisons and a `reduce_max`. `autodidax.lax` gets
+# `slice`, `pad`, `dynamic_slice`, `dynamic_update_slice`, `gather` and the
+# scatters under JAX's names.
 
 
 # %% tags=["export", "hide-input"]
 # @title take, take_along_axis, split, argmax, argmin; the lax names
-def _fill_value(dtype: np.dtype) -> Any:
-    """JAX's fill for out-of-range reads: NaN, the lowest int, or True."""
-    if dtype.kind == "f":
-        return np.nan
-    if dtype.kind == "b":
-        return True
-    return np.iinfo(dtype).min if dtype.kind == "i" else np.iinfo(dtype).max
-
-
-def _check_mode(name: str, mode: Any) -> str:
-    if mode not in (None, "fill", "clip"):
-        raise ValueError(f"{name}: mode must be None, 'fill' or 'clip', got {mode!r}")
+def _check_take_mode(name: str, mode: Any, allowed: tuple) -> str:
+    """take's modes: None is "fill", as in JAX."""
+    if mode not in (None, *allowed):
+        raise ValueError(
+            f"{name}: mode must be None, {', '.join(map(repr, allowed))}, got {mode!r}"
+        )
     return mode or "fill"
-
-
-def _fill_outside(out, indices, n, out_axes_of_indices, fill_value) -> ArrayLike:
-    """``out`` with ``fill_value`` where ``indices`` (wrapped) fell outside [0, n)."""
-    inside = in_bounds((n,), [_wrap_negative(indices, n)], 0)
-    aval = get_aval(out)
-    new_axes = tuple(d for d in range(aval.ndim) if d not in out_axes_of_indices)
-    inside = broadcast_to(inside, tuple(aval.shape[d] for d in out_axes_of_indices))
-    inside = broadcast(inside, aval.shape, new_axes) if new_axes else inside
-    fill = _fill_value(aval.dtype) if fill_value is None else fill_value
-    return select(inside, out, full_of(aval, fill))
-
-
-def full_of(aval: ShapedArray, value: Any) -> ArrayLike:
-    """An array of type ``aval`` holding ``value``: a broadcast of one number."""
-    one = np.asarray(value).astype(aval.dtype)
-    return broadcast(one, aval.shape, tuple(range(aval.ndim))) if aval.ndim else one
 
 
 @numpy_function
 def numpy_take(a, indices, axis=None, mode=None, fill_value=None) -> ArrayLike:
     """Elements (or slices along ``axis``) of ``a`` at ``indices``."""
-    mode = _check_mode("take", mode)
+    mode = _check_take_mode("take", mode, ("fill", "clip"))
     a = _as_input(a, "take")
     if axis is None:
         a, axis = reshape(a, (-1,)), 0
-    ndim = get_aval(a).ndim
-    axis = _normalize_axes("take", axis, ndim)[0]
+    axis = _normalize_axes("take", axis, get_aval(a).ndim)[0]
     indices = _index_array(get_aval(a), indices)
-    n = get_aval(a).shape[axis]
-    if mode == "clip":
-        indices = numpy_clip(indices, 0, max(n - 1, 0))
-    out = getitem(a, (slice(None),) * axis + (indices,))
-    if mode == "clip":
-        return out
-    idx_axes = tuple(range(axis, axis + get_aval(indices).ndim))
-    return _fill_outside(out, indices, n, idx_axes, fill_value)
+    if mode == "clip":  # as NumPy's take: clamped before counting from the end
+        n = get_aval(a).shape[axis]
+        indices, mode = numpy_clip(indices, 0, max(n - 1, 0)), "promise_in_bounds"
+    return read_with_mode(a, (slice(None),) * axis + (indices,), mode, fill_value)
 
 
 @numpy_function
 def numpy_take_along_axis(arr, indices, axis=-1, mode=None, fill_value=None):
     """``arr`` read at ``indices`` along ``axis``, the other axes matched."""
-    mode = _check_mode("take_along_axis", mode)
+    allowed = ("fill", "drop", "clip", "promise_in_bounds")
+    mode = _check_take_mode("take_along_axis", mode, allowed)
     arr = _as_input(arr, "take_along_axis")
     aval = get_aval(arr)
     indices = _index_array(aval, indices)
-    idx_aval = get_aval(indices)
     if axis is None:
-        arr, aval, axis = reshape(arr, (-1,)), ShapedArray((aval.size,), aval.dtype), 0
-        indices = reshape(indices, (-1,))
-        idx_aval = get_aval(indices)
+        arr, indices, axis = reshape(arr, (-1,)), reshape(indices, (-1,)), 0
+        aval = get_aval(arr)
+    idx_aval = get_aval(indices)
     axis = _normalize_axes("take_along_axis", axis, aval.ndim)[0]
     if idx_aval.ndim != aval.ndim:
         raise TypeError(
@@ -1515,26 +1867,18 @@ def numpy_take_along_axis(arr, indices, axis=-1, mode=None, fill_value=None):
         for a in (aval, idx_aval)
     ]
     shape = list(np.broadcast_shapes(*others))  # the other axes must match
-    shape[axis] = idx_aval.shape[axis]
-    shape, n = tuple(shape), aval.shape[axis]
-    positions = []
-    for d in range(aval.ndim):
-        if d == axis:
-            if mode == "clip":
-                p = numpy_clip(indices, 0, max(n - 1, 0))
-            else:
-                p = _wrap_negative(indices, n)
-        else:
-            p = np.arange(shape[d]).reshape(
-                [-1 if e == d else 1 for e in range(len(shape))]
-            )
-        positions.append(broadcast_to(p, shape))
-    out = gather(arr, *positions)
-    if mode == "clip":
-        return out
-    return _fill_outside(
-        out, broadcast_to(indices, shape), n, tuple(range(len(shape))), fill_value
-    )
+    n, k = aval.shape[axis], idx_aval.shape[axis]
+    arr = broadcast_to(arr, tuple(shape[:axis] + [n] + shape[axis + 1 :]))
+    indices = broadcast_to(indices, tuple(shape[:axis] + [k] + shape[axis + 1 :]))
+    # the other axes first and paired (batch_dims): no positions to build
+    perm = [d for d in range(aval.ndim) if d != axis] + [axis]
+    arr, indices = permute(arr, perm), permute(_wrap_negative(indices, n), perm)
+    positions = numpy_clip(indices, 0, max(n - 1, 0)) if mode == "clip" else indices
+    out = gather(arr, positions, batch_dims=aval.ndim - 1)
+    if mode in ("fill", "drop"):
+        fill = _fill_value(aval.dtype) if fill_value is None else fill_value
+        out = select(in_bounds((n,), [indices]), out, full_of(get_aval(out), fill))
+    return permute(out, inverse_perm(perm))
 
 
 @numpy_function
@@ -1615,6 +1959,9 @@ for _name, _fn in {
     "gather": gather,
     "scatter_add": scatter_add,
     "scatter": scatter,
+    "scatter_mul": scatter_mul,
+    "scatter_min": scatter_min,
+    "scatter_max": scatter_max,
 }.items():
     setattr(lax_namespace, _name, _fn)
 
@@ -1666,6 +2013,13 @@ print(ours.shape, np.abs(np.asarray(ours) - np.asarray(theirs)).max())
 
 # %% [markdown]
 # ## Mistakes indexing catches
+#
+# The exception types are JAX's: an index of the wrong type is a `TypeError`,
+# a step of 0 a `ValueError`, and an index that does not fit the array (too
+# many indices, a mask of the wrong shape) an `IndexError`; ours is
+# `IndexingError`, an `IndexError` that is also a `TypeError`, the type of the
+# book's other errors about a bad argument. The messages name the array's
+# type, in JAX's words where JAX has them.
 
 # %%
 show_error(jit(lambda x: x[1.0]), x)  # a float index
@@ -1674,24 +2028,31 @@ show_error(jit(lambda x: x[::0]), x)  # a slice step of 0
 show_error(jit(lambda x: x[x > 3.0]), x)  # a traced boolean mask
 show_error(jit(lambda x: x.at[0].set(np.ones((2, 4)))), x)  # an update too big
 
-
 # %% [markdown]
 # ## Where real JAX differs
 #
-# The folded cell prints JAX's jaxprs for a traced row index and for the
-# gradient of an embedding lookup:
-
+# The folded cell prints JAX's jaxprs for two programs of this chapter, `x[:, i]`
+# and the gradient of the embedding lookup (with most params left out):
 
 # %% tags=["hide-input"]
-# @title JAX's jaxprs: a traced row index, and the gradient of a lookup
-def show_jax(f, *args):
+# @title JAX's jaxprs for x[:, i] and for the gradient of a lookup, shortened
+import re
+
+
+def show_jax(f, *args, keep=("mode",)):
+    """JAX's jaxpr in float64, each equation's params cut down to ``keep``."""
     with jax.enable_x64(True):  # float64, as ours, in this cell only
-        print(jax.make_jaxpr(f)(*args).pretty_print(use_color=False))
+        text = jax.make_jaxpr(f)(*args).pretty_print(use_color=False)
+
+    def kept(match):
+        lines = [line.strip() for line in match.group(1).splitlines()]
+        return "[" + " ".join(ln for ln in lines if ln.split("=")[0] in keep) + "]"
+
+    print(re.sub(r"\[\n(.*?)\n\s*\]", kept, text, flags=re.S))
 
 
-show_jax(lambda x, i: x[i], x, 1)
+show_jax(lambda x, i: x[:, i], x, np.array([0, 2]), keep=("dimension_numbers",))
 show_jax(jax.grad(jax_loss), table, tokens)
-
 
 # %% [markdown]
 # - **Dimension numbers.** JAX's
@@ -1699,44 +2060,51 @@ show_jax(jax.grad(jax_loss), table, tokens)
 #   takes one stacked index array and a `GatherDimensionNumbers`
 #   (`offset_dims`, `collapsed_slice_dims`, `start_index_map`,
 #   `operand_batching_dims`, `start_indices_batching_dims`) plus
-#   `slice_sizes`, the fields StableHLO's gather has; it can read windows
-#   larger than one element along an indexed axis, which ours cannot (our
-#   batched `dynamic_slice` reads every position of its block instead). Its
-#   scatters take a `ScatterDimensionNumbers` and an `update_jaxpr`. Our
+#   `slice_sizes`, the fields StableHLO's gather has. A window axis can sit
+#   anywhere in the output (`offset_dims=(0,)` above reads `x[:, i]` with no
+#   `transpose`, where ours moves the axes), and a window can be larger than
+#   one element along an indexed axis, which ours cannot (our batched
+#   `dynamic_slice` reads every position of its block instead). Its scatters
+#   take a `ScatterDimensionNumbers` and an `update_jaxpr`. Our
 #   `gather(x, *indices, batch_dims=)` is the special case that NumPy's
 #   indexing needs, and lowers to those same dimension numbers.
+# - **Positions as constants.** A negative step, `x[::-1]`, and, in a write,
+#   a slice next to an integer array, `x.at[1:3, i].set(v)`, become index
+#   arrays of positions, constants of the result's size; JAX reverses with
+#   `rev`, builds positions with `iota` in the program, or reads a window
+#   (`x[1:3, i]` reads rows 1 and 2 as one window).
 # - **Modes.** JAX's gather and scatters take a `mode`:
 #   [`GatherScatterMode`](https://docs.jax.dev/en/latest/_autosummary/jax.lax.GatherScatterMode.html)
-#   `CLIP`, `FILL_OR_DROP`, `PROMISE_IN_BOUNDS` (and `ONE_HOT`). `x[idx]`
-#   records `PROMISE_IN_BOUNDS` after wrapping negative indices, and XLA's
-#   gather then clamps; `x.at[idx].set` drops out-of-range updates; `jnp.take`
-#   and `jnp.take_along_axis` fill with NaN by default. Ours computes the
-#   same values, with gathers that clamp, scatters that drop (or clamp, with
-#   `mode="clip"`, in a gather's transpose), and filling done by a `select` in
-#   the front end.
-# - **Gradients out of range.** Because `x[idx]` promises in-range indices,
-#   JAX's gradient of a read at an out-of-range position is not the derivative
-#   of the clamped read: its `scatter-add` drops that position (the gradient of
-#   `x[jnp.array([5, 1])].sum()` for a 3-vector is `[0, 1, 0]`). Ours adds at the clamped
-#   position (`[0, 1, 1]`), as the transpose of the read we compute.
+#   `CLIP`, `FILL_OR_DROP`, `PROMISE_IN_BOUNDS` (and `ONE_HOT`), a param of
+#   the primitive (the jaxprs above show `PROMISE_IN_BOUNDS`). Ours have one
+#   fixed rule each, and the front end clamps indices (`"clip"`) or fills
+#   with a `select` (`"fill"`) around them. JAX's `.at[]` also has
+#   `wrap_negative_indices`, its `take` a mode `"wrap"`, and its
+#   `lax.dynamic_slice` an `allow_negative_indices`; ours have none of them.
 # - **Boolean masks.** A traced mask is JAX's `NonConcreteBooleanIndexError`,
 #   an `IndexError`; ours has the same name and is also a `TypeError`.
 # - **Hints.** `unique_indices` and `indices_are_sorted` let XLA pick a faster
 #   scatter; JAX's `dynamic_slice`, batched over both the array and its
 #   starts, becomes a `gather` with `indices_are_sorted=True` and
 #   `unique_indices=True` (batched over the starts alone, both are `False`).
-#   We have neither hint.
-# - **Index dtypes.** JAX converts indices to `int32` (its default index
-#   type) before gathering, as the jaxprs above show; we keep the user's
-#   integer dtype and convert to 64 bits when lowering.
+#   We have neither hint. JAX's `scatter-mul` has no derivative with respect
+#   to the updates unless `unique_indices=True`; ours has one for repeated
+#   positions too.
+# - **Index dtypes.** JAX converts the indices to the smallest integer type
+#   that can hold every position of the array, `int32` unless an axis is
+#   longer than $2^{31} - 1$ (`int_dtype_for_shape` in
+#   `jax/_src/lax/utils.py`, called from `jax/_src/numpy/indexing.py`), as
+#   the `convert_element_type` above shows; we keep the user's integer dtype
+#   and convert to 64 bits when lowering.
 # - **More primitives.** JAX reverses an axis with `rev` (for `x[::-1]`),
 #   drops axes with `squeeze` and adds them with `broadcast_in_dim`, has
-#   `argmax` and `argmin` primitives and `scatter-mul`, `scatter-min` and
-#   `scatter-max` (`x.at[i].multiply/min/max`), and its `pad` takes the padding
-#   value as an operand. We use a gather, `reshape`, a composition of
-#   comparisons, and zero padding. A `scatter` with repeated indices has one
-#   winner in both; JAX's `jvp` of `scatter` makes primal and tangent agree
-#   on it by scattering ids, where ours relies on a fixed order of updates.
+#   `argmax` and `argmin` primitives and a `split` primitive (`jnp.split` is
+#   one equation with every piece's size), and its `pad` takes the padding
+#   value as an operand; we use, in that order, a gather, `reshape`, a
+#   composition of comparisons, slices, and zero padding. A `scatter` with repeated indices
+#   has one winner in both; JAX's `jvp` of `scatter` makes primal and tangent
+#   agree on it by scattering ids, where ours relies on a fixed order of
+#   updates.
 #
 # ## Summary
 #
@@ -1750,39 +2118,44 @@ show_jax(jax.grad(jax_loss), table, tokens)
 # - Batching a gather never loops: a batched array gets a window axis, batched
 #   indices get one more index axis, and both get a paired *batch dimension*.
 # - `x[idx]` parses NumPy's index language into one slice, one dynamic slice
-#   or one gather, plus a reshape; `x.at[idx].set/add` write with a scatter at
-#   the positions a gather would read. Reads clamp, writes drop out-of-range
-#   positions, and `take`/`take_along_axis` fill, as in JAX.
+#   or one gather (the axes taken whole as its window), plus a reshape;
+#   `x.at[idx].set/add/multiply/min/max` write with one scatter at the
+#   positions a gather would read.
+# - Out of range, reads clamp and writes drop, as in JAX; a read's gradient
+#   there is dropped too, unless `mode="clip"` clamps the indices first.
 #
 # ## Exercises
 #
 # **1. A one-hot lookup, counted.** Write the embedding lookup of this chapter
-# as a product with a one-hot matrix, check that it agrees with `gather`, and
-# compare the gradients' jaxprs: which one does work proportional to the
-# vocabulary for each token?
-
+# as a product with a one-hot matrix, check that its gradient agrees with the
+# gather's, and print the jaxprs of both backward passes (the function `vjp`
+# returns): which one does work proportional to the vocabulary for each token?
 
 # %% tags=["hide-input"]
 # @title A solution
-def one_hot_loss(table, tokens):
-    one_hot = (tokens[:, None] == np.arange(table.shape[0])).astype(table.dtype)
+one_hot = (tokens[:, None] == np.arange(table.shape[0])).astype(np.float64)
+
+
+def one_hot_loss(table):
     rows = one_hot @ table  # (tokens, vocabulary) x (vocabulary, dimension)
     return reduce_sum(rows * rows)
 
 
-print(np.allclose(grad(one_hot_loss)(table, tokens), grad(lookup_loss)(table, tokens)))
-# The one-hot version's gradient is a dot_general of the (tokens, vocabulary)
-# one-hot matrix with the cotangent: tokens x vocabulary x dimension
+print(np.allclose(grad(one_hot_loss)(table), grad(lookup_loss)(table, tokens)))
+# The one-hot backward pass is a dot_general of the cotangent with the
+# (tokens, vocabulary) one-hot matrix: tokens x vocabulary x dimension
 # multiply-adds. The gather's is a scatter-add of tokens x dimension numbers.
-print(make_jaxpr(grad(one_hot_loss), f64(5, 3), i64(3))[0])
+for loss in [one_hot_loss, lambda table: lookup_loss(table, tokens)]:
+    _, backward = vjp(loss, table)
+    print(make_jaxpr(backward, f64())[0])
 
 
 # %% [markdown]
-# **2. `x.at[i].multiply`.** Write `at_multiply(x, i, v)`, which multiplies the
-# elements at integer positions `i` by `v` (accumulating over repeated
-# positions), with the primitives of this chapter and `exp`/`log` only for
-# positive `v`. Check it against JAX's `x.at[i].multiply(v)` with a repeated
-# index.
+# **2. `x.at[i].multiply` without `scatter-mul`.** Write `at_multiply(x, i, v)`,
+# which multiplies the elements at integer positions `i` by `v` (accumulating
+# over repeated positions), with `scatter_add`, `exp` and `log` only, for
+# positive `v`. Check it against `x.at[i].multiply(v)`, ours and JAX's, with a
+# repeated index.
 
 
 # %% tags=["hide-input"]
@@ -1795,5 +2168,6 @@ def at_multiply(x, i, v):
 
 xs, pos, vals = np.arange(1.0, 5.0), np.array([0, 2, 0]), np.array([2.0, 3.0, 5.0])
 print(at_multiply(xs, pos, vals))
+print(jit(lambda x: x.at[pos].multiply(vals))(xs))
 with jax.enable_x64(True):
     print(jnp.asarray(xs).at[pos].multiply(vals))

@@ -1548,6 +1548,10 @@ NONLINEAR_WITNESSES = {
     # maximum over the members; axis_index ignores x, so f(a + b) = f(a).
     "pmax": lambda x, y: ad.pmax(x, "i"),
     "axis_index": lambda x, y: ad.convert_element_type(ad.axis_index("i"), F64),
+    # the indexing chapter: the smaller (larger) of x and the updates y written
+    # at repeated positions
+    "scatter-min": lambda x, y: ad.lax.scatter_min(x, y, np.array([0, 2, 2, 4, 1])),
+    "scatter-max": lambda x, y: ad.lax.scatter_max(x, y, np.array([0, 2, 2, 4, 1])),
 }
 OVER_NAMED_AXIS = {"pmax", "axis_index"}
 # no outputs, so nothing to witness (tests/test_analysis.py checks that a print
@@ -1695,9 +1699,10 @@ LINEAR_FUNCTIONS["all_gather"] = (
 )
 
 # The indexing chapter: slices and pads, blocks at positions given as
-# operands (clamped), and gathers and scatters with repeated and
-# out-of-range indices.
-_ROWS = np.array([2, 0, 2, 7])
+# operands (clamped), and gathers and scatters with repeated indices (out of
+# range only for the scatter: a gather's transpose drops what it clamped, as
+# JAX's does, so the two are adjoint for indices in range).
+_ROWS = np.array([2, 0, 2, 1])
 # Part 11: a checkpointed linear function; vjp transposes the checkpoint that
 # partial evaluation stages (its jaxpr recomputes nothing here).
 LINEAR_FUNCTIONS["checkpoint"] = (
@@ -1719,7 +1724,7 @@ LINEAR_FUNCTIONS["dynamic_update_slice"] = (
 )
 LINEAR_FUNCTIONS["gather"] = (lambda x: ad.lax.gather(x, _ROWS), [(3, 4)])
 LINEAR_FUNCTIONS["scatter"] = (
-    lambda x, u: ad.lax.scatter(x, u, _ROWS),
+    lambda x, u: ad.lax.scatter(x, u, np.array([2, 0, 2, 7])),
     [(3, 4), (4, 4)],
 )
 

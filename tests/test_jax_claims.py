@@ -2304,6 +2304,116 @@ def test_indexing_argmax_takes_the_first_nan_and_traced_masks_fail():
         jax.jit(lambda x: x[x > 0])(jnp.ones(3))
 
 
+def test_indexing_at_modes():
+    # indexing, "Modes": None or "promise_in_bounds": reads clamp, writes
+    # drop; "clip": positions clamped for reads and writes; "fill" or "drop":
+    # writes drop and get returns fill_value, NaN by default; the gradient of a
+    # read out of range is dropped by default, and "clip" gives it to the
+    # nearest element.
+    x = jnp.arange(4.0)
+    far = jnp.array([9, -1, -9, 2])
+    for mode in [None, "promise_in_bounds"]:
+        np.testing.assert_array_equal(x.at[far].get(mode=mode), [3.0, 3.0, 0.0, 2.0])
+        np.testing.assert_array_equal(x.at[far].add(10.0, mode=mode), [0, 1, 12, 13])
+    np.testing.assert_array_equal(x.at[far].get(mode="clip"), [3.0, 3.0, 0.0, 2.0])
+    np.testing.assert_array_equal(x.at[far].add(10.0, mode="clip"), [10, 1, 12, 23])
+    for mode in ["fill", "drop"]:
+        out = x.at[far].get(mode=mode)
+        np.testing.assert_array_equal(out, [np.nan, 3.0, np.nan, 2.0])
+        np.testing.assert_array_equal(x.at[far].set(-1.0, mode=mode), [0, 1, -1, -1])
+    assert float(x.at[9].get(mode="fill", fill_value=-5.0)) == -5.0
+    w = jnp.array([10.0, 1.0])
+
+    def read(mode):
+        return lambda x: jnp.sum(x.at[jnp.array([5, 1])].get(mode=mode) * w)
+
+    np.testing.assert_array_equal(jax.grad(read(None))(jnp.zeros(3)), [0, 1, 0])
+    np.testing.assert_array_equal(jax.grad(read("clip"))(jnp.zeros(3)), [0, 1, 10])
+    # take_along_axis takes the same modes (take: fill and clip, and "wrap")
+    idx = jnp.array([9, -1, 2])
+    for mode in ["fill", "drop", "clip", "promise_in_bounds"]:
+        jnp.take_along_axis(x, idx, axis=0, mode=mode)
+    np.testing.assert_array_equal(jnp.take(x, idx, mode="wrap"), [1.0, 3.0, 2.0])
+    assert "wrap_negative_indices" in inspect.signature(type(x.at[0]).set).parameters
+
+
+def test_indexing_dynamic_slice_wraps_before_binding():
+    # indexing: "JAX's `lax.dynamic_slice` wraps before binding, and its
+    # transpose binds the primitive directly instead of calling the function"
+    # (_dynamic_slice_transpose_fancy in jax/_src/lax/slicing.py).
+    from jax._src.lax import slicing
+
+    text = _jaxpr_text(lambda x, i: lax.dynamic_slice(x, (i,), (2,)), jnp.ones(6), 1)
+    assert "select_n" in text and "dynamic_slice[" in text
+    source = inspect.getsource(slicing._dynamic_slice_transpose_fancy)
+    assert "dynamic_update_slice_p.bind" in source
+
+
+def test_indexing_windows_anywhere_and_positions_in_the_program():
+    # indexing, "Where real JAX differs": x[:, i] is one gather with
+    # offset_dims=(0,), no transpose; x[1:3, i] reads a window, x[::2, i]
+    # builds its positions with iota (no constant).
+    x = jnp.ones((4, 5))
+    text = _jaxpr_text(lambda x, i: x[:, i], x, jnp.array([0, 2]))
+    assert "offset_dims=(0,)" in text and "transpose" not in text
+    jaxpr = jax.make_jaxpr(lambda x, i: x[1:3, i])(x, jnp.array([0, 1]))
+    assert not jaxpr.consts and "slice_sizes=(2, 1)" in str(jaxpr)
+    jaxpr = jax.make_jaxpr(lambda x, i: x[::2, i])(x, jnp.array([0, 1]))
+    assert not jaxpr.consts and "iota" in str(jaxpr)
+
+
+def test_indexing_scatter_mul_min_max_derivatives():
+    # indexing: "JAX's `scatter-mul` has no derivative with respect to the
+    # updates unless `unique_indices=True`"; scatter-min/max: "their
+    # derivative follows the updates that won and splits the tangent evenly
+    # between ties, as JAX's does".
+    x = jnp.array([1.0, 2.0, 3.0])
+    two = jnp.array([0, 0])
+    with pytest.raises(NotImplementedError, match="unique_indices"):
+        jax.grad(lambda v: x.at[two].multiply(v).sum())(jnp.array([2.0, 3.0]))
+    one_each = jnp.array([0, 1])
+    g = jax.grad(lambda v: x.at[one_each].multiply(v, unique_indices=True).sum())
+    np.testing.assert_array_equal(g(jnp.array([2.0, 3.0])), [1.0, 2.0])
+    g = jax.grad(lambda v: x.at[two].max(v).sum())(jnp.array([5.0, 5.0]))
+    np.testing.assert_array_equal(g, [0.5, 0.5])
+    gx, gv = jax.grad(lambda x, v: x.at[two].min(v).sum(), (0, 1))(
+        x, jnp.array([1.0, 4.0])
+    )  # a tie of x[0] with the first update
+    np.testing.assert_array_equal(gx, [0.5, 1.0, 1.0])
+    np.testing.assert_array_equal(gv, [0.5, 0.0])
+
+
+def test_indexing_index_dtype_split_booleans_and_index_errors():
+    # indexing: JAX converts indices to "int32 unless an axis is longer than
+    # 2**31 - 1 (int_dtype_for_shape in jax/_src/lax/utils.py, called from
+    # jax/_src/numpy/indexing.py)"; JAX has a `split` primitive ("one equation
+    # with every piece's size"); x[True] / x[False] add an axis of size 1 / 0;
+    # "Too many indices" is an IndexError with JAX's wording.
+    from jax._src.lax import utils as lax_utils
+    from jax._src.numpy import indexing
+
+    assert lax_utils.int_dtype_for_shape((5, 3), signed=True) == np.int32
+    assert lax_utils.int_dtype_for_shape((2**31,), signed=True) == np.int64
+    assert "int_dtype_for_shape" in inspect.getsource(indexing)
+    text = _jaxpr_text(lambda t: jnp.split(t, 3), jnp.ones(6))
+    assert text.count("split[") == 1 and "sizes=" in text
+    x = jnp.ones((3, 4))
+    assert x[True].shape == (1, 3, 4) and x[False].shape == (0, 3, 4)
+    assert x[0, True].shape == (1, 4) and x[jnp.array([0, 2]), True].shape == (2, 4)
+    with pytest.raises(
+        IndexError, match="Too many indices: array is 2-dimensional, but 3 were indexed"
+    ):
+        x[0, 1, 2]
+    # "an index of the wrong type is a TypeError, a step of 0 a ValueError,
+    # ... a mask of the wrong shape an IndexError"
+    with pytest.raises(TypeError, match="Indexer must have integer or boolean type"):
+        x[1.0]
+    with pytest.raises(ValueError, match="slice step cannot be zero"):
+        x[::0]
+    with pytest.raises(IndexError, match="boolean index did not match shape"):
+        x[jnp.array([True, False])]
+
+
 # ------------------------------------------------- analysis (book/analysis.md)
 
 
