@@ -175,45 +175,54 @@ def numpy_shift(shift: Callable) -> Callable:
     return shifted
 
 
-def _integer_abstract_eval(prim: Primitive) -> None:
-    kinds = "iu" if "shift" in prim.name or prim.name == "rem" else "biu"
+def _integer_kinds(prim: Primitive) -> tuple[str, str]:
+    if "shift" in prim.name or prim.name == "rem":
+        return "iu", "an integer"
+    return "biu", "an integer or boolean"
 
+
+def _integer_abstract_eval(prim: Primitive) -> None:
     @prim.def_rule("abstract_eval")
     def rule(x, y):
         check_binary_operands(prim.name, x, y)
-        what = "an integer" if kinds == "iu" else "an integer or boolean"
-        _check_aval_kind(prim.name, x, kinds, what)
+        _check_aval_kind(prim.name, x, *_integer_kinds(prim))
         return [ShapedArray(x.shape, x.dtype)]
+
+
+def _bind_integer(prim: Primitive, x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    x, y = _binary_operands(prim.name, x, y)
+    _check_kind(prim.name, x, *_integer_kinds(prim))
+    return bind(prim, x, y)
 
 
 def bitwise_xor(x: ArrayLike, y: ArrayLike) -> ArrayLike:
     """Elementwise exclusive or of integer (or boolean) arrays."""
-    return _bind_binary(xor_p, x, y)
+    return _bind_integer(xor_p, x, y)
 
 
 def bitwise_or(x: ArrayLike, y: ArrayLike) -> ArrayLike:
     """Elementwise or of integer (or boolean) arrays."""
-    return _bind_binary(or_p, x, y)
+    return _bind_integer(or_p, x, y)
 
 
 def bitwise_and(x: ArrayLike, y: ArrayLike) -> ArrayLike:
     """Elementwise and of integer (or boolean) arrays."""
-    return _bind_binary(and_p, x, y)
+    return _bind_integer(and_p, x, y)
 
 
 def shift_left(x: ArrayLike, y: ArrayLike) -> ArrayLike:
     """``x << y`` elementwise; a shift by the bit width or more gives 0."""
-    return _bind_binary(shift_left_p, x, y)
+    return _bind_integer(shift_left_p, x, y)
 
 
 def shift_right_logical(x: ArrayLike, y: ArrayLike) -> ArrayLike:
     """``x >> y`` elementwise, filling with zeros (also for signed integers)."""
-    return _bind_binary(shift_right_logical_p, x, y)
+    return _bind_integer(shift_right_logical_p, x, y)
 
 
 def rem(x: ArrayLike, y: ArrayLike) -> ArrayLike:
     """The remainder of integer division, with the sign of ``x`` (C's ``%``)."""
-    return _bind_binary(rem_p, x, y)
+    return _bind_integer(rem_p, x, y)
 
 
 # %% tags=["export"]
@@ -259,6 +268,7 @@ NOT_LINEAR.update(["bitcast_convert_type", "iota"])
 def bitcast_convert_type(x: ArrayLike, new_dtype: Any) -> ArrayLike:
     """The bits of ``x`` read as ``new_dtype`` of the same width."""
     new_dtype = check_array_dtype("bitcast_convert_type", new_dtype)
+    check_same_width(get_aval(x, "bitcast_convert_type"), new_dtype)
     return bind(bitcast_convert_type_p, x, new_dtype=new_dtype)
 
 
@@ -438,6 +448,12 @@ if __name__ != "__main__":  # in the module: `import autodidax.random as random`
     sys.modules[f"{__name__}.random"] = random_namespace
 
 
+for _fn in [bitwise_xor, bitwise_or, bitwise_and, shift_left, shift_right_logical]:
+    setattr(lax_namespace, _fn.__name__, _fn)  # JAX's lax names
+for _fn in [rem, bitcast_convert_type, iota]:
+    setattr(lax_namespace, _fn.__name__, _fn)
+
+
 def random_function(fn: Callable) -> Callable:
     """Decorator: put ``random_<name>`` into the namespace as ``<name>``."""
     setattr(random_namespace, fn.__name__.removeprefix("random_"), fn)
@@ -452,9 +468,9 @@ def check_key(name, key):
             f"or random.split), got {aval.str_short()}"
         )
     if aval.shape != (2,):
-        batched = aval.shape[-1:] == (2,)
+        batched = aval.ndim > 1 and aval.shape[-1] == 2
         hint = " (a batch of keys? use vmap)" if batched else ""
-        raise ValueError(
+        raise (ValueError if batched else TypeError)(  # as JAX
             f"{name}: a key is a uint32 array of shape (2,), got "
             f"{aval.str_short()}{hint}"
         )
@@ -763,6 +779,7 @@ def _erf_inv_impl(x):
 
 
 _erf_inv_on_xla = jit(lambda x: bind(erf_inv_p, x))
+lax_namespace.erf_inv = erf_inv
 _unary_abstract_eval(erf_inv_p, "f", "a float")
 _unary_vmap(erf_inv_p)
 
