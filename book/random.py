@@ -655,7 +655,8 @@ def uniform_core(shape, dtype, key, minval, maxval):
 # %% [markdown]
 # `compiled(core, shape, dtype)` is `jit` of the core with its static arguments,
 # cached. JAX runs its samplers as jitted functions too, even when they are
-# called outside `jit`, and bit-for-bit equality needs it: XLA on CPU fuses
+# called outside `jit`, and bit-for-bit equality needs it: XLA on CPU (at its
+# default optimization level) fuses
 # `floats * (maxval - minval) + minval` into one fused multiply-add, which rounds
 # once, where NumPy's multiplication followed by an addition rounds twice. Here
 # is the whole generator as a jaxpr, traced for four float32 numbers; it is
@@ -671,10 +672,11 @@ print(collections.Counter(eqn.primitive.name for eqn in body.eqns))
 print("...", *str(body).splitlines()[-9:], sep="\n")
 
 # %% [markdown]
-# JAX's own jaxpr of `jax.random.uniform` shows a primitive `threefry2x32`
-# instead of the rounds: JAX keeps the hash as one primitive, so that it can
-# choose how to lower it per platform (on CPU as a loop over the five blocks, on
-# GPU as a custom kernel). Ours is unrolled into its additions, rotations and
+# JAX's own jaxpr of `jax.random.uniform` is shorter: the raw key is wrapped into
+# a typed key, and the bits come from one primitive, `random_bits`, which is
+# lowered through JAX's primitive `threefry2x32` (on CPU, as a loop over the five
+# blocks of rounds). Keeping the hash one primitive lets JAX lower it differently
+# per platform. Ours is unrolled into its additions, rotations and
 # xors. Both give the same bits. The folded setup cell defined
 # `compare_with_jax(draw)`, which calls `draw(random, key)` and
 # `draw(jax.random, key)` and compares the bits: eagerly, under `jit`, and
@@ -696,9 +698,8 @@ for dtype in [np.float32, np.float64]:
 # - **`normal`**: $\sqrt 2\,\mathrm{erf}^{-1}(u)$ for $u$ uniform in $(-1, 1)$
 #   is a standard normal number (the inverse of the normal CDF). This needs one
 #   more primitive, `erf_inv`, which StableHLO's sister dialect CHLO provides and
-#   XLA expands into a polynomial. NumPy has no `erf_inv`, and any other
-#   implementation would differ in the last bit, so the evaluation rule runs the
-#   primitive through XLA.
+#   XLA expands into a polynomial. NumPy has no `erf_inv`, and bit-for-bit equality needs XLA's own
+#   polynomial, so the evaluation rule runs the primitive through XLA.
 # - **`bernoulli(key, p)`**: `uniform(key) < p`.
 # - **`randint(key, shape, minval, maxval)`**: two words of random bits per
 #   number, reduced modulo the span `maxval - minval` (with `rem`) without
@@ -1004,26 +1005,27 @@ print(
 # ## Where real JAX differs
 #
 # - **Typed keys.** `jax.random.key(seed)` returns a *typed* key array, of shape
-#   `()` and dtype `key<fry>`, which is not an integer array and supports no
+#   `()` and dtype `key<fry>`, which is not an integer array and refuses
 #   arithmetic; `jax.random.PRNGKey(seed)` returns the raw `uint32[2]` we use
 #   everywhere. `jax.random.key_data` turns a typed key into those two words,
 #   and they equal `PRNGKey`'s. Our `random.key` returns the raw key too.
-# - **Other generators.** JAX's default implementation is `threefry2x32`; it also
-#   has `rbg` and `unsafe_rbg`, which use XLA's random-bit generator instead of
-#   a hash computed with integer operations (faster on TPUs, not the same
-#   numbers), chosen with `jax_default_prng_impl` or `jax.random.key(seed,
-#   impl=...)`.
+# - **Other generators.** JAX's default implementation is `threefry2x32`
+#   (the setting `jax_default_prng_impl`). It also has `rbg` and `unsafe_rbg`,
+#   built on XLA's own random-bit generator instead of a hash written with
+#   integer operations, and a few others, chosen with
+#   `jax.random.key(seed, impl=...)`; they give other numbers.
 # - **The partitionable setting.** `jax_threefry_partitionable` is on by default
-#   in the installed JAX (it used to be off). With it, every number's counter is
-#   its position in the output, which is what we implemented; the older scheme
-#   hashed the counters in two halves and gives other numbers.
+#   in the installed JAX. With it, each number's counter is its position in the
+#   output, which is what we implemented; with it off, JAX hashes the counters
+#   in two halves and gives other numbers.
 # - **64-bit defaults.** Our module's default dtypes are 64-bit (float64,
-#   `uint64` bits, `int64` integers), as in JAX with `jax_enable_x64` on; without
-#   it JAX's defaults are 32-bit, and a seed is taken as an int32.
-# - **What is missing.** `permutation` (JAX shuffles by sorting on random keys,
-#   and our module has no sort primitive yet), and the other distributions of
-#   `jax.random` (gamma, beta, truncated normal, ...), each a function of
-#   uniform floats or bits like the four above.
+#   `uint64` bits, `int64` integers), as in JAX with `jax_enable_x64` on.
+#   Without it, JAX's defaults are 32-bit, and a seed keeps only its low 32
+#   bits: `PRNGKey(2**40 + 7)` is then the key of 7.
+# - **What is missing.** `permutation` (JAX shuffles by sorting on random
+#   bits, and our module has no sort primitive yet), and the other
+#   distributions of `jax.random` (gamma, beta, truncated normal, ...), each a
+#   function of uniform floats or bits like the four above.
 #
 # ## Exercises
 #

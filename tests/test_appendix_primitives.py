@@ -1549,6 +1549,8 @@ NONLINEAR_WITNESSES = {
     "pmax": lambda x, y: ad.pmax(x, "i"),
     "axis_index": lambda x, y: ad.convert_element_type(ad.axis_index("i"), F64),
 }
+
+
 # The random chapter: integer primitives see the floats as uint32 (values 0 to
 # 5), and give floats back; erf_inv and iota are not linear either.
 def _on_uint32(op):
