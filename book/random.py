@@ -998,9 +998,10 @@ print(
 # %% [markdown]
 # `grad` differentiates with respect to `w` only; the key is an integer array,
 # and integers have no tangents. The noise is a function of the key alone, so
-# the forward pass and any recomputation of it (as reverse mode does for a
-# `checkpoint`ed function) draw exactly the same numbers: nothing about the
-# generator's state could have changed in between, because there is none.
+# the forward pass and any recomputation of it (reverse mode with
+# rematerialization runs the forward pass again) draw exactly the same numbers:
+# nothing about the generator's state could have changed in between, because
+# there is none.
 #
 # ## Where real JAX differs
 #
@@ -1047,8 +1048,8 @@ print(same_bits(keys_for_steps(key, 5),
 # %% [markdown]
 # **2. Exponential noise.** JAX's `jax.random.exponential(key, shape)` is
 # $-\log(1 - u)$ for uniform $u$ (JAX writes it with `log1p`, which our module
-# does not have). Write it with `random.uniform` and `log`, and compare with a
-# histogram-free check: the mean of $10^5$ samples should be close to 1.
+# does not have). Write it with `random.uniform` and `log`, and check that the
+# mean of $10^5$ samples is close to 1.
 
 
 # %% tags=["hide-input"]
