@@ -9008,7 +9008,7 @@ def check_format(fmt: Any, args: tuple, kwargs: dict) -> None:
 # ==== chapter: random ====
 
 
-# @title numpy_shift: shifts by the bit width or more give 0, as in XLA; wrappers
+# @title numpy_shift: logical shifts, 0 past the bit width, as in XLA; wrappers
 def numpy_shift(shift: Callable) -> Callable:
     def shifted(x, y):
         x, y = np.asarray(x), np.asarray(y)

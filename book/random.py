@@ -148,21 +148,24 @@ print(vmap(add_noise)(np.zeros((4, 3))))
 # `bitwise_or`, `bitwise_and`), `shift_left` and `shift_right_logical` (which
 # fills with zeros, also for signed integers), and `rem`, the remainder of an
 # integer division, which `randint` needs. Their rules are the ones of any
-# elementwise binary primitive, registered in one loop: NumPy evaluates them,
-# batching aligns the two batch axes, abstract evaluation checks the operands,
-# and each lowers to the StableHLO operation of the same name. Their derivative
-# is a zero tangent: integers do not vary smoothly, so the JVP rule returns
-# `zeros_like(out)`, the rule the comparisons use; and none of them is linear,
-# so none gets a transpose rule.
+# elementwise binary primitive: NumPy evaluates them, batching aligns the two
+# batch axes, abstract evaluation checks the operands, and each lowers to the
+# StableHLO operation of the same name. Their derivative is a zero tangent:
+# integers do not vary smoothly, so the JVP rule returns `zeros_like(out)`, the
+# rule the comparisons use; and none of them is linear, so none gets a transpose
+# rule.
 #
-# One detail needs care. In C, and so in NumPy, shifting a 32-bit number by 32
-# or more places is undefined; XLA defines it as 0. The folded `numpy_shift`
-# makes NumPy agree; the same cell holds the wrappers and the abstract
-# evaluation rule. Then every rule is registered in one loop:
+# One detail needs care. NumPy's `right_shift` of a signed integer copies the
+# sign bit into the vacated places (an arithmetic shift), where
+# `shift_right_logical` fills them with zeros. The folded `numpy_shift` shifts
+# the bits as an unsigned integer of the same width, and gives 0 for a shift by
+# the bit width or more, or by a negative amount, as XLA defines it; the same
+# cell holds the wrappers and the abstract evaluation rule. Then every rule is
+# registered in one loop:
 
 
 # %% tags=["export", "hide-input"]
-# @title numpy_shift: shifts by the bit width or more give 0, as in XLA; wrappers
+# @title numpy_shift: logical shifts, 0 past the bit width, as in XLA; wrappers
 def numpy_shift(shift: Callable) -> Callable:
     def shifted(x, y):
         x, y = np.asarray(x), np.asarray(y)
@@ -429,9 +432,11 @@ def hash_counters(key, shape):
 # too, and combines the two words: xor them into one 32-bit number, or join
 # them into a 64-bit one.
 #
-# The functions are written as `random_<name>`; a decorator, `random_function`, puts each into the module `autodidax.random` under
-# JAX's name, so that `random.split` is `random_split`. The folded cell holds it and the checks: a key must be a `uint32` array of shape `(2,)`, a
-# shape a tuple of non-negative integers, a seed an integer.
+# The functions are written as `random_<name>`; a decorator, `random_function`,
+# puts each into the module `autodidax.random` under JAX's name, so that
+# `random.split` is `random_split`. The folded cell holds it and the checks: a
+# key must be a `uint32` array of shape `(2,)`, a shape a tuple of non-negative
+# integers, a seed an integer.
 
 # %% tags=["export", "hide-input"]
 # @title The module autodidax.random; checks of keys, shapes, seeds and dtypes
@@ -944,7 +949,8 @@ print(vmap(add_noise)(np.zeros((4, 3)), random.split(random.PRNGKey(0), 4)))
 # probability `rate` and scale the rest by $1/(1 - \text{rate})$. Here it sits in
 # a training step that is jitted, computes per-example gradients with `vmap`
 # (one key per example, split from the step's key) and takes the mean. The same
-# program in JAX gives the same weights, up to the order of floating-point sums:
+# program in JAX (folded) gives the same weights, up to the order of
+# floating-point sums.
 
 
 # %%
@@ -965,9 +971,15 @@ def step(w, key, xs, ys):
     return w - 0.1 * anp.mean(grads, axis=0)
 
 
+# %% tags=["hide-input"]
+# @title The same step in JAX: jax_step
+def jax_dropout(key, x, rate):
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0.0)
+
+
 def jax_loss(w, key, x, y):
-    keep = jax.random.bernoulli(key, 0.5, (w.shape[1],))
-    hidden = jnp.where(keep, jnp.tanh(x @ w) / 0.5, 0.0)
+    hidden = jax_dropout(key, jnp.tanh(x @ w), rate=0.5)
     return jnp.sum((hidden - y) ** 2)
 
 
@@ -978,6 +990,10 @@ def jax_step(w, key, xs, ys):
     return w - 0.1 * grads.mean(axis=0)
 
 
+# %% [markdown]
+# Three steps of each, from the same weights and keys:
+
+# %%
 data_rng = np.random.default_rng(1)
 w0, xs, ys = (
     data_rng.normal(size=(3, 4)),
