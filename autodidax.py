@@ -9593,6 +9593,124 @@ def check_categorical(key, logits, axis, shape):
     return logits, axis, shape
 
 
+@random_function
+def random_permutation(key, x, axis=0, independent=False):
+    """``x`` shuffled along ``axis`` (an int ``x``: a shuffled ``arange(x)``)."""
+    x, axis = check_permutation(key, x, axis)
+    if independent or get_aval(x).ndim == 1:
+        return compiled(shuffle_core, axis)(key, x)
+    order = compiled(shuffle_core, 0)(key, np.arange(get_aval(x).shape[axis]))
+    return numpy_take(x, order, axis=axis)
+
+
+def shuffle_core(axis, key, x):
+    n = get_aval(x).size
+    for _ in range(int(np.ceil(3 * np.log(max(1, n)) / np.log(2**32 - 1)))):
+        key, subkey = random_split(key)
+        sort_keys = random_bits(subkey, get_aval(x).shape, np.uint32)
+        _, x = sort_key_val(sort_keys, x, axis)
+    return x
+
+
+# @title The primitive sort: sort_key_val, its rules and checks; permutation's checks
+sort_p = Primitive("sort", multiple_results=True)
+NOT_LINEAR.add("sort")
+
+
+def sort_key_val(keys: ArrayLike, values: ArrayLike, dimension: int = -1):
+    """``keys`` sorted (stably) along ``dimension``, and ``values`` moved alike."""
+    keys, values = _as_input(keys, "sort_key_val"), _as_input(values, "sort_key_val")
+    dimension = check_sort(get_aval(keys), get_aval(values), dimension)
+    outs = bind(sort_p, keys, values, dimension=dimension, is_stable=True, num_keys=1)
+    return tuple(outs)
+
+
+@sort_p.def_rule("impl")
+def _sort_impl(*operands, dimension, is_stable, num_keys):
+    order = np.argsort(operands[0], axis=dimension, kind="stable")
+    return [np.take_along_axis(np.asarray(x), order, dimension) for x in operands]
+
+
+@sort_p.def_rule("abstract_eval")
+def _sort_abstract_eval(*avals, dimension, is_stable, num_keys):
+    check_sort(*avals[:2], dimension)
+    return [ShapedArray(a.shape, a.dtype) for a in avals]
+
+
+@sort_p.def_rule("jvp")
+def _sort_jvp(primals, tangents, *, dimension, **params):
+    shape = get_aval(primals[0]).shape
+    positions = bind(iota_p, dtype=np.dtype(np.int64), shape=shape, dimension=dimension)
+    *outs, order = bind(sort_p, *primals, positions, dimension=dimension, **params)
+    moved = [numpy_take_along_axis(t, order, axis=dimension) for t in tangents]
+    return outs, moved
+
+
+@sort_p.def_rule("vmap")
+def _sort_vmap(axis, vals, dims, *, dimension, **params):
+    vals = [move_batch_axis(axis.size, d, 0, v) for v, d in zip(vals, dims)]
+    outs = bind(sort_p, *vals, dimension=dimension + 1, **params)
+    return outs, [0] * len(outs)
+
+
+@sort_p.def_rule("lower")
+def _sort_lower(ctx, avals_in, avals_out, *operands, dimension, is_stable, num_keys):
+    i64 = ir.IntegerType.get_signless(64)
+    sort = hlo.SortOp(
+        [ir_type(a) for a in avals_out],
+        list(operands),
+        dimension=ir.IntegerAttr.get(i64, dimension),
+        is_stable=ir.BoolAttr.get(is_stable),
+    )
+    scalars = [ir_type(ShapedArray((), a.dtype)) for a in avals_in]
+    block = sort.comparator.blocks.append(*[t for t in scalars for _ in (0, 1)])
+    kind = "SIGNED" if avals_in[0].dtype.kind == "i" else "UNSIGNED"
+    with ir.InsertionPoint(block):
+        less_than = hlo.compare(
+            block.arguments[0],
+            block.arguments[1],
+            hlo.ComparisonDirectionAttr.get("LT"),
+            compare_type=hlo.ComparisonTypeAttr.get(kind),
+        )
+        hlo.ReturnOp([less_than])
+    return list(sort.results)
+
+
+@sort_p.def_rule("cost")
+def _sort_cost(ctx, avals_in, avals_out, **params):
+    n = avals_in[0].size  # XLA counts n * ceil(log2 n) comparisons
+    flops = n * math.ceil(math.log2(n)) if n > 1 else 0
+    return Cost(flops, 0, io_bytes(avals_in, avals_out))
+
+
+def check_sort(keys: ShapedArray, values: ShapedArray, dimension: Any) -> int:
+    if keys.dtype.kind not in "biu":
+        raise TypeError(
+            f"sort_key_val: keys must be integers or booleans (this book's sort "
+            f"compares no floats), got {keys.str_short()}"
+        )
+    if keys.shape != values.shape:
+        raise TypeError(
+            f"sort_key_val: keys {keys.str_short()} and values "
+            f"{values.str_short()} must have one shape"
+        )
+    return _normalize_axes("sort_key_val", dimension, keys.ndim)[0]
+
+
+def check_permutation(key, x, axis):
+    check_key("permutation", key)
+    if type(x) is int or (get_aval(_as_input(x, "permutation")).ndim == 0):
+        if get_aval(x).dtype.kind not in "iu":
+            raise TypeError(
+                "permutation: x must be an integer or an array of at least one "
+                f"axis, got {get_aval(x).str_short()}"
+            )
+        return np.arange(int(x)), 0
+    return x, _normalize_axes("permutation", axis, get_aval(x).ndim)[0]
+
+
+lax_namespace.sort_key_val = sort_key_val
+
 # ==== chapter: performance ====
 
 

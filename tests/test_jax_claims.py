@@ -2629,3 +2629,16 @@ def test_random_permutation_sorts_and_exponential_uses_log1p():
     assert "sort" in str(perm)
     expo = jax.make_jaxpr(lambda k: jax.random.exponential(k, (5,)))(key)
     assert "log1p" in str(expo)
+
+
+def test_random_permutation_sort_rounds():
+    # random: "JAX repeats the sort with fresh numbers ... (one round for up
+    # to about 1600 elements, two up to millions)".
+    key = jax.random.PRNGKey(0)
+
+    def sorts(n):
+        jaxpr = jax.make_jaxpr(lambda k: jax.random.permutation(k, n))(key)
+        return str(jaxpr).count(" sort[")
+
+    assert sorts(1600) == 1 and sorts(1700) == 2
+    assert sorts(2_000_000) == 2 and sorts(3_000_000) == 3

@@ -549,3 +549,84 @@ def test_bit_primitives_refuse_floats_clearly():
         usable,
     ):
         ad.bitcast_convert_type(x, np.float64)
+
+
+# ---------------------------------------------------------- permutation
+
+
+@pytest.mark.parametrize(
+    "draw",
+    [
+        lambda r, k: r.permutation(k, 10),
+        lambda r, k: r.permutation(k, np.int64(7)),
+        lambda r, k: r.permutation(k, np.arange(12.0).reshape(3, 4)),
+        lambda r, k: r.permutation(k, np.arange(12.0).reshape(3, 4), axis=1),
+        lambda r, k: r.permutation(k, np.arange(12).reshape(3, 4), 1, True),
+        lambda r, k: r.permutation(k, np.arange(24.0).reshape(2, 3, 4), -1, True),
+        lambda r, k: r.permutation(k, 1700),  # two rounds of sorting
+        lambda r, k: r.permutation(k, 0),
+    ],
+)
+def test_permutation_equals_jax(draw):
+    keys = random.split(random.PRNGKey(6), 3)
+    jkeys = jax.random.split(jax.random.PRNGKey(6), 3)
+    assert_same_bits(draw(random, keys[0]), draw(jax.random, jkeys[0]))
+    jitted = ad.jit(lambda k: draw(random, k))
+    assert_same_bits(jitted(keys[1]), draw(jax.random, jkeys[1]))
+    batched = ad.vmap(lambda k: draw(random, k))(keys)
+    assert_same_bits(batched, jax.vmap(lambda k: draw(jax.random, k))(jkeys))
+
+
+def test_sort_key_val_equals_lax_with_every_rule():
+    rng = np.random.default_rng(3)
+    keys = rng.integers(0, 4, (3, 6)).astype(np.uint32)  # many ties: stability
+    values = rng.normal(size=(3, 6))
+    for dim in (0, 1, -1):
+        theirs = jax.lax.sort_key_val(keys, values, dim)
+        jitted = ad.jit(lambda k, v, d=dim: ad.lax.sort_key_val(k, v, d))
+        for ours in (ad.lax.sort_key_val(keys, values, dim), jitted(keys, values)):
+            for a, b in zip(ours, theirs):
+                assert_same_bits(a, b)
+    signed = rng.integers(-5, 5, (7,))
+    assert_same_bits(
+        ad.lax.sort_key_val(signed, values[0, :1].repeat(7))[0], np.sort(signed)
+    )
+    batched = ad.vmap(ad.lax.sort_key_val, in_axes=(0, None))(keys, values[0])
+    theirs = jax.vmap(jax.lax.sort_key_val, in_axes=(0, None))(keys, values[0])
+    for a, b in zip(batched, theirs):
+        assert_same_bits(a, b)
+
+    def f(v):
+        return ad.reduce_sum(ad.lax.sort_key_val(keys, v, 1)[1] * np.arange(6.0))
+
+    def jf(v):
+        return jnp.sum(jax.lax.sort_key_val(keys, v, 1)[1] * np.arange(6.0))
+
+    np.testing.assert_allclose(ad.grad(f)(values), jax.grad(jf)(values), rtol=1e-12)
+    np.testing.assert_allclose(
+        ad.jit(ad.grad(f))(values), jax.grad(jf)(values), rtol=1e-12
+    )
+    costs = ad.cost_analysis(
+        lambda k, v: ad.lax.sort_key_val(k, v, 0), keys[0], values[0]
+    )
+    xla = jax.jit(lambda k, v: jax.lax.sort_key_val(k, v, 0)).lower(keys[0], values[0])
+    xla = xla.compile().cost_analysis()
+    assert (costs["flops"], costs["bytes accessed"]) == (
+        xla["flops"],
+        xla["bytes accessed"],
+    )
+
+
+def test_sort_and_permutation_errors_are_clear():
+    with raises_clearly(
+        TypeError, r"sort_key_val: keys must be integers.*float64\[3\]", usable
+    ):
+        ad.lax.sort_key_val(np.ones(3), np.ones(3))
+    with raises_clearly(
+        TypeError, r"keys uint32\[3\] and values float64\[4\] must have", usable
+    ):
+        ad.lax.sort_key_val(np.ones(3, np.uint32), np.ones(4))
+    with raises_clearly(
+        TypeError, r"permutation: x must be an integer or an array", usable
+    ):
+        random.permutation(random.PRNGKey(0), 2.5)
