@@ -42,7 +42,7 @@
 #    same bits.
 # 3. **Floats come from bits.** Random bits become the mantissa of a float in
 #    $[1, 2)$; subtract 1 and scale. Normal, Bernoulli and categorical samples
-#    are functions of those floats.
+#    are functions of those floats, and a permutation is a sort by random bits.
 #
 # Since every step is made of ordinary primitives, `jit`, `vmap`, `grad` and
 # lowering need nothing new.
