@@ -150,7 +150,7 @@ print(vmap(add_noise)(np.zeros((4, 3))))
 # integer division, which `randint` needs. Their rules are the ones of any
 # elementwise binary primitive: NumPy evaluates them, batching aligns the two
 # batch axes, abstract evaluation checks the operands, and each lowers to the
-# StableHLO operation of the same name. Their derivative is a zero tangent:
+# StableHLO operation of (nearly) the same name. Their derivative is a zero tangent:
 # integers do not vary smoothly, so the JVP rule returns `zeros_like(out)`, the
 # rule the comparisons use; and none of them is linear, so none gets a transpose
 # rule.
@@ -257,10 +257,10 @@ for _prim, (_np_fn, _hlo_fn) in BIT_OPS.items():
 # the bits of `x` as another dtype of the same width, with no rounding: it is
 # NumPy's `x.view(dtype)` and StableHLO's `bitcast_convert`. It is how random
 # bits become a float. `iota(dtype, n)` is the array $0, 1, \dots, n - 1$,
-# made on the device rather than shipped to it as a constant (a million
-# counters would be four megabytes per call); it has no operands, so no
-# interpreter above evaluation ever sees it, and its batching rule is never
-# called. Both give zero tangents and are not linear. Their rules are folded.
+# computed where the program runs rather than built with NumPy and passed in
+# as a constant (a million counters are four megabytes). It has no operands, so
+# `jvp` and `vmap`, which only see primitives applied to their tracers, never
+# meet it; its batching rule is there for completeness. Both give zero tangents and are not linear. Their rules are folded.
 
 # %% tags=["export"]
 bitcast_convert_type_p = Primitive("bitcast_convert_type")
@@ -681,7 +681,7 @@ print("...", *str(body).splitlines()[-9:], sep="\n")
 # a typed key, and the bits come from one primitive, `random_bits`, which is
 # lowered through JAX's primitive `threefry2x32` (on CPU, as a loop over the five
 # blocks of rounds). Keeping the hash one primitive lets JAX lower it differently
-# per platform. Ours is unrolled into its additions, rotations and
+# per platform (`jax/_src/random/threefry2x32.py` registers a GPU kernel). Ours is unrolled into its additions, rotations and
 # xors. Both give the same bits. The folded setup cell defined
 # `compare_with_jax(draw)`, which calls `draw(random, key)` and
 # `draw(jax.random, key)` and compares the bits: eagerly, under `jit`, and
@@ -702,8 +702,9 @@ for dtype in [np.float32, np.float64]:
 #
 # - **`normal`**: $\sqrt 2\,\mathrm{erf}^{-1}(u)$ for $u$ uniform in $(-1, 1)$
 #   is a standard normal number (the inverse of the normal CDF). This needs one
-#   more primitive, `erf_inv`, which StableHLO's sister dialect CHLO provides and
-#   XLA expands into a polynomial. NumPy has no `erf_inv`, and bit-for-bit equality needs XLA's own
+#   more primitive, `erf_inv`, which StableHLO's sister dialect CHLO provides
+#   and which is expanded into a polynomial approximation when the program is
+#   compiled. NumPy has no `erf_inv`, and bit-for-bit equality needs that very
 #   polynomial, so the evaluation rule runs the primitive through XLA.
 # - **`bernoulli(key, p)`**: `uniform(key) < p`.
 # - **`randint(key, shape, minval, maxval)`**: two words of random bits per
@@ -1193,7 +1194,7 @@ print(
 # - **The partitionable setting.** `jax_threefry_partitionable` is on by default
 #   in the installed JAX. With it, each number's counter is its position in the
 #   output, which is what we implemented; with it off, JAX hashes the counters
-#   in two halves and gives other numbers.
+#   in two halves (`jax/_src/random/threefry2x32.py`) and gives other numbers.
 # - **64-bit defaults.** Our module's default dtypes are 64-bit (float64,
 #   `uint64` bits, `int64` integers), as in JAX with `jax_enable_x64` on.
 #   Without it, JAX's defaults are 32-bit, and a seed keeps only its low 32

@@ -2642,3 +2642,17 @@ def test_random_permutation_sort_rounds():
 
     assert sorts(1600) == 1 and sorts(1700) == 2
     assert sorts(2_000_000) == 2 and sorts(3_000_000) == 3
+
+
+def test_random_rbg_uses_xla_bit_generator_and_sort_features():
+    # random: rbg is "built on XLA's own random-bit generator"; JAX's sort
+    # "also sorts floats (in a total order that places NaNs), several keys at
+    # once, and any number of operands".
+    key = jax.random.key(0, impl="rbg")
+    lowered = jax.jit(jax.random.uniform).lower(key).as_text()
+    assert "stablehlo.rng_bit_generator" in lowered
+    x = np.array([np.nan, 1.0, -np.inf, 0.5])
+    assert np.isnan(jax.lax.sort(x)[-1]) and jax.lax.sort(x)[0] == -np.inf
+    a, b, c = np.array([1, 0, 1, 0]), np.array([2, 3, 1, 0]), np.arange(4.0)
+    _, _, moved = jax.lax.sort((a, b, c), num_keys=2)
+    np.testing.assert_array_equal(moved, [3.0, 1.0, 2.0, 0.0])
