@@ -9711,6 +9711,593 @@ def check_permutation(key, x, axis):
 
 lax_namespace.sort_key_val = sort_key_val
 
+# ==== chapter: part11_checkpoint ====
+
+
+def saved_residuals(f: Callable, *args: Any, **kwargs: Any) -> list[tuple]:
+    """What ``vjp(f, *args)`` keeps for the backward pass: a list of
+    (type, where it comes from), as JAX's ``saved_residuals``."""
+    leaves, in_tree = tree_flatten((args, kwargs))
+    leaves = [_as_input(x, "saved_residuals argument") for x in leaves]
+
+    def residuals_of(*leaves):
+        def f_flat(*leaves):
+            a, k = tree_unflatten(in_tree, leaves)
+            return tree_flatten(f(*a, **k))[0]
+
+        return linearize_flat(f_flat, list(leaves))[2]  # the residuals
+
+    jaxpr, consts, _ = make_jaxpr(residuals_of, *leaves)
+    return describe_residuals(jaxpr, len(consts), argument_names(f, args, kwargs))
+
+
+# @title describe_residuals: where each output of the jaxpr comes from
+import math
+import types
+
+
+def describe_residuals(jaxpr: Jaxpr, num_consts: int, arg_names: list[str]):
+    """(type, source) for each output of ``jaxpr``, in JAX's order: literals,
+    constants, arguments, then equation outputs in program order."""
+    made_by = {v: (i, e) for i, e in enumerate(jaxpr.eqns) for v in e.out_binders}
+    consts, inputs = _split(jaxpr.in_binders, num_consts)
+    found = []
+    for x in jaxpr.outs:
+        if isinstance(x, Lit):
+            found.append(((0, 0), x.aval, "from a literal"))
+        elif x in consts:
+            found.append(((1, consts.index(x)), x.aval, "from a constant"))
+        elif x in inputs:
+            i = inputs.index(x)
+            found.append(((2, i), x.aval, f"from the argument {arg_names[i]}"))
+        else:
+            i, eqn = made_by[x]
+            what = f"output of {eqn.primitive.name}"
+            if eqn.primitive.name == "name":  # checkpoint_name, below
+                what = f"named '{eqn.params['name']}'"
+            found.append(((3, i), x.aval, what))
+    return [(aval, what) for _, aval, what in sorted(found, key=lambda f: f[0])]
+
+
+def argument_names(f: Callable, args: tuple, kwargs: dict) -> list[str]:
+    """A name for each leaf of (args, kwargs): the parameter's, with the
+    leaf's position inside it when the argument is a pytree."""
+    try:
+        params = list(inspect.signature(f).parameters)
+    except (TypeError, ValueError):
+        params = []
+    names = []
+    for i, a in enumerate(args):
+        base = params[i] if i < len(params) else f"args[{i}]"
+        leaves, tree = tree_flatten(a)
+        names += (
+            [base] if tree == LEAF else [f"{base}[{j}]" for j in range(len(leaves))]
+        )
+    for k, v in kwargs.items():
+        leaves, tree = tree_flatten(v)
+        names += [k] if tree == LEAF else [f"{k}[{j}]" for j in range(len(leaves))]
+    return names
+
+
+def residual_bytes(residuals: list[tuple], arguments: bool = False) -> int:
+    """The bytes of the residuals; those that are arguments only if asked
+    (they are alive anyway)."""
+    return sum(
+        math.prod(aval.shape) * np.dtype(aval.dtype).itemsize
+        for aval, where in residuals
+        if arguments or not where.startswith("from the argument")
+    )
+
+
+checkpoint_p = Primitive("checkpoint", multiple_results=True)
+
+
+def checkpoint(
+    fun: Callable, *, prevent_cse: bool = True, policy=None, static_argnums=()
+) -> Callable:
+    """``fun``, whose reverse mode saves only its inputs (and what ``policy``
+    allows) and computes the rest again in the backward pass."""
+    static_argnums = check_checkpoint_args(fun, policy, static_argnums)
+    policy = None if policy is None else Policy(policy)
+    traces: dict = {}  # one jaxpr per signature, as for jit
+
+    @functools.wraps(fun)
+    def fun_remat(*args: Any, **kwargs: Any) -> Any:
+        args = mark_static_args(args, static_argnums)
+        args_flat, in_tree = tree_flatten((args, kwargs))
+        args_flat = [_as_input(x, "checkpoint argument") for x in args_flat]
+        jaxpr, consts, out_tree = trace_checkpointed(fun, traces, args_flat, in_tree)
+        outs = bind(
+            checkpoint_p, *consts, *args_flat, jaxpr=jaxpr,
+            prevent_cse=prevent_cse, differentiated=False, policy=policy,
+        )  # fmt: skip
+        return tree_unflatten(out_tree, outs)
+
+    return fun_remat
+
+
+remat = checkpoint  # JAX's other name for it
+
+
+# @title Tracing once per signature; static arguments; policies' names; checks
+def trace_checkpointed(fun: Callable, traces: dict, args_flat: list, in_tree):
+    """``fun``'s jaxpr, constants and output tree at these argument types."""
+    avals = tuple(ShapedArray(x.shape, x.dtype) for x in args_flat)
+    key = (in_tree, avals)
+    if key in traces:
+        return traces[key]
+
+    def call(args, kwargs):
+        return fun(*map(_unmark, args), **kwargs)
+
+    traced = _trace_to_jaxpr(call, tree_unflatten(in_tree, avals), who="checkpoint")
+    if not any(isinstance(c, Tracer) for c in traced[1]):  # closes over no tracer
+        traces[key] = traced
+    return traced
+
+
+def mark_static_args(args: tuple, static_argnums: tuple) -> tuple:
+    """``args`` with the static ones wrapped in ``Static`` (a pytree node with
+    no leaves: its value is part of the signature, never traced)."""
+    if not static_argnums:
+        return args
+    n = len(args)
+    for i in static_argnums:
+        if not -n <= i < n:
+            raise ValueError(
+                f"checkpoint: static_argnums {i} is out of range: the function "
+                f"was called with {n} positional argument(s)"
+            )
+    nums = {i % n for i in static_argnums}
+    return tuple(
+        _static(x, f"argument {i}") if i in nums else x for i, x in enumerate(args)
+    )
+
+
+class Policy:
+    """A policy function, named by its ``__name__`` in printed jaxprs."""
+
+    def __init__(self, fn: Callable) -> None:
+        self.fn = fn.fn if isinstance(fn, Policy) else fn
+
+    def __call__(self, prim: Primitive, *avals: ShapedArray, **params: Any) -> bool:
+        return bool(self.fn(prim, *avals, **params))
+
+    def __repr__(self) -> str:
+        return getattr(self.fn, "__name__", None) or repr(self.fn)
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, Policy) and other.fn == self.fn
+
+    def __hash__(self) -> int:
+        return hash(self.fn)
+
+
+def check_checkpoint_args(fun: Any, policy: Any, static_argnums: Any) -> tuple:
+    if not callable(fun):
+        raise TypeError(
+            f"checkpoint: fun must be a function, got {type(fun).__name__} "
+            f"{_short_repr(fun)}"
+        )
+    if policy is not None and not callable(policy):
+        hint = ""
+        if isinstance(policy, str) and policy in _POLICY_NAMES:
+            hint = f"; did you mean checkpoint_policies.{policy}?"
+        raise TypeError(
+            "checkpoint: policy must be None or a function "
+            "policy(prim, *avals, **params) -> bool, such as "
+            f"checkpoint_policies.dots_saveable; got {type(policy).__name__} "
+            f"{_short_repr(policy)}{hint}"
+        )
+    nums = static_argnums
+    nums = tuple(nums) if isinstance(nums, (tuple, list)) else (nums,)
+    if not all(_is_axis(i) for i in nums):
+        raise TypeError(
+            "checkpoint: static_argnums must be an int or a tuple of ints, got "
+            f"{static_argnums!r}"
+        )
+    return tuple(int(i) for i in nums)
+
+
+_POLICY_NAMES = (
+    "everything_saveable nothing_saveable dots_saveable "
+    "dots_with_no_batch_dims_saveable save_only_these_names"
+).split()
+
+
+# @title The rules of a call: impl, abstract eval, jvp, vmap, transpose, lower, cost
+@checkpoint_p.def_rule("impl")
+def _checkpoint_impl(*args, jaxpr, **params):
+    return eval_jaxpr(jaxpr, args)
+
+
+@checkpoint_p.def_rule("abstract_eval")
+def _checkpoint_abstract_eval(*avals, jaxpr, **params):
+    check_custom_call_types("checkpoint", jaxpr, avals)
+    return jaxpr_type(jaxpr).out_types
+
+
+@checkpoint_p.def_rule("jvp")
+def _checkpoint_jvp(primals, tangents, *, jaxpr, **params):
+    new_jaxpr, consts = jvp_jaxpr(jaxpr)
+    outs = bind(checkpoint_p, *consts, *primals, *tangents, jaxpr=new_jaxpr, **params)
+    n = len(outs) // 2
+    return outs[:n], outs[n:]
+
+
+@checkpoint_p.def_rule("vmap")
+def _checkpoint_vmap(axis, vals, dims, *, jaxpr, **params):
+    vals = [
+        v if d is None else move_batch_axis(axis.size, d, 0, v)
+        for v, d in zip(vals, dims)
+    ]
+    batched = tuple(d is not None for d in dims)
+    new_jaxpr, consts = vmap_jaxpr(jaxpr, axis, batched)
+    outs = bind(checkpoint_p, *consts, *vals, jaxpr=new_jaxpr, **params)
+    return outs, [0] * len(outs)
+
+
+@checkpoint_p.def_rule("transpose")
+def _checkpoint_transpose(cts, *args, jaxpr, **params):
+    undefined = tuple(_is_undef(x) for x in args)
+    new_jaxpr, consts = transpose_jaxpr(jaxpr, undefined)
+    defined = [x for x in args if not _is_undef(x)]
+    cts = [
+        zeros_like_aval(t) if ct is None else ct
+        for ct, t in zip(cts, jaxpr_type(jaxpr).out_types)
+    ]
+    cts_in = iter(
+        bind(checkpoint_p, *consts, *defined, *cts, jaxpr=new_jaxpr, **params)
+    )
+    return [next(cts_in) if u else None for u in undefined]
+
+
+@checkpoint_p.def_rule("lower")
+def _checkpoint_lower(ctx, avals_in, avals_out, *args, jaxpr, **params):
+    args = list(args)
+    if params["prevent_cse"] and params["differentiated"] and args:
+        args = list(hlo.OptimizationBarrierOp(args).results)
+    return _call_jaxpr(ctx, jaxpr, args)
+
+
+@checkpoint_p.def_rule("cost")
+def _checkpoint_cost(ctx, avals_in, avals_out, *, jaxpr, **params):
+    return ctx.cost(jaxpr, ctx.inputs)
+
+
+class RematSplit(NamedTuple):
+    known: Jaxpr  # known inputs -> (known outputs, saved residuals)
+    unknown: Jaxpr  # (saved residuals, the inputs it reads) -> unknown outputs
+    out_unknowns: list[bool]
+    num_res: int
+    used_inputs: list[bool]  # the jaxpr's inputs that the unknown half reads
+
+
+def partial_eval_jaxpr_policy(jaxpr: Jaxpr, in_unknowns, policy) -> RematSplit:
+    unknown = {v for v, u in zip(jaxpr.in_binders, in_unknowns) if u}
+    available = set(jaxpr.in_binders)  # in the unknown half without saving
+    known_eqns, unknown_eqns, saved = [], [], {}
+
+    def to_unknown_half(eqn: JaxprEqn) -> None:
+        for x in eqn.inputs:
+            if isinstance(x, Var) and x not in available and x not in unknown:
+                saved[x] = None  # computed by the known half, saved for this one
+        unknown_eqns.append(eqn)
+
+    def to_known_half(eqn: JaxprEqn) -> None:
+        known_eqns.append(eqn)
+        avals = [x.aval for x in eqn.inputs]
+        if policy is None or not policy(eqn.primitive, *avals, **eqn.params):
+            to_unknown_half(eqn)  # not saveable: computed again
+            available.update(eqn.out_binders)
+
+    for eqn in jaxpr.eqns:
+        unks = [isinstance(x, Var) and x in unknown for x in eqn.inputs]
+        rule = eqn.primitive.rules.get("partial_eval_jaxpr")
+        if not any(unks):
+            to_known_half(eqn)
+            continue
+        if rule is not None:  # a jaxpr inside: split it by its own rule first
+            eqn_known, eqn_unknown, _, _ = rule(unks, eqn)
+            if eqn_known is not None:
+                to_known_half(eqn_known)
+            eqn = eqn_unknown
+        to_unknown_half(eqn)
+        unknown.update(eqn.out_binders)
+
+    out_unknowns = [isinstance(x, Var) and x in unknown for x in jaxpr.outs]
+    known_outs, unknown_outs = _split_by(out_unknowns, jaxpr.outs)
+    saved = list(saved)
+    unknown_half = Jaxpr(saved + jaxpr.in_binders, unknown_eqns, unknown_outs)
+    unknown_half, used = dce_jaxpr(unknown_half, [True] * len(unknown_outs))
+    used_saved, used_inputs = _split(used, len(saved))
+    saved = _keep(used_saved, saved)
+    known_in = [v for v, u in zip(jaxpr.in_binders, in_unknowns) if not u]
+    known_half = Jaxpr(known_in, known_eqns, known_outs + saved)
+    known_half, _ = dce_jaxpr(known_half, [True] * len(known_half.outs), True)
+    return RematSplit(known_half, unknown_half, out_unknowns, len(saved), used_inputs)
+
+
+def _keep(flags: Sequence[bool], xs: Sequence) -> list:
+    return [x for x, f in zip(xs, flags) if f]
+
+
+dce_rules: dict[Primitive, Callable] = {}  # the others: dce_whole
+effectful_primitives: set[Primitive] = {debug_print_p}  # never removed
+
+
+def dce_jaxpr(
+    jaxpr: Jaxpr, used_outputs: Sequence[bool], instantiate: Any = False
+) -> tuple[Jaxpr, list[bool]]:
+    """``jaxpr`` without what its used outputs do not need, and which of its
+    inputs it still reads (``instantiate``: inputs kept even if unread)."""
+    needed = {x for x, u in zip(jaxpr.outs, used_outputs) if u and isinstance(x, Var)}
+    kept = []
+    for eqn in reversed(jaxpr.eqns):
+        used_outs = [v in needed for v in eqn.out_binders]
+        rule = dce_rules.get(eqn.primitive, dce_whole)
+        used_ins, new_eqn = rule(used_outs, eqn)
+        if new_eqn is not None:
+            kept.append(new_eqn)
+            needed.update(x for x, u in zip(eqn.inputs, used_ins) if u)
+    if isinstance(instantiate, bool):
+        instantiate = [instantiate] * len(jaxpr.in_binders)
+    used_inputs = [v in needed or i for v, i in zip(jaxpr.in_binders, instantiate)]
+    new_jaxpr = Jaxpr(
+        _keep(used_inputs, jaxpr.in_binders),
+        kept[::-1],
+        _keep(used_outputs, jaxpr.outs),
+    )
+    return new_jaxpr, used_inputs
+
+
+def dce_whole(used_outputs: list[bool], eqn: JaxprEqn):
+    """Keep the equation whole if an output is used or it has effects."""
+    if any(used_outputs) or has_effects(eqn):
+        return [True] * len(eqn.inputs), eqn
+    return [False] * len(eqn.inputs), None
+
+
+def has_effects(eqn: JaxprEqn) -> bool:
+    """Does the equation (or a jaxpr inside it) do more than compute outputs?"""
+    inner = [p for p in eqn.params.values() if isinstance(p, Jaxpr)]
+    return eqn.primitive in effectful_primitives or any(
+        has_effects(e) for jaxpr in inner for e in jaxpr.eqns
+    )
+
+
+# @title The rules for primitives that carry jaxprs: calls, cond, scan, while
+def _dce_call(used_outputs, eqn):
+    """A call (xla_call, checkpoint): remove the dead code inside it."""
+    if not any(used_outputs) and not has_effects(eqn):
+        return [False] * len(eqn.inputs), None
+    new_jaxpr, used_inputs = dce_jaxpr(eqn.params["jaxpr"], used_outputs)
+    new_eqn = JaxprEqn(
+        eqn.primitive,
+        _keep(used_inputs, eqn.inputs),
+        dict(eqn.params, jaxpr=new_jaxpr),
+        _keep(used_outputs, eqn.out_binders),
+    )
+    return used_inputs, new_eqn
+
+
+def _dce_cond(used_outputs, eqn):
+    """Both branches keep the inputs either branch reads."""
+    if not any(used_outputs) and not has_effects(eqn):
+        return [False] * len(eqn.inputs), None
+    branches = [eqn.params["true_jaxpr"], eqn.params["false_jaxpr"]]
+    reads = [dce_jaxpr(b, used_outputs)[1] for b in branches]
+    used = [a or b for a, b in zip(*reads)]
+    new_t, new_f = [dce_jaxpr(b, used_outputs, instantiate=used)[0] for b in branches]
+    pred, operands = eqn.inputs[0], eqn.inputs[1:]
+    new_eqn = JaxprEqn(
+        eqn.primitive,
+        [pred, *_keep(used, operands)],
+        dict(eqn.params, true_jaxpr=new_t, false_jaxpr=new_f),
+        _keep(used_outputs, eqn.out_binders),
+    )
+    return [True, *used], new_eqn
+
+
+def _used_carries(body: Jaxpr, used_carry: list, used_rest: list, num_before: int):
+    """Fixed point: a carry is used if a used output needs it on a later trip."""
+    while True:
+        used_in = dce_jaxpr(body, used_carry + used_rest)[1]
+        carry_in = used_in[num_before : num_before + len(used_carry)]
+        new = [a or b for a, b in zip(used_carry, carry_in)]
+        if new == used_carry:
+            return used_carry
+        used_carry = new
+
+
+def _dce_scan(used_outputs, eqn):
+    if not any(used_outputs) and not has_effects(eqn):
+        return [False] * len(eqn.inputs), None
+    p = eqn.params
+    nc, ncar, body = p["num_consts"], p["num_carry"], p["jaxpr"]
+    used_carry, used_ys = _split(used_outputs, ncar)
+    used_carry = _used_carries(body, used_carry, used_ys, nc)
+    num_xs = len(body.in_binders) - nc - ncar
+    new_body, used_in = dce_jaxpr(
+        body, used_carry + used_ys, [False] * nc + used_carry + [False] * num_xs
+    )
+    new_params = dict(
+        p, jaxpr=new_body, num_consts=sum(used_in[:nc]), num_carry=sum(used_carry)
+    )
+    new_outs = _keep(used_carry + used_ys, eqn.out_binders)
+    return used_in, JaxprEqn(
+        eqn.primitive, _keep(used_in, eqn.inputs), new_params, new_outs
+    )
+
+
+def _dce_while(used_outputs, eqn):
+    if not any(used_outputs) and not has_effects(eqn):
+        return [False] * len(eqn.inputs), None
+    p = eqn.params
+    cn, bn = p["cond_nconsts"], p["body_nconsts"]
+    cond_reads = dce_jaxpr(p["cond_jaxpr"], [True])[1][cn:]
+    used_carry = [a or b for a, b in zip(used_outputs, cond_reads)]
+    used_carry = _used_carries(p["body_jaxpr"], used_carry, [], bn)
+    new_cond, cond_used = dce_jaxpr(p["cond_jaxpr"], [True], [False] * cn + used_carry)
+    new_body, body_used = dce_jaxpr(
+        p["body_jaxpr"], used_carry, [False] * bn + used_carry
+    )
+    used_in = cond_used[:cn] + body_used[:bn] + used_carry
+    new_params = dict(
+        p,
+        cond_jaxpr=new_cond,
+        body_jaxpr=new_body,
+        cond_nconsts=sum(cond_used[:cn]),
+        body_nconsts=sum(body_used[:bn]),
+    )
+    new_outs = _keep(used_carry, eqn.out_binders)
+    return used_in, JaxprEqn(
+        eqn.primitive, _keep(used_in, eqn.inputs), new_params, new_outs
+    )
+
+
+dce_rules[xla_call_p] = _dce_call
+dce_rules[checkpoint_p] = _dce_call
+dce_rules[cond_p] = _dce_cond
+dce_rules[scan_p] = _dce_scan
+dce_rules[while_p] = _dce_while
+# A custom rule computes every output of its call: the call is kept whole.
+dce_rules[custom_jvp_call_p] = dce_whole
+dce_rules[custom_vjp_call_p] = dce_whole
+
+
+@functools.cache
+def split_checkpoint(jaxpr: Jaxpr, in_unknowns: tuple, policy) -> RematSplit:
+    return partial_eval_jaxpr_policy(jaxpr, in_unknowns, policy)
+
+
+@checkpoint_p.def_rule("partial_eval")
+def _checkpoint_partial_eval(trace, tracers, *, jaxpr, policy, **params):
+    in_unknowns = tuple(not t.pval.is_known for t in tracers)
+    s = split_checkpoint(jaxpr, in_unknowns, policy)
+    known_outs = eval_jaxpr(s.known, [t.pval.const for t in tracers if t.pval.is_known])
+    known_outs, saved = _split(known_outs, len(known_outs) - s.num_res)
+    saved = [trace.instantiate_const(trace.pure(r)) for r in saved]
+    inputs = [trace.instantiate_const(t) for t in _keep(s.used_inputs, tracers)]
+    staged = dict(params, jaxpr=s.unknown, policy=policy, differentiated=True)
+    unknown_outs = iter(trace.stage(checkpoint_p, saved + inputs, staged))
+    known_outs = iter(known_outs)
+    return [
+        next(unknown_outs) if u else trace.pure(next(known_outs))
+        for u in s.out_unknowns
+    ]
+
+
+# @title The partial_eval_jaxpr rule: the same split, as two equations
+@checkpoint_p.def_rule("partial_eval_jaxpr")
+def _checkpoint_partial_eval_jaxpr(unks_in, eqn):
+    params = eqn.params
+    s = split_checkpoint(params["jaxpr"], tuple(unks_in), params["policy"])
+    known_outs, unknown_outs = _split_by(s.out_unknowns, eqn.out_binders)
+    saved = [Var(x.aval) for x in s.known.outs[len(known_outs) :]]
+    known_ins = [x for x, u in zip(eqn.inputs, unks_in) if not u]
+    eqn_known = JaxprEqn(
+        checkpoint_p, known_ins, dict(params, jaxpr=s.known), known_outs + saved
+    )
+    inputs = _keep(s.used_inputs, eqn.inputs)
+    staged = dict(params, jaxpr=s.unknown, differentiated=True)
+    eqn_unknown = JaxprEqn(checkpoint_p, saved + inputs, staged, unknown_outs)
+    known_inputs = [  # the outer split must keep these as residuals
+        x
+        for x, u in zip(inputs, _keep(s.used_inputs, unks_in))
+        if not u and isinstance(x, Var)
+    ]
+    return eqn_known, eqn_unknown, s.out_unknowns, saved + known_inputs
+
+
+def everything_saveable(prim: Primitive, *avals: ShapedArray, **params: Any) -> bool:
+    return True  # the split of Part 4: a checkpoint that changes nothing
+
+
+def nothing_saveable(prim: Primitive, *avals: ShapedArray, **params: Any) -> bool:
+    return False  # save the inputs only (the default, policy=None)
+
+
+def dots_saveable(prim: Primitive, *avals: ShapedArray, **params: Any) -> bool:
+    return prim is dot_general_p  # save matrix products, recompute the rest
+
+
+def dots_with_no_batch_dims_saveable(prim, *avals, **params) -> bool:
+    if prim is not dot_general_p:
+        return False
+    _, (lhs_batch, rhs_batch) = params["dimension_numbers"]
+    return not lhs_batch and not rhs_batch
+
+
+class save_only_these_names:
+    """Save the values tagged by ``checkpoint_name`` with one of these names."""
+
+    def __init__(self, *names: str) -> None:
+        self.names = frozenset(names)
+
+    def __call__(self, prim: Primitive, *avals: ShapedArray, **params: Any) -> bool:
+        return prim is name_p and params["name"] in self.names
+
+    def __repr__(self) -> str:
+        return f"save_only_these_names({', '.join(map(repr, sorted(self.names)))})"
+
+
+checkpoint_policies = types.SimpleNamespace(
+    everything_saveable=everything_saveable,
+    nothing_saveable=nothing_saveable,
+    dots_saveable=dots_saveable,
+    dots_with_no_batch_dims_saveable=dots_with_no_batch_dims_saveable,
+    save_only_these_names=save_only_these_names,
+)
+
+name_p = Primitive("name")
+
+
+def checkpoint_name(x: Any, name: str) -> Any:
+    """``x`` unchanged, tagged with ``name`` for ``save_only_these_names``."""
+    check_checkpoint_name(x, name)
+    return tree_map(lambda leaf: bind(name_p, leaf, name=name), x)
+
+
+# @title The rules of name: the identity everywhere; the check of its arguments
+def check_checkpoint_name(x: Any, name: Any) -> None:
+    if not isinstance(name, str):
+        raise TypeError(
+            f"checkpoint_name: name must be a str, got {type(name).__name__} "
+            f"{_short_repr(name)}"
+        )
+    for leaf in tree_flatten(x)[0]:
+        _as_input(leaf, f"checkpoint_name {name!r}")
+
+
+@name_p.def_rule("impl")
+def _name_impl(x, *, name):
+    return [x]
+
+
+@name_p.def_rule("abstract_eval")
+def _name_abstract_eval(x, *, name):
+    return [ShapedArray(x.shape, x.dtype)]
+
+
+@name_p.def_rule("jvp")
+def _name_jvp(primals, tangents, *, name):
+    return [bind(name_p, primals[0], name=name)], [tangents[0]]
+
+
+@name_p.def_rule("vmap")
+def _name_vmap(axis, vals, dims, *, name):
+    return [bind(name_p, vals[0], name=name)], dims
+
+
+@name_p.def_rule("lower")
+def _name_lower(ctx, avals_in, avals_out, x, *, name):
+    return [x]
+
+
+free_cost(name_p)
+NEVER_TRANSPOSED.add("name")  # linear, but its tangent is never named
+
 # ==== chapter: performance ====
 
 

@@ -402,7 +402,7 @@ class RuleTable:
 # The primitives whose partial evaluation needs a rule of its own: Part 4's
 # generic rule does not fit them. (Part 8's custom calls carry jaxprs too, but
 # the generic rule is right for them: a call is known or staged as a whole.)
-HIGHER_ORDER = ("xla_call", "cond", "while", "scan", "pmap")
+HIGHER_ORDER = ("xla_call", "cond", "while", "scan", "pmap", "checkpoint")
 
 
 # NOT_LINEAR primitives that are there for a reason other than being
@@ -1186,3 +1186,83 @@ def promotion_table(promote_types, types=PROMOTION_TYPES):
         print(_SHORT[a].ljust(7) + "".join(cells))
     pairs = len(types) ** 2
     print(f"\nagrees with jax.numpy on {pairs - disagree} of {pairs} pairs")
+
+
+# ---------------------------------------------------------------- Part 11
+
+
+def residual_bytes_chart(sizes, measured):
+    """Residual bytes against trip count, both axes logarithmic. ``measured``
+    maps (scheme, library) -> bytes per size; autodidax ("ours") is drawn as
+    lines with dots, the other library as rings on the same scale."""
+    colors = ["#c0392b", _BENCH_BLUE, _BENCH_GREEN, "#8e44ad"]
+    w, h, margin = 440, 240, 70
+    width, height = w + 2 * margin + 150, h + 90
+    values = [b for row in measured.values() for b in row if b > 0]
+    lo_b, hi_b = math.log(min(values)) - 0.3, math.log(max(values)) + 0.3
+    lo_n, hi_n = math.log(min(sizes)), math.log(max(sizes))
+
+    def px(n):
+        return margin + 20 + (math.log(n) - lo_n) / (hi_n - lo_n) * (w - 40)
+
+    def py(b):
+        return 30 + h - (math.log(b) - lo_b) / (hi_b - lo_b) * h
+
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
+        f'height="{height}" font-family="sans-serif" font-size="13">',
+        "<title>Residual bytes against the trip count of a scan</title>",
+        f'<line x1="{margin}" y1="30" x2="{margin}" y2="{30 + h}" stroke="#333"/>',
+        f'<line x1="{margin}" y1="{30 + h}" x2="{margin + w}" y2="{30 + h}" '
+        'stroke="#333"/>',
+        f'<text x="{margin + w / 2}" y="{h + 78}" text-anchor="middle">'
+        "trip count n (log scale)</text>",
+        f'<text x="16" y="{30 + h / 2}" text-anchor="middle" '
+        f'transform="rotate(-90 16 {30 + h / 2})">residual bytes (log scale)</text>',
+    ]
+    for n in sizes:
+        parts.append(
+            f'<text x="{px(n):.1f}" y="{30 + h + 18}" text-anchor="middle" '
+            f'fill="#555555">{n}</text>'
+        )
+    exponent = int(math.floor(lo_b / math.log(10))) + 1
+    while math.log(10**exponent) <= hi_b:
+        label = f"{10**exponent / 1e3:g} kB"
+        parts.append(
+            f'<text x="{margin - 6}" y="{py(10**exponent) + 4:.1f}" '
+            f'text-anchor="end" fill="#555555">{label}</text>'
+        )
+        exponent += 1
+    schemes = list(dict.fromkeys(scheme for scheme, _ in measured))
+    for i, scheme in enumerate(schemes):
+        color = colors[i % len(colors)]
+        for (name, lib), row in measured.items():
+            if name != scheme:
+                continue
+            points = [(px(n), py(b)) for n, b in zip(sizes, row)]
+            if lib == "ours":
+                line = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
+                parts.append(
+                    f'<polyline points="{line}" fill="none" stroke="{color}" '
+                    'stroke-width="2"/>'
+                )
+            for (x, y), n, b in zip(points, sizes, row):
+                fill, r = (color, 4) if lib == "ours" else ("none", 8)
+                parts.append(
+                    f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{r}" fill="{fill}" '
+                    f'stroke="{color}" stroke-width="1.5"><title>{escape(scheme)}, '
+                    f"{escape(lib)}, n = {n}: {b} bytes</title></circle>"
+                )
+        y = 40 + 22 * i
+        parts.append(
+            f'<line x1="{margin + w + 14}" y1="{y}" x2="{margin + w + 34}" '
+            f'y2="{y}" stroke="{color}" stroke-width="2"/>'
+            f'<text x="{margin + w + 40}" y="{y + 4}">{escape(scheme)}</text>'
+        )
+    y = 40 + 22 * len(schemes)
+    parts.append(
+        f'<circle cx="{margin + w + 24}" cy="{y}" r="7" fill="none" stroke="#333"/>'
+        f'<text x="{margin + w + 40}" y="{y + 4}">JAX</text>'
+    )
+    parts.append("</svg>")
+    return SVG("".join(parts))

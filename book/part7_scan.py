@@ -1153,7 +1153,7 @@ with jax.enable_x64(True):  # float64, as ours, in this cell only
 #   the body's inputs (or what a policy allows), and the backward loop
 #   recomputes the rest of each trip from them. Nesting scans and
 #   checkpointing the outer body gives memory that grows with the square root
-#   of the trip count. We have no `checkpoint` yet.
+#   of the trip count. {ref}`Part 11 <part11>` builds `checkpoint`.
 # - [`unroll`](https://docs.jax.dev/en/latest/_autosummary/jax.lax.scan.html)
 #   copies the body several times into one trip of the `stablehlo.while`,
 #   which gives XLA more straight-line code to optimize and fewer loop

@@ -1174,8 +1174,9 @@ print(
 # %% [markdown]
 # `grad` differentiates with respect to `w` only; the key is an integer array,
 # and integers have no tangents. The noise is a function of the key alone, so
-# the forward pass and any recomputation of it (reverse mode with
-# rematerialization runs the forward pass again) draw exactly the same numbers:
+# the forward pass and any recomputation of it (reverse mode through a
+# {ref}`checkpoint <part11>` runs the forward pass again) draw exactly the same
+# numbers:
 # nothing about the generator's state could have changed in between, because
 # there is none.
 #

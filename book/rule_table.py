@@ -55,17 +55,22 @@
 #    it, and partial evaluation leaves it out, {ref}`analysis`). *Never transposed*
 #    marks the primitives in `NEVER_TRANSPOSED`: `stop_gradient` is linear, but
 #    its tangent is always a fresh zero, so it never appears in a linear jaxpr
-#    (JAX registers no transpose rule for it either).
+#    (JAX registers no transpose rule for it either); `name`, the primitive of
+#    `checkpoint_name` ({ref}`Part 11 <part11>`), is the identity, but its JVP
+#    names the primal only, so it never reaches a linear jaxpr either (nor
+#    does JAX's `name`, which has no transpose rule).
 # 3. No partial-evaluation rule: *generic*, unless the primitive is one of the
-#    five that carry a jaxpr the generic rule would get wrong. The generic rule
+#    six that carry a jaxpr the generic rule would get wrong. The generic rule
 #    is {ref}`Part 4 <part4>`'s: an equation whose inputs are all known is
 #    evaluated now, and one with an unknown input is staged whole. The
 #    `partial eval` column is partial evaluation while tracing (what
 #    `linearize` does); `partial eval jaxpr` splits a jaxpr that is already
-#    staged, such as the body of a `jit` call. The five that need their own
+#    staged, such as the body of a `jit` call. The six that need their own
 #    rules, in both columns, are `xla_call`, `cond`, `scan` and `pmap`, which
-#    split their jaxpr into a known and an unknown half, and `while`, which this
-#    book keeps whole and refuses to split ({ref}`Part 6 <part6>`). For them, and
+#    split their jaxpr into a known and an unknown half; `checkpoint`, which
+#    splits it so that the unknown half recomputes what a policy does not let
+#    it save ({ref}`Part 11 <part11>`); and `while`, which this book keeps
+#    whole and refuses to split ({ref}`Part 6 <part6>`). For them, and
 #    for everything else, a missing rule is a gap.
 #
 # A word on names. Most rows match a JAX primitive, some under other names

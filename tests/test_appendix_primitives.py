@@ -1619,7 +1619,10 @@ def test_every_not_linear_primitive_has_a_witness() -> None:
 
 # NEVER_TRANSPOSED: linear primitives without a transpose rule, because their
 # tangent is always a fresh zero. Each is linear: f(a + b) == f(a) + f(b).
-NEVER_TRANSPOSED_WITNESSES = {"stop_gradient": ad.stop_gradient}
+NEVER_TRANSPOSED_WITNESSES = {
+    "stop_gradient": ad.stop_gradient,
+    "name": lambda x: ad.checkpoint_name(x, "x"),  # Part 11: the tangent is not named
+}
 
 
 @pytest.mark.parametrize("name", sorted(ad.NEVER_TRANSPOSED))
@@ -1724,6 +1727,12 @@ LINEAR_FUNCTIONS["all_gather"] = (
 # operands (clamped), and gathers and scatters with repeated and
 # out-of-range indices.
 _ROWS = np.array([2, 0, 2, 7])
+# Part 11: a checkpointed linear function; vjp transposes the checkpoint that
+# partial evaluation stages (its jaxpr recomputes nothing here).
+LINEAR_FUNCTIONS["checkpoint"] = (
+    ad.checkpoint(lambda x, y: ad.sub(ad.mul(x, 3.0), ad.transpose(y, (1, 0)))),
+    [(2, 3), (3, 2)],
+)
 LINEAR_FUNCTIONS["slice"] = (
     lambda x: ad.lax.slice(x, (1, 0), (3, 4), (1, 2)),
     [(3, 4)],

@@ -2656,3 +2656,203 @@ def test_random_rbg_uses_xla_bit_generator_and_sort_features():
     a, b, c = np.array([1, 0, 1, 0]), np.array([2, 3, 1, 0]), np.arange(4.0)
     _, _, moved = jax.lax.sort((a, b, c), num_keys=2)
     np.testing.assert_array_equal(moved, [3.0, 1.0, 2.0, 0.0])
+
+
+# ------------------------------------------------------------------ Part 11: checkpoint
+
+
+def _checkpoint_module():
+    from jax._src import ad_checkpoint
+
+    return ad_checkpoint
+
+
+def test_part11_saved_residuals_is_private_print_saved_residuals_public():
+    # part11_checkpoint: "it lives in `jax._src.ad_checkpoint`; JAX 0.10.2
+    # exports only `print_saved_residuals` publicly".
+    import jax.ad_checkpoint
+
+    assert callable(_checkpoint_module().saved_residuals)
+    assert not hasattr(jax.ad_checkpoint, "saved_residuals")
+    assert callable(jax.ad_checkpoint.print_saved_residuals)
+
+
+def test_part11_saved_residuals_of_the_mlp_name_arguments_and_source_lines():
+    # part11_checkpoint: "JAX saves the same six values (it also says on which
+    # line each was made)"; "its descriptions end with the source line".
+    def mlp(W1, W2, x):
+        h = jnp.sin(x @ W1)
+        return jnp.sum(jnp.sin(h @ W2))
+
+    found = _checkpoint_module().saved_residuals(
+        mlp, jnp.ones((3, 4)), jnp.ones((4, 2)), jnp.ones((5, 3))
+    )
+    sources = [s for _, s in found]
+    assert len(found) == 6
+    assert sources[:3] == [
+        "from the argument W1",
+        "from the argument W2",
+        "from the argument x",
+    ]
+    assert all(re.match(r"output of (sin|cos) from .*:\d+", s) for s in sources[3:])
+
+
+def test_part11_remat2_primitive_and_its_params():
+    # part11_checkpoint: "JAX's primitive is called `remat2` in this release
+    # (its jaxprs print `remat2[...]`), with the same four parameters".
+    jaxpr = jax.make_jaxpr(jax.checkpoint(jnp.sin))(1.0)
+    (eqn,) = jaxpr.eqns
+    assert eqn.primitive.name == "remat2"
+    assert set(eqn.params) == {"jaxpr", "policy", "prevent_cse", "differentiated"}
+    assert "remat2[" in str(jaxpr)
+    assert eqn.params["policy"] is None and eqn.params["differentiated"] is False
+
+
+def test_part11_checkpoint_signature_keyword_only_static_argnames_tuple_cse():
+    # part11_checkpoint: "As in JAX, the options are keyword-only"; "JAX's
+    # `checkpoint` also takes `static_argnames`, and `prevent_cse` may be a
+    # tuple with one flag per argument".
+    params = inspect.signature(jax.checkpoint).parameters
+    for name in ["prevent_cse", "policy", "static_argnums", "static_argnames"]:
+        assert params[name].kind is inspect.Parameter.KEYWORD_ONLY
+    f = jax.checkpoint(lambda x, y: jnp.sin(x) * y, prevent_cse=(True, False))
+    assert np.isclose(jax.grad(f)(0.3, 2.0), 2.0 * np.cos(0.3))
+    assert jax.remat(jnp.sin)(0.5) == jnp.sin(0.5)
+
+
+def test_part11_prevent_cse_is_an_optimization_barrier_on_differentiated_calls():
+    # part11_checkpoint: "JAX prevents this by passing the inputs of a
+    # `differentiated` checkpoint through `stablehlo.optimization_barrier`".
+    def text(prevent_cse, differentiate):
+        f = jax.checkpoint(lambda x: jnp.sin(jnp.sin(x)), prevent_cse=prevent_cse)
+        return jax.jit(jax.grad(f) if differentiate else f).lower(0.5).as_text()
+
+    assert "optimization_barrier" in text(True, True)
+    assert "optimization_barrier" not in text(False, True)
+    assert "optimization_barrier" not in text(True, False)
+
+
+def test_part11_docstring_suggests_prevent_cse_false_inside_scan():
+    # part11_checkpoint: "which is why JAX's documentation suggests
+    # `prevent_cse=False` there" (inside a scan body).
+    doc = " ".join(jax.checkpoint.__doc__.split())
+    assert "when used inside a :func:`~jax.lax.scan`" in doc
+    assert "``prevent_cse`` can be set to False" in doc
+
+
+def test_part11_policy_is_called_with_the_primitive_avals_and_params():
+    # part11_checkpoint: a policy is `policy(prim, *avals, **params)`; JAX's
+    # split calls `saveable(eqn.primitive, *[x.aval for x in eqn.invars],
+    # **eqn.params)`.
+    seen = []
+
+    def policy(prim, *avals, **params):
+        seen.append((prim, avals, params))
+        return False
+
+    f = jax.checkpoint(lambda x: jnp.sum(jnp.sin(x) * 2.0), policy=policy)
+    jax.grad(f)(jnp.ones(3))
+    assert seen
+    sin_calls = [s for s in seen if s[0] is lax.sin_p]
+    assert sin_calls
+    prim, avals, params = sin_calls[0]
+    assert all(isinstance(a, core.ShapedArray) for a in avals)
+    assert avals[0].shape == (3,) and "accuracy" in params
+    assert jax_pe.partial_eval_jaxpr_custom.__module__.endswith("partial_eval")
+
+
+def test_part11_no_policy_saves_what_nothing_saveable_saves():
+    # part11_checkpoint: "`None` saves nothing but the inputs, as JAX's
+    # `nothing_saveable` does" (remat_partial_eval: policy or nothing_saveable).
+    def f(W, x):
+        return jnp.sum(jnp.sin(jnp.sin(x @ W)))
+
+    saved = _checkpoint_module().saved_residuals
+    args = (jnp.ones((3, 3)), jnp.ones((2, 3)))
+    plain = [s for _, s in saved(jax.checkpoint(f), *args)]
+    nothing = jax.checkpoint(f, policy=jax.checkpoint_policies.nothing_saveable)
+    assert plain == [s for _, s in saved(nothing, *args)]
+    assert plain == ["from the argument W", "from the argument x"]
+
+
+def test_part11_policies_see_inside_a_jit():
+    # part11_checkpoint: "with `dots_saveable`, a matrix product inside a `jit`
+    # inside a checkpoint is [...] saved by JAX"; JAX's split has rules for
+    # `jit`, `scan`, `cond`, `while`.
+    W = jnp.ones((3, 3))
+    f = lambda x: jnp.sum(jnp.sin(jax.jit(lambda x: x @ W)(x)))  # noqa: E731
+    g = jax.checkpoint(f, policy=jax.checkpoint_policies.dots_saveable)
+    sources = [s for _, s in _checkpoint_module().saved_residuals(g, jnp.ones((2, 3)))]
+    assert any(s.startswith("output of jitted function") for s in sources)
+    names = {p.name for p in jax_pe.partial_eval_jaxpr_custom_rules}
+    assert {"jit", "scan", "cond", "while", "remat2"} <= names
+
+
+def test_part11_other_policies_and_offloading():
+    # part11_checkpoint: JAX's policies may return `Saveable`, `Recompute` or
+    # `Offloadable(src, dst)`; `offload_dot_with_no_batch_dims`,
+    # `save_and_offload_only_these_names`, `save_any_names_but_these`,
+    # `save_from_both_policies` exist; the five of the book too.
+    import jax.ad_checkpoint
+
+    names = set(vars(jax.checkpoint_policies))
+    assert {
+        "everything_saveable", "nothing_saveable", "dots_saveable",
+        "dots_with_no_batch_dims_saveable", "save_only_these_names",
+        "offload_dot_with_no_batch_dims", "save_and_offload_only_these_names",
+        "save_any_names_but_these", "save_from_both_policies",
+    } <= names  # fmt: skip
+    for name in ["Saveable", "Recompute", "Offloadable"]:
+        assert hasattr(jax.ad_checkpoint, name)
+    policy = jax.checkpoint_policies.offload_dot_with_no_batch_dims(
+        "device", "pinned_host"
+    )
+    assert policy(lax.sin_p) is jax.ad_checkpoint.Recompute
+
+
+def test_part11_residuals_pass_through_reduce_precision():
+    # part11_checkpoint: "JAX passes each residual a checkpoint saves through
+    # `reduce_precision` (`_insert_reduce_precision` in
+    # `jax/_src/ad_checkpoint.py`)".
+    assert callable(_checkpoint_module()._insert_reduce_precision)
+    W = jnp.ones((3, 3))
+    g = jax.checkpoint(
+        lambda x: jnp.sum(jnp.sin(x @ W)), policy=jax.checkpoint_policies.dots_saveable
+    )
+    jaxpr = jax.make_jaxpr(lambda x: jax.vjp(g, x)[1](1.0))(jnp.ones((2, 3)))
+    assert "reduce_precision" in [e.primitive.name for e in jaxpr.eqns]
+
+
+def test_part11_dce_rules_trim_custom_calls_not_while():
+    # part11_checkpoint: "Dead-code elimination in JAX (`pe.dce_rules`) trims
+    # the outputs of `custom_jvp` and `custom_vjp` calls too [...] JAX's
+    # `while` has no rule"; the name primitive has no transpose rule; the
+    # signature of `dce_jaxpr` is (jaxpr, used_outputs, instantiate).
+    assert jax_custom.custom_jvp_call_p in jax_pe.dce_rules
+    assert jax_custom.custom_vjp_call_p in jax_pe.dce_rules
+    assert _checkpoint_module().remat_p in jax_pe.dce_rules
+    assert jax_loops.while_p not in jax_pe.dce_rules
+    assert _checkpoint_module().name_p not in jax_ad.primitive_transposes
+    assert list(inspect.signature(jax_pe.dce_jaxpr).parameters) == [
+        "jaxpr",
+        "used_outputs",
+        "instantiate",
+    ]
+
+
+def test_part11_tanh_saves_y_and_one_minus_y():
+    # part11_checkpoint: "for `tanh`, [...] JAX's saves $y$ and $1 - y$ (its
+    # rule computes the tangent as xdot (1 - y) + xdot (1 - y) y)".
+    found = _checkpoint_module().saved_residuals(jnp.tanh, 0.5)
+    assert [s.split(" from ")[0] for _, s in found] == [
+        "output of tanh",
+        "output of sub",
+    ]
+    jaxpr = jax.make_jaxpr(lambda x: jax.vjp(jnp.tanh, x)[1](1.0))(0.5)
+    assert [e.primitive.name for e in jaxpr.eqns] == [
+        "tanh",
+        "sub",
+        "mul",
+        "mul",
+        "add_any",
+    ]
