@@ -9239,6 +9239,712 @@ def check_format(fmt: Any, args: tuple, kwargs: dict) -> None:
         )
 
 
+# ==== chapter: random ====
+
+
+# @title numpy_shift: logical shifts, 0 past the bit width, as in XLA; wrappers
+def numpy_shift(shift: Callable) -> Callable:
+    def shifted(x, y):
+        x, y = np.asarray(x), np.asarray(y)
+        unsigned = np.dtype(f"uint{8 * x.dtype.itemsize}")
+        ux, uy = x.view(unsigned), y.view(unsigned)  # a negative shift is huge
+        width = 8 * x.dtype.itemsize
+        out = np.where(uy < width, shift(ux, np.minimum(uy, width - 1)), 0)
+        return np.asarray(out, unsigned).view(x.dtype)
+
+    return shifted
+
+
+def _integer_kinds(prim: Primitive) -> tuple[str, str]:
+    if "shift" in prim.name or prim.name == "rem":
+        return "iu", "an integer"
+    return "biu", "an integer or boolean"
+
+
+def _integer_abstract_eval(prim: Primitive) -> None:
+    @prim.def_rule("abstract_eval")
+    def rule(x, y):
+        check_binary_operands(prim.name, x, y)
+        _check_aval_kind(prim.name, x, *_integer_kinds(prim))
+        return [ShapedArray(x.shape, x.dtype)]
+
+
+def _bind_integer(prim: Primitive, x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    x, y = _binary_operands(prim.name, x, y)
+    _check_kind(prim.name, x, *_integer_kinds(prim))
+    return bind(prim, x, y)
+
+
+def bitwise_xor(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise exclusive or of integer (or boolean) arrays."""
+    return _bind_integer(xor_p, x, y)
+
+
+def bitwise_or(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise or of integer (or boolean) arrays."""
+    return _bind_integer(or_p, x, y)
+
+
+def bitwise_and(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise and of integer (or boolean) arrays."""
+    return _bind_integer(and_p, x, y)
+
+
+def shift_left(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """``x << y`` elementwise; a shift by the bit width or more gives 0."""
+    return _bind_integer(shift_left_p, x, y)
+
+
+def shift_right_logical(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """``x >> y`` elementwise, filling with zeros (also for signed integers)."""
+    return _bind_integer(shift_right_logical_p, x, y)
+
+
+def rem(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """The remainder of integer division, with the sign of ``x`` (C's ``%``)."""
+    return _bind_integer(rem_p, x, y)
+
+
+xor_p = Primitive("xor")
+or_p = Primitive("or")
+and_p = Primitive("and")
+shift_left_p = Primitive("shift_left")
+shift_right_logical_p = Primitive("shift_right_logical")
+rem_p = Primitive("rem")
+BIT_OPS = {
+    xor_p: (np.bitwise_xor, hlo.xor),
+    or_p: (np.bitwise_or, hlo.or_),
+    and_p: (np.bitwise_and, hlo.and_),
+    shift_left_p: (numpy_shift(np.left_shift), hlo.shift_left),
+    shift_right_logical_p: (numpy_shift(np.right_shift), hlo.shift_right_logical),
+    rem_p: (np.fmod, hlo.remainder),  # the sign of x, as C's % and XLA's rem
+}
+for _prim, (_np_fn, _hlo_fn) in BIT_OPS.items():
+    NOT_LINEAR.add(_prim.name)
+    _impl_from_numpy(_prim, _np_fn)
+    _comparison_jvp(_prim)  # integers out: a zero tangent
+    _binary_vmap(_prim)
+    _integer_abstract_eval(_prim)
+    _lower_with(_prim, _hlo_fn)
+    per_element_cost(_prim)  # one operation per element, as XLA counts
+
+bitcast_convert_type_p = Primitive("bitcast_convert_type")
+iota_p = Primitive("iota")
+NOT_LINEAR.update(["bitcast_convert_type", "iota"])
+
+
+def bitcast_convert_type(x: ArrayLike, new_dtype: Any) -> ArrayLike:
+    """The bits of ``x`` read as ``new_dtype`` of the same width."""
+    new_dtype = check_array_dtype("bitcast_convert_type", new_dtype)
+    check_same_width(get_aval(x, "bitcast_convert_type"), new_dtype)
+    return bind(bitcast_convert_type_p, x, new_dtype=new_dtype)
+
+
+def iota(dtype: Any, size: int) -> ArrayLike:
+    """0, 1, ..., size - 1, computed where the program runs."""
+    dtype = check_array_dtype("iota", dtype)
+    return bind(iota_p, dtype=dtype, shape=(check_size("iota", size),), dimension=0)
+
+
+# @title The rules of bitcast_convert_type and iota; their checks
+@bitcast_convert_type_p.def_rule("impl")
+def _bitcast_convert_type_impl(x, *, new_dtype):
+    return [np.asarray(x).view(new_dtype)]
+
+
+@bitcast_convert_type_p.def_rule("abstract_eval")
+def _bitcast_convert_type_abstract_eval(x, *, new_dtype):
+    check_same_width(x, new_dtype)
+    return [ShapedArray(x.shape, new_dtype)]
+
+
+@bitcast_convert_type_p.def_rule("jvp")
+def _bitcast_convert_type_jvp(primals, tangents, *, new_dtype):
+    out = bitcast_convert_type(primals[0], new_dtype)
+    return [out], [zeros_like(out)]
+
+
+@bitcast_convert_type_p.def_rule("lower")
+def _bitcast_convert_type_lower(ctx, avals_in, avals_out, x, *, new_dtype):
+    return [hlo.bitcast_convert(ir_type(avals_out[0]), x)]
+
+
+_elementwise_vmap_with_params(bitcast_convert_type_p)
+per_element_cost(bitcast_convert_type_p)  # XLA counts one flop per element
+
+
+def check_same_width(x: ShapedArray, new_dtype: np.dtype) -> None:
+    if x.dtype.itemsize != new_dtype.itemsize or np.bool_ in (x.dtype, new_dtype):
+        raise TypeError(
+            f"bitcast_convert_type: cannot read the bits of {x.str_short()} as "
+            f"{new_dtype.name}: the widths differ"
+        )
+
+
+def check_size(name: str, size: Any) -> int:
+    if not _is_axis(size) or size < 0:
+        raise TypeError(f"{name}: size must be a non-negative integer, got {size!r}")
+    return int(size)
+
+
+@iota_p.def_rule("impl")
+def _iota_impl(*, dtype, shape, dimension):
+    line = np.arange(shape[dimension], dtype=dtype)
+    line = line.reshape(-1, *[1] * (len(shape) - dimension - 1))
+    return [np.broadcast_to(line, shape)]
+
+
+@iota_p.def_rule("abstract_eval")
+def _iota_abstract_eval(*, dtype, shape, dimension):
+    return [ShapedArray(shape, dtype)]
+
+
+@iota_p.def_rule("jvp")
+def _iota_jvp(primals, tangents, **params):
+    out = bind(iota_p, **params)
+    return [out], [zeros_like(out)]
+
+
+@iota_p.def_rule("vmap")
+def _iota_vmap(axis, vals, dims, **params):  # no operands: never batched
+    return [bind(iota_p, **params)], [None]
+
+
+@iota_p.def_rule("lower")
+def _iota_lower(ctx, avals_in, avals_out, *, dtype, shape, dimension):
+    return [hlo.iota(ir_type(avals_out[0]), dimension)]
+
+
+per_element_cost(iota_p, flops=0)  # it writes its output, as XLA counts
+
+
+def rotate_left(x: ArrayLike, r: int) -> ArrayLike:
+    return bitwise_or(shift_left(x, r), shift_right_logical(x, 32 - r))
+
+
+def threefry2x32(key1, key2, x1, x2):
+    """Hash the counter words x1, x2 under the key words key1, key2
+    (uint32 arrays of one shape)."""
+    rotations = [(13, 15, 26, 6), (17, 29, 16, 24)]
+    ks = [key1, key2, bitwise_xor(bitwise_xor(key1, key2), 0x1BD11BDA)]
+    x1, x2 = add(x1, ks[0]), add(x2, ks[1])
+    for block in range(5):
+        for r in rotations[block % 2]:
+            x1 = add(x1, x2)
+            x2 = bitwise_xor(x1, rotate_left(x2, r))
+        x1 = add(x1, ks[(block + 1) % 3])
+        x2 = add(add(x2, ks[(block + 2) % 3]), block + 1)
+    return x1, x2
+
+
+def hash_counters(key, shape):
+    """Threefry of the counters 0, 1, 2, ... laid out in ``shape``: two
+    uint32 arrays of that shape."""
+    counter_lo = reshape(iota(np.uint32, math.prod(shape)), shape)
+    counter_hi = full_of(ShapedArray(shape, np.uint32), 0)
+    key1, key2 = (broadcast_to(k, shape) for k in (key[0], key[1]))
+    return threefry2x32(key1, key2, counter_hi, counter_lo)
+
+
+# @title The module autodidax.random; checks of keys, shapes, seeds and dtypes
+import functools
+import math
+import sys
+import types
+
+from jaxlib.mlir.dialects import chlo
+
+random_namespace = types.ModuleType("autodidax.random", "Random numbers from keys.")
+random = random_namespace  # for `from autodidax import random`
+if __name__ != "__main__":  # in the module: `import autodidax.random as random`
+    sys.modules[f"{__name__}.random"] = random_namespace
+
+
+for _fn in [bitwise_xor, bitwise_or, bitwise_and, shift_left, shift_right_logical]:
+    setattr(lax_namespace, _fn.__name__, _fn)  # JAX's lax names
+for _fn in [rem, bitcast_convert_type, iota]:
+    setattr(lax_namespace, _fn.__name__, _fn)
+
+
+def random_function(fn: Callable) -> Callable:
+    """Decorator: put ``random_<name>`` into the namespace as ``<name>``."""
+    setattr(random_namespace, fn.__name__.removeprefix("random_"), fn)
+    return fn
+
+
+def check_key(name, key):
+    aval = get_aval(_as_input(key, name))
+    if aval.dtype != np.uint32:
+        raise TypeError(
+            f"{name}: a key is a uint32 array of shape (2,) (from random.PRNGKey "
+            f"or random.split), got {aval.str_short()}"
+        )
+    if aval.shape != (2,):
+        batched = aval.ndim > 1 and aval.shape[-1] == 2
+        hint = " (a batch of keys? use vmap)" if batched else ""
+        raise (ValueError if batched else TypeError)(  # as JAX
+            f"{name}: a key is a uint32 array of shape (2,), got "
+            f"{aval.str_short()}{hint}"
+        )
+
+
+def check_shape_arg(name, shape, what="shape"):
+    dims = (shape,) if _is_axis(shape) else shape
+    if not isinstance(dims, (tuple, list)) or not all(_is_axis(d) for d in dims):
+        raise TypeError(
+            f"{name}: {what} must be a tuple of non-negative integers, got {shape!r}"
+        )
+    if any(d < 0 for d in dims):
+        raise ValueError(f"{name}: {what} {tuple(dims)} has a negative dimension")
+    if math.prod(dims) >= 2**32:
+        raise ValueError(f"{name}: {what} {tuple(dims)} has 2**32 elements or more")
+    return tuple(int(d) for d in dims)
+
+
+def check_key_and_shape(name, key, shape):
+    check_key(name, key)
+    return check_shape_arg(name, shape, "num" if name == "split" else "shape")
+
+
+def check_seed(seed):
+    if type(seed) is int:
+        if not -(2**63) <= seed < 2**64:
+            raise ValueError(f"PRNGKey: the seed {seed} does not fit in 64 bits")
+        return np.asarray(seed, np.uint64 if seed >= 2**63 else np.int64)
+    aval = get_aval(_as_input(seed, "PRNGKey"))
+    if aval.shape != () or aval.dtype.kind not in "iu":
+        raise TypeError(
+            f"PRNGKey: the seed must be an integer scalar, got {aval.str_short()}"
+            " (for a batch of seeds, use vmap)"
+        )
+    return seed
+
+
+def check_key_and_data(key, data):
+    """The key checked; ``data`` as a uint32 scalar."""
+    check_key("fold_in", key)
+    if type(data) is int:
+        if not 0 <= data < 2**32:
+            raise ValueError(f"fold_in: data {data} does not fit in uint32")
+        return np.uint32(data)
+    aval = get_aval(_as_input(data, "fold_in"))
+    if aval.shape != () or aval.dtype.kind not in "iu":
+        raise TypeError(
+            f"fold_in: data must be an integer scalar, got {aval.str_short()}"
+        )
+    return convert_element_type(data, np.uint32)
+
+
+def check_bits_dtype(dtype):
+    dtype = check_array_dtype("bits", dtype)
+    if dtype.kind != "u":
+        raise ValueError(
+            f"bits: dtype must be an unsigned integer dtype, got {dtype.name}"
+        )
+    return dtype
+
+
+def check_float_dtype(name, dtype):
+    dtype = check_array_dtype(name, dtype)
+    if dtype.kind != "f":
+        raise ValueError(f"{name}: dtype must be a float dtype, got {dtype.name}")
+    return dtype
+
+
+def bounds_like(name, shape, dtype, *bounds):
+    """Each bound as an array of ``dtype`` with as many axes as ``shape``
+    (leading axes of size 1), checked to broadcast to ``shape``."""
+    out = []
+    for bound in bounds:
+        if _is_python_scalar(bound):
+            bound = np.asarray(bound, dtype)
+        bound = convert_element_type(_as_input(bound, name), dtype)
+        b_shape = get_aval(bound).shape
+        try:
+            fits = np.broadcast_shapes(b_shape, shape) == shape
+        except ValueError:
+            fits = False
+        if len(b_shape) > len(shape) or not fits:
+            raise ValueError(
+                f"{name}: minval and maxval must broadcast to shape {shape}, got "
+                f"one of shape {b_shape}"
+            )
+        out.append(reshape(bound, (1,) * (len(shape) - len(b_shape)) + b_shape))
+    return out
+
+
+@functools.cache
+def compiled(core, *static):
+    """``core`` with its static arguments, as one jitted function."""
+    return jit(functools.partial(core, *static))
+
+
+@random_function
+def random_PRNGKey(seed):
+    """A key, uint32[2], from an integer seed: its high and low 32 bits."""
+    seed = check_seed(seed)
+    high = convert_element_type(shift_right_logical(seed, 32), np.uint32)
+    return numpy_stack([high, convert_element_type(seed, np.uint32)])
+
+
+random.key = random_PRNGKey  # JAX's key(seed) differs: see the end
+
+
+@random_function
+def random_split(key, num=2):
+    """``num`` new keys (a number or a shape): uint32[*num, 2]."""
+    bits1, bits2 = hash_counters(key, check_key_and_shape("split", key, num))
+    return numpy_stack([bits1, bits2], axis=-1)
+
+
+@random_function
+def random_fold_in(key, data):
+    """A new key from a key and an integer."""
+    data = check_key_and_data(key, data)
+    bits1, bits2 = threefry2x32(key[0], key[1], np.uint32(0), data)
+    return numpy_stack([bits1, bits2])
+
+
+@random_function
+def random_bits(key, shape=(), dtype=np.uint64):
+    """Random unsigned integers of ``dtype`` in ``shape``."""
+    shape, dtype = check_key_and_shape("bits", key, shape), check_bits_dtype(dtype)
+    bits1, bits2 = hash_counters(key, shape)
+    if dtype.itemsize == 8:  # the two words side by side
+        high = shift_left(convert_element_type(bits1, dtype), 32)
+        return bitwise_or(high, convert_element_type(bits2, dtype))
+    return convert_element_type(bitwise_xor(bits1, bits2), dtype)
+
+
+@random_function
+def random_uniform(key, shape=(), dtype=np.float64, minval=0.0, maxval=1.0):
+    """Floats in [minval, maxval)."""
+    shape = check_key_and_shape("uniform", key, shape)
+    dtype = check_float_dtype("uniform", dtype)
+    minval, maxval = bounds_like("uniform", shape, dtype, minval, maxval)
+    return compiled(uniform_core, shape, dtype)(key, minval, maxval)
+
+
+def uniform_core(shape, dtype, key, minval, maxval):
+    nbits, nmant = np.finfo(dtype).bits, np.finfo(dtype).nmant
+    uint = np.dtype(f"uint{nbits}")
+    mantissa = shift_right_logical(random_bits(key, shape, uint), nbits - nmant)
+    one = int(np.array(1.0, dtype).view(uint))  # the bits of 1.0
+    floats = bitcast_convert_type(bitwise_or(mantissa, one), dtype)  # [1, 2)
+    floats = numpy_subtract(floats, 1.0)
+    scaled = numpy_add(numpy_multiply(floats, numpy_subtract(maxval, minval)), minval)
+    return numpy_maximum(minval, scaled)
+
+
+@random_function
+def random_normal(key, shape=(), dtype=np.float64):
+    """Standard normal floats."""
+    shape = check_key_and_shape("normal", key, shape)
+    dtype = check_float_dtype("normal", dtype)
+    return compiled(normal_core, shape, dtype)(key)
+
+
+def normal_core(shape, dtype, key):
+    lo = np.nextafter(np.array(-1.0, dtype), np.array(0.0, dtype))  # > -1
+    u = uniform_core(shape, dtype, key, *bounds_like("normal", shape, dtype, lo, 1.0))
+    return numpy_multiply(np.array(np.sqrt(2), dtype), erf_inv(u))
+
+
+@random_function
+def random_bernoulli(key, p=0.5, shape=None):
+    """Booleans, True with probability ``p``."""
+    p = check_probability(p)
+    shape = check_key_and_shape("bernoulli", key, p.shape if shape is None else shape)
+    (p,) = bounds_like("bernoulli", shape, p.dtype, p)
+    return compiled(bernoulli_core, shape)(key, p)
+
+
+def bernoulli_core(shape, key, p):
+    bounds = bounds_like("bernoulli", shape, get_aval(p).dtype, 0.0, 1.0)
+    return numpy_less(uniform_core(shape, get_aval(p).dtype, key, *bounds), p)
+
+
+@random_function
+def random_categorical(key, logits, axis=-1, shape=None):
+    """Indices along ``axis``, drawn with probabilities softmax(logits)."""
+    logits, axis, shape = check_categorical(key, logits, axis, shape)
+    return compiled(categorical_core, shape, axis)(key, logits)
+
+
+def categorical_core(shape, axis, key, logits):
+    aval = get_aval(logits)
+    prefix = shape[: len(shape) - (aval.ndim - 1)]  # samples per distribution
+    noise_shape, tiny = (*prefix, *aval.shape), np.finfo(aval.dtype).tiny
+    bounds = bounds_like("categorical", noise_shape, aval.dtype, tiny, 1.0)
+    gumbel = neg(log(neg(log(uniform_core(noise_shape, aval.dtype, key, *bounds)))))
+    logits = reshape(logits, (1,) * len(prefix) + aval.shape)
+    return numpy_argmax(numpy_add(gumbel, logits), axis=len(prefix) + axis)
+
+
+# @title The primitive erf_inv (evaluated by XLA), randint, and the checks
+erf_inv_p = Primitive("erf_inv")
+NOT_LINEAR.add("erf_inv")
+
+
+def erf_inv(x: ArrayLike) -> ArrayLike:
+    """The inverse of the error function, elementwise, for floats in (-1, 1)."""
+    _check_kind("erf_inv", x, "f", "a float")
+    return bind(erf_inv_p, x)
+
+
+@erf_inv_p.def_rule("jvp")
+def _erf_inv_jvp(primals, tangents):
+    (x,), (dx,) = primals, tangents
+    out = erf_inv(x)  # d/dx erfinv(x) = sqrt(pi)/2 * exp(erfinv(x)^2)
+    return [out], [mul(dx, mul(exp(mul(out, out)), math.sqrt(math.pi) / 2))]
+
+
+@erf_inv_p.def_rule("impl")
+def _erf_inv_impl(x):
+    return [np.asarray(_erf_inv_on_xla(x))]  # XLA's polynomial, bit for bit
+
+
+_erf_inv_on_xla = jit(lambda x: bind(erf_inv_p, x))
+lax_namespace.erf_inv = erf_inv
+_unary_abstract_eval(erf_inv_p, "f", "a float")
+_unary_vmap(erf_inv_p)
+
+
+@erf_inv_p.def_rule("lower")
+def _erf_inv_lower(ctx, avals_in, avals_out, x):
+    with_chlo(ir.Context.current)
+    return [chlo.erf_inv(x)]
+
+
+@functools.cache
+def with_chlo(context: ir.Context) -> None:
+    chlo.register_dialect(context)
+
+
+@erf_inv_p.def_rule("cost")
+def _erf_inv_cost(ctx, avals_in, avals_out):
+    n, (out,) = avals_out[0].size, avals_out  # XLA's expansion, counted by XLA
+    flops = {4: 37, 8: 100}[out.dtype.itemsize]
+    return Cost(flops * n, 2 * n, io_bytes(avals_in, avals_out))
+
+
+@random_function
+def random_randint(key, shape, minval, maxval, dtype=np.int64):
+    """Integers in [minval, maxval)."""
+    shape = check_key_and_shape("randint", key, shape)
+    dtype = check_int_dtype(dtype)
+    sampling = dtype if dtype.itemsize >= 4 else np.dtype(np.int32)  # less bias
+    minval, maxval = integer_bounds(minval, maxval, dtype)
+    out = compiled(randint_core, shape, sampling)(key, minval, maxval)
+    return convert_element_type(out, dtype)
+
+
+def randint_core(shape, dtype, key, minval, maxval):
+    nbits = 8 * dtype.itemsize
+    uint = np.dtype(f"uint{nbits}")
+    top = min(np.iinfo(dtype).max, np.iinfo(get_aval(maxval).dtype).max)
+    maxval_out_of_range = numpy_greater(maxval, top)
+    minval, maxval = clip_to(minval, dtype), clip_to(maxval, dtype)
+    minval, maxval = bounds_like("randint", shape, dtype, minval, maxval)
+    (out_of_range,) = bounds_like("randint", shape, np.bool_, maxval_out_of_range)
+    minval, maxval, out_of_range = [
+        broadcast_to(v, shape) for v in (minval, maxval, out_of_range)
+    ]
+    keys = random_split(key)
+    higher, lower = random_bits(keys[0], shape, uint), random_bits(keys[1], shape, uint)
+    span = convert_element_type(numpy_subtract(maxval, minval), uint)
+    span = numpy_where(numpy_less_equal(maxval, minval), np.ones((), uint), span)
+    wider = bitwise_and(out_of_range, greater(maxval, minval))
+    span = numpy_where(wider, numpy_add(span, 1), span)
+    # (higher * 2**nbits + lower) % span, without overflow
+    multiplier = rem(full_of(ShapedArray(shape, uint), 2 ** (nbits // 2)), span)
+    multiplier = rem(mul(multiplier, multiplier), span)
+    offset = add(mul(rem(higher, span), multiplier), rem(lower, span))
+    return numpy_add(minval, convert_element_type(rem(offset, span), dtype))
+
+
+def clip_to(v, dtype):
+    """``v`` (an integer array) converted to ``dtype``, clipped, not wrapped."""
+    own = np.iinfo(get_aval(v).dtype)
+    lo, hi = max(np.iinfo(dtype).min, own.min), min(np.iinfo(dtype).max, own.max)
+    return convert_element_type(numpy_clip(v, lo, hi), dtype)
+
+
+def integer_bounds(minval, maxval, dtype):
+    out = []
+    for bound in (minval, maxval):
+        if type(bound) is int:
+            if not -(2**63) <= bound < 2**63:
+                raise ValueError(f"randint: the bound {bound} does not fit in int64")
+            bound = np.asarray(bound, np.int64)
+        if get_aval(_as_input(bound, "randint")).dtype.kind not in "iu":
+            bound = convert_element_type(bound, np.int64)
+        out.append(bound)
+    if dtype.itemsize < 4:  # sampled as int32, as in JAX
+        info = np.iinfo(dtype)
+        low, high = (clip_to(convert_element_type(b, np.int32), np.int32) for b in out)
+        out = [
+            numpy_clip(low, info.min, info.max),
+            numpy_clip(high, info.min, info.max + 1),
+        ]
+    return out
+
+
+def check_int_dtype(dtype):
+    dtype = check_array_dtype("randint", dtype)
+    if dtype.kind not in "iu":
+        raise TypeError(f"randint: dtype must be an integer dtype, got {dtype.name}")
+    return dtype
+
+
+def check_probability(p):
+    if _is_python_scalar(p):
+        p = np.asarray(p, np.float64)
+    dtype = get_aval(_as_input(p, "bernoulli")).dtype
+    if dtype.kind != "f":
+        raise TypeError(
+            f"bernoulli: the probability p must be a float, got {dtype.name}"
+        )
+    return p
+
+
+def check_categorical(key, logits, axis, shape):
+    check_key("categorical", key)
+    aval = get_aval(_as_input(logits, "categorical"))
+    if aval.dtype.kind != "f" or aval.ndim == 0:
+        raise TypeError(
+            "categorical: logits must be floats with an axis of categories, "
+            f"got {aval.str_short()}"
+        )
+    axis = _normalize_axes("categorical", axis, aval.ndim)[0]
+    batch_shape = tuple(d for i, d in enumerate(aval.shape) if i != axis)
+    shape = batch_shape if shape is None else check_shape_arg("categorical", shape)
+    if shape[len(shape) - len(batch_shape) :] != batch_shape:
+        raise ValueError(
+            f"categorical: shape {shape} must end with the batch shape "
+            f"{batch_shape} of logits {aval.str_short()} without axis {axis}"
+        )
+    return logits, axis, shape
+
+
+@random_function
+def random_permutation(key, x, axis=0, independent=False):
+    """``x`` shuffled along ``axis`` (an int ``x``: a shuffled ``arange(x)``)."""
+    x, axis = check_permutation(key, x, axis)
+    if independent or get_aval(x).ndim == 1:
+        return compiled(shuffle_core, axis)(key, x)
+    order = compiled(shuffle_core, 0)(key, np.arange(get_aval(x).shape[axis]))
+    return numpy_take(x, order, axis=axis)
+
+
+def shuffle_core(axis, key, x):
+    n = get_aval(x).size
+    for _ in range(int(np.ceil(3 * np.log(max(1, n)) / np.log(2**32 - 1)))):
+        key, subkey = random_split(key)
+        sort_keys = random_bits(subkey, get_aval(x).shape, np.uint32)
+        _, x = sort_key_val(sort_keys, x, axis)
+    return x
+
+
+# @title The primitive sort: sort_key_val, its rules and checks; permutation's checks
+sort_p = Primitive("sort", multiple_results=True)
+NOT_LINEAR.add("sort")
+
+
+def sort_key_val(keys: ArrayLike, values: ArrayLike, dimension: int = -1):
+    """``keys`` sorted (stably) along ``dimension``, and ``values`` moved alike."""
+    keys, values = _as_input(keys, "sort_key_val"), _as_input(values, "sort_key_val")
+    dimension = check_sort(get_aval(keys), get_aval(values), dimension)
+    outs = bind(sort_p, keys, values, dimension=dimension, is_stable=True, num_keys=1)
+    return tuple(outs)
+
+
+@sort_p.def_rule("impl")
+def _sort_impl(*operands, dimension, is_stable, num_keys):
+    order = np.argsort(operands[0], axis=dimension, kind="stable")
+    return [np.take_along_axis(np.asarray(x), order, dimension) for x in operands]
+
+
+@sort_p.def_rule("abstract_eval")
+def _sort_abstract_eval(*avals, dimension, is_stable, num_keys):
+    check_sort(*avals[:2], dimension)
+    return [ShapedArray(a.shape, a.dtype) for a in avals]
+
+
+@sort_p.def_rule("jvp")
+def _sort_jvp(primals, tangents, *, dimension, **params):
+    shape = get_aval(primals[0]).shape
+    positions = bind(iota_p, dtype=np.dtype(np.int64), shape=shape, dimension=dimension)
+    *outs, order = bind(sort_p, *primals, positions, dimension=dimension, **params)
+    moved = [numpy_take_along_axis(t, order, axis=dimension) for t in tangents]
+    return outs, moved
+
+
+@sort_p.def_rule("vmap")
+def _sort_vmap(axis, vals, dims, *, dimension, **params):
+    vals = [move_batch_axis(axis.size, d, 0, v) for v, d in zip(vals, dims)]
+    outs = bind(sort_p, *vals, dimension=dimension + 1, **params)
+    return outs, [0] * len(outs)
+
+
+@sort_p.def_rule("lower")
+def _sort_lower(ctx, avals_in, avals_out, *operands, dimension, is_stable, num_keys):
+    i64 = ir.IntegerType.get_signless(64)
+    sort = hlo.SortOp(
+        [ir_type(a) for a in avals_out],
+        list(operands),
+        dimension=ir.IntegerAttr.get(i64, dimension),
+        is_stable=ir.BoolAttr.get(is_stable),
+    )
+    scalars = [ir_type(ShapedArray((), a.dtype)) for a in avals_in]
+    block = sort.comparator.blocks.append(*[t for t in scalars for _ in (0, 1)])
+    kind = "SIGNED" if avals_in[0].dtype.kind == "i" else "UNSIGNED"
+    with ir.InsertionPoint(block):
+        less_than = hlo.compare(
+            block.arguments[0],
+            block.arguments[1],
+            hlo.ComparisonDirectionAttr.get("LT"),
+            compare_type=hlo.ComparisonTypeAttr.get(kind),
+        )
+        hlo.ReturnOp([less_than])
+    return list(sort.results)
+
+
+@sort_p.def_rule("cost")
+def _sort_cost(ctx, avals_in, avals_out, **params):
+    n = avals_in[0].size  # XLA counts n * ceil(log2 n) comparisons
+    flops = n * math.ceil(math.log2(n)) if n > 1 else 0
+    return Cost(flops, 0, io_bytes(avals_in, avals_out))
+
+
+def check_sort(keys: ShapedArray, values: ShapedArray, dimension: Any) -> int:
+    if keys.dtype.kind not in "biu":
+        raise TypeError(
+            f"sort_key_val: keys must be integers or booleans (this book's sort "
+            f"compares no floats), got {keys.str_short()}"
+        )
+    if keys.shape != values.shape:
+        raise TypeError(
+            f"sort_key_val: keys {keys.str_short()} and values "
+            f"{values.str_short()} must have one shape"
+        )
+    return _normalize_axes("sort_key_val", dimension, keys.ndim)[0]
+
+
+def check_permutation(key, x, axis):
+    check_key("permutation", key)
+    if type(x) is int or (get_aval(_as_input(x, "permutation")).ndim == 0):
+        if get_aval(x).dtype.kind not in "iu":
+            raise TypeError(
+                "permutation: x must be an integer or an array of at least one "
+                f"axis, got {get_aval(x).str_short()}"
+            )
+        return np.arange(int(x)), 0
+    return x, _normalize_axes("permutation", axis, get_aval(x).ndim)[0]
+
+
+lax_namespace.sort_key_val = sort_key_val
+
 # ==== chapter: part10_stackless ====
 
 # Cells tagged 'export-stackless': the body of _stackless_namespace(),

@@ -461,6 +461,7 @@ _CHAPTER_LABELS = {
     "indexing": "indexing",
     "performance": "performance",
     "analysis": "reading programs",
+    "random": "random numbers",
 }
 
 

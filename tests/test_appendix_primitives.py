@@ -1553,6 +1553,35 @@ NONLINEAR_WITNESSES = {
     "scatter-min": lambda x, y: ad.lax.scatter_min(x, y, np.array([0, 2, 2, 4, 1])),
     "scatter-max": lambda x, y: ad.lax.scatter_max(x, y, np.array([0, 2, 2, 4, 1])),
 }
+
+
+# The random chapter: integer primitives see the floats as uint32 (values 0 to
+# 5), and give floats back; erf_inv and iota are not linear either.
+def _on_uint32(op):
+    u32 = lambda v: ad.convert_element_type(v, np.uint32)  # noqa: E731
+    return lambda x, y: ad.convert_element_type(op(u32(x), u32(y)), F64)
+
+
+_TWOS = np.full(5, 2, np.uint32)
+NONLINEAR_WITNESSES.update(
+    {
+        "xor": _on_uint32(ad.bitwise_xor),
+        "or": _on_uint32(ad.bitwise_or),
+        "and": _on_uint32(ad.bitwise_and),
+        "shift_left": _on_uint32(ad.shift_left),
+        "shift_right_logical": _on_uint32(ad.shift_right_logical),
+        "rem": _on_uint32(lambda x, y: ad.rem(x, _TWOS)),
+        "bitcast_convert_type": lambda x, y: ad.convert_element_type(
+            ad.bitcast_convert_type(x, np.uint64), F64
+        ),
+        "iota": lambda x, y: ad.convert_element_type(ad.iota(np.uint32, 5), F64),
+        "erf_inv": lambda x, y: ad.erf_inv(x),
+        "sort": lambda x, y: ad.lax.sort_key_val(
+            ad.convert_element_type(x, np.int64), y
+        )[1],
+    }
+)
+
 OVER_NAMED_AXIS = {"pmax", "axis_index"}
 # no outputs, so nothing to witness (tests/test_analysis.py checks that a print
 # of tangents stays out of linear jaxprs)

@@ -26,6 +26,7 @@ BENCH_OVERHEAD = REPO_ROOT / "bench" / "bench_overhead.py"
 BENCH_LOOPS = REPO_ROOT / "bench" / "bench_loops.py"
 BENCH_PMAP = REPO_ROOT / "bench" / "bench_pmap.py"
 BENCH_INDEXING = REPO_ROOT / "bench" / "bench_indexing.py"
+BENCH_RANDOM = REPO_ROOT / "bench" / "bench_random.py"
 BENCH_DISPATCH = REPO_ROOT / "bench" / "bench_dispatch.py"
 RUN_ALL = REPO_ROOT / "bench" / "run_all.py"
 RESULTS = REPO_ROOT / "bench" / "results.json"
@@ -37,6 +38,7 @@ SCRIPTS = {
     "loops": BENCH_LOOPS,
     "pmap": BENCH_PMAP,
     "indexing": BENCH_INDEXING,
+    "random": BENCH_RANDOM,
     "dispatch": BENCH_DISPATCH,
     "run_all": RUN_ALL,
 }
@@ -436,6 +438,30 @@ def test_indexing_without_jax(capsys):
     report = load("indexing").main(["--no-jax", "--quick", "--repeats", "1"])
     check_indexing_report(report, ["autodidax"])
     capsys.readouterr()
+
+
+# ---------------------------------------------------------------------------
+# bench_random.py
+# ---------------------------------------------------------------------------
+
+
+def test_random_quick_run_in_process(tmp_path, capsys):
+    report, printed = run_quick_in_process(load("random"), tmp_path / "r.json", capsys)
+    assert report["benchmark"] == "random"
+    assert report["libraries"] == ["autodidax", "jax"]
+    for which in ("uniform", "normal"):
+        row = report["results"][which]
+        assert row["size"] == report["config"]["size"]
+        assert row["bits_equal_to_jax"] == {"autodidax": True}
+        for library in ("autodidax", "jax"):
+            stats = row[library]
+            assert stats["repeats"] == report["config"]["repeats"]
+            assert math.isfinite(stats["median_ms"]) and stats["median_ms"] > 0
+        ratio = row["autodidax"]["median_ms"] / row["jax"]["median_ms"]
+        assert math.isclose(row["ratio"], ratio)
+    assert report["summary"]["target_ratio"] == 1.2
+    assert report["quick"] is True and "quick run" in printed
+    check_machine(report)
 
 
 # ---------------------------------------------------------------------------

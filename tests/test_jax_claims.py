@@ -16,7 +16,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import os
 import re
+import subprocess
 import sys
 import threading
 
@@ -2605,6 +2607,165 @@ def test_analysis_jax_skips_the_zero_tangent_product_of_an_mlp():
         keys = jax.jit(loss).lower([(jnp.ones((2, 2)), jnp.ones(2))], jnp.ones((1, 2)))
         keys = set(keys.compile().cost_analysis())
     assert {"flops", "transcendentals", "bytes accessed"} < keys
+
+
+# ------------------------------------------------ random numbers (book/random.md)
+
+
+def test_random_uint32_add_wraps_and_wide_shifts_give_zero_in_xla():
+    # random: "add on them already wraps around modulo 2**32 ... XLA's" and
+    # "XLA defines [a shift by the bit width or more] as 0".
+    top = np.array([2**32 - 1, 2**32 - 2], np.uint32)
+    ones = np.array([1, 5], np.uint32)
+    np.testing.assert_array_equal(jax.jit(jax.lax.add)(top, ones), [0, 3])
+    x = np.array([7, 7, 7], np.uint32)
+    s = np.array([32, 33, 100], np.uint32)
+    np.testing.assert_array_equal(jax.jit(jax.lax.shift_left)(x, s), [0, 0, 0])
+    np.testing.assert_array_equal(jax.jit(jax.lax.shift_right_logical)(x, s), [0, 0, 0])
+
+
+def test_random_jax_samplers_are_jitted_and_use_random_bits():
+    # random: "JAX runs its samplers as jitted functions too, even when they
+    # are called outside jit"; its jaxpr wraps the raw key into a typed key and
+    # draws the bits with one primitive, random_bits.
+    jaxpr = jax.make_jaxpr(lambda k: jax.random.uniform(k, (3,)))(jax.random.PRNGKey(0))
+    names = [eqn.primitive.name for eqn in jaxpr.eqns]
+    assert names == ["random_wrap", "jit"]
+    assert jaxpr.eqns[1].params["name"] == "_uniform"
+    inner = [eqn.primitive.name for eqn in jaxpr.eqns[1].params["jaxpr"].eqns]
+    assert "random_bits" in inner and "threefry2x32" not in inner
+    assert "bitcast_convert_type" in inner
+
+
+def test_random_xla_fuses_the_scaling_of_uniform_into_one_rounding():
+    # random: "XLA on CPU (at its default optimization level) fuses floats *
+    # (maxval - minval) + minval into one fused multiply-add, which rounds
+    # once, where NumPy's multiplication followed by an addition rounds
+    # twice". The tests compile with optimization level 0 (conftest), so the
+    # check runs in a fresh process with XLA's default flags.
+    script = """
+import jax, jax.numpy as jnp, numpy as np
+key = jax.random.PRNGKey(7)
+u = np.asarray(jax.random.uniform(key, (1000,), jnp.float32))
+theirs = np.asarray(jax.random.uniform(key, (1000,), jnp.float32, -2.5, 3.0))
+lo, span = np.float32(-2.5), np.float32(5.5)
+once = (u.astype(np.float64) * np.float64(span) + lo).astype(np.float32)
+twice = u * span + lo
+print(int(np.sum(np.maximum(lo, once) != theirs)),
+      int(np.sum(np.maximum(lo, twice) != theirs)))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    once_wrong, twice_wrong = map(int, out.stdout.split())
+    assert once_wrong == 0 and twice_wrong > 0
+
+
+def test_random_threefry2x32_is_a_primitive_lowered_as_a_loop_on_cpu():
+    # random: "the bits come from one primitive, random_bits, which is lowered
+    # through JAX's primitive threefry2x32 (on CPU, as a loop over the five
+    # blocks of rounds)".
+    key = jax.random.PRNGKey(0)
+    counts = jnp.arange(4, dtype=jnp.uint32)
+    jaxpr = jax.make_jaxpr(jax.extend.random.threefry_2x32)(key, counts)
+    assert "threefry2x32" in [eqn.primitive.name for eqn in jaxpr.eqns]
+    text = jax.jit(lambda k: jax.random.uniform(k, (3,))).lower(key).as_text()
+    assert re.search(r"func\.func private @threefry2x32", text)
+    assert "stablehlo.while" in text
+    assert jax.devices()[0].platform == "cpu"
+
+
+def test_random_erf_inv_is_a_chlo_operation():
+    # random: "erf_inv, which StableHLO's sister dialect CHLO provides".
+    assert "chlo.erf_inv" in jax.jit(jax.lax.erf_inv).lower(jnp.ones(3)).as_text()
+
+
+def test_random_typed_keys_and_key_data():
+    # random: "jax.random.key(seed) returns a typed key array, of shape () and
+    # dtype key<fry> ... refuses arithmetic"; key_data gives PRNGKey's words.
+    typed = jax.random.key(42)
+    assert typed.shape == () and str(typed.dtype) == "key<fry>"
+    with pytest.raises(TypeError):
+        typed + 1
+    raw = jax.random.PRNGKey(42)
+    assert raw.dtype == np.uint32 and raw.shape == (2,)
+    np.testing.assert_array_equal(jax.random.key_data(typed), raw)
+
+
+def test_random_default_implementation_and_other_generators():
+    # random: "JAX's default implementation is threefry2x32 (the setting
+    # jax_default_prng_impl). It also has rbg and unsafe_rbg ... and a few
+    # others, chosen with jax.random.key(seed, impl=...); they give other
+    # numbers."
+    from jax._src.random import prng
+
+    assert jax.config.jax_default_prng_impl == "threefry2x32"
+    assert {"threefry2x32", "rbg", "unsafe_rbg"} < set(prng.prngs)
+    fry = jax.random.uniform(jax.random.key(0), (4,))
+    rbg = jax.random.uniform(jax.random.key(0, impl="rbg"), (4,))
+    assert not np.array_equal(fry, rbg)
+
+
+def test_random_threefry_partitionable_is_on_and_changes_the_numbers():
+    # random: "jax_threefry_partitionable is on by default in the installed
+    # JAX ... with it off, JAX ... gives other numbers".
+    assert jax.config.jax_threefry_partitionable is True
+    key = jax.random.PRNGKey(0)
+    on = jax.random.uniform(key, (5,))
+    with jax.threefry_partitionable(False):
+        off = jax.random.uniform(key, (5,))
+    assert not np.array_equal(on, off)
+
+
+def test_random_32_bit_defaults_without_x64():
+    # random: "Without it, JAX's defaults are 32-bit, and a seed keeps only its
+    # low 32 bits: PRNGKey(2**40 + 7) is then the key of 7."
+    with jax.enable_x64(False):
+        assert jax.random.uniform(jax.random.PRNGKey(0)).dtype == jnp.float32
+        assert jax.random.bits(jax.random.PRNGKey(0)).dtype == jnp.uint32
+        np.testing.assert_array_equal(jax.random.PRNGKey(2**40 + 7), [0, 7])
+    with jax.enable_x64(True):
+        assert jax.random.uniform(jax.random.PRNGKey(0)).dtype == jnp.float64
+        np.testing.assert_array_equal(jax.random.PRNGKey(2**40 + 7), [256, 7])
+
+
+def test_random_permutation_sorts_and_exponential_uses_log1p():
+    # random: "JAX shuffles by sorting on random bits" and exponential
+    # "JAX writes it with log1p".
+    key = jax.random.PRNGKey(0)
+    perm = jax.make_jaxpr(lambda k: jax.random.permutation(k, 5))(key)
+    assert "sort" in str(perm)
+    expo = jax.make_jaxpr(lambda k: jax.random.exponential(k, (5,)))(key)
+    assert "log1p" in str(expo)
+
+
+def test_random_permutation_sort_rounds():
+    # random: "JAX repeats the sort with fresh numbers ... (one round for up
+    # to about 1600 elements, two up to millions)".
+    key = jax.random.PRNGKey(0)
+
+    def sorts(n):
+        jaxpr = jax.make_jaxpr(lambda k: jax.random.permutation(k, n))(key)
+        return str(jaxpr).count(" sort[")
+
+    assert sorts(1600) == 1 and sorts(1700) == 2
+    assert sorts(2_000_000) == 2 and sorts(3_000_000) == 3
+
+
+def test_random_rbg_uses_xla_bit_generator_and_sort_features():
+    # random: rbg is "built on XLA's own random-bit generator"; JAX's sort
+    # "also sorts floats (in a total order that places NaNs), several keys at
+    # once, and any number of operands".
+    key = jax.random.key(0, impl="rbg")
+    lowered = jax.jit(jax.random.uniform).lower(key).as_text()
+    assert "stablehlo.rng_bit_generator" in lowered
+    x = np.array([np.nan, 1.0, -np.inf, 0.5])
+    assert np.isnan(jax.lax.sort(x)[-1]) and jax.lax.sort(x)[0] == -np.inf
+    a, b, c = np.array([1, 0, 1, 0]), np.array([2, 3, 1, 0]), np.arange(4.0)
+    _, _, moved = jax.lax.sort((a, b, c), num_keys=2)
+    np.testing.assert_array_equal(moved, [3.0, 1.0, 2.0, 0.0])
 
 
 # ------------------------------------------------------------------ Part 11: checkpoint
