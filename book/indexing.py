@@ -38,8 +38,10 @@
 #   padding the cotangent with zeros; the transpose of `gather` (fetching rows
 #   at traced positions) is `scatter-add` (adding rows at those positions). So
 #   the gradient of an embedding lookup touches only the rows it read.
-# - **batching a gather adds a batch dimension to its index map**, instead of
-#   looping over examples.
+# - **batching a gather never loops over examples.** A batched array becomes
+#   one more axis of the window read at each position, batched indices one
+#   more axis of the index arrays, and both at once one more paired *batch
+#   dimension*.
 #
 # In order: the static `slice` and its transpose `pad`; `dynamic_slice` and
 # `dynamic_update_slice`, whose start is known only when the program runs;
@@ -88,10 +90,10 @@ def i64(*shape):
 # `slice` takes, along every axis, the elements from `start` up to `limit`
 # (excluded) every `stride` steps, all three known while tracing: NumPy's
 # `x[1:5:2]`. Its derivative is the same slice of the tangent, since a slice is
-# linear. Its transpose answers: which input cotangent does a cotangent of the
-# slice come from? Every element that was taken gets its cotangent back, every
-# other element gets zero: the cotangent, padded with zeros before (`start`),
-# after, and between the taken elements (`stride - 1` of them). That is a second
+# linear. Its transpose sends the slice's cotangent back to the input: every
+# element that was taken gets its cotangent, every other element gets zero.
+# That is the cotangent padded with zeros before (`start`), after, and
+# between the taken elements (`stride - 1` of them). That is a second
 # primitive, `pad`, whose own transpose is again a slice. The only arithmetic is
 # the amount after: an axis of `n` elements, read from `start` every `stride`,
 # `taken` times, ends at `start + (taken - 1)·stride + 1`, so `high` is `n`
@@ -828,13 +830,9 @@ print(grad(lookup_loss)(table, tokens))
 # %% [markdown]
 # Three more scatters combine differently, for `x.at[i].multiply(v)`,
 # `.min(v)` and `.max(v)`: `scatter-mul`, `scatter-min` and `scatter-max`.
-# Their rules are folded. `scatter-mul` is linear in `x` only, and its
-# transpose multiplies the cotangent by the same updates (the same
-# `scatter-mul`); its derivative with respect to the updates is, at
-# each position, `x` times the sum over the updates there of each update's
-# tangent times the product of the others (a scatter-add). `scatter-min` and
-# `scatter-max` are not linear: their derivative follows the updates that won
-# and splits the tangent evenly between ties, as JAX's does.
+# Their rules are folded (their derivatives are in the reference notes at
+# the end): `scatter-mul` is linear in `x` alone, and `scatter-min` and
+# `scatter-max` are not linear at all.
 
 # %% tags=["export", "hide-input"]
 # @title scatter-mul, scatter-min, scatter-max: evaluation, types, jvp, transpose
@@ -955,7 +953,7 @@ NOT_LINEAR.update({"scatter-min", "scatter-max"})  # no transpose rule
 
 
 # %% [markdown]
-# ### Batching adds a batch dimension to the index map
+# ### Batching a gather never loops
 #
 # `vmap` of a gather has three cases, and none of them loops.
 #
@@ -992,9 +990,16 @@ def _gather_vmap(axis, vals, dims, *, batch_dims):
 # The scatters batch the same way (the folded cell), with `updates` following
 # the index arrays: in the first case its batch axis is the first window axis,
 # otherwise its leading axis. `dynamic_slice` and `dynamic_update_slice` with
-# unbatched starts put the batch axis first and start it at 0; with batched
-# starts, each example reads a block at its own position, which is a gather (or
-# a scatter) of that block's positions.
+# unbatched starts put the batch axis first and start it at 0. With batched
+# starts, each example reads a block at its own position, and that is a
+# gather, but not of the raw starts: a gather clamps each *position* on its
+# own, where `dynamic_slice` moves the whole *block* back inside. (Start 5,
+# size 3, on an axis of 6: `dynamic_slice` reads 3, 4, 5; a gather at 5, 6, 7
+# would read 5, 5, 5.) So the rule first wraps a negative start and clamps it
+# to fit the block, `start = clip(start, 0, n - size)`, then builds the
+# positions `start + arange(size)` along each axis and gathers them (paired
+# with the array's batch axis if it has one). `dynamic_update_slice` does the
+# same with a `scatter`.
 
 
 # %% tags=["export", "hide-input"]
@@ -1169,7 +1174,18 @@ _lower_scatter(scatter_mul_p, hlo.multiply)
 _lower_scatter(scatter_min_p, hlo.minimum)
 _lower_scatter(scatter_max_p, hlo.maximum)
 
+# %% [markdown]
+# The lookup's gradient, lowered: its gather and its scatter-add, with their
+# dimension numbers (each token's index vector is one number, row `i`; the
+# row's axis 0 is collapsed, its axis 1 is the window), then its numbers
+# under `jit`, next to JAX's:
+
 # %%
+import re
+
+lowered = lower_jaxpr(make_jaxpr(grad(lookup_loss), f64(5, 3), i64(3))[0])
+for op, dims in re.findall(r'"stablehlo\.(\w+)".*?<\{(.*?)\}>', str(lowered)):
+    print(op, dims.replace("#stablehlo.", ""))
 print(jit(grad(lookup_loss))(table, tokens))
 with jax.enable_x64(True):
     jax_loss = lambda t, i: jnp.sum(t[i] ** 2)  # noqa: E731
@@ -1186,13 +1202,17 @@ with jax.enable_x64(True):
 #
 # - only ints, slices with a positive step, `None` and `...`: one `slice` (none
 #   if it would take everything) and a `reshape` (an int `i` is the slice
-#   `i:i+1`, whose axis the reshape drops);
+#   `i:i+1`, whose axis the reshape drops; a reshape to the same shape is
+#   left out);
 # - the same with traced scalar integers among them: one `dynamic_slice` and a
 #   `reshape`;
 # - anything else (integer arrays, boolean masks, negative steps): the
 #   slices first, as one `slice`, then one `gather` whose index arrays give,
 #   for every element of the result, its position along each indexed axis of
-#   `x`. The axes that are taken whole (`:`, or a slice already done) are not
+#   `x`. Positions that the index does not hold as an array (a negative step,
+#   `x[::-1]`, or a slice next to an integer array in a write) are computed
+#   while tracing and enter the program as constants of the result's size:
+#   the simple way, not the cheap one (JAX builds them in the program). The axes that are taken whole (`:`, or a slice already done) are not
 #   indexed: they are moved last (a `transpose`) and read as the gather's
 #   window, so `x[:, i]` reads columns without an array of row numbers. A boolean mask becomes integer arrays with `np.nonzero`,
 #   which only works when the mask is known while tracing: the shape of the
@@ -1702,7 +1722,7 @@ print(jit(lambda x: x.at[np.array([0, 2]), 1].multiply(10.0))(x))
 # `dynamic_slice` and `dynamic_update_slice` count a negative start from the
 # end and then move the block back inside. The front end counts negative
 # integer-array indices from the end (a `select`) before the gather, as NumPy
-# does. Three transposes need a second look.
+# does. Two transposes need a second look.
 #
 # **A clamped read, a dropped gradient.** A gather that clamped read its row
 # from the clamped position, but its transpose, a scatter-add at the same
@@ -1717,9 +1737,8 @@ print(jit(lambda x: x.at[np.array([0, 2]), 1].multiply(10.0))(x))
 # **A dropped update, no cotangent.** The transpose of a scatter-add gathers
 # each update's cotangent at its position, and a gather clamps, so an update
 # that was dropped would get the cotangent of its clamped neighbour. It had
-# no effect on the output, so its cotangent is zero. The rule registered above
-# is right for indices in range; this wraps it, keeping its result and masking
-# the updates' cotangents:
+# no effect on the output, so its cotangent should be zero: this wraps the
+# rule registered above and masks the dropped updates' cotangents.
 
 
 # %% tags=["export"]
@@ -1745,20 +1764,13 @@ zero_dropped_updates(scatter_add_p)
 # `scatter`'s own transpose needs no mask: it gives a cotangent only to the
 # update that won its position, and a dropped update never wins.
 #
-# **Negative starts are wrapped inside the primitive.** The transpose of a
-# `dynamic_slice` calls `dynamic_update_slice` with the very starts the read
-# got, and must find the same block. So the wrapping of a negative start is
-# part of the primitive (its evaluation and its lowering), not of the function
-# that binds it: had `dynamic_slice` wrapped before binding, the transpose,
-# calling `dynamic_update_slice`, would wrap a second time. A start of −10 on
-# an axis of 6 is −4 after one wrap, which clamps to 0; after two it is 2.
-# (JAX's `lax.dynamic_slice` wraps before binding, and its transpose binds the
-# primitive directly instead of calling the function.)
-#
 # **Modes.** `x.at[idx]`'s methods take JAX's `mode=`:
 #
-# - `None` or `"promise_in_bounds"`: the primitives' rules, reads clamp and
-#   writes drop;
+# - `None`, the default: the primitives' own rules, reads clamp and writes
+#   drop (JAX reads with its mode `PROMISE_IN_BOUNDS` and writes with
+#   `FILL_OR_DROP`, which give the same values and gradients);
+# - `"promise_in_bounds"`: for us the same as `None`. JAX's differs in one
+#   gradient, that of a dropped update (reference notes at the end);
 # - `"clip"`: the positions are clamped before the gather or the scatter, so
 #   reads and writes both go to the nearest position, and so do gradients;
 # - `"fill"` or `"drop"`: writes drop; `get` returns `fill_value` (NaN for
@@ -2005,6 +2017,7 @@ def pick_rows(table, tokens, xnp=anp, cond=cond):
 
 
 tables = np.random.default_rng(1).normal(size=(2, 5, 3))
+tokens = np.array([1, 4, 1])  # the lookup's tokens again
 ours = jit(vmap(jacfwd(grad(pick_rows)), (0, None)))(tables, tokens)
 with jax.enable_x64(True):
     jax_pick_rows = lambda t, i: pick_rows(t, i, jnp, jax.lax.cond)  # noqa: E731
@@ -2012,100 +2025,6 @@ with jax.enable_x64(True):
 print(ours.shape, np.abs(np.asarray(ours) - np.asarray(theirs)).max())
 
 # %% [markdown]
-# ## Mistakes indexing catches
-#
-# The exception types are JAX's: an index of the wrong type is a `TypeError`,
-# a step of 0 a `ValueError`, and an index that does not fit the array (too
-# many indices, a mask of the wrong shape) an `IndexError`; ours is
-# `IndexingError`, an `IndexError` that is also a `TypeError`, the type of the
-# book's other errors about a bad argument. The messages name the array's
-# type, in JAX's words where JAX has them.
-
-# %%
-show_error(jit(lambda x: x[1.0]), x)  # a float index
-show_error(jit(lambda x: x[0, 1, 2]), x)  # three indices for two axes
-show_error(jit(lambda x: x[::0]), x)  # a slice step of 0
-show_error(jit(lambda x: x[x > 3.0]), x)  # a traced boolean mask
-show_error(jit(lambda x: x.at[0].set(np.ones((2, 4)))), x)  # an update too big
-
-# %% [markdown]
-# ## Where real JAX differs
-#
-# The folded cell prints JAX's jaxprs for two programs of this chapter, `x[:, i]`
-# and the gradient of the embedding lookup (with most params left out):
-
-# %% tags=["hide-input"]
-# @title JAX's jaxprs for x[:, i] and for the gradient of a lookup, shortened
-import re
-
-
-def show_jax(f, *args, keep=("mode",)):
-    """JAX's jaxpr in float64, each equation's params cut down to ``keep``."""
-    with jax.enable_x64(True):  # float64, as ours, in this cell only
-        text = jax.make_jaxpr(f)(*args).pretty_print(use_color=False)
-
-    def kept(match):
-        lines = [line.strip() for line in match.group(1).splitlines()]
-        return "[" + " ".join(ln for ln in lines if ln.split("=")[0] in keep) + "]"
-
-    print(re.sub(r"\[\n(.*?)\n\s*\]", kept, text, flags=re.S))
-
-
-show_jax(lambda x, i: x[:, i], x, np.array([0, 2]), keep=("dimension_numbers",))
-show_jax(jax.grad(jax_loss), table, tokens)
-
-# %% [markdown]
-# - **Dimension numbers.** JAX's
-#   [`lax.gather`](https://docs.jax.dev/en/latest/_autosummary/jax.lax.gather.html)
-#   takes one stacked index array and a `GatherDimensionNumbers`
-#   (`offset_dims`, `collapsed_slice_dims`, `start_index_map`,
-#   `operand_batching_dims`, `start_indices_batching_dims`) plus
-#   `slice_sizes`, the fields StableHLO's gather has. A window axis can sit
-#   anywhere in the output (`offset_dims=(0,)` above reads `x[:, i]` with no
-#   `transpose`, where ours moves the axes), and a window can be larger than
-#   one element along an indexed axis, which ours cannot (our batched
-#   `dynamic_slice` reads every position of its block instead). Its scatters
-#   take a `ScatterDimensionNumbers` and an `update_jaxpr`. Our
-#   `gather(x, *indices, batch_dims=)` is the special case that NumPy's
-#   indexing needs, and lowers to those same dimension numbers.
-# - **Positions as constants.** A negative step, `x[::-1]`, and, in a write,
-#   a slice next to an integer array, `x.at[1:3, i].set(v)`, become index
-#   arrays of positions, constants of the result's size; JAX reverses with
-#   `rev`, builds positions with `iota` in the program, or reads a window
-#   (`x[1:3, i]` reads rows 1 and 2 as one window).
-# - **Modes.** JAX's gather and scatters take a `mode`:
-#   [`GatherScatterMode`](https://docs.jax.dev/en/latest/_autosummary/jax.lax.GatherScatterMode.html)
-#   `CLIP`, `FILL_OR_DROP`, `PROMISE_IN_BOUNDS` (and `ONE_HOT`), a param of
-#   the primitive (the jaxprs above show `PROMISE_IN_BOUNDS`). Ours have one
-#   fixed rule each, and the front end clamps indices (`"clip"`) or fills
-#   with a `select` (`"fill"`) around them. JAX's `.at[]` also has
-#   `wrap_negative_indices`, its `take` a mode `"wrap"`, and its
-#   `lax.dynamic_slice` an `allow_negative_indices`; ours have none of them.
-# - **Boolean masks.** A traced mask is JAX's `NonConcreteBooleanIndexError`,
-#   an `IndexError`; ours has the same name and is also a `TypeError`.
-# - **Hints.** `unique_indices` and `indices_are_sorted` let XLA pick a faster
-#   scatter; JAX's `dynamic_slice`, batched over both the array and its
-#   starts, becomes a `gather` with `indices_are_sorted=True` and
-#   `unique_indices=True` (batched over the starts alone, both are `False`).
-#   We have neither hint. JAX's `scatter-mul` has no derivative with respect
-#   to the updates unless `unique_indices=True`; ours has one for repeated
-#   positions too.
-# - **Index dtypes.** JAX converts the indices to the smallest integer type
-#   that can hold every position of the array, `int32` unless an axis is
-#   longer than $2^{31} - 1$ (`int_dtype_for_shape` in
-#   `jax/_src/lax/utils.py`, called from `jax/_src/numpy/indexing.py`), as
-#   the `convert_element_type` above shows; we keep the user's integer dtype
-#   and convert to 64 bits when lowering.
-# - **More primitives.** JAX reverses an axis with `rev` (for `x[::-1]`),
-#   drops axes with `squeeze` and adds them with `broadcast_in_dim`, has
-#   `argmax` and `argmin` primitives and a `split` primitive (`jnp.split` is
-#   one equation with every piece's size), and its `pad` takes the padding
-#   value as an operand; we use, in that order, a gather, `reshape`, a
-#   composition of comparisons, slices, and zero padding. A `scatter` with repeated indices
-#   has one winner in both; JAX's `jvp` of `scatter` makes primal and tangent
-#   agree on it by scattering ids, where ours relies on a fixed order of
-#   updates.
-#
 # ## Summary
 #
 # - A slice is linear: its transpose pads the cotangent with zeros (`pad`,
@@ -2171,3 +2090,137 @@ print(at_multiply(xs, pos, vals))
 print(jit(lambda x: x.at[pos].multiply(vals))(xs))
 with jax.enable_x64(True):
     print(jnp.asarray(xs).at[pos].multiply(vals))
+
+# %% [markdown]
+# ## Reference notes
+#
+# The rest of the page is for reference: the errors, three details of the
+# rules above, and how JAX's indexing differs from ours.
+#
+# ### Mistakes indexing catches
+#
+# The exception types are JAX's: an index of the wrong type is a `TypeError`,
+# a step of 0 a `ValueError`, and an index that does not fit the array (too
+# many indices, a mask of the wrong shape) an `IndexError`; ours is
+# `IndexingError`, an `IndexError` that is also a `TypeError`, the type of the
+# book's other errors about a bad argument. The messages name the array's
+# type, in JAX's words where JAX has them.
+
+# %%
+show_error(jit(lambda x: x[1.0]), x)  # a float index
+show_error(jit(lambda x: x[0, 1, 2]), x)  # three indices for two axes
+show_error(jit(lambda x: x[::0]), x)  # a slice step of 0
+show_error(jit(lambda x: x[x > 3.0]), x)  # a traced boolean mask
+show_error(jit(lambda x: x.at[0].set(np.ones((2, 4)))), x)  # an update too big
+
+# %% [markdown]
+# ### Negative starts are wrapped inside the primitive
+#
+# The transpose of a
+# `dynamic_slice` calls `dynamic_update_slice` with the very starts the read
+# got, and must find the same block. So the wrapping of a negative start is
+# part of the primitive (its evaluation and its lowering), not of the function
+# that binds it: had `dynamic_slice` wrapped before binding, the transpose,
+# calling `dynamic_update_slice`, would wrap a second time. A start of −10 on
+# an axis of 6 is −4 after one wrap, which clamps to 0; after two it is 2.
+# (JAX's `lax.dynamic_slice` wraps before binding, and its transpose binds the
+# primitive directly instead of calling the function.)
+#
+#
+# ### The derivatives of `scatter-mul`, `scatter-min` and `scatter-max`
+#
+# Where updates $u_1, \dots, u_m$ multiply into `x[p]`, the output is
+# $x \, u_1 \cdots u_m$: linear in `x` (its transpose multiplies the
+# cotangent by the same updates, a `scatter-mul`), and the tangent of $u_k$
+# counts $x$ times the product of the *other* updates. That product is found
+# without dividing by an update that may be 0: per position, a `scatter-mul`
+# multiplies the nonzero updates and a `scatter-add` counts the zero ones.
+# With no zero, the product of the others is the position's product divided
+# by $u_k$; with one zero, it is the product for the zero update and 0 for
+# the rest; with two or more, 0. The tangents times those products are added
+# per position (a `scatter-add`) and multiplied by $x$. `scatter-min` and
+# `scatter-max` are not linear: the tangent follows the value that won, split
+# evenly among ties (updates, and `x` if it kept its value), as JAX's does.
+#
+# ### Where real JAX differs
+#
+# The folded cell prints JAX's jaxprs for two programs of this chapter, `x[:, i]`
+# and the gradient of the embedding lookup (with most params left out):
+
+# %% tags=["hide-input"]
+# @title JAX's jaxprs for x[:, i] and for the gradient of a lookup, shortened
+import re
+
+
+def show_jax(f, *args, keep=("mode",)):
+    """JAX's jaxpr in float64, each equation's params cut down to ``keep``."""
+    with jax.enable_x64(True):  # float64, as ours, in this cell only
+        text = jax.make_jaxpr(f)(*args).pretty_print(use_color=False)
+
+    def kept(match):
+        lines = [line.strip() for line in match.group(1).splitlines()]
+        return "[" + " ".join(ln for ln in lines if ln.split("=")[0] in keep) + "]"
+
+    print(re.sub(r"\[\n(.*?)\n\s*\]", kept, text, flags=re.S))
+
+
+show_jax(lambda x, i: x[:, i], x, np.array([0, 2]), keep=("dimension_numbers",))
+show_jax(jax.grad(jax_loss), table, tokens)
+
+# %% [markdown]
+# - **Dimension numbers.** JAX's
+#   [`lax.gather`](https://docs.jax.dev/en/latest/_autosummary/jax.lax.gather.html)
+#   takes one stacked index array, a `GatherDimensionNumbers` and
+#   `slice_sizes`, the fields of StableHLO's gather. A window axis can sit
+#   anywhere in the output (`offset_dims=(0,)` above reads `x[:, i]` with no
+#   `transpose`), and a window can be larger than one element along an indexed
+#   axis, which ours cannot (JAX's batched `dynamic_slice` is a `CLIP`-mode
+#   gather of a whole block; ours gathers every position of it).
+# - **Modes.** JAX's gather and scatters take a
+#   [`GatherScatterMode`](https://docs.jax.dev/en/latest/_autosummary/jax.lax.GatherScatterMode.html)
+#   (`CLIP`, `FILL_OR_DROP`, `PROMISE_IN_BOUNDS`, `ONE_HOT`) as a param; ours
+#   have one fixed rule each, and the front end clamps or fills around them.
+#   The lookup's gradient above shows `PROMISE_IN_BOUNDS` because it is the
+#   transpose of `t[i]`'s gather, which reads with that mode; `x.at[i].add(v)`
+#   writes with `FILL_OR_DROP`. Asked for explicitly, `"promise_in_bounds"`
+#   makes JAX's transpose of a write read the cotangent with clamping, so a
+#   dropped update gets its clamped neighbour's cotangent; ours gets 0 (below).
+#   JAX's `.at[]` also has `wrap_negative_indices`, its `take` a mode
+#   `"wrap"`, and its `lax.dynamic_slice` an `allow_negative_indices`.
+# - **Hints.** `unique_indices` and `indices_are_sorted` let XLA pick a faster
+#   scatter; JAX's `dynamic_slice` batched over both the array and its starts
+#   becomes a gather with both `True` (over the starts alone, both `False`).
+#   We have neither. JAX's `scatter-mul` has no derivative with respect to
+#   the updates unless `unique_indices=True`; ours has one.
+# - **A repeated position in `set`.** One update wins in both. JAX's `jvp` of
+#   `scatter` scatters ids so that the tangent takes the primal's winner on
+#   any backend; ours scatters the tangents the same way as the primal and
+#   relies on updates being applied in one fixed order, which NumPy and XLA on
+#   CPU do but XLA does not promise in general.
+# - **Index dtypes.** JAX converts the indices to `int32`, or to `int64` if an
+#   axis is longer than $2^{31} - 1$ (`int_dtype_for_shape` in
+#   `jax/_src/lax/utils.py`), as the `convert_element_type` above shows; we
+#   keep the user's integer dtype and convert to 64 bits when lowering.
+# - **More primitives.** JAX reverses an axis with `rev` (we gather), drops
+#   and adds axes with `squeeze` and `broadcast_in_dim` (we reshape), has
+#   `argmax` and `argmin` primitives (we compare and reduce) and a `split`
+#   primitive, one equation with every piece's size (we slice), and its `pad`
+#   takes the padding value as an operand (ours pads with zeros).
+#
+# The gradient of writes out of range with each mode, ours next to JAX's
+# (positions 9 and −9 are dropped):
+
+# %%
+weights = np.arange(1.0, 5.0)
+
+
+def write_loss(x, v, mode):  # a function of the updates v written at `far`
+    return (x.at[far].add(v, mode=mode) * weights).sum()
+
+
+for mode in [None, "promise_in_bounds"]:
+    loss = lambda x, v, mode=mode: write_loss(x, v, mode)  # noqa: E731
+    ours = grad(jit(loss), argnums=1)(xs, np.ones(4))
+    with jax.enable_x64(True):
+        theirs = jax.grad(loss, argnums=1)(jnp.asarray(xs), jnp.ones(4))
+    print(f"{mode!s:17}", ours, theirs)

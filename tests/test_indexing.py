@@ -687,6 +687,48 @@ def test_at_modes_match_jax(mode):
     assert_close(ours, theirs, str(mode))
 
 
+def test_gradient_of_dropped_updates_per_mode():
+    """The updates' gradient of a write with positions out of range: zero for
+    the dropped updates in every mode but "clip", as JAX's for None, "fill"
+    and "drop". With "promise_in_bounds" JAX gives a dropped update its
+    clamped neighbour's cotangent and ours still gives 0 (the chapter's
+    reference notes say so)."""
+    xs, far, w = np.arange(4.0), np.array([9, -1, -9, 2]), np.arange(1.0, 5.0)
+    dropped = np.array([True, False, True, False])
+
+    def loss(mode):
+        return lambda x, v: (x.at[far].add(v, mode=mode) * w).sum()
+
+    for mode in [None, "promise_in_bounds", "fill", "drop", "clip"]:
+        ours = ad.grad(ad.jit(loss(mode)), argnums=1)(xs, np.ones(4))
+        with jax.enable_x64(True):
+            theirs = jax.grad(loss(mode), argnums=1)(jnp.asarray(xs), jnp.ones(4))
+        if mode == "promise_in_bounds":
+            assert_close(host(ours)[~dropped], np.asarray(theirs)[~dropped], mode)
+            assert np.all(host(ours)[dropped] == 0.0)
+            assert np.all(np.asarray(theirs)[dropped] != 0.0)
+        else:
+            assert_close(ours, theirs, str(mode))
+
+
+def test_batched_dynamic_slice_clamps_the_block_not_each_position():
+    """Start 5, size 3, on an axis of 6, with the starts batched: the block
+    3, 4, 5, as JAX's, not a gather of 5, 6, 7 clamped to 5, 5, 5."""
+    x = np.arange(6.0) * 10.0
+    starts = np.array([5, -1, 2, -10])
+
+    def f(x, s):
+        return ad.lax.dynamic_slice(x, (s,), (3,))
+
+    ours = ad.vmap(f, (None, 0))(x, starts)
+    with jax.enable_x64(True):
+        theirs = jax.vmap(lambda x, s: jax.lax.dynamic_slice(x, (s,), (3,)), (None, 0))(
+            jnp.asarray(x), starts
+        )
+    assert_close(ours, theirs)
+    np.testing.assert_array_equal(host(ours)[0], [30.0, 40.0, 50.0])
+
+
 def test_rule_table_has_every_rule_for_the_indexing_primitives():
     for name in [
         "slice",

@@ -2386,8 +2386,8 @@ def test_indexing_scatter_mul_min_max_derivatives():
 
 
 def test_indexing_index_dtype_split_booleans_and_index_errors():
-    # indexing: JAX converts indices to "int32 unless an axis is longer than
-    # 2**31 - 1 (int_dtype_for_shape in jax/_src/lax/utils.py, called from
+    # indexing: JAX converts indices to "int32, or to int64 if an axis is
+    # longer than 2**31 - 1 (int_dtype_for_shape in jax/_src/lax/utils.py, called from
     # jax/_src/numpy/indexing.py)"; JAX has a `split` primitive ("one equation
     # with every piece's size"); x[True] / x[False] add an axis of size 1 / 0;
     # "Too many indices" is an IndexError with JAX's wording.
@@ -2423,6 +2423,35 @@ def _xla_costs(f, *args):
     """XLA's cost analysis of JAX's program: after and before optimization."""
     lowered = jax.jit(f).lower(*args)
     return lowered.compile().cost_analysis(), lowered.cost_analysis()
+
+
+def test_indexing_at_writes_fill_or_drop_and_promise_in_bounds_gradient():
+    # indexing, "Modes" and reference notes: "JAX reads with its mode
+    # PROMISE_IN_BOUNDS and writes with FILL_OR_DROP"; "Asked for explicitly,
+    # "promise_in_bounds" makes JAX's transpose of a write read the cotangent
+    # with clamping, so a dropped update gets its clamped neighbour's
+    # cotangent"; the lookup's gradient shows PROMISE_IN_BOUNDS because it is
+    # the transpose of t[i]'s gather; JAX's batched dynamic_slice is a CLIP
+    # gather of a whole block.
+    xs, far, w = jnp.arange(4.0), jnp.array([9, -1, -9, 2]), jnp.arange(1.0, 5.0)
+    assert "FILL_OR_DROP" in _jaxpr_text(lambda x: x.at[far].add(1.0), xs)
+    assert "PROMISE_IN_BOUNDS" in _jaxpr_text(lambda x: x[far], xs)
+    text = _jaxpr_text(jax.grad(lambda t: jnp.sum(t[far] ** 2)), xs)
+    assert "scatter-add" in text and "PROMISE_IN_BOUNDS" in text
+
+    def grad_of_updates(mode):
+        f = lambda v: jnp.sum(xs.at[far].add(v, mode=mode) * w)  # noqa: E731
+        return np.asarray(jax.grad(f)(jnp.ones(4)))
+
+    for mode in [None, "fill", "drop"]:
+        np.testing.assert_array_equal(grad_of_updates(mode), [0, 4, 0, 3])
+    np.testing.assert_array_equal(grad_of_updates("promise_in_bounds"), [4, 4, 1, 3])
+    batched = _jaxpr_text(
+        jax.vmap(lambda x, s: jax.lax.dynamic_slice(x, (s,), (3,))),
+        jnp.ones((2, 6)),
+        jnp.array([5, 0]),
+    )
+    assert "mode=GatherScatterMode.CLIP" in batched and "slice_sizes=(1, 3)" in batched
 
 
 def test_analysis_compiled_cost_analysis_keys():
@@ -2966,6 +2995,8 @@ def test_part11_tanh_saves_y_and_one_minus_y():
         "mul",
         "add_any",
     ]
+
+
 # ------------------------------------------------------ part10_stackless
 
 
