@@ -955,7 +955,8 @@ NOT_LINEAR.update({"scatter-min", "scatter-max"})  # no transpose rule
 # %% [markdown]
 # ### Batching a gather never loops
 #
-# `vmap` of a gather has three cases, and none of them loops.
+# `vmap` of a gather has three cases, each of them one gather with one more
+# axis somewhere:
 #
 # - **Only `x` is batched**: every example reads the same positions, from its
 #   own array. The batch axis is just one more axis taken whole: put it first
@@ -2094,7 +2095,7 @@ with jax.enable_x64(True):
 # %% [markdown]
 # ## Reference notes
 #
-# The rest of the page is for reference: the errors, three details of the
+# The rest of the page is for reference: the errors, two details of the
 # rules above, and how JAX's indexing differs from ours.
 #
 # ### Mistakes indexing catches
@@ -2116,8 +2117,7 @@ show_error(jit(lambda x: x.at[0].set(np.ones((2, 4)))), x)  # an update too big
 # %% [markdown]
 # ### Negative starts are wrapped inside the primitive
 #
-# The transpose of a
-# `dynamic_slice` calls `dynamic_update_slice` with the very starts the read
+# The transpose of a `dynamic_slice` calls `dynamic_update_slice` with the very starts the read
 # got, and must find the same block. So the wrapping of a negative start is
 # part of the primitive (its evaluation and its lowering), not of the function
 # that binds it: had `dynamic_slice` wrapped before binding, the transpose,
@@ -2126,13 +2126,12 @@ show_error(jit(lambda x: x.at[0].set(np.ones((2, 4)))), x)  # an update too big
 # (JAX's `lax.dynamic_slice` wraps before binding, and its transpose binds the
 # primitive directly instead of calling the function.)
 #
-#
 # ### The derivatives of `scatter-mul`, `scatter-min` and `scatter-max`
 #
 # Where updates $u_1, \dots, u_m$ multiply into `x[p]`, the output is
 # $x \, u_1 \cdots u_m$: linear in `x` (its transpose multiplies the
 # cotangent by the same updates, a `scatter-mul`), and the tangent of $u_k$
-# counts $x$ times the product of the *other* updates. That product is found
+# contributes $x$ times the product of the *other* updates. That product is found
 # without dividing by an update that may be 0: per position, a `scatter-mul`
 # multiplies the nonzero updates and a `scatter-add` counts the zero ones.
 # With no zero, the product of the others is the position's product divided
