@@ -48,7 +48,8 @@
 # `gather`, `scatter-add` and the other scatters; the NumPy interface on top:
 # `x[i]`, `x[1:3]`, `x[..., None]`, integer-array and boolean-mask indices,
 # `x.at[i].set(v)`; what happens to an index out of range; and `take`,
-# `take_along_axis`, `split`.
+# `take_along_axis`, `split`. Reference notes at the end collect the errors,
+# two details of the rules, and where JAX differs.
 
 # %% tags=["hide-input"]
 # @title Setup: the pinned JAX, the module `autodidax`, the earlier chapters
@@ -1076,6 +1077,16 @@ def _dynamic_update_slice_vmap(axis, vals, dims):
 
 
 # %% [markdown]
+# Three windows of 3 at batched starts: 5 and −1 (which wraps to 5) both
+# clamp to 3, as in JAX.
+
+# %%
+row, starts = np.arange(6.0) * 10, np.array([5, -1, 2])
+print(vmap(lambda s: dynamic_slice(row, (s,), (3,)))(starts))
+with jax.enable_x64(True):
+    print(jax.vmap(lambda s: jax.lax.dynamic_slice(row, (s,), (3,)))(starts))
+
+# %% [markdown]
 # A batch of embedding tables read at a batch of token arrays is one gather
 # with a batch dimension; the same tokens in every table, one gather whose
 # window holds the batch axis:
@@ -1769,7 +1780,7 @@ zero_dropped_updates(scatter_add_p)
 #
 # - `None`, the default: the primitives' own rules, reads clamp and writes
 #   drop (JAX reads with its mode `PROMISE_IN_BOUNDS` and writes with
-#   `FILL_OR_DROP`, which give the same values and gradients);
+#   `FILL_OR_DROP`, which give our values and gradients);
 # - `"promise_in_bounds"`: for us the same as `None`. JAX's differs in one
 #   gradient, that of a dropped update (reference notes at the end);
 # - `"clip"`: the positions are clamped before the gather or the scatter, so
