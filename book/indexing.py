@@ -2233,4 +2233,4 @@ for mode in [None, "promise_in_bounds"]:
     ours = grad(jit(loss), argnums=1)(xs, np.ones(4))
     with jax.enable_x64(True):
         theirs = jax.grad(loss, argnums=1)(jnp.asarray(xs), jnp.ones(4))
-    print(f"{mode!s:17}", ours, theirs)
+    print(f"{mode!s:17} {np.asarray(ours)} {np.asarray(theirs)}")
