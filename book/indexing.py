@@ -551,7 +551,9 @@ print(make_jaxpr(grad(window_sum), f64(6), i64())[0])
 # Its mirror image writes: `scatter_add(x, updates, i0, i1, ...)` adds each
 # window of `updates` into `x` at the indexed position, *accumulating* where
 # positions repeat. `scatter` is the same with overwriting instead of adding
-# (`x.at[i].set(v)`); where a position repeats, one of the updates wins.
+# (`x.at[i].set(v)`); where a position repeats, one of the updates wins (XLA
+# does not promise which; the reference notes say what that means for the
+# derivatives).
 
 # %% tags=["export"]
 gather_p = Primitive("gather")
@@ -1221,14 +1223,15 @@ with jax.enable_x64(True):
 # - anything else (integer arrays, boolean masks, negative steps): the
 #   slices first, as one `slice`, then one `gather` whose index arrays give,
 #   for every element of the result, its position along each indexed axis of
-#   `x`. Positions that the index does not hold as an array (a negative step,
-#   `x[::-1]`, or a slice next to an integer array in a write) are computed
-#   while tracing and enter the program as constants of the result's size:
-#   the simple way, not the cheap one (JAX builds them in the program). The axes that are taken whole (`:`, or a slice already done) are not
+#   `x`. The axes that are taken whole (`:`, or a slice already done) are not
 #   indexed: they are moved last (a `transpose`) and read as the gather's
 #   window, so `x[:, i]` reads columns without an array of row numbers. A boolean mask becomes integer arrays with `np.nonzero`,
 #   which only works when the mask is known while tracing: the shape of the
 #   result depends on it.
+#   Positions that the index does not hold as an array (a negative step,
+#   `x[::-1]`, or a slice next to an integer array in a write) are computed
+#   while tracing and enter the program as constants of the result's size:
+#   the simple way, not the cheap one (JAX builds them in the program).
 #
 # Negative indices count from the end, as in NumPy. The parsing is folded: it
 # expands `...`, checks each entry, and builds the plan.
