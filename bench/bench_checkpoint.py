@@ -37,6 +37,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
@@ -57,13 +58,20 @@ TARGET_RATIO = 1.5
 SCHEMES = ("plain", "checkpointed body", "sqrt(n) nested")
 
 
-def library(name: str) -> dict:
-    """What the programs need from one library."""
-    if name == "autodidax":
-        anp = ad.numpy_namespace
+def has_checkpoint(module: ModuleType) -> bool:
+    """Whether ``module`` (maybe an older autodidax) has Part 11's checkpoint."""
+    return hasattr(module, "checkpoint") and hasattr(module, "saved_residuals")
+
+
+def library(name: str, module: ModuleType | None = None) -> dict:
+    """What the programs need from one library: JAX when ``name`` is "jax",
+    else ``module`` (by default the autodidax next to this script)."""
+    if name != "jax":
+        m = ad if module is None else module
+        anp = m.numpy_namespace
         return dict(
-            scan=ad.scan, checkpoint=ad.checkpoint, sin=anp.sin, sum=anp.sum,
-            jit=ad.jit, grad=ad.grad, saved_residuals=ad.saved_residuals,
+            scan=m.scan, checkpoint=m.checkpoint, sin=anp.sin, sum=anp.sum,
+            jit=m.jit, grad=m.grad, saved_residuals=m.saved_residuals,
             block=lambda out: [x._buffer.block_until_ready() for x in out],
         )  # fmt: skip
     import jax
@@ -111,9 +119,17 @@ def residual_bytes(residuals: Sequence[tuple]) -> int:
     )
 
 
-def measure(names: list[str], steps: int, repeats: int) -> list[dict]:
+def measure(
+    names: list[str],
+    steps: int,
+    repeats: int,
+    modules: dict[str, ModuleType] | None = None,
+) -> list[dict]:
+    """Residual bytes and jit(grad) times of the three schemes; ``modules``
+    maps a library's name to the autodidax module to measure under it."""
     w0, h0 = np.linspace(0.5, 1.5, WIDTH), np.linspace(-1.0, 1.0, WIDTH)
-    libs = {name: library(name) for name in names}
+    modules = modules or {}
+    libs = {name: library(name, modules.get(name)) for name in names}
     rows = []
     for scheme in SCHEMES:
         runners, nbytes, grads = {}, {}, {}

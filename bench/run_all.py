@@ -23,7 +23,13 @@ Runs, for autodidax and for JAX on the same programs (float64 throughout):
 - ``pmap``, from ``bench_pmap.py``: ``pmap`` of a small function with a
   ``psum`` over 8 host CPU devices, next to ``jax.pmap`` (importing
   ``bench_pmap`` asks XLA for the 8 devices, before anything starts JAX's
-  backend; the other benchmarks run on device 0 as before).
+  backend; the other benchmarks run on device 0 as before);
+- ``random``, from ``bench_random.py``: jitted ``random.uniform`` and
+  ``random.normal`` of 10^6 float32 numbers, next to ``jax.random`` (with a
+  check that the bits are equal);
+- ``checkpoint``, from ``bench_checkpoint.py``: ``jit(grad)`` of a 1,024-step
+  ``scan`` written three ways (plain, checkpointed body, sqrt(n) nested), with
+  the residual bytes of each, next to ``jax.checkpoint``.
 
 It prints one table of the headline numbers (autodidax's time, JAX's time, and
 their ratio, the number the targets of SPEC section 6 are about) and writes a
@@ -69,6 +75,7 @@ BENCH_DIR = str(Path(__file__).resolve().parent)
 if BENCH_DIR not in sys.path:  # find the scripts also when loaded by path (tests)
     sys.path.insert(0, BENCH_DIR)
 
+import bench_checkpoint  # noqa: E402
 import bench_dispatch  # noqa: E402
 import bench_grad  # noqa: E402
 import bench_indexing  # noqa: E402
@@ -77,6 +84,7 @@ import bench_loops  # noqa: E402
 import bench_make_jaxpr  # noqa: E402
 import bench_overhead  # noqa: E402
 import bench_pmap  # noqa: E402  (sets XLA_FLAGS: 8 host devices; JAX starts later)
+import bench_random  # noqa: E402
 import benchlib  # noqa: E402
 
 import autodidax  # noqa: E402
@@ -209,6 +217,34 @@ def run_indexing(variants: dict[str, ModuleType], quick: bool) -> dict | None:
     return {
         "config": {**config, "repeats": repeats},
         **bench_indexing.run(libs, config, repeats),
+    }
+
+
+def run_random(variants: dict[str, ModuleType], quick: bool) -> dict | None:
+    """bench_random's jitted uniform and normal (None if a variant predates
+    the random-numbers chapter)."""
+    if not all(bench_random.has_random(m) for m in variants.values()):
+        return None
+    size = bench_random.QUICK_SIZE if quick else bench_random.SIZE
+    repeats = bench_random.QUICK_REPEATS if quick else bench_random.REPEATS
+    libs = [bench_random.autodidax_library(m, name) for name, m in variants.items()]
+    libs.append(bench_random.jax_library())
+    return {
+        "config": {"size": size, "repeats": repeats},
+        **bench_random.run(libs, size, repeats),
+    }
+
+
+def run_checkpoint(variants: dict[str, ModuleType], quick: bool) -> dict | None:
+    """bench_checkpoint's three schemes (None if a variant predates Part 11)."""
+    if not all(bench_checkpoint.has_checkpoint(m) for m in variants.values()):
+        return None
+    steps = bench_checkpoint.QUICK_STEPS if quick else bench_checkpoint.STEPS
+    repeats = bench_checkpoint.QUICK_REPEATS if quick else bench_checkpoint.REPEATS
+    rows = bench_checkpoint.measure([*variants, "jax"], steps, repeats, variants)
+    return {
+        "config": {"steps": steps, "width": bench_checkpoint.WIDTH, "repeats": repeats},
+        "rows": rows,
     }
 
 
@@ -494,6 +530,46 @@ def headline(results: dict, names: list[str]) -> tuple[list[dict], list[dict]]:
                 target,
             )
         )
+    if results.get("random"):
+        target = bench_random.TARGET_RATIO  # SPEC section 6: uniform only
+        for key in ("uniform", "normal"):
+            row = results["random"][key]
+            values = per_call(row, "median_ms")
+            rows.append(
+                _row(
+                    f"random_{key}",
+                    "random",
+                    key,
+                    row["program"] + "; each call waits",
+                    "ms/call",
+                    values,
+                    f"≤ {target}×" if key == "uniform" else None,
+                    values["autodidax"] / values["jax"] <= target
+                    if key == "uniform"
+                    else None,
+                    target if key == "uniform" else None,
+                )
+            )
+    if results.get("checkpoint"):
+        target = bench_checkpoint.TARGET_RATIO
+        steps = results["checkpoint"]["config"]["steps"]
+        ids = ("checkpoint_plain", "checkpoint_body", "checkpoint_sqrt_n")
+        for row_id, row in zip(ids, results["checkpoint"]["rows"]):
+            values = {name: row["ms"][name] for name in names}
+            rows.append(
+                _row(
+                    row_id,
+                    "checkpoint",
+                    row["scheme"],
+                    f"jit(grad) of a {steps}-step scan, {row['scheme']}; "
+                    "each call waits",
+                    "ms/call",
+                    values,
+                    f"≤ {target}×",
+                    values["autodidax"] / values["jax"] <= target,
+                    target,
+                )
+            )
     return rows, growth
 
 
@@ -603,6 +679,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             ("loops", run_loops),
             ("indexing", run_indexing),
             ("pmap", run_pmap),
+            ("random", run_random),
+            ("checkpoint", run_checkpoint),
         ):
             print(f"running {key} ...", flush=True)
             with frozen_heap():

@@ -510,6 +510,20 @@ benchmark_summary_table(
             "a gather forward and a scatter-add backward in both (the indexing"
             " chapter); only the zero-filled gradient table grows with V",
         ),
+        (
+            "random uniform, normal",
+            ["random_uniform", "random_normal"],
+            [],
+            "the same bits in both; on a CPU JAX compiles the Threefry hash as a"
+            " loop over its rounds, ours is straight-line code",
+        ),
+        (
+            "checkpoint: plain, body, √n",
+            ["checkpoint_plain", "checkpoint_body", "checkpoint_sqrt_n"],
+            [],
+            "jit(grad) of a 1,024-step scan; XLA loops in both, saving the same"
+            " residuals byte for byte (Part 11)",
+        ),
     ],
 )
 

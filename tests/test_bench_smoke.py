@@ -632,7 +632,9 @@ HEADLINE_IDS |= {
     "jit_dispatch_numpy_array",
 }
 BENCHMARKS = {"jit", "dispatch", "make_jaxpr", "grad", "overhead", "loops", "pmap"}
-BENCHMARKS |= {"indexing"}
+BENCHMARKS |= {"indexing", "random", "checkpoint"}
+HEADLINE_IDS |= {"random_uniform", "random_normal"}
+HEADLINE_IDS |= {"checkpoint_plain", "checkpoint_body", "checkpoint_sqrt_n"}
 
 
 def check_all_report(report: dict, libraries: list[str], quick: bool) -> None:
@@ -683,6 +685,20 @@ def check_all_report(report: dict, libraries: list[str], quick: bool) -> None:
     assert results["indexing"]["embedding"]["vocabulary"] == (
         1_000 if quick else 50_000
     )
+    assert by_id["random_uniform"]["target_ratio"] == 1.2  # SPEC section 6
+    assert by_id["random_normal"]["target"] is None  # SPEC: a target for uniform
+    for key in ("uniform", "normal"):
+        row = results["random"][key]
+        assert by_id[f"random_{key}"]["values"]["jax"] == row["jax"]["median_ms"]
+        assert row["bits_equal_to_jax"]["autodidax"] is True
+    checkpoint = results["checkpoint"]
+    assert checkpoint["config"]["steps"] == (16 if quick else 1024)
+    for row_id, row in zip(
+        ("checkpoint_plain", "checkpoint_body", "checkpoint_sqrt_n"), checkpoint["rows"]
+    ):
+        assert by_id[row_id]["target_ratio"] == 1.5
+        assert by_id[row_id]["values"]["jax"] == row["ms"]["jax"]
+        assert row["same_bytes"] is True  # the residuals JAX saves, byte for byte
     assert by_id["pmap_dispatch"]["target_ratio"] == 2.0
     pmap = results["pmap"]["pmap"]
     assert pmap["devices"] == 8
