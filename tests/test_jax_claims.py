@@ -2982,6 +2982,8 @@ def test_part11_tanh_saves_y_and_one_minus_y():
         "mul",
         "add_any",
     ]
+
+
 # ------------------------------------------------------ part10_stackless
 
 
