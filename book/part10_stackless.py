@@ -1012,7 +1012,9 @@ print(make_jaxpr(wave, scalar)[0])
 # %% [markdown]
 # `tracing!` appears once per signature: the two vector calls share one
 # trace; `jvp` traces the scalar signature, and `vmap` (whose tracer stands for
-# one scalar example) and `make_jaxpr` reuse it.
+# one scalar example) and `make_jaxpr` reuse it. The results are Part 3's
+# `Array`s, the buffers XLA computed; inside a tuple Python prints their
+# `repr`, `Array(...)`.
 #
 # (part10-grad)=
 # ## `grad`: linearize, then Part 4's transposition
@@ -1201,20 +1203,17 @@ print([float(grad(soft_abs)(x)) for x in (-2.0, 0.5, 3.0)])
 # ## The same programs on both cores
 #
 # Each core has its own `sin`, `jvp`, `vmap` and `make_jaxpr`, so a program
-# that should run on both takes the core as an argument, `m`. The main module
-# is one object already, `ad`; `stackless` gathers this chapter's names into
-# one:
+# that should run on both takes the core as an argument, `m`: the main module
+# `ad`, or `autodidax.stackless`, the module this chapter's code is tangled into.
 
 # %%
-import types
-
-stackless = types.SimpleNamespace(**globals())  # this chapter's sin, jvp, ...
+from autodidax import stackless  # this chapter's library cells, as a module
 
 
 def programs(m):  # Part 1's and Part 2's examples, written against a core m
     d = lambda fun: lambda x: m.jvp(fun, (x,), (1.0,))[1]
     print(m.jvp(lambda x: -2.0 * m.sin(x) + x, (3.0,), (1.0,)), d(d(m.sin))(3.0))
-    print(m.jvp(m.vmap(m.sin), (xs,), (np.ones(3),)))
+    print(m.jvp(m.vmap(m.sin), (np.arange(3.0),), (np.ones(3),)))
     print(m.make_jaxpr(lambda: m.mul(2.0, 2.0))[0])
 
 
