@@ -354,21 +354,25 @@ def _iota_lower(ctx, avals_in, avals_out, *, dtype, shape, dimension):
 per_element_cost(iota_p, flops=0)  # it writes its output, as XLA counts
 
 # %% [markdown]
-# A quick check against `jax.lax` on `uint32` numbers near the top of the
-# range (so that the additions wrap), with shifts of up to 40 places:
+# A check against `jax.lax`, eagerly and under `jit`, of all seven operations
+# on `uint32` numbers near the top of the range (so that the additions wrap)
+# and on `int32` numbers, some negative, with shift amounts past the bit width
+# and negative. The last line shows the detail: the `int32` numbers shifted
+# right by one place, logically by ours, arithmetically by NumPy's `>>`.
 
 # %%
 rng = np.random.default_rng(0)
-x = rng.integers(2**32 - 100, 2**32, 5, dtype=np.uint32)
-s = rng.integers(0, 40, 5, dtype=np.uint32)
-for ours, theirs in [
-    (add, jax.lax.add),
-    (bitwise_xor, jax.lax.bitwise_xor),
-    (shift_left, jax.lax.shift_left),
-    (shift_right_logical, jax.lax.shift_right_logical),
-]:
-    print(f"{ours.__name__:20}", same_bits(ours(x, s), theirs(x, s)),
-          same_bits(jit(ours)(x, s), theirs(x, s)))  # fmt: skip
+big = rng.integers(2**32 - 100, 2**32, 5, dtype=np.uint32)  # additions wrap
+signed = np.array([-8, -1, 7, -(2**30), 100], np.int32)
+shifts = np.array([1, 31, 32, -1, 3])  # 32 and -1 are out of range: 0
+for ours in [add, bitwise_xor, bitwise_or, bitwise_and, shift_left,
+             shift_right_logical, rem]:  # fmt: skip
+    theirs = getattr(jax.lax, ours.__name__)  # the same names
+    print(f"{ours.__name__:20}", *[
+        same_bits(f(x, shifts.astype(x.dtype)), theirs(x, shifts.astype(x.dtype)))
+        for x in (big, signed) for f in (ours, jit(ours))])  # fmt: skip
+one = np.ones(5, np.int32)
+print(shift_right_logical(signed, one), signed >> one)
 
 
 # %% [markdown]
