@@ -918,11 +918,9 @@ def jaxpr_as_fun(jaxpr: ad.Jaxpr):
 # Its abstract evaluation and lowering rules are reused too; it needs only a JVP
 # rule and a batching rule of this core (folded), which transform the jaxpr
 # with this core's `jvp` and `vmap` and call the result, each cached per jaxpr
-# so that a derivative compiles once. One kind of trace is not cached: a jaxpr
-# whose constants include a tracer (the function closed over a value of a
-# transformation still running, such as `x` in `jvp(lambda x: jit(lambda y: x *
-# y)(2.0), ...)`). That tracer dies with its transformation, so the jaxpr is
-# used once and the next call traces again.
+# so that a derivative compiles once. A jaxpr whose constants include a tracer
+# (the function read a value of a transformation still running) is used once
+# and not cached, since that tracer dies with its transformation.
 
 
 # %% tags=["export-stackless"]
