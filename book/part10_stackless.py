@@ -1070,8 +1070,9 @@ def linearize_flat(f, primals):
 # it would mean rewriting those rules with this core's wrappers, as this chapter
 # did for the JVP rules). That is safe because it traces on types alone: its
 # inputs are `ShapedArray`s and the linear jaxpr holds no tracer of this core,
-# so the stack starts and ends inside that one call. The linear jaxpr takes the residuals first, then the
-# tangents; the mask `undefined` tells transposition which inputs are the
+# so the stack starts and ends inside that one call.
+#
+# The linear jaxpr takes the residuals first, then the tangents; the mask `undefined` tells transposition which inputs are the
 # linear ones whose cotangents we want. The transposed jaxpr takes its own
 # constants, the residuals and the output cotangents, and is evaluated with
 # this core's `eval_jaxpr`, so whatever transformation is current sees its

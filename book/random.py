@@ -967,7 +967,7 @@ for name, draw in samplers.items():
 # original order only if it tied in *every* round. What must differ in some
 # round is each pair, not all elements in one round. A given pair ties in all
 # of $r$ rounds with probability $2^{-32r}$, and there are fewer than $n^2/2$
-# pairs, so asking for $2^{32r} \ge n^3$, that is
+# pairs, so asking for $(2^{32} - 1)^r \ge n^3$, that is
 # $r = \lceil 3 \log n / \log(2^{32} - 1) \rceil$ rounds (the code's formula),
 # keeps the chance of any such tie below $1/n$: one round for up to about 1600
 # elements, two up to millions.
