@@ -40,16 +40,15 @@
 # a namespace of its own, `autodidax.stackless`, and then runs the same programs
 # on both cores.
 #
-# The idea fits in four sentences, and the first code cells below are
-# those sentences:
+# The idea fits in four sentences, and the first code cells of
+# {ref}`The new core <part10-core>` are those sentences:
 #
 # 1. A context holds the current trace; at the bottom is the evaluation trace.
 # 2. `bind` hands the primitive to the current trace, with the evaluation trace
 #    made current while that trace processes it. Nothing else.
 # 3. So each trace must say where its rules' operations go: it remembers its
-#    parent and runs its rules with the parent current, so they go one step
-#    outwards (left at the bottom, they would reach the evaluation trace, which
-#    refuses tracers).
+#    parent (the trace that was current when it started) and runs its rules
+#    with the parent current, so they go one step outwards.
 # 4. A trace recognizes its own tracers by their *tag* (the trace they belong
 #    to); any other value, including another trace's tracer, is a constant to it.
 
@@ -137,31 +136,14 @@ print(confusion_test(lambda f: lambda x: ad.jvp(f, (x,), (1.0,))[1]))  # Part 1
 # keeps them apart with less: a tracer points at the trace that made it, and a
 # trace unpacks only its own.
 #
+# (part10-core)=
 # ## The new core
 #
-# The cells of this chapter marked as library code go into the namespace
-# `autodidax.stackless` (they are tagged `export-stackless` instead of
-# `export`; the tangler makes them the body of a function whose names become
-# that module), so the new `bind`, `Trace` and `jvp` replace nothing in
-# `autodidax`. They reach the main module only through `ad`:
-#
-# - **reused as they are:** the `Primitive` objects with their `impl`,
-#   abstract evaluation, lowering and transpose rules; `ShapedArray`; pytrees;
-#   the jaxpr types and printer, `typecheck_jaxpr`, `split_call_jaxpr` (Part
-#   4's partial evaluation of jaxprs, which rewrites one jaxpr into two without
-#   tracing); `xla_call` with its compilation;
-# - **reused, and still running on the stack:** Part 4's
-#   `transpose_jaxpr_uncached`, which `grad` needs. It builds the transposed
-#   jaxpr by tracing Part 4's `backward_pass` with the main module's
-#   `make_jaxpr`, so reverse mode here borrows the old core's tracing. That is
-#   safe because it traces on types alone: its inputs are `ShapedArray`s and
-#   the linear jaxpr it reads holds no tracer of this core, so the stack starts
-#   and ends inside that one call and never meets this core's traces;
-# - **written anew:** the dispatch, five traces, and the JVP and batching rules.
-#   Part 1's rules cannot run here: they call the main module's `bind` (every
-#   `mul` inside them is the stack's). The new rules live in this core's own
-#   tables, not on the primitives, so the {ref}`rule table <rule-table>` (read
-#   off the main module) does not list them.
+# The primitives, their `impl` and abstract evaluation rules, `ShapedArray`,
+# pytrees and the jaxpr types are the main module's, used as they are. The JVP
+# and batching rules are written again: Part 1's call the main module's `bind`
+# (every `mul` inside them is the stack's), so here they are rewritten with this
+# core's wrappers.
 #
 # A trace knows its parent and whether its transformation has finished. A
 # tracer knows its trace: that reference is its tag. The evaluation trace, at the
@@ -581,8 +563,10 @@ print(derivative(derivative(derivative(derivative(sin))))(3.0), np.sin(3.0))
 
 
 # %%
-class CarelessJVPTrace(JVPTrace):  # JVPTrace minus `with set_current_trace(...)`
+class CarelessJVPTrace(JVPTrace):  # JVPTrace without its `with` line
     def process_primitive(self, prim, args, params):
+        if not any(self.owns(x) for x in args):  # all constants to us
+            return self.parent.process_primitive(prim, args, params)
         primals, tangents = zip(*map(self.primal_tangent, args))
         primals_out, tangents_out = jvp_rules[prim](primals, tangents, **params)
         return [JVPTracer(self, p, t) for p, t in zip(primals_out, tangents_out)]
@@ -934,11 +918,9 @@ def jaxpr_as_fun(jaxpr: ad.Jaxpr):
 # Its abstract evaluation and lowering rules are reused too; it needs only a JVP
 # rule and a batching rule of this core (folded), which transform the jaxpr
 # with this core's `jvp` and `vmap` and call the result, each cached per jaxpr
-# so that a derivative compiles once. One kind of trace is not cached: a jaxpr
-# whose constants include a tracer (the function closed over a value of a
-# transformation still running, such as `x` in `jvp(lambda x: jit(lambda y: x *
-# y)(2.0), ...)`). That tracer dies with its transformation, so the jaxpr is
-# used once and the next call traces again.
+# so that a derivative compiles once. A jaxpr whose constants include a tracer
+# (the function read a value of a transformation still running) is used once
+# and not cached, since that tracer dies with its transformation.
 
 
 # %% tags=["export-stackless"]
@@ -1028,7 +1010,9 @@ print(make_jaxpr(wave, scalar)[0])
 # %% [markdown]
 # `tracing!` appears once per signature: the two vector calls share one
 # trace; `jvp` traces the scalar signature, and `vmap` (whose tracer stands for
-# one scalar example) and `make_jaxpr` reuse it.
+# one scalar example) and `make_jaxpr` reuse it. The results are Part 3's
+# `Array`s, the buffers XLA computed; inside a tuple Python prints their
+# `repr`, `Array(...)`.
 #
 # (part10-grad)=
 # ## `grad`: linearize, then Part 4's transposition
@@ -1078,10 +1062,17 @@ def linearize_flat(f, primals):
 
 
 # %% [markdown]
-# Transposition is Part 4's `transpose_jaxpr_uncached`, unchanged (it traces
-# Part 4's `backward_pass` with the main module's `make_jaxpr`, on types alone,
-# as listed at the top). The linear jaxpr takes the residuals first, then the
-# tangents; the mask `undefined` tells transposition which inputs are the
+# Transposition is Part 4's `transpose_jaxpr_uncached`, unchanged, and it is
+# the one piece that still runs on the stack, for one reason: the transpose
+# rules stored on the primitives build cotangents with the main module's `mul`,
+# `neg` and so on, whose `bind` is the stack's, so `transpose_jaxpr_uncached`
+# traces Part 4's `backward_pass` with the main module's `make_jaxpr` (porting
+# it would mean rewriting those rules with this core's wrappers, as this chapter
+# did for the JVP rules). That is safe because it traces on types alone: its
+# inputs are `ShapedArray`s and the linear jaxpr holds no tracer of this core,
+# so the stack starts and ends inside that one call.
+#
+# The linear jaxpr takes the residuals first, then the tangents; the mask `undefined` tells transposition which inputs are the
 # linear ones whose cotangents we want. The transposed jaxpr takes its own
 # constants, the residuals and the output cotangents, and is evaluated with
 # this core's `eval_jaxpr`, so whatever transformation is current sees its
@@ -1175,7 +1166,11 @@ def check_scalar_float_output(y) -> None:
 
 # %% [markdown]
 # Everything composes, because every piece either is a trace or is a jaxpr
-# evaluated with `bind`:
+# evaluated with `bind`. Under `vmap(grad(sin))` or `grad(grad(sin))`, the
+# primal values inside `grad` are tracers of the outer transformation, so the
+# residuals are too: they become constants of the linear jaxpr, and when
+# `eval_jaxpr` runs the transposed jaxpr they go back through `bind` to the
+# outer trace, which is current and handles them as any of its operations:
 
 # %%
 g = lambda x: reduce_sum(sin(x) * x)
@@ -1207,20 +1202,17 @@ print([float(grad(soft_abs)(x)) for x in (-2.0, 0.5, 3.0)])
 # ## The same programs on both cores
 #
 # Each core has its own `sin`, `jvp`, `vmap` and `make_jaxpr`, so a program
-# that should run on both takes the core as an argument, `m`. The main module
-# is one object already, `ad`; `stackless` gathers this chapter's names into
-# one:
+# that should run on both takes the core as an argument, `m`: the main module
+# `ad`, or `autodidax.stackless`, the module this chapter's code is tangled into.
 
 # %%
-import types
-
-stackless = types.SimpleNamespace(**globals())  # this chapter's sin, jvp, ...
+from autodidax import stackless  # this chapter's library cells, as a module
 
 
 def programs(m):  # Part 1's and Part 2's examples, written against a core m
     d = lambda fun: lambda x: m.jvp(fun, (x,), (1.0,))[1]
     print(m.jvp(lambda x: -2.0 * m.sin(x) + x, (3.0,), (1.0,)), d(d(m.sin))(3.0))
-    print(m.jvp(m.vmap(m.sin), (xs,), (np.ones(3),)))
+    print(m.jvp(m.vmap(m.sin), (np.arange(3.0),), (np.ones(3),)))
     print(m.make_jaxpr(lambda: m.mul(2.0, 2.0))[0])
 
 
@@ -1248,9 +1240,17 @@ for name, core in [("the stack", ad), ("stackless", stackless)]:
 # the state around it: no levels, no dynamic level, no boxing and unboxing.
 #
 # The jaxpr-level machinery (types, type checking, lowering, compilation,
-# partial evaluation of jaxprs, transposition) did not change at all: it
-# works on jaxprs, not on tracers. That is why only the tracing half of this
-# book needed a second version.
+# partial evaluation of jaxprs with `split_call_jaxpr`, transposition) did not
+# change at all: it works on jaxprs, not on tracers. That is why only the
+# tracing half of this book needed a second version.
+#
+# How the book keeps the two cores apart: this chapter's library cells are
+# tagged `export-stackless` instead of `export`, and the tangler makes them the
+# body of a function whose names become the module `autodidax.stackless`, so
+# the new `bind`, `Trace` and `jvp` replace nothing in `autodidax`. The new
+# rules live in this core's own tables (`jvp_rules`, `vmap_rules`), not on the
+# primitives, so the {ref}`rule table <rule-table>`, read off the main module,
+# does not list them.
 #
 # (part10-jax-differs)=
 # ## Where real JAX differs
@@ -1281,12 +1281,21 @@ for name, core in [("the stack", ad), ("stackless", stackless)]:
 #   [changelog](https://docs.jax.dev/en/latest/changelog.html) describes the
 #   change as making dispatch "purely a function of context rather than a
 #   function of both context and data".
-# - JAX 0.10.2 linearizes the same way, with one trace (`LinearizeTrace`) whose
-#   tangents live in a staging trace; see Part 4's
+# - JAX 0.10.2 also records tangents in a staging trace (its `tangent_trace`),
+#   but with one trace, `LinearizeTrace`, where this chapter stacks a
+#   `JVPTrace` on a `PartialTrace`. For each primitive it runs a linearization
+#   rule with its parent current (from `primitive_linearizations`, or derived
+#   from the JVP rule when the primitive has none), which computes the primal
+#   outputs and residuals, then applies the linear function it returns to the
+#   tangents with the tangent trace current. See Part 4's
 #   {ref}`Where real JAX differs <part4>`.
 # - JAX detects a leaked tracer when it reaches `bind` with an invalidated
 #   trace (`trace.is_valid()`), or when the evaluation trace meets any tracer at
-#   all, and raises `UnexpectedTracerError`.
+#   all, and raises `UnexpectedTracerError`. Not every transformation
+#   invalidates its trace, though: a tracer leaked from `jax.vmap` is refused
+#   later, but one leaked from `jax.jvp` stays valid, and `jax.make_jaxpr` of a
+#   function that closes over it records it as a constant without complaint.
+#   This core is stricter: every transformation marks its trace finished.
 #
 # ## Summary
 #
@@ -1301,8 +1310,7 @@ for name, core in [("the stack", ad), ("stackless", stackless)]:
 # - Staging records every operation because its trace is current: omnistaging
 #   needs no extra machinery.
 # - Everything that works on jaxprs — type checking, compilation, partial
-#   evaluation, transposition — is reused unchanged from Parts 2–4
-#   (transposition still traces with the stack, on types alone).
+#   evaluation, transposition — is reused unchanged from Parts 2–4.
 #
 # ## Exercises
 #

@@ -354,21 +354,25 @@ def _iota_lower(ctx, avals_in, avals_out, *, dtype, shape, dimension):
 per_element_cost(iota_p, flops=0)  # it writes its output, as XLA counts
 
 # %% [markdown]
-# A quick check against `jax.lax` on `uint32` numbers near the top of the
-# range (so that the additions wrap), with shifts of up to 40 places:
+# A check against `jax.lax`, eagerly and under `jit`, of all seven operations
+# on `uint32` numbers near the top of the range (so that the additions wrap)
+# and on `int32` numbers, some negative, with shift amounts past the bit width
+# and negative. The last line shows the detail: the `int32` numbers shifted
+# right by one place, logically by ours, arithmetically by NumPy's `>>`.
 
 # %%
 rng = np.random.default_rng(0)
-x = rng.integers(2**32 - 100, 2**32, 5, dtype=np.uint32)
-s = rng.integers(0, 40, 5, dtype=np.uint32)
-for ours, theirs in [
-    (add, jax.lax.add),
-    (bitwise_xor, jax.lax.bitwise_xor),
-    (shift_left, jax.lax.shift_left),
-    (shift_right_logical, jax.lax.shift_right_logical),
-]:
-    print(f"{ours.__name__:20}", same_bits(ours(x, s), theirs(x, s)),
-          same_bits(jit(ours)(x, s), theirs(x, s)))  # fmt: skip
+big = rng.integers(2**32 - 100, 2**32, 5, dtype=np.uint32)  # additions wrap
+signed = np.array([-8, -1, 7, -(2**30), 100], np.int32)
+shifts = np.array([1, 31, 32, -1, 3])  # 32 and -1 are out of range: 0
+for ours in [add, bitwise_xor, bitwise_or, bitwise_and, shift_left,
+             shift_right_logical, rem]:  # fmt: skip
+    theirs = getattr(jax.lax, ours.__name__)  # the same names
+    print(f"{ours.__name__:20}", *[
+        same_bits(f(x, shifts.astype(x.dtype)), theirs(x, shifts.astype(x.dtype)))
+        for x in (big, signed) for f in (ours, jit(ours))])  # fmt: skip
+one = np.ones(5, np.int32)
+print(shift_right_logical(signed, one), signed >> one)
 
 
 # %% [markdown]
@@ -666,23 +670,36 @@ def uniform_core(shape, dtype, key, minval, maxval):
 # once, where NumPy's multiplication followed by an addition rounds twice. Here
 # is the whole generator as a jaxpr, traced for four float32 numbers; it is
 # nothing but the primitives above. The generator sits inside one `xla_call`
-# (that is `compiled`); we count its equations by primitive and print its last
-# lines, where the bits become floats.
+# (that is `compiled`). We count its equations by primitive, then print the
+# lines where the bits become floats, from the last `shift_right_logical` on.
+# The many `broadcast`s are scalar constants (rotation amounts, the bits of
+# 1.0) made into arrays of the counters' shape, because our binary primitives
+# take operands of one shape; JAX's jaxprs would show them as literals.
 
 # %%
 uniform4 = lambda key: random.uniform(key, (4,), np.float32)  # noqa: E731
 jaxpr, _, _ = make_jaxpr(uniform4, ShapedArray((2,), np.uint32))
 body = jaxpr.eqns[-1].params["jaxpr"]  # the xla_call's jaxpr
 print(collections.Counter(eqn.primitive.name for eqn in body.eqns))
-print("...", *str(body).splitlines()[-9:], sep="\n")
+lines = str(body).splitlines()
+shift = max(i for i, line in enumerate(lines) if "shift_right_logical" in line)
+print("...", *lines[shift - 1 : shift + 6], "...", sep="\n")
 
 # %% [markdown]
+# Read from the top: shift the 32 random bits right by 9, keeping 23; `or` them
+# with 1065353216, the bits of 1.0f; reinterpret the word as a float32
+# (`bitcast_convert_type`), which lands in $[1, 2)$; subtract 1.0. The
+# multiplication, addition and `maximum` that scale the result follow.
+#
 # JAX's own jaxpr of `jax.random.uniform` is shorter: the raw key is wrapped into
 # a typed key, and the bits come from one primitive, `random_bits`, which is
 # lowered through JAX's primitive `threefry2x32` (on CPU, as a loop over the five
 # blocks of rounds). Keeping the hash one primitive lets JAX lower it differently
-# per platform (`jax/_src/random/threefry2x32.py` registers a GPU kernel). Ours is unrolled into its additions, rotations and
-# xors. Both give the same bits. The folded setup cell defined
+# per platform: on CPU as the rolled loop just mentioned, elsewhere unrolled.
+# (`jax/_src/random/threefry2x32.py` also registers a GPU kernel, but JAX uses
+# it only when the setting `jax_threefry_gpu_kernel_lowering` is on, and it is
+# off by default.) Ours is unrolled into its additions, rotations and xors.
+# Both give the same bits. The folded setup cell defined
 # `compare_with_jax(draw)`, which calls `draw(random, key)` and
 # `draw(jax.random, key)` and compares the bits: eagerly, under `jit`, and
 # under `vmap` over four keys.
@@ -701,18 +718,31 @@ for dtype in [np.float32, np.float64]:
 # different numbers.
 #
 # - **`normal`**: $\sqrt 2\,\mathrm{erf}^{-1}(u)$ for $u$ uniform in $(-1, 1)$
-#   is a standard normal number (the inverse of the normal CDF). This needs one
+#   is a standard normal number (the normal inverse CDF at $p$ is
+#   $\sqrt 2\,\mathrm{erf}^{-1}(2p - 1)$, and $2p - 1$ is uniform in
+#   $(-1, 1)$ when $p$ is uniform in $(0, 1)$). This needs one
 #   more primitive, `erf_inv`, which StableHLO's sister dialect CHLO provides
 #   and which is expanded into a polynomial approximation when the program is
 #   compiled. NumPy has no `erf_inv`, and bit-for-bit equality needs that very
 #   polynomial, so the evaluation rule runs the primitive through XLA.
 # - **`bernoulli(key, p)`**: `uniform(key) < p`.
-# - **`randint(key, shape, minval, maxval)`**: two words of random bits per
-#   number, reduced modulo the span `maxval - minval` (with `rem`) without
-#   overflow.
-# - **`categorical(key, logits)`**: the Gumbel-max trick. Add
-#   $-\log(-\log u)$ noise to the logits and take the `argmax`; the winner is
-#   category $i$ with probability $\mathrm{softmax}(\text{logits})_i$.
+# - **`randint(key, shape, minval, maxval)`**: two $n$-bit words of random
+#   bits per number, `higher` and `lower`, spell the number
+#   $\text{higher}\cdot 2^n + \text{lower}$, reduced modulo the span
+#   $s$ = `maxval - minval`. It is never formed: its remainder is
+#   $((\text{higher} \bmod s)\,(2^n \bmod s) + \text{lower} \bmod s) \bmod s$,
+#   and $2^n \bmod s$ is the square of $2^{n/2} \bmod s$. For spans up to
+#   $2^{n/2}$ every product stays below $2^n$; for larger ones the square wraps
+#   to 0 in $n$-bit arithmetic, leaving $\text{lower} \bmod s$ (JAX's recipe,
+#   wrap included).
+# - **`categorical(key, logits, axis=-1, shape=None)`**: the Gumbel-max trick.
+#   Add $-\log(-\log u)$ noise to the logits and take the `argmax` along
+#   `axis`; the winner is category $i$ with probability
+#   $\mathrm{softmax}(\text{logits})_i$. The logits' other axes are a batch of
+#   distributions, and `shape` is the shape of the result: it ends with that
+#   batch shape, and its leading axes are independent draws from each
+#   distribution (below, logits of shape `(2, 3)` and `shape=(4, 2)`: four draws
+#   from each of two distributions over three categories).
 
 
 # %% tags=["export"]
@@ -931,9 +961,16 @@ for name, draw in samplers.items():
 # `permutation(key, x)` shuffles `x` along an axis. JAX does it without a
 # sequential algorithm: draw a random 32-bit number for every element and sort
 # the elements by those numbers. Two elements can draw the same number, and a
-# stable sort then keeps their order; so JAX repeats the sort with fresh numbers,
-# enough rounds that all elements most likely got distinct numbers in some round
-# (one round for up to about 1600 elements, two up to millions).
+# stable sort then keeps their order; so JAX repeats the sort with fresh numbers.
+# Since each sort is stable, the final order compares two elements by the last
+# round's numbers, on a tie by the round before, and so on: a pair keeps its
+# original order only if it tied in *every* round. What must differ in some
+# round is each pair, not all elements in one round. A given pair ties in all
+# of $r$ rounds with probability $2^{-32r}$, and there are fewer than $n^2/2$
+# pairs, so asking for $(2^{32} - 1)^r \ge n^3$, that is
+# $r = \lceil 3 \log n / \log(2^{32} - 1) \rceil$ rounds (the code's formula),
+# keeps the chance of any such tie below $1/n$: one round for up to about 1600
+# elements, two up to millions.
 #
 # That needs a sort, which our module does not have yet. `sort_key_val(keys,
 # values, dimension)` is JAX's `lax` function for it, and `sort` the primitive:

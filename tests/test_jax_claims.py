@@ -2783,6 +2783,22 @@ def test_random_permutation_sort_rounds():
     assert sorts(2_000_000) == 2 and sorts(3_000_000) == 3
 
 
+def test_random_threefry_gpu_kernel_is_used_only_when_its_setting_is_on():
+    # random: "threefry2x32.py also registers a GPU kernel, but JAX uses it
+    # only when the setting jax_threefry_gpu_kernel_lowering is on, and it is
+    # off by default".
+    import inspect
+
+    from jax._src.random import threefry2x32
+
+    assert jax.config.jax_threefry_gpu_kernel_lowering is False
+    source = inspect.getsource(threefry2x32._threefry2x32_gpu_lowering_rule)
+    assert "if not config.threefry_gpu_kernel_lowering.value" in source
+    assert "return _threefry2x32_lowering_rule(" in source
+    module = inspect.getsource(threefry2x32)  # the default lowering: unrolled
+    assert "partial(_threefry2x32_lowering, use_rolled_loops=False)" in module
+
+
 def test_random_rbg_uses_xla_bit_generator_and_sort_features():
     # random: rbg is "built on XLA's own random-bit generator"; JAX's sort
     # "also sorts floats (in a total order that places NaNs), several keys at
@@ -3202,6 +3218,34 @@ def test_part10_leaked_tracer_raises_unexpected_tracer_error():
         jnp.sin(staged[0])
 
 
+def test_part10_jvp_leaks_stay_valid_vmap_leaks_do_not():
+    # part10_stackless: "a tracer leaked from jax.vmap is refused later, but
+    # one leaked from jax.jvp stays valid, and jax.make_jaxpr of a function
+    # that closes over it records it as a constant without complaint".
+    from_jvp, from_vmap = [], []
+    jax.jvp(lambda x: from_jvp.append(x) or jnp.sin(x), (1.0,), (1.0,))
+    jax.vmap(lambda x: from_vmap.append(x) or x)(jnp.ones(3))
+    assert from_jvp[0]._trace.is_valid()
+    assert not from_vmap[0]._trace.is_valid()
+    jaxpr = jax.make_jaxpr(lambda y: y * from_jvp[0])(2.0)
+    assert [eqn.primitive.name for eqn in jaxpr.eqns] == ["mul"]
+    assert len(jaxpr.jaxpr.constvars) == 1
+    with pytest.raises(jax.errors.UnexpectedTracerError):
+        jax.make_jaxpr(lambda y: y * from_vmap[0])(2.0)
+
+
+def test_part10_linearize_trace_uses_linearization_rules_or_jvp():
+    # part10_stackless: LinearizeTrace "runs a linearization rule with its
+    # parent current (from primitive_linearizations, or derived from the JVP
+    # rule when the primitive has none) ... then applies the linear function
+    # it returns to the tangents with the tangent trace current".
+    source = inspect.getsource(jax_ad.LinearizeTrace.process_primitive)
+    assert "primitive_linearizations.get(primitive, fallback)" in source
+    assert "set_current_trace(self.parent_trace)" in source
+    assert "set_current_trace(self.tangent_trace)" in source
+    assert "primitive_jvps" in inspect.getsource(jax_ad.fallback_linearize_rule)
+
+
 def test_part10_perturbation_confusion_program():
     # part10_stackless: d/dx [x * d/dy (x + y) at y=1] at x=1 is 1 in JAX.
     def derivative(fn):
@@ -3211,8 +3255,8 @@ def test_part10_perturbation_confusion_program():
 
 
 def test_part10_linearize_trace_stages_tangents():
-    # part10_stackless: "JAX 0.10.2 linearizes the same way, with one trace
-    # (`LinearizeTrace`) whose tangents live in a staging trace".
+    # part10_stackless: "JAX 0.10.2 also records tangents in a staging trace
+    # (its tangent_trace), but with one trace, LinearizeTrace".
     source = inspect.getsource(jax_ad.linearize_subtrace_2)
     assert "tangent_trace = pe.DynamicJaxprTrace" in source
     assert "LinearizeTrace(parent_trace, tangent_trace" in source
