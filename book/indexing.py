@@ -37,7 +37,8 @@
 # - **a read's transpose is a write.** The transpose of taking a slice is
 #   padding the cotangent with zeros; the transpose of `gather` (fetching rows
 #   at traced positions) is `scatter-add` (adding rows at those positions). So
-#   the gradient of an embedding lookup touches only the rows it read.
+#   the gradient of an embedding lookup adds into only the rows it read (of a
+#   table of zeros).
 # - **batching a gather never loops over examples.** A batched array becomes
 #   one more axis of the window read at each position, batched indices one
 #   more axis of the index arrays, and both at once one more paired *batch
@@ -1211,8 +1212,11 @@ with jax.enable_x64(True):
 #
 # NumPy's indexing is a small language: ints, slices, `None` (a new axis of
 # size 1), `...` (as many `:` as needed), integer arrays and boolean masks, in
-# any mix, with rules for where the axes of the index arrays go. Ours turns an
-# index into as few of our primitives as it can:
+# any mix, with a rule for where the axes of the index arrays go: the index
+# arrays (an int among them counts as one of shape `()`) broadcast to one
+# shape; if they stand next to each other, the axes of that shape take their
+# place in the result, and if a slice separates them, those axes come first.
+# Ours turns an index into as few of our primitives as it can:
 #
 # - only ints, slices with a positive step, `None` and `...`: one `slice` (none
 #   if it would take everything) and a `reshape` (an int `i` is the slice
@@ -1231,7 +1235,10 @@ with jax.enable_x64(True):
 #   Positions that the index does not hold as an array (a negative step,
 #   `x[::-1]`, or a slice next to an integer array in a write) are computed
 #   while tracing and enter the program as constants of the result's size:
-#   the simple way, not the cheap one (JAX builds them in the program).
+#   the simple way, not the cheap one (JAX computes strided or reversed
+#   positions in the program with `iota`, reads `x[::-1]` with `rev`, and
+#   writes a unit-step slice next to an integer array as a window of its
+#   scatter).
 #
 # Negative indices count from the end, as in NumPy. The parsing is folded: it
 # expands `...`, checks each entry, and builds the plan.
@@ -2048,11 +2055,12 @@ print(ours.shape, np.abs(np.asarray(ours) - np.asarray(theirs)).max())
 # - `gather(x, i0, i1, ...)` reads `x[i0[p], i1[p], ...]` for every position
 #   `p`; `scatter-add` adds windows at such positions, and `scatter` writes them.
 #   A gather's transpose is a scatter-add, and a scatter-add's is a gather: the
-#   gradient of an embedding lookup touches only the rows that were read.
+#   gradient of an embedding lookup adds into only the rows that were read.
 # - Batching a gather never loops: a batched array gets a window axis, batched
 #   indices get one more index axis, and both get a paired *batch dimension*.
-# - `x[idx]` parses NumPy's index language into one slice, one dynamic slice
-#   or one gather (the axes taken whole as its window), plus a reshape;
+# - `x[idx]` parses NumPy's index language into one slice, one dynamic slice,
+#   or a slice and one gather (with a transpose on each side when axes taken
+#   whole become its window), plus a reshape;
 #   `x.at[idx].set/add/multiply/min/max` write with one scatter at the
 #   positions a gather would read.
 # - Out of range, reads clamp and writes drop, as in JAX; a read's gradient
@@ -2087,7 +2095,8 @@ for loss in [one_hot_loss, lambda table: lookup_loss(table, tokens)]:
 # %% [markdown]
 # **2. `x.at[i].multiply` without `scatter-mul`.** Write `at_multiply(x, i, v)`,
 # which multiplies the elements at integer positions `i` by `v` (accumulating
-# over repeated positions), with `scatter_add`, `exp` and `log` only, for
+# over repeated positions), with `scatter_add`, `exp`, `log` and one
+# multiplication only, for
 # positive `v`. Check it against `x.at[i].multiply(v)`, ours and JAX's, with a
 # repeated index.
 

@@ -2454,6 +2454,19 @@ def test_indexing_at_writes_fill_or_drop_and_promise_in_bounds_gradient():
     assert "mode=GatherScatterMode.CLIP" in batched and "slice_sizes=(1, 3)" in batched
 
 
+def test_indexing_jax_builds_write_positions_in_the_program():
+    # indexing, the NumPy interface: "JAX computes strided or reversed
+    # positions in the program with `iota`, reads `x[::-1]` with `rev`, and
+    # writes a unit-step slice next to an integer array as a window of its
+    # scatter".
+    x, i = jnp.ones((6, 4)), jnp.array([0, 2])
+    assert "iota" in _jaxpr_text(lambda x: x.at[::2, i].set(0.0), x)
+    assert "iota" in _jaxpr_text(lambda x: x.at[::-1, i].set(0.0), x)
+    assert "rev[" in _jaxpr_text(lambda x: x[::-1], x)
+    window = _jaxpr_text(lambda x: x.at[1:3, i].set(0.0), x)
+    assert "iota" not in window and "update_window_dims=(0,)" in window
+
+
 def test_analysis_compiled_cost_analysis_keys():
     # analysis: "`jax.jit(f).lower(*args).compile().cost_analysis()` returns a
     # dict with the same three keys", "with more keys than ours (such as
