@@ -51,7 +51,7 @@ from autodidax import stackless as sl
 pytestmark = pytest.mark.usefixtures("clean_interpreter_stack")
 
 EXAMPLES = settings(
-    max_examples=15,
+    max_examples=30,
     derandomize=True,
     database=None,
     deadline=None,
