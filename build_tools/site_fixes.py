@@ -53,8 +53,8 @@ def label_folded_cells(
         return
     config = app.config
     pattern = _folded_cell_pattern(
-        str(config.nb_code_prompt_show).format(type="source"),
-        str(config.nb_code_prompt_hide).format(type="source"),
+        str(config.nb_code_prompt_show).replace("{type}", "source"),
+        str(config.nb_code_prompt_hide).replace("{type}", "source"),
     )
     show, hide = _SHOW_HIDE.get(config.language or "en", _SHOW_HIDE_EN)
 

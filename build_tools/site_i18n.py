@@ -47,13 +47,15 @@ SWITCH = {
     "en": ("中文", "zh_CN", "本页的中文版"),
     "zh_CN": ("English", "en", "This page in English"),
 }
-# Labels of the Chinese site that are not in any page's catalogue. The
-# folded-cell toggles keep "{type}" out: every folded cell folds its source.
+# Labels of the Chinese site that are not in any page's catalogue. myst-nb
+# puts an English word for what a toggle folds in place of {type}; the page's
+# HTML then gets Chinese ones (ZH_FOLDED), after site_fixes has put the titles
+# of folded cells on their toggles.
 ZH_LABELS = {
     "search_bar_text": "搜索本书……",
     "toc_title": "本页内容",
-    "nb_code_prompt_show": "显示代码",
-    "nb_code_prompt_hide": "隐藏代码",
+    "nb_code_prompt_show": "显示{type}",
+    "nb_code_prompt_hide": "隐藏{type}",
     "togglebutton_hint": "点击展开",
     "togglebutton_hint_hide": "点击收起",
 }
@@ -142,6 +144,25 @@ class TranslateTocCaptions(SphinxTransform):
                 toctree["caption"] = translated
 
 
+ZH_FOLDED = {"content": "单元", "source": "代码", "output": "输出", "outputs": "输出"}
+
+
+def chinese_toggles(
+    app: Any, pagename: str, templatename: str, context: dict, doctree: Any
+) -> None:
+    """The toggles of folded cells without a title say what they fold in Chinese."""
+    body = context.get("body")
+    if site_language(app.config) != "zh_CN" or not body:
+        return
+    for english, chinese in ZH_FOLDED.items():
+        for verb in ("显示", "隐藏"):
+            body = body.replace(
+                f'admonition-title">{verb}{english}<',
+                f'admonition-title">{verb}{chinese}<',
+            )
+    context["body"] = body
+
+
 def language_switch(
     app: Any, pagename: str, templatename: str, context: dict, doctree: Any
 ) -> None:
@@ -158,13 +179,6 @@ def language_switch(
         "title": title,
         "lang": "zh-CN" if target == "zh_CN" else "en",
     }
-
-
-def folded_labels(config: Any) -> tuple[str, str]:
-    """The texts of a folded cell's toggle, as myst-nb writes them."""
-    show = str(config.nb_code_prompt_show).format(type="source")
-    hide = str(config.nb_code_prompt_hide).format(type="source")
-    return show, hide
 
 
 class ChineseSearch(SearchChinese):
@@ -201,4 +215,6 @@ def setup(app: Any) -> dict[str, Any]:
     app.add_transform(MathIsNotTranslated)
     app.add_transform(TranslateTocCaptions)
     app.connect("html-page-context", language_switch)
+    # After site_fixes has labelled the folded cells (at the default priority).
+    app.connect("html-page-context", chinese_toggles, priority=600)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
