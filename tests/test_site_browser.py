@@ -390,6 +390,16 @@ def test_language_switch_leads_to_the_same_page(site: Site, page: str) -> None:
     assert site.resolve(report.dom["switch"][0], set(), report.url) is None
 
 
+@pytest.mark.parametrize("site_dir", ["", ZH])
+def test_root_index_leads_to_the_intro(site: Site, site_dir: str) -> None:
+    site.load(f"{site_dir}index.html")  # a redirect to the root page
+    intro = site.url(f"{site_dir}{PAGES[0]}.html")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and site.tab.evaluate("location.href") != intro:
+        time.sleep(0.1)
+    assert site.tab.evaluate("location.href") == intro
+
+
 @pytest.mark.parametrize("page", PAGES + [ZH + page for page in PAGES])
 def test_internal_links_resolve(site: Site, page: str) -> None:
     report = site.report(page)
