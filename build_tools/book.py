@@ -10,10 +10,15 @@ Usage: python3 build_tools/book.py COMMAND [CHAPTER ...]
   refresh   after editing a chapter: format its code, sync, tangle, execute
   check     fail if a generated file is out of date (changes nothing)
   test      install, then check, lint, pytest, nbval and the site build
-  site      install, then build the HTML site into _build/html
+  site      install, then build the HTML site into _build/html (English) and
+            _build/html/zh_CN (Chinese); --lang en or --lang zh builds one
+  catalogues  update the translation catalogues (locales/) from the pages
+  translations  per page: messages translated, fuzzy, untranslated; fails
+            unless every message is translated
 
 sync, execute and refresh take chapters (``book/<name>.md`` or ``<name>``);
-without any they work on every chapter of _toc.yml.
+without any they work on every chapter of _toc.yml. refresh also updates the
+translation catalogues (of every page: a new page gets its catalogue).
 
 This script imports only the standard library at module level, so it runs on
 a bare Python: ``install`` (also the first step of ``test`` and ``site``)
@@ -35,7 +40,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # make build_tools importable as a package
 
 # These modules import only the standard library at import time too.
-from build_tools import chapters, check, formatting, notebooks, tangle  # noqa: E402
+from build_tools import (  # noqa: E402
+    chapters,
+    check,
+    formatting,
+    i18n,
+    notebooks,
+    tangle,
+)
 
 PYTHON = sys.executable
 # jupyter-book has no ``python -m`` entry point; call its CLI through this
@@ -53,6 +65,14 @@ SITE_BUILD = JUPYTER_BOOK + [
     ".",
 ]
 SITE_INDEX = ROOT / "_build" / "html" / "index.html"
+# The Chinese site: built into its own tree (its own doctrees; myst-nb writes
+# jupyter_execute beside html), then copied under the English site's zh_CN/.
+ZH_BUILD = ROOT / "_build" / "zh_CN"
+ZH_SITE_BUILD = i18n.sphinx_argv(
+    "html", ZH_BUILD / "html", ZH_BUILD / ".doctrees", language="zh_CN"
+)
+ZH_SITE_DIR = SITE_INDEX.parent / "zh_CN"
+CATALOGUE_CHECK = [PYTHON, str(ROOT / "build_tools" / "i18n.py"), "check"]
 LINT_TARGETS = [
     "autodidax.py",
     "build_tools",
@@ -243,6 +263,30 @@ def cmd_refresh(args: argparse.Namespace) -> None:
     cmd_sync(args)
     cmd_tangle(args)
     cmd_execute(args)
+    cmd_catalogues(args)
+
+
+def cmd_catalogues(args: argparse.Namespace) -> None:
+    """Merge the pages' messages into the catalogues of every language."""
+    banner("update the translation catalogues (locales/)")
+    changes = i18n.extract()
+    for line in changes:
+        print(f"    {line}")
+    print(f"    catalogues: {'updated' if changes else 'already up to date'}")
+
+
+def cmd_translations(args: argparse.Namespace) -> None:
+    rows = i18n.coverage("zh_CN")
+    print(i18n.coverage_table(rows))
+    fuzzy = sum(row.fuzzy for row in rows)
+    untranslated = sum(row.untranslated for row in rows)
+    if fuzzy or untranslated:
+        raise StepFailed(
+            f"{fuzzy} fuzzy and {untranslated} untranslated message(s) in "
+            "locales/zh_CN (fuzzy: the English changed since it was "
+            "translated; the Chinese page shows the English until the entry is "
+            "updated and its fuzzy flag removed)"
+        )
 
 
 def cmd_check(args: argparse.Namespace) -> None:
@@ -295,8 +339,14 @@ def run_tests(args: argparse.Namespace, started: float, reports: Path) -> None:
     )
 
     # The site first: the browser tests in pytest open this build instead of
-    # building the site a second time.
-    run("site build (warnings are errors)", SITE_BUILD)
+    # building the site a second time. Both languages, and the check that the
+    # translation catalogues hold exactly the pages' messages, at once.
+    run_together(
+        "site build, English and Chinese (warnings are errors), "
+        "and the translation catalogues check",
+        [SITE_BUILD, ZH_SITE_BUILD, CATALOGUE_CHECK],
+    )
+    publish_translation()
 
     # One pytest session runs the tests and re-executes every chapter notebook
     # (nbval: one fresh kernel per notebook, outputs compared with the stored
@@ -334,10 +384,33 @@ def run_tests(args: argparse.Namespace, started: float, reports: Path) -> None:
     )
 
 
+def publish_translation() -> None:
+    """Copy the Chinese site under the English one's zh_CN/."""
+    import shutil
+
+    shutil.rmtree(ZH_SITE_DIR, ignore_errors=True)
+    shutil.copytree(ZH_BUILD / "html", ZH_SITE_DIR)
+
+
+def build_site(step: str, lang: str = "all") -> None:
+    """Build the English site, the Chinese one or both (at the same time)."""
+    builds = {"en": [SITE_BUILD], "zh": [ZH_SITE_BUILD]}.get(
+        lang, [SITE_BUILD, ZH_SITE_BUILD]
+    )
+    run_together(step, builds)
+    if lang != "en":
+        publish_translation()
+
+
 def cmd_site(args: argparse.Namespace) -> None:
     cmd_install(args)
-    run("site build", SITE_BUILD)
-    print(f"\nThe site is in {SITE_INDEX.parent}; open {SITE_INDEX}")
+    build_site("site build", args.lang)
+    if args.lang != "zh":
+        print(f"\nThe site is in {SITE_INDEX.parent}; open {SITE_INDEX}")
+    if args.lang != "en":
+        print(
+            f"The Chinese site is in {ZH_SITE_DIR}; open {ZH_SITE_DIR / 'index.html'}"
+        )
 
 
 # name: (function, takes chapter arguments, help)
@@ -346,10 +419,16 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], None], bool, str]] = {
     "sync": (cmd_sync, True, "regenerate .ipynb/.py from the chapters' .md"),
     "tangle": (cmd_tangle, False, "regenerate autodidax.py"),
     "execute": (cmd_execute, True, "execute chapter notebooks, storing outputs"),
-    "refresh": (cmd_refresh, True, "format, sync, tangle and execute"),
+    "refresh": (
+        cmd_refresh,
+        True,
+        "format, sync, tangle and execute; update the catalogues",
+    ),
     "check": (cmd_check, False, "fail if a generated file is out of date"),
     "test": (cmd_test, False, "install and run every check and test"),
     "site": (cmd_site, False, "install and build the HTML site"),
+    "catalogues": (cmd_catalogues, False, "update the translation catalogues"),
+    "translations": (cmd_translations, False, "report the translation coverage"),
 }
 
 
@@ -369,7 +448,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
             sub.add_argument(
                 "--force", action="store_true", help="reinstall even if satisfied"
             )
-        sub.set_defaults(function=function, chapters=[], force=False)
+        if name == "site":
+            sub.add_argument(
+                "--lang",
+                choices=["en", "zh", "all"],
+                default="all",
+                help="build the English site, the Chinese one or both (default)",
+            )
+        sub.set_defaults(function=function, chapters=[], force=False, lang="all")
     return parser.parse_args(argv)
 
 

@@ -11,7 +11,8 @@ without console errors.
 It also labels folded code cells: a folded cell starts with a Colab form
 title (``# @title Checks: ...``, SPEC 2a), and the site shows that title on the
 cell's toggle instead of the generic "Show code cell source", so a reader
-knows what the folded code holds without opening it.
+knows what the folded code holds without opening it. (The title is code, so it
+stays English on the Chinese site; the words around it do not.)
 """
 
 from __future__ import annotations
@@ -19,13 +20,23 @@ from __future__ import annotations
 import re
 from typing import Any
 
-_FOLDED_CELL = re.compile(
-    r'(<p class="collapsed admonition-title">)Show code cell source(</p>\s*'
-    r'<p class="expanded admonition-title">)Hide code cell source(</p>\s*</summary>'
-    r'\s*<div class="cell_input[^>]*>\s*<div class="highlight[^>]*>'
-    r'<div class="highlight"><pre><span></span><span class="c1"># @title )'
-    r"([^<]*)(</span>)"
-)
+
+def _folded_cell_pattern(show: str, hide: str) -> re.Pattern:
+    """A folded cell's toggle (with myst-nb's labels ``show`` and ``hide``) and
+    the first line of its source, a ``# @title`` comment."""
+    return re.compile(
+        r'(<p class="collapsed admonition-title">)' + re.escape(show) + r"(</p>\s*"
+        r'<p class="expanded admonition-title">)' + re.escape(hide) + r"(</p>\s*"
+        r"</summary>"
+        r'\s*<div class="cell_input[^>]*>\s*<div class="highlight[^>]*>'
+        r'<div class="highlight"><pre><span></span><span class="c1"># @title )'
+        r"([^<]*)(</span>)"
+    )
+
+
+# What the toggle says after the title, per language of the site.
+_SHOW_HIDE = {"zh_CN": ("（显示代码）", "（隐藏代码）")}
+_SHOW_HIDE_EN = ("<em>(show code)</em>", "<em>(hide code)</em>")
 
 
 def _code_spans_to_html(title: str) -> str:
@@ -40,16 +51,22 @@ def label_folded_cells(
     body = context.get("body")
     if not body or "# @title " not in body:
         return
+    config = app.config
+    pattern = _folded_cell_pattern(
+        str(config.nb_code_prompt_show).replace("{type}", "source"),
+        str(config.nb_code_prompt_hide).replace("{type}", "source"),
+    )
+    show, hide = _SHOW_HIDE.get(config.language or "en", _SHOW_HIDE_EN)
 
     def label(match: re.Match) -> str:
         title = _code_spans_to_html(match.group(4).strip())
         return (
-            f"{match.group(1)}{title} <em>(show code)</em>{match.group(2)}"
-            f"{title} <em>(hide code)</em>{match.group(3)}{match.group(4)}"
+            f"{match.group(1)}{title} {show}{match.group(2)}"
+            f"{title} {hide}{match.group(3)}{match.group(4)}"
             f"{match.group(5)}"
         )
 
-    context["body"] = _FOLDED_CELL.sub(label, body)
+    context["body"] = pattern.sub(label, body)
 
 
 def _script_key(script: Any) -> tuple:

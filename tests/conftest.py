@@ -169,6 +169,7 @@ def pytest_xdist_make_scheduler(config, log):
 
 LONG_TESTS_FIRST = [
     "test_book_one_kernel.py",
+    "test_translations.py",
     "test_scale.py",
     "test_hypothesis.py",
     "test_bench_smoke.py",

@@ -11,6 +11,15 @@ that every chapter has its Colab launch link, that every internal link leads
 to an existing page and anchor, that the previous/next links follow the table
 of contents, and that the search page finds "jaxpr".
 
+The Chinese site (``_build/html/zh_CN``, README "The Chinese edition") is
+opened page by page too: no console errors, its internal links resolve, every
+chapter shows the same outputs as its English page, every page of both
+languages has a language switch that leads to the same page in the other
+language, and the Chinese search finds a Chinese word. Screenshots of Chinese
+chapters are saved (into AUTODIDAX_SCREENSHOTS if set, else a temporary
+directory) after checking that their Chinese title is drawn with a font that
+has Chinese glyphs (``.ci/run`` installs Debian's ``fonts-noto-cjk``).
+
 The browser gets no network beyond localhost, so the checks do not depend on
 the machine's connection; the only outside resource a page may ask for is
 MathJax, from its CDN (so math is not rendered here).
@@ -22,8 +31,10 @@ Set ``AUTODIDAX_CHROMIUM`` to use a browser binary that is not on the PATH.
 
 from __future__ import annotations
 
+import base64
 import functools
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -34,18 +45,22 @@ from html.parser import HTMLParser
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import pytest
 import yaml
 from chromium import EXECUTABLES, Browser, Tab, console_problems, requested_urls
 
+from build_tools import i18n
 from build_tools.book import SITE_BUILD
 from build_tools.chapters import find_chapters, toc_pages
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PAGES = toc_pages(REPO_ROOT)  # e.g. "book/intro", "book/part1_interpreters", ...
 CHAPTERS = [f"book/{chapter.name}" for chapter in find_chapters(REPO_ROOT)]
+ZH = "zh_CN/"  # where the Chinese site lives in the English one
+# Chinese chapters photographed: Part 1, Part 4 and a later one.
+SCREENSHOTS = ["book/part1_interpreters", "book/part4_grad", "book/part7_scan"]
 # The only resources from outside the site a page may load (blocked here).
 ALLOWED_EXTERNAL = ("https://cdn.jsdelivr.net/npm/mathjax@3/",)
 
@@ -143,6 +158,17 @@ DOM_SUMMARY = """(() => {
     links: hrefs('a[href]'),
     ids: [...document.querySelectorAll('[id]')].map(e => e.id),
     colab: hrefs('a[href^="https://colab.research.google.com/"]'),
+    lang: document.documentElement.lang,
+    switch: hrefs('a.language-switch'),
+    // each output's text and images, hashed (compared between the languages;
+    // the copy buttons' labels are translated)
+    outputsHash: outputs.map(o => {
+      const parts = [...o.querySelectorAll('pre, img')]
+        .map(e => e.tagName === 'IMG' ? e.getAttribute('src') : e.textContent);
+      let h = 0;
+      for (const c of parts.join('\\0')) h = (Math.imul(h, 31) + c.codePointAt(0)) | 0;
+      return h;
+    }),
     prev: hrefs('.prev-next-area a.left-prev'),
     next: hrefs('.prev-next-area a.right-next'),
     brokenImages: [...document.images]
@@ -248,30 +274,46 @@ class Site:
 def build_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The built site's html directory: ``book.py test``'s build, or a new one.
 
-    ``book.py test`` builds the site (warnings as errors) before running pytest
-    and names it in AUTODIDAX_SITE_HTML; run on its own, this module builds the
-    site into a temporary directory with the same command.
+    ``book.py test`` builds the site in both languages (warnings as errors)
+    before running pytest and names it in AUTODIDAX_SITE_HTML; run on its own,
+    this module builds both languages at the same time into a temporary
+    directory with the same commands (the language switches of one language
+    lead into the other), the Chinese site under the English one's zh_CN/.
     """
     prebuilt = os.environ.get("AUTODIDAX_SITE_HTML")
-    if prebuilt and (Path(prebuilt) / "index.html").is_file():
+    if prebuilt and (Path(prebuilt) / ZH / "index.html").is_file():
         return Path(prebuilt)
     out = tmp_path_factory.mktemp("site")
+    zh = out / "zh_CN"
+    builds = {
+        "English": [*SITE_BUILD, "--path-output", str(out)],
+        "Chinese": i18n.sphinx_argv(
+            "html", zh / "html", zh / ".doctrees", language="zh_CN"
+        ),
+    }
     started = time.monotonic()
-    build = subprocess.run(
-        [*SITE_BUILD, "--path-output", str(out)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if build.returncode != 0:
-        pytest.fail(
-            f"site build failed (exit {build.returncode}):\n"
-            f"{build.stdout[-3000:]}\n{build.stderr[-3000:]}",
-            pytrace=False,
+    running = {
+        name: subprocess.Popen(
+            argv,
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
+        for name, argv in builds.items()
+    }
+    for name, process in running.items():
+        output, _ = process.communicate()
+        if process.returncode != 0:
+            pytest.fail(
+                f"{name} site build failed (exit {process.returncode}):\n"
+                f"{output[-5000:]}",
+                pytrace=False,
+            )
+    html = out / "_build" / "html"
+    shutil.copytree(zh / "html", html / "zh_CN")
     print(f"site built in {time.monotonic() - started:.1f}s")
-    return out / "_build" / "html"
+    return html
 
 
 @pytest.fixture(scope="module")
@@ -304,10 +346,12 @@ def test_toc_lists_intro_chapters_and_glossary() -> None:
     assert "book/glossary" in PAGES
 
 
-@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("page", PAGES + [ZH + page for page in PAGES])
 def test_page_loads_without_errors(site: Site, page: str) -> None:
     report = site.report(page)
     assert report.dom["title"], f"{page}: the page has no title"
+    language = "zh-CN" if page.startswith(ZH) else "en"
+    assert report.dom["lang"] == language, f"{page}: <html lang={report.dom['lang']}>"
     assert not report.problems, f"{page}: console errors: {report.problems}"
     assert not report.failed_requests, f"{page}: failed: {report.failed_requests}"
     unexpected = [u for u in report.external if not u.startswith(ALLOWED_EXTERNAL)]
@@ -315,7 +359,7 @@ def test_page_loads_without_errors(site: Site, page: str) -> None:
     assert not report.dom["brokenImages"], f"{page}: {report.dom['brokenImages']}"
 
 
-@pytest.mark.parametrize("page", CHAPTERS)
+@pytest.mark.parametrize("page", CHAPTERS + [ZH + page for page in CHAPTERS])
 def test_chapter_shows_outputs_without_tracebacks(site: Site, page: str) -> None:
     dom = site.report(page).dom
     assert dom["outputs"] > 0, f"{page}: no code cell outputs on the page"
@@ -323,13 +367,40 @@ def test_chapter_shows_outputs_without_tracebacks(site: Site, page: str) -> None
     assert not dom["stderr"], f"{page}: outputs on stderr: {dom['stderr']}"
 
 
-@pytest.mark.parametrize("page", CHAPTERS)
+@pytest.mark.parametrize("page", CHAPTERS + [ZH + page for page in CHAPTERS])
 def test_chapter_has_colab_link(site: Site, page: str) -> None:
+    # The Chinese page launches the same (English) notebook.
     dom = site.report(page).dom
-    assert colab_url(page) in dom["colab"], f"{page}: Colab links: {dom['colab']}"
+    url = colab_url(page.removeprefix(ZH))
+    assert url in dom["colab"], f"{page}: Colab links: {dom['colab']}"
 
 
-@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_chinese_chapter_shows_the_same_outputs(site: Site, page: str) -> None:
+    english = site.report(page).dom["outputsHash"]
+    chinese = site.report(ZH + page).dom["outputsHash"]
+    assert chinese == english, f"{ZH}{page}: its outputs differ from {page}'s"
+
+
+@pytest.mark.parametrize("page", PAGES + [ZH + page for page in PAGES])
+def test_language_switch_leads_to_the_same_page(site: Site, page: str) -> None:
+    report = site.report(page)
+    other = page.removeprefix(ZH) if page.startswith(ZH) else ZH + page
+    assert report.dom["switch"] == [site.url(f"{other}.html")], page
+    assert site.resolve(report.dom["switch"][0], set(), report.url) is None
+
+
+@pytest.mark.parametrize("site_dir", ["", ZH])
+def test_root_index_leads_to_the_intro(site: Site, site_dir: str) -> None:
+    site.load(f"{site_dir}index.html")  # a redirect to the root page
+    intro = site.url(f"{site_dir}{PAGES[0]}.html")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and site.tab.evaluate("location.href") != intro:
+        time.sleep(0.1)
+    assert site.tab.evaluate("location.href") == intro
+
+
+@pytest.mark.parametrize("page", PAGES + [ZH + page for page in PAGES])
 def test_internal_links_resolve(site: Site, page: str) -> None:
     report = site.report(page)
     internal = [href for href in report.dom["links"] if href.startswith(site.base)]
@@ -342,14 +413,18 @@ def test_internal_links_resolve(site: Site, page: str) -> None:
     assert not broken, f"{page}: broken internal links: {broken}"
 
 
+@pytest.mark.parametrize("site_dir", ["", ZH])
 @pytest.mark.parametrize("index", range(len(PAGES)))
-def test_previous_and_next_follow_the_toc(site: Site, index: int) -> None:
-    dom = site.report(PAGES[index]).dom
-    expected_prev = [site.url(f"{PAGES[index - 1]}.html")] if index > 0 else []
-    has_next = index + 1 < len(PAGES)
-    expected_next = [site.url(f"{PAGES[index + 1]}.html")] if has_next else []
-    assert dom["prev"] == expected_prev, f"{PAGES[index]}: previous link"
-    assert dom["next"] == expected_next, f"{PAGES[index]}: next link"
+def test_previous_and_next_follow_the_toc(
+    site: Site, index: int, site_dir: str
+) -> None:
+    pages = [site_dir + page for page in PAGES]
+    dom = site.report(pages[index]).dom
+    expected_prev = [site.url(f"{pages[index - 1]}.html")] if index > 0 else []
+    has_next = index + 1 < len(pages)
+    expected_next = [site.url(f"{pages[index + 1]}.html")] if has_next else []
+    assert dom["prev"] == expected_prev, f"{pages[index]}: previous link"
+    assert dom["next"] == expected_next, f"{pages[index]}: next link"
 
 
 def test_every_glossary_entry_is_linked_from_a_page(site: Site) -> None:
@@ -367,8 +442,10 @@ def test_every_glossary_entry_is_linked_from_a_page(site: Site) -> None:
     assert not unlinked, f"glossary entries no page links to: {unlinked}"
 
 
-def test_search_finds_jaxpr(site: Site) -> None:
-    report = site.load("search.html?q=jaxpr")
+def search(site: Site, query: str, site_dir: str = "") -> list[str]:
+    """The pages the site's search page lists for ``query``, after checking
+    that each resolves and that the search page reported no error."""
+    report = site.load(f"{site_dir}search.html?q={quote(query)}")
     # Sphinx's search runs in the page's JavaScript after the load event.
     results = None
     deadline = time.monotonic() + 20
@@ -377,11 +454,95 @@ def test_search_finds_jaxpr(site: Site) -> None:
         if results:
             break
         time.sleep(0.2)
-    assert results, "the search page never finished searching"
+    assert results, f"the search page never finished searching for {query!r}"
     hits = results["hits"]
-    assert site.url("book/part2_jaxprs.html") in hits, results
     for href in hits:
         assert site.resolve(href, set(), report.url) is None, href
     later = console_problems(site.tab.browser.take_events(site.tab.session))
     problems = [p for p in report.problems + later if not site.allowed(p)]
     assert not problems, f"search page console errors: {problems}"
+    return hits
+
+
+def test_search_finds_jaxpr(site: Site) -> None:
+    hits = search(site, "jaxpr")
+    assert site.url("book/part2_jaxprs.html") in hits, hits
+
+
+CHINESE = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]+")
+
+
+def chinese_title_word() -> tuple[str, str]:
+    """A chapter and a word of its Chinese title (the longest word jieba
+    finds in it); skips while no chapter title is translated."""
+    import jieba
+
+    for page in CHAPTERS:
+        path = i18n.catalogue_dir("zh_CN", REPO_ROOT) / f"{page}.po"
+        entries = [m for m in i18n.read_catalogue(path) if m.id]
+        title = entries[0] if entries else None  # a chapter's first message
+        if title and title.string and not title.fuzzy:
+            words = [
+                word
+                for run in CHINESE.findall(title.string)
+                for word in jieba.cut_for_search(run)
+                if len(word) > 1
+            ]
+            if words:
+                return page, max(words, key=len)
+    pytest.skip("no chapter title is translated into Chinese yet")
+
+
+def test_chinese_search_finds_a_chinese_word(site: Site) -> None:
+    page, word = chinese_title_word()
+    hits = search(site, word, ZH)
+    assert site.url(f"{ZH}{page}.html") in hits, (word, hits)
+
+
+# True if the page's heading font draws two different Chinese characters
+# differently (a browser without a Chinese font draws both as the same box).
+DRAWS_CHINESE = """(() => {
+  const family = getComputedStyle(document.querySelector('h1')).fontFamily;
+  const draw = text => {
+    const canvas = document.createElement('canvas');
+    canvas.width = canvas.height = 48;
+    const context = canvas.getContext('2d');
+    context.font = `40px ${family}`;
+    context.fillText(text, 2, 40);
+    return canvas.toDataURL();
+  };
+  return draw('中') !== draw('文');
+})()"""
+
+
+@pytest.fixture(scope="module")
+def screenshot_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    explicit = os.environ.get("AUTODIDAX_SCREENSHOTS")
+    if explicit:
+        Path(explicit).mkdir(parents=True, exist_ok=True)
+        return Path(explicit)
+    return tmp_path_factory.mktemp("screenshots")
+
+
+@pytest.mark.parametrize("page", SCREENSHOTS)
+def test_chinese_chapter_screenshot(
+    site: Site, page: str, screenshot_dir: Path
+) -> None:
+    site.tab.call(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": 1280, "height": 1000, "deviceScaleFactor": 1, "mobile": False},
+    )
+    try:
+        report = site.load(f"{ZH}{page}.html")
+        assert not report.problems, report.problems
+        assert site.tab.evaluate(DRAWS_CHINESE), (
+            "the browser draws Chinese characters as boxes: no CJK font "
+            "(Debian: apt-get install fonts-noto-cjk)"
+        )
+        shot = site.tab.call("Page.captureScreenshot", {"format": "png"})
+    finally:
+        site.tab.call("Emulation.clearDeviceMetricsOverride")
+    path = screenshot_dir / f"zh_CN-{page.replace('/', '-')}.png"
+    path.write_bytes(base64.b64decode(shot["data"]))
+    assert path.stat().st_size > 10_000, path
+    print(f"screenshot: {path}")
