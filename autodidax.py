@@ -464,7 +464,7 @@ def new_level(trace_type: type[Trace], payload: Any = None) -> Iterator[Level]:
         stack.pop()
 
 
-def _search_start() -> Level:  # where the search for the top trace starts
+def _search_start() -> Level:  # the bottom of the stack (Part 2 changes this)
     return _state.stack[0]
 
 

@@ -652,7 +652,7 @@ def vmap_flat(f, axis_size, in_axes, args):
 # %% [markdown]
 # `move_batch_axis` is Part 1's, calling this core's `broadcast` and
 # `transpose`; the rules are Part 1's rules too (unary ones keep the axis,
-# binary ones line their operands up, the three that move data renumber their
+# binary ones line their operands up, the three that work on axes renumber their
 # axes), all folded here:
 
 

@@ -29,10 +29,11 @@
 #
 # 1. a small vocabulary of **{term}`primitives <primitive>`** (`add`, `mul`, `sin`, ...) through which
 #    every operation flows, via a single function `bind`;
-# 2. an **{term}`interpreter stack <level>`** of `Trace` objects and the `Tracer` objects they
-#    hand to your function, each tracer described by an
-#    **{term}`abstract value <abstract value>`** (a shape and a dtype), and the rule that
-#    decides which interpreter handles an operation;
+# 2. an **{term}`interpreter stack <level>`**: one numbered level per running
+#    transformation, each interpreted by a `Trace`, which hands `Tracer` objects
+#    to your function, each tracer described by an
+#    **{term}`abstract value <abstract value>`** (a shape and a dtype); and the rule
+#    that decides which interpreter handles an operation;
 # 3. three interpreters: plain evaluation, {term}`forward-mode <forward mode>` differentiation (`jvp`) and
 #    automatic batching (`vmap`), plus `jacfwd`, which is just the two combined;
 # 4. **{term}`pytrees <pytree>`**, so that transformed functions can take and return tuples, dicts
@@ -40,7 +41,7 @@
 #
 # We build the machinery in the smallest form that can differentiate
 # $-2\sin x + x$ and reach `jvp` as early as we can. After that, the machinery
-# grows by extension: comparisons, three primitives that move data between axes,
+# grows by extension: comparisons, three primitives that work on axes,
 # Python numbers next to arrays, and pytrees. `vmap` comes last.
 #
 # By the end you will have a module that can compute derivatives of any order of
@@ -151,7 +152,7 @@ Primitive.__repr__ = lambda self: self.name
 
 # %% [markdown]
 # We start with five primitives that work elementwise. Comparisons and three
-# primitives that move data around (summing over axes, permuting them, inserting
+# primitives that work on axes (summing over them, permuting them, inserting
 # new ones) join them after `jvp` works, each with the same few lines.
 
 # %% tags=["export"]
@@ -166,7 +167,7 @@ cos_p = Primitive("cos")
 # Users never touch these objects. They call small wrapper functions, and every
 # wrapper ends in the same place: `bind(primitive, *inputs, **params)`. Inputs are
 # the arrays the operation consumes; {term}`params` are static, hashable settings
-# (the data-moving primitives have some, such as which axes to sum over). Before
+# (the primitives that work on axes have some, such as which axes to sum over). Before
 # calling `bind`, a wrapper checks its arguments, each with one call to a helper
 # whose name says what it checks: that `sin` gets a float array, or that the two
 # operands of `add` can be combined, which `_binary_operands` returns as arrays of
@@ -324,8 +325,9 @@ Level.__repr__ = lambda self: f"Level({self.number}, {self.trace_type.__name__})
 #   this transformation does not own but that meets one of its own tracers (we
 #   will meet one after nesting `jvp`). In every interpreter in this book, `lift`
 #   is `pure`: to an interpreter, a lower-level tracer is just a constant it does
-#   not own. We keep the two names because they answer two different questions
-#   (where did this value come from?), and the original Autodidax kept both;
+#   not own. We keep the two names because they name two different sources of a
+#   value (a plain constant, or a tracer from a lower level), and the original
+#   Autodidax kept both;
 # - `process_primitive(prim, tracers, params)` applies a primitive to its own
 #   tracers, usually by unpacking them, calling `bind` again on what is inside,
 #   and wrapping the results.
@@ -705,7 +707,7 @@ def new_level(trace_type: type[Trace], payload: Any = None) -> Iterator[Level]:
         stack.pop()
 
 
-def _search_start() -> Level:  # where the search for the top trace starts
+def _search_start() -> Level:  # the bottom of the stack (Part 2 changes this)
     return _state.stack[0]
 
 
@@ -1059,9 +1061,8 @@ def exp_by_series(x):
     while True:
         term = term * x * (1.0 / k)  # x**k / k!
         total = total + term
-        if (
-            term * term < 1e-34
-        ):  # a tracer; `if` asks its __bool__, which reads the primal
+        # `term` is a tracer; `if` asks its __bool__, which reads the primal
+        if term * term < 1e-34:
             return total
         k += 1
 
@@ -1071,7 +1072,7 @@ print(value, slope, np.exp(1.5))
 
 # %% [markdown]
 # (part1-moving-data)=
-# ## Primitives that move data
+# ## Primitives that work on axes
 #
 # Everything so far works elementwise. Code that handles whole arrays also sums
 # over axes, reorders them and repeats data along new ones, and batching, below,
@@ -1511,8 +1512,8 @@ def _check_tangents(name: str, primals: list, tangents: list) -> None:
 
 # %% [markdown]
 # Registering a container of our own is one call. Here a small dataclass holds the
-# parameters of a line, and we differentiate a loss with respect to both of them
-# at once by giving a tangent of the same type. Under `jvp`, `line.slope` arrives
+# parameters of a line, and the tangent, a value of the same type, says in
+# which direction of the parameters to differentiate (here: along the slope only). Under `jvp`, `line.slope` arrives
 # as a rank-0 tracer, not a Python number, and our strict primitives refuse to
 # combine it with a vector, so the loss first spreads both scalars to the shape
 # of `xs` with `broadcast`:
@@ -1547,8 +1548,8 @@ print(
 )
 
 # %% [markdown]
-# The output is a dict with the same keys as the function's result. The tangent
-# of the loss is its derivative with respect to the slope (the tangent we chose
+# The tangent output `out_dot` has the structure of the result: a dict with the
+# keys `loss` and `first`. The tangent of the loss is its derivative with respect to the slope (the tangent we chose
 # moves only the slope), which by hand is $\sum_i 2 r_i x_i$ for residuals $r_i$.
 #
 # (part1-vmap)=
@@ -1704,7 +1705,7 @@ for _prim in [add_p, mul_p, gt_p, lt_p]:
 
 
 # %% [markdown]
-# The three structural primitives refer to axes in their params, and those axis
+# The three primitives that work on axes refer to axes in their params, and those axis
 # numbers were written for one example. The rules translate them into axis numbers
 # of the batched array.
 #
@@ -2258,7 +2259,7 @@ show_error(lambda: 1 if leaked[0] else 0)
 #   next to an array becomes an explicit `broadcast`).
 # - A primitive carries one rule per interpreter, so new primitives extend the
 #   module without touching what exists: the comparisons and the three
-#   primitives that move data arrived after `jvp` worked.
+#   primitives that work on axes arrived after `jvp` worked.
 # - Abstract values (`ShapedArray`) describe arrays by shape and
 #   dtype, so rules can reason about values they do not have.
 # - Each transformation is an interpreter: a `Trace` subclass with `pure`, `lift`
