@@ -2548,6 +2548,8 @@ class PartialEvalTracer(Tracer):
 
 
 # @title WeakTracers: an equation's outputs, held by weak reference
+# Each output points to its recipe; strong references back would make every
+# equation a reference cycle that only Python's garbage collector frees.
 class _UnusedOutput(NamedTuple):
     """Stands in for an output tracer that nothing refers to any more."""
 
@@ -2895,6 +2897,13 @@ def grad(f: Callable, argnums=0, has_aux=False) -> Callable:
 
 
 # @title Checks: cotangents, grad's input and output types; argnums, has_aux; Partial
+# Cotangents must match the outputs' structure, shapes and dtypes; grad needs a
+# float input and a scalar float output. grad differentiates the argument (or
+# tuple of arguments) named by argnums and passes keyword arguments through.
+# vjp returns a Partial, f_vjp with its residuals fixed: a pytree whose leaves
+# are the residuals, so it can be returned from jit or kept as a residual of a
+# custom rule (Part 8). JAX's jax.vjp returns a pytree of residuals too (its own
+# class, jax._src.api.VJP, in JAX 0.10.2).
 class Partial:
     """``func`` with its first arguments fixed, and a pytree whose leaves are
     theirs (``func`` is its static part), like JAX's ``jax.tree_util.Partial``."""

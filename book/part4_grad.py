@@ -195,14 +195,10 @@ class PartialEvalTracer(Tracer):
         return super().__bool__()
 
 
-# %% [markdown]
-# An equation's recipe holds its outputs weakly (`WeakTracers`, folded): each
-# output points to its recipe, and strong references back would make every
-# equation a reference cycle that only Python's garbage collector frees.
-
-
 # %% tags=["export", "hide-input"]
 # @title WeakTracers: an equation's outputs, held by weak reference
+# Each output points to its recipe; strong references back would make every
+# equation a reference cycle that only Python's garbage collector frees.
 class _UnusedOutput(NamedTuple):
     """Stands in for an output tracer that nothing refers to any more."""
 
@@ -493,8 +489,9 @@ for x0 in [1.5, -1.5]:
 
 # %% [markdown]
 # At $x = 1.5$ the comparison, `sin` and `cos` were computed by running Python on
-# known values; they left only their results, as residuals. At $x = -1.5$ nothing
-# is left but `neg`. The comparison itself never reached the jaxpr: it was known.
+# known values: `sin` and `cos` left their results as residuals, and the
+# comparison, consumed by the `if`, left nothing. At $x = -1.5$ nothing is left
+# but `neg`. The comparison itself never reached the jaxpr: it was known.
 #
 # (part4-transposition)=
 # ## Transposition
@@ -691,17 +688,10 @@ figure
 # (part4-vjp)=
 # ## `vjp` and `grad`
 #
-# `vjp` linearizes and hands back the transpose of the linear map. `grad` asks for
-# the cotangent 1 of a scalar output. Both check what the user gives them, in the
-# folded cell after them: cotangents must match the outputs' structure, shapes and
-# dtypes; `grad` needs a float input and a scalar float output. As in JAX,
-# `grad` differentiates the argument (or tuple of arguments) named by `argnums`,
-# passes keyword arguments through without differentiating them, and with
-# `has_aux` lets `f` return `(value, aux)`; that plumbing and
-# `value_and_grad` are folded there too. The function `vjp` returns is a
-# `Partial`, `f_vjp` with its residuals fixed: like JAX's, it is a pytree whose
-# leaves are the residuals, so it can be returned from `jit` or kept as a
-# residual of a custom rule (Part 8).
+# `vjp` linearizes and returns the transpose of the linear map. `grad` is `vjp`
+# asked for the cotangent 1 of a scalar output. The checks of what the user
+# gives them, and `argnums`, `has_aux` and `value_and_grad` as in JAX, are in
+# the folded cell after them.
 
 
 # %% tags=["export"]
@@ -739,6 +729,13 @@ def grad(f: Callable, argnums=0, has_aux=False) -> Callable:
 
 # %% tags=["export", "hide-input"]
 # @title Checks: cotangents, grad's input and output types; argnums, has_aux; Partial
+# Cotangents must match the outputs' structure, shapes and dtypes; grad needs a
+# float input and a scalar float output. grad differentiates the argument (or
+# tuple of arguments) named by argnums and passes keyword arguments through.
+# vjp returns a Partial, f_vjp with its residuals fixed: a pytree whose leaves
+# are the residuals, so it can be returned from jit or kept as a residual of a
+# custom rule (Part 8). JAX's jax.vjp returns a pytree of residuals too (its own
+# class, jax._src.api.VJP, in JAX 0.10.2).
 class Partial:
     """``func`` with its first arguments fixed, and a pytree whose leaves are
     theirs (``func`` is its static part), like JAX's ``jax.tree_util.Partial``."""
@@ -1009,8 +1006,8 @@ def partial_eval_jaxpr(
 # the variable names of that first print (the folded helper `names_as_printed`
 # collects them), so each line can be found in the original. The figure after
 # them colors each equation of the JVP jaxpr by the half it went to, and marks
-# where each residual is made: the known values that cross from the first half to
-# the second.
+# where each residual is made: the known values that cross from the known half to
+# the unknown one.
 
 
 # %% tags=["hide-input"]

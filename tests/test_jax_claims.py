@@ -1234,6 +1234,8 @@ def test_part4_vjp_function_is_a_pytree_of_residuals():
     assert leaves and all(isinstance(x, jax.Array) for x in leaves)
     returned = jax.jit(lambda x: jax.vjp(lambda x: jnp.sin(x) * x, x)[1])(1.0)
     assert float(returned(1.0)[0]) == float(f_vjp(1.0)[0])
+    # part4_grad's folded cell: "its own class, jax._src.api.VJP, in JAX 0.10.2"
+    assert f"{type(f_vjp).__module__}.{type(f_vjp).__name__}" == "jax._src.api.VJP"
 
 
 def test_part8_closures_over_vmap_tracers_and_staged_custom_vjp():
