@@ -1284,7 +1284,7 @@ with jax.enable_x64(True):
 #
 # Every binary primitive of ours insists on operands of one shape. (`lax`,
 # JAX's layer of thin wrappers around its primitives, is nearly as strict: its
-# operands must have one rank, except that a rank-0 operand goes with any rank,
+# operands must have the same rank, except that a rank-0 operand goes with any rank,
 # and it only stretches axes of size 1.) NumPy and `jax.numpy` are
 # more forgiving: they {term}`broadcast` operands of different shapes. Line the
 # shapes up on the right; at each position the sizes must be equal or one of

@@ -1146,8 +1146,8 @@ for scheme, loss in trip_count_losses(OURS, n).items():
 # backward step multiplies `h * w` again and takes its `cos`; the `sin` it
 # would recompute is removed as dead code, so it evaluates no more sines and
 # cosines than the plain loop). The nested scheme keeps a sixty-fourth of the
-# memory and pays one more forward pass: half as many sine and cosine
-# evaluations again. How much time that costs depends on the machine and the program:
+# memory and pays one more forward pass: one and a half times the sine and cosine
+# evaluations of the plain loop. How much time that costs depends on the machine and the program:
 # `bench/bench_checkpoint.py` times `jit(grad)` of the three programs in both
 # systems (on a small body like this one, recomputing can cost less than
 # writing residuals to memory and reading them back).

@@ -546,8 +546,8 @@ print(make_jaxpr(lambda a: jvp(root, (a,), (1.0,)), scalar)[0])
 # while *any* example is still running, and an example that has finished must
 # not change any more: after each trip of the batched body, a `select` per
 # example keeps the new carry where the example's predicate was still true and
-# the old carry where it was already false. Since every example's carry then
-# differs, every carry is batched. As for `cond` in Part 5, running the body on
+# the old carry where it was already false. Since that `select` can give each
+# example a different carry, every carry is batched. As for `cond` in Part 5, running the body on
 # finished examples and discarding the result is safe only because our
 # primitives have no side effects; it can also compute, and throw away, values
 # that overflow or divide by zero.
@@ -960,8 +960,8 @@ show_jax(lambda x, n: jax.lax.fori_loop(0, n, lambda i, y: y * x, x), 1.0, 5)
 # - A loop cannot be split by partial evaluation into a known loop that saves
 #   residuals and an unknown one that uses them: the known half would have to
 #   save residuals for an unknown number of trips. So reverse mode
-#   through `while_loop` is refused, with an error that points to `scan` and to
-#   `fori_loop` with static bounds, the subject of Part 7.
+#   through `while_loop` is refused, with an error that points to `scan` (the
+#   subject of Part 7) and to `fori_loop` with static bounds.
 #
 # ## Exercises
 #

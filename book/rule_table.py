@@ -47,10 +47,10 @@
 #    for some inputs). Four members of `NOT_LINEAR` show their own reason:
 #    *no operand* (`axis_index` has nothing to be linear in); *via bwd*
 #    (`custom_vjp_call` never reaches a linear jaxpr; the `custom_lin` it
-#    leaves there does, and is transposed by running the function's `bwd`); and
+#    leaves there does, and is transposed by running the function's `bwd`);
 #    *trips not saved* (transposing `while` would need every trip's primal
 #    values, which the loop does not save, {ref}`Part 6 <part6>`; JAX registers a
-#    transpose rule for `while` that only raises an error); *no outputs*
+#    transpose rule for `while` that only raises an error); and *no outputs*
 #    (`debug_print` returns nothing, so no output of a linear jaxpr depends on
 #    it, and partial evaluation leaves it out, {ref}`analysis`). *Never transposed*
 #    marks the primitives in `NEVER_TRANSPOSED`: `stop_gradient` is linear, but
