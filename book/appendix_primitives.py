@@ -39,19 +39,21 @@
 # or raise a clear error, because Python's default answer (for `==`, an identity test) is
 # silently wrong on a tracer. In detail:
 #
-# 1. **eighteen primitives**: `sub`, `div`, `max`, `exp`, `log`, `tanh`,
+# 1. **twenty primitives**: `sub`, `div`, `max`, `exp`, `log`, `tanh`,
 #    `sqrt`, `rsqrt`, the
-#    comparisons `eq`, `ne`, `le` and `ge`, `stop_gradient`, integer powers, `convert_element_type`, `reshape`,
-#    `reduce_max`, and `dot_general`, the one contraction behind every matrix
-#    product — each with every
+#    comparisons `eq`, `ne`, `le` and `ge`, `stop_gradient`, integer powers and
+#    `pow` (for a traced exponent), `convert_element_type`, `reshape`,
+#    `reduce_max`, `dot_general`, the one contraction behind every matrix
+#    product, and `erf` — each with every
 #    {term}`rule <rule>` the earlier parts defined;
 # 2. **NumPy's broadcasting** for binary operations, spelled out as explicit
 #    `reshape` and `broadcast` equations so that jaxprs stay explicit;
 #    and **JAX's dtype rules**, the promotion lattice with weak Python numbers;
 # 3. the **operators** `- / ** @` and the comparisons `== != <= >=` on
 #    tracers and arrays, NumPy's array methods, and a small
-#    module `autodidax.numpy` (`sum`, `mean`, `exp`, `where`, `matmul`, ...) so
-#    that user code reads like code written for `jax.numpy`;
+#    module `autodidax.numpy` (`sum`, `mean`, `exp`, `where`, `matmul`,
+#    `einsum`, ...) so that user code reads like code written for `jax.numpy`,
+#    and a few functions of `jax.nn` (`softmax`, `log_softmax`, `gelu`, ...);
 # 4. the **table of every primitive and every rule**, generated from the
 #    registries, with no gaps;
 # 5. a worked example: the gradient of a two-layer neural network's loss with
@@ -125,8 +127,8 @@ scalar = f64()
 # known. Only the higher-order primitives, `xla_call` and `cond`, bring special
 # partial-evaluation rules.
 #
-# Here are thirteen of the eighteen new primitives (`stop_gradient` and the four
-# comparisons are created where they are explained). Besides `PRIMITIVES`, which lists every primitive, a
+# Here are thirteen of the twenty new primitives (`stop_gradient`, the four
+# comparisons, `pow` and `erf` are created where they are explained). Besides `PRIMITIVES`, which lists every primitive, a
 # second registry, `NOT_LINEAR`, records which primitives are *not linear in any
 # input*: for those a transpose rule is not missing but
 # meaningless, and the table at the end of the appendix marks them as such.
@@ -3038,6 +3040,9 @@ show_error(lambda: jit(lambda a: a @ 2.0)(a))
 #   (and JAX's) splits the slope evenly among the tied inputs.
 # - `dot_general` expresses every matrix and vector product, batched or not,
 #   through dimension numbers; `vmap` and transposition only renumber axes.
+#   `einsum` and `@` name the same products with letters, and each becomes one
+#   `dot_general` (and at most one `transpose`), without broadcasting an
+#   operand.
 # - NumPy broadcasting becomes explicit `reshape` and `broadcast` equations in
 #   the front end, while the primitives and their wrappers stay strict.
 # - Mixed dtypes meet in JAX's promotion lattice: the result is the lowest

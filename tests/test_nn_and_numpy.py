@@ -46,6 +46,11 @@ CASES = {
         [X],
     ),
     "log_softmax": (ann.log_softmax, jax.nn.log_softmax, [LOGITS]),
+    "log_softmax, tied maxima": (
+        ann.log_softmax,
+        jax.nn.log_softmax,
+        [np.array([[2.0, 2.0, -1.0], [0.0, 0.0, 0.0]])],
+    ),
     "log_softmax axis=1": (
         lambda x: ann.log_softmax(x, axis=1),
         lambda x: jax.nn.log_softmax(x, axis=1),
