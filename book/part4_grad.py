@@ -378,8 +378,8 @@ def partial_eval_flat(
 # the Python function executes. The known half is never written down; it is
 # simply Python running. Only the unknown half, the tangent work, is recorded.
 # The known outputs are the primal outputs; the jaxpr is the linear map from
-# input tangents to output tangents, closed over residuals computed from the
-# primals.
+# input tangents to output tangents; the residuals computed from the primals are
+# its first inputs, and the function `linearize` returns supplies them.
 
 
 # %% tags=["export"]
@@ -922,7 +922,7 @@ print(y_bar, np.sin(x0) * ct["s"] + x0)
 # Nothing differentiated so far called `jit`. A jitted function is one `xla_call`
 # whose work is hidden in its jaxpr, and reverse mode needs two more rules for it:
 # one that splits a call into a known and an unknown half, and one that
-# transposes it. Both work on the text of the jaxpr.
+# transposes it. Both work on the jaxpr itself, not on traced values.
 #
 # (part4-pe-jaxprs)=
 # ### Partial evaluation of jaxprs
@@ -936,9 +936,9 @@ print(y_bar, np.sin(x0) * ct["s"] + x0)
 # now (compiled) and also returns the residuals the other half needs, and an
 # **unknown jaxpr** that is staged, taking the residuals and the unknown inputs.
 #
-# Splitting a jaxpr is partial evaluation done on the program text instead of on
+# Splitting a jaxpr is partial evaluation done on the program itself instead of on
 # traced values: walk the equations, mark each variable known or unknown, send
-# each equation to the half its inputs allow, and collect as residuals the known
+# each equation to the known half if all its inputs are known and to the unknown half otherwise, and collect as residuals the known
 # variables that unknown equations read. The known jaxpr takes the known inputs
 # and returns the known outputs followed by the residuals; the unknown jaxpr
 # takes the residuals followed by the unknown inputs and returns the unknown
@@ -1251,11 +1251,11 @@ for name, value in second.items():
 # - `linearize` is partial evaluation of the JVP with the tangents unknown.
 # - Transposition runs a linear jaxpr backwards with one rule per linear
 #   primitive; `vjp` transposes the linearized function and `grad` seeds it with 1.
-# - For `jit`, `partial_eval_jaxpr` does the same split on program text and
+# - For `jit`, `partial_eval_jaxpr` does the same split on the jaxpr itself and
 #   `transpose_jaxpr` turns a linear jaxpr into its transposed jaxpr; they give
 #   `xla_call` its rules, so reverse mode sees through `jit`.
 #
-# Every function so far has made its decisions in Python. {ref}`Part 5 <part5>`
+# Every branch so far was a Python `if` on a known value. {ref}`Part 5 <part5>`
 # stages a conditional into the jaxpr itself and gives it all of these rules.
 #
 # ## Exercises
