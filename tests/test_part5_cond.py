@@ -20,7 +20,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import jax
@@ -460,6 +459,21 @@ def with_pred(fn: Callable, pred: Any) -> Callable:
     return lambda *xs: fn(pred, *xs)
 
 
+_REFERENCES: dict[tuple[int, str], Callable] = {}
+
+
+def reference(seed: int, name: str, make: Callable[[], Callable]) -> Callable:
+    """``jax.jit(make())``, JAX's reference ``name`` for the program of
+    ``seed``, built once per test process. The predicate is one of its
+    arguments, so the tests of both predicate values (and the other tests
+    that compare against the same function) share one trace and one compile;
+    each test still compares its own results."""
+    key = (seed, name)
+    if key not in _REFERENCES:
+        _REFERENCES[key] = jax.jit(make())
+    return _REFERENCES[key]
+
+
 BOTH = pytest.mark.parametrize("pred", [True, False], ids=["true", "false"])
 
 
@@ -519,9 +533,9 @@ def test_eval(seed):
     """Eager evaluation with either predicate value (also as a NumPy bool)."""
     case, _, xs = setup(seed)
     f, f_jax = case_fns(case)
-    reference = jax.jit(f_jax)
+    f_ref = reference(seed, "eval", lambda: f_jax)
     for pred in (True, False, np.bool_(True), np.array(False)):
-        check(f(pred, *xs), reference(pred, *xs))
+        check(f(pred, *xs), f_ref(pred, *xs))
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -531,7 +545,7 @@ def test_jit(seed):
     f, f_jax = case_fns(case)
     body = counted(f)
     g = ad.jit(body)
-    reference = jax.jit(f_jax)
+    f_ref = reference(seed, "eval", lambda: f_jax)
     for pred, args in [
         (True, xs),
         (False, xs),
@@ -539,7 +553,7 @@ def test_jit(seed):
     ]:
         out = g(pred, *args)
         assert all(isinstance(o, ad.Array) for o in out)
-        check(out, reference(pred, *args))
+        check(out, f_ref(pred, *args))
     assert body.calls == len(g.traces) == 1
 
 
@@ -554,9 +568,12 @@ def test_jvp(seed, pred):
     def as_tree(fn):
         return lambda first, rest: fn(pred, first, *rest)
 
+    def jvp_jax(pred, primals, tangents):
+        return jax.jvp(lambda first, rest: f_jax(pred, first, *rest), primals, tangents)
+
     primals, tangents = (xs[0], tuple(xs[1:])), (ts[0], tuple(ts[1:]))
     ours = ad.jvp(as_tree(f), primals, tangents)
-    theirs = jax.jit(partial(jax.jvp, as_tree(f_jax)))(primals, tangents)
+    theirs = reference(seed, "jvp", lambda: jvp_jax)(pred, primals, tangents)
     check(ours, theirs)
 
 
@@ -637,10 +654,11 @@ def test_jacfwd(seed, pred):
     case, _, xs = setup(seed)
     f, f_jax = case_fns(case)
 
-    def first_output(fn):
-        return lambda x: fn(pred, x, *xs[1:])[0]
+    def jacfwd_jax(pred, x, rest):
+        return jax.jacfwd(lambda x: f_jax(pred, x, *rest)[0])(x)
 
-    check(ad.jacfwd(first_output(f))(xs[0]), jax.jacfwd(first_output(f_jax))(xs[0]))
+    ours = ad.jacfwd(lambda x: f(pred, x, *xs[1:])[0])(xs[0])
+    check(ours, reference(seed, "jacfwd", lambda: jacfwd_jax)(pred, xs[0], xs[1:]))
 
 
 # ---------------------------------------------------------------------------
@@ -655,10 +673,12 @@ def test_linearize(seed, pred):
     case, rng, xs = setup(seed)
     f, f_jax = case_fns(case)
     primals_out, f_lin = ad.linearize(with_pred(f, pred), *xs)
-    reference = jax.jit(partial(jax.jvp, with_pred(f_jax, pred)))
+    jvp_jax = reference(
+        seed, "jvp-flat", lambda: lambda p, xs, ts: jax.jvp(with_pred(f_jax, p), xs, ts)
+    )
     for _ in range(2):
         ts = random_arrays(rng, case.float_shapes)
-        their_out, their_tangents = reference(tuple(xs), tuple(ts))
+        their_out, their_tangents = jvp_jax(pred, tuple(xs), tuple(ts))
         check(primals_out, their_out)
         check(f_lin(*ts), their_tangents)
 
@@ -687,11 +707,11 @@ def test_vjp(seed, pred):
     cts = random_cotangents(case, rng)
     out, f_vjp = ad.vjp(with_pred(f, pred), *xs)
 
-    def reference(xs, cts):
+    def vjp_jax(pred, xs, cts):
         out, pullback = jax.vjp(with_pred(f_jax, pred), *xs)
         return out, pullback(cts)
 
-    their_out, their_cts = jax.jit(reference)(tuple(xs), cts)
+    their_out, their_cts = reference(seed, "vjp", lambda: vjp_jax)(pred, tuple(xs), cts)
     check(out, their_out)
     check(f_vjp(cts), their_cts)
     # <ct, f_lin(t)> == <f_vjp(ct), t>: vjp transposes linearize.
@@ -711,7 +731,7 @@ def test_grad(seed, pred):
     loss, loss_jax = loss_fns(case)
     ours = ad.grad(loss)(tuple(xs), pred)
     assert isinstance(ours, tuple) and len(ours) == len(xs)
-    check(ours, jax.jit(jax.grad(loss_jax))(tuple(xs), pred))
+    check(ours, reference(seed, "grad", lambda: jax.grad(loss_jax))(tuple(xs), pred))
 
 
 @pytest.mark.parametrize("seed", HEAVY_SEEDS)
@@ -720,11 +740,11 @@ def test_grad_of_jit_and_jit_of_grad(seed):
     once, since the predicate is an argument."""
     case, _, xs = setup(seed)
     loss, loss_jax = loss_fns(case)
-    reference = jax.jit(jax.grad(loss_jax))
+    grad_jax = reference(seed, "grad", lambda: jax.grad(loss_jax))
     jitted = ad.jit(loss)
     g = ad.jit(ad.grad(loss))
     for pred in (True, False):
-        expected = reference(tuple(xs), pred)
+        expected = grad_jax(tuple(xs), pred)
         check(ad.grad(jitted)(tuple(xs), pred), expected)
         check(g(tuple(xs), pred), expected)
     assert len(g.traces) == 1
@@ -773,11 +793,13 @@ def test_jvp_of_grad(seed, pred):
     v = tuple(random_arrays(rng, case.float_shapes))
 
     def hvp(grad, jvp, loss):
-        return lambda xs, v: jvp(lambda xs: grad(loss)(xs, pred), (xs,), (v,))
+        return lambda pred, xs, v: jvp(lambda xs: grad(loss)(xs, pred), (xs,), (v,))
 
     check(
-        hvp(ad.grad, ad.jvp, loss)(tuple(xs), v),
-        jax.jit(hvp(jax.grad, jax.jvp, loss_jax))(tuple(xs), v),
+        hvp(ad.grad, ad.jvp, loss)(pred, tuple(xs), v),
+        reference(seed, "hvp", lambda: hvp(jax.grad, jax.jvp, loss_jax))(
+            pred, tuple(xs), v
+        ),
     )
 
 
@@ -789,10 +811,10 @@ def test_second_derivatives_along_a_line(seed, pred):
     g, g_jax = along_line(case, xs)
     s = np.float64(0.3)
 
-    def reference(s):
+    def derivatives(s, pred):
         return jax.grad(g_jax)(s, pred), jax.grad(jax.grad(g_jax))(s, pred)
 
-    d1, d2 = jax.jit(reference)(s)
+    d1, d2 = reference(seed, "line", lambda: derivatives)(s, pred)
     check(ad.grad(g)(s, pred), d1)
     check(ad.grad(ad.grad(g))(s, pred), d2)
     check(ad.grad(lambda s: ad.jvp(lambda s: g(s, pred), (s,), (1.0,))[1])(s), d2)
