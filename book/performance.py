@@ -187,14 +187,21 @@ dispatch_profile_chart(report["results"]["dispatch"], paths=["full_path"])
 # and takes the full path, and so does an integer beyond the range of `int64`,
 # which NumPy would not make an `int64`.
 #
+# **Pytrees, keyword and static arguments.** A training step takes a dict of
+# parameters, an optimizer state and keyword arguments, and its `n_heads` may
+# be static. Such a call is flattened once, as the full path flattens it: the
+# leaves, and a tree structure that holds the dict keys, the keywords and the
+# static values. The key is that structure together with the leaves' key, so a
+# different dict, keyword or static value, or a leaf of another shape or dtype,
+# misses and takes the full path. The flat key above is kept for calls whose
+# positional arguments are all arrays or numbers: it costs no flattening.
+#
 # **When the shortcut may be taken.** `bind` gives an operation to the highest
 # of the dynamic level and the levels of the arguments' tracers. When the
 # dynamic level is 0 (no `make_jaxpr` or outer `jit` is staging out) and no
 # argument is a tracer, `bind` would pick the evaluation interpreter, whose
 # `impl` rule checks types and runs the executable. That is the only case the
 # fast path handles; under `jvp`, `vmap` or `grad`, calls still go through `bind`.
-# Calls with keyword arguments, and every call of a function with static
-# arguments, take the full path too.
 #
 # **Why skipping the checks is safe.** A signature gets an entry only after a
 # full call with it succeeded: every argument was accepted, tracing worked, and
@@ -338,14 +345,21 @@ def jit(f: Callable, static_argnums=(), static_argnames=()) -> Callable:
 
     @functools.wraps(f)
     def f_jitted(*args: Any, **kwargs: Any) -> Any:
-        # new: the fast path, on a hit (static or keyword arguments: the full path)
-        signature = None if kwargs or call_f.static else input_signature(args)
-        if signature is not None:  # new
-            fast_call = fast_calls.get(signature)  # new
-            if fast_call is not None:  # new
-                return fast_call(args)  # new
-        args_flat, in_tree = tree_flatten(call_f.mark_static(args, kwargs))
-        args_flat = [_as_input(x, "jit argument") for x in args_flat]
+        # new: the fast path, on a hit; flat positional arguments need no flattening
+        flat = not kwargs and not call_f.static  # new
+        signature = input_signature(args) if flat else None  # new
+        fast_call = None if signature is None else fast_calls.get(signature)  # new
+        if fast_call is not None:  # new
+            return fast_call(args)  # new
+        leaves, in_tree = tree_flatten(call_f.mark_static(args, kwargs))
+        if signature is None:  # new: a pytree, keywords or static values
+            leaf_signature = input_signature(leaves)  # new: None for the full path
+            if leaf_signature is not None:  # new
+                signature = (in_tree, leaf_signature)  # new
+                fast_call = fast_calls.get(signature)  # new
+                if fast_call is not None:  # new
+                    return fast_call(leaves)  # new
+        args_flat = [_as_input(x, "jit argument") for x in leaves]
         jaxpr, consts, out_tree = trace_for_call(call_f, traces, args_flat, in_tree)
         outs = bind(xla_call_p, *consts, *args_flat, jaxpr=jaxpr)
         if signature is not None and stands_alone(jaxpr, consts):  # new
