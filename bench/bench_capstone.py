@@ -14,7 +14,8 @@ reports
   curves over the run (target: at most 1e-6);
 - a breakdown of a step: the median time of the jitted loss alone (the forward
   pass), of the jitted ``value_and_grad`` (forward and backward), of the whole
-  step (also Adam's update), and of a step's call until it returns, before the
+  step (also Adam's update), each timed on every step with that step's
+  parameters and batch, and of a step's call until it returns, before the
   device has finished (the Python work of dispatching it, and whatever of
   the run the runtime does before returning). A ``--quick`` run times whole
   steps only.
@@ -56,11 +57,11 @@ import benchlib  # noqa: E402  (also puts this checkout's autodidax on the path)
 
 FULL = dict(
     vocab_size=65, d_model=128, n_layers=4, n_heads=4, d_ff=512, context=64,
-    batch_size=32, steps=20, piece_repeats=7,
+    batch_size=32, steps=20, pieces=True,
 )  # fmt: skip
 QUICK = dict(
     vocab_size=65, d_model=32, n_layers=2, n_heads=2, d_ff=64, context=16,
-    batch_size=4, steps=4, piece_repeats=0,
+    batch_size=4, steps=4, pieces=False,
 )  # fmt: skip
 LEARNING_RATE = 1e-3
 TARGET_RATIO = 1.15
@@ -169,46 +170,42 @@ def time_call(fn: Callable, *args: object) -> float:
 
 
 def measure(libs: list[Library], config: dict) -> dict:
-    """Train all ``libs`` side by side; time the pieces; return the results."""
+    """Train all ``libs`` side by side; on every step also time the pieces
+    (with ``config["pieces"]``); return the results."""
     steps = config["steps"]
     inputs, targets = make_batches(config, steps + 1)
     losses: dict[str, list[float]] = {lib.name: [] for lib in libs}
-    times: dict[str, list[float]] = {lib.name: [] for lib in libs}
-    returns: dict[str, list[float]] = {lib.name: [] for lib in libs}
+    times: dict[tuple, list[float]] = {}
+    separately = ("forward", "value_and_grad") if config["pieces"] else ()
     first_ms = {}
-    for lib in libs:  # the first step traces and compiles
+    for lib in libs:  # the first step (and first pieces) trace and compile
+        for piece in separately:
+            time_call(getattr(lib, piece), lib.params, inputs[0], targets[0])
         first_ms[lib.name] = lib.step(inputs[0], targets[0])[1] * 1e3
         losses[lib.name].append(lib.last_loss)
     for i in range(1, steps + 1):
+        x, y = inputs[i], targets[i]
         for lib in libs if i % 2 else libs[::-1]:
-            gc.collect()
-            returned, done = lib.step(inputs[i], targets[i])
-            losses[lib.name].append(lib.last_loss)
-            times[lib.name].append(done)
-            returns[lib.name].append(returned)
-    pieces: dict[str, dict[str, float]] = {p: {} for p in PIECES}
-    piece_times: dict[tuple, list[float]] = {}
-    x, y = inputs[0], targets[0]
-    separately = ("forward", "value_and_grad") if config["piece_repeats"] else ()
-    for lib in libs:  # compile the pieces
-        for piece in separately:
-            time_call(getattr(lib, piece), lib.params, x, y)
-    for r in range(config["piece_repeats"]):
-        for lib in libs if r % 2 == 0 else libs[::-1]:
             for piece in separately:
                 gc.collect()
                 t = time_call(getattr(lib, piece), lib.params, x, y)
-                piece_times.setdefault((piece, lib.name), []).append(t)
-    for lib in libs:
-        name = lib.name
-        for piece in separately:
-            pieces[piece][name] = statistics.median(piece_times[piece, name]) * 1e3
-        pieces["train_step"][name] = statistics.median(times[name]) * 1e3
-        pieces["dispatch"][name] = statistics.median(returns[name]) * 1e3
-    ms = {name: statistics.median(t) * 1e3 for name, t in times.items()}
+                times.setdefault((piece, lib.name), []).append(t)
+            gc.collect()
+            returned, done = lib.step(x, y)
+            losses[lib.name].append(lib.last_loss)
+            times.setdefault(("train_step", lib.name), []).append(done)
+            times.setdefault(("dispatch", lib.name), []).append(returned)
+    pieces = {
+        piece: {
+            lib.name: statistics.median(times[piece, lib.name]) * 1e3 for lib in libs
+        }
+        for piece in PIECES
+        if (piece, libs[0].name) in times
+    }
+    ms = dict(pieces["train_step"])
     result = {
         "ms": ms,
-        "min_ms": {name: min(t) * 1e3 for name, t in times.items()},
+        "min_ms": {lib.name: min(times["train_step", lib.name]) * 1e3 for lib in libs},
         "first_step_ms": first_ms,
         "losses": losses,
         "pieces_ms": pieces,
@@ -258,8 +255,8 @@ def print_report(report: dict) -> None:
         "dispatch": "  of which: until the call returns",
     }
     for piece in PIECES:
-        row = results["pieces_ms"][piece]
-        if not row:  # a quick run times the whole step only
+        row = results["pieces_ms"].get(piece)
+        if row is None:  # a quick run times whole steps only
             continue
         print(f"  {labels[piece]:34}" + "  ".join(f"{row[n]:10.2f}" for n in names))
     print(f"  model: {results['model_source']}")
