@@ -113,7 +113,7 @@ def fill_in(namespace: dict, module: types.ModuleType, source: str) -> str:
     """Stand-ins for what an older autodidax ``module`` lacks, put into the
     model's ``namespace`` (this benchmark only); returns ``source``, with
     ``b**t`` of the traced step count written as ``exp(t log b)`` when the
-    module has no ``pow``."""
+    module has no ``pow_p`` primitive."""
     import numpy as np
 
     anp, lax = namespace["jnp"], namespace["lax"]
@@ -167,7 +167,7 @@ def fill_in(namespace: dict, module: types.ModuleType, source: str) -> str:
             nn=getattr(module, "nn", nn),
             tree=getattr(module, "tree", types.SimpleNamespace(map=module.tree_map)),
         )
-    if not hasattr(module, "pow"):
+    if not hasattr(module, "pow_p"):
         source = source.replace("b1**t", "jnp.exp(t * np.log(b1))")
         source = source.replace("b2**t", "jnp.exp(t * np.log(b2))")
     return source
