@@ -538,6 +538,13 @@ benchmark_summary_table(
             "jit(grad) of a 1,024-step scan; XLA loops in both, saving the same"
             " residuals byte for byte (Part 11)",
         ),
+        (
+            "capstone training step",
+            ["capstone_step"],
+            [],
+            "Part 12's transformer, jit(value_and_grad) and Adam: nearly the same"
+            " XLA program in both (see below)",
+        ),
     ],
 )
 
@@ -587,23 +594,23 @@ print(
 capstone_breakdown_table(capstone)
 
 # %% [markdown]
-# Dispatch is not where a step's time goes: the call returns within a few
-# milliseconds of a step that takes hundreds. The time is spent running the
-# compiled program, so the work was to make our program the one JAX compiles.
-# Counting the operations of both optimized programs by kind (what
-# `executable.hlo_modules()` and JAX's `compile().as_text()` print) showed two
-# loops, the same number of matrix products and the same gathers and
-# scatters, but one difference that mattered: `x @ w` with a stack of
-# matrices `x` (batch, positions, features) and one weight matrix `w` copied
-# `w` once per batch row and multiplied batch by batch, so the backward pass
-# built one weight gradient per row and summed them. Lowered as one
-# `dot_general` that contracts `x`'s last axis with `w`'s first, as JAX does,
-# the product needs no copies; that change alone took the step from 1.6 to
-# about 1.05 times JAX's time in our measurements. What is left differs in
-# small ways: a few all-zero tangents of constants, which our `jvp` makes as
-# arrays and the compiled program receives as inputs, the layer weights that the forward
-# loop saves as residuals although they are its inputs, and the gradient of
-# `split`, which we build from three padded slices where JAX concatenates.
+# A step's call returns long before the step is done (the last row): dispatch
+# is not where its time goes. When the capstone first ran, a step took 1.6
+# times JAX's time, and the difference was in the compiled program. Counting
+# the operations of both optimized programs by kind (what our executable's
+# `hlo_modules()` and JAX's `compile().as_text()` print) showed two loops, the
+# same number of matrix products and the same gathers and scatters on both
+# sides, and one difference that mattered: `x @ w`, with a stack of matrices
+# `x` (batch, positions, features) and one weight matrix `w`, copied `w` once
+# per batch row and multiplied row by row, so the backward pass built a
+# weight gradient per row and then summed them. Lowered as one `dot_general`
+# that contracts `x`'s last axis with `w`'s first, as JAX does (the
+# appendix's `@`), the product needs no copies, and the step runs in about
+# the time of JAX's. What is left differs in small ways: a few all-zero
+# tangents of constants, which our `jvp` makes as arrays and the compiled
+# program receives as inputs; the layer weights, which the forward loop saves
+# as residuals although they are its inputs; and the gradient of `split`,
+# which we build from three padded slices where JAX concatenates.
 #
 # ## What real JAX does differently
 #
