@@ -571,11 +571,11 @@ scaling_chart(report)
 # %% [markdown]
 # ## A training step
 #
-# The capstone, Part 12, trains a small transformer. Its
-# training step is one jitted call whose arguments are a dict of fourteen
-# arrays, Adam's state (two more such dicts and a step count), a batch, a
-# keyword learning rate and a static `n_heads`: the kind of call the fast path now takes, flattened once and
-# matched by its tree structure. The benchmark `bench/bench_capstone.py` runs
+# The capstone, Part 12, trains a small transformer. Its training step is one
+# jitted call whose arguments are a dict of fourteen arrays, Adam's state (two
+# more such dicts and a step count), a batch, a keyword learning rate and a
+# static `n_heads`: the kind of call the fast path now takes, flattened once
+# and matched by its tree structure. The benchmark `bench/bench_capstone.py` runs
 # the chapter's model on both libraries, in float64, step for step on the same
 # batches, and times each step until its loss is on the host. The table splits
 # a step into the jitted loss alone (the forward pass), the jitted
