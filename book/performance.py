@@ -214,7 +214,10 @@ dispatch_profile_chart(report["results"]["dispatch"], paths=["full_path"])
 # The copy: `batched_device_put`, the same call Part 3's `device_put` makes,
 # needs JAX's aval for the argument; with the type fixed by the signature, that
 # aval is built once, when the entry is made, and jaxlib accepts a Python
-# number or NumPy value as it is. The outputs: instead of splitting the results
+# number or NumPy value as it is. Its batch is the pieces of *one* array, one
+# per device (its signature takes one aval; JAX's own `batched_device_put`, in
+# `jax/_src/interpreters/pxla.py`, passes it the same), so a call with several
+# host arguments makes one copy each. The outputs: instead of splitting the results
 # into one jaxlib array per output and wrapping each, the general route, jaxlib
 # can build the outputs itself with a *result handler*, made once per output
 # from its aval; `wrap(Array)` makes it hand each new jaxlib array to our
