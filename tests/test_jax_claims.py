@@ -3273,3 +3273,55 @@ def test_part10_linearize_trace_stages_tangents():
     source = inspect.getsource(jax_ad.linearize_subtrace_2)
     assert "tangent_trace = pe.DynamicJaxprTrace" in source
     assert "LinearizeTrace(parent_trace, tangent_trace" in source
+
+
+def test_part12_float32_default_and_numpy_scalars():
+    # part12_capstone: "JAX's default is 32 bits ... `np.sqrt(D // n_heads)` is
+    # a NumPy float64, which would turn a float32 model into float64 in ours
+    # (and in JAX with `jax_enable_x64` on), but not in JAX's default mode,
+    # which narrows it to float32"; a Python float takes the array's dtype.
+    x = jnp.ones(3, jnp.float32)
+    with jax.enable_x64(False):
+        assert jnp.zeros(2).dtype == jnp.float32
+        assert (x / np.float64(2.0)).dtype == jnp.float32
+        assert (x / 2.0).dtype == jnp.float32
+    with jax.enable_x64(True):
+        assert (x / np.float64(2.0)).dtype == jnp.float64
+        assert (x / 2.0).dtype == jnp.float32
+
+
+def test_part12_softmax_var_gelu_formulas():
+    # part12_capstone: JAX's `softmax` subtracts the maximum under
+    # `stop_gradient` (its custom-JVP version is off by default,
+    # `jax_softmax_custom_jvp`); `jnp.var` squares the centered values with
+    # `square`; `gelu` is by default the tanh approximation, computed as
+    # x * (0.5 * (1 + tanh(...))) with `integer_pow` for the cube.
+    x = np.ones((2, 3), np.float32)
+    assert jax.config.jax_softmax_custom_jvp is False
+
+    def names(fn):
+        found = []
+
+        def walk(jaxpr):
+            for eqn in jaxpr.eqns:
+                found.append(eqn.primitive.name)
+                for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                    walk(sub)
+
+        walk(jax.make_jaxpr(fn)(x).jaxpr)
+        return found
+
+    assert "stop_gradient" in names(jax.nn.softmax)
+    assert "custom_jvp_call" not in names(jax.nn.softmax)
+    assert "square" in names(lambda x: jnp.var(x, axis=-1))
+    gelu = names(jax.nn.gelu)
+    assert gelu[0] == "integer_pow" and gelu[-1] == "mul" and "tanh" in gelu
+    assert inspect.signature(jax.nn.gelu).parameters["approximate"].default is True
+
+
+def test_part12_pmap_docstring_points_to_shard_map():
+    # part12_capstone: "JAX 0.10.2's docstring of `jax.pmap` calls it the old
+    # way of doing a parallel map and points to `jax.shard_map`".
+    assert jax.pmap.__doc__.startswith(
+        "Old way of doing parallel map. Use :py:func:`jax.shard_map` instead."
+    )
