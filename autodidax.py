@@ -4025,7 +4025,7 @@ def check_integer_power(x: ArrayLike, y: Any) -> None:
     if not _is_axis(y):  # a Python or NumPy integer, not a bool
         raise TypeError(
             f"integer_pow: the exponent must be an integer, got {_describe(y)}; "
-            "for other powers write exp(y * log(x))"
+            "for other powers use lax.pow (which ** and jnp.power choose)"
         )
     _check_kind("integer_pow", x, "iuf", "a numeric (not boolean)")
     if y < 0 and get_aval(x).dtype.kind != "f":
@@ -4076,6 +4076,88 @@ def _integer_pow_lower(ctx, avals_in, avals_out, x, *, y):
     if y < 0:
         result = hlo.divide(ir_constant(1, aval), result)
     return [result]
+
+
+pow_p = Primitive("pow")
+NOT_LINEAR.add("pow")
+
+
+@pow_p.def_rule("jvp")
+def _pow_jvp(primals, tangents):
+    (x, y), (dx, dy) = primals, tangents
+    out = general_pow(x, y)
+    dtype = get_aval(x).dtype
+    y_float = convert_element_type(y, dtype)
+    ones = np.ones(get_aval(x).shape, dtype)
+    if get_aval(y).dtype.kind == "f":
+        slope_x = mul(y_float, general_pow(x, sub(y_float, ones)))
+        slope_y = mul(log(select(equal(x, zeros_like(x)), ones, x)), out)
+        return [out], [add(mul(dx, slope_x), mul(dy, slope_y))]
+    y_is_0 = equal(y_float, zeros_like(y_float))
+    y_or_1 = select(y_is_0, ones, y_float)  # no 0 * inf in the unused branch
+    slope_x = mul(y_or_1, general_pow(x, sub(y_float, ones)))
+    return [out], [mul(dx, select(y_is_0, zeros_like(x), slope_x))]
+
+
+# @title lax.pow: the wrapper and checks, evaluation, typing, batching, lowering
+def general_pow(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """Elementwise ``x ** y``: a float ``x``; ``y`` of ``x``'s dtype or integer."""
+    x, y = _pow_operands(x, y)
+    return bind(pow_p, x, y)
+
+
+def _pow_operands(x: ArrayLike, y: ArrayLike) -> tuple[ArrayLike, ArrayLike]:
+    """Python numbers become arrays shaped like the other operand: a float
+    base as the exponent's float dtype (or float64), an exponent as int64 or
+    the base's dtype; then the operands are checked."""
+    if _is_python_scalar(x):
+        y_dtype = np.float64 if _is_python_scalar(y) else get_aval(y, "pow", 1).dtype
+        x = np.asarray(float(x), y_dtype if y_dtype.kind == "f" else np.float64)
+    if _is_python_scalar(y) and type(y) is not bool:
+        y = np.asarray(y, np.int64 if type(y) is int else get_aval(x, "pow").dtype)
+    x_aval, y_aval = get_aval(x, "pow", 0), get_aval(y, "pow", 1)
+    if y_aval.ndim == 0 and x_aval.ndim:
+        y = broadcast(y, x_aval.shape, tuple(range(x_aval.ndim)))
+    elif x_aval.ndim == 0 and y_aval.ndim:
+        x = broadcast(x, y_aval.shape, tuple(range(y_aval.ndim)))
+    check_pow_types(get_aval(x), get_aval(y))
+    return x, y
+
+
+def check_pow_types(x: ShapedArray, y: ShapedArray) -> None:
+    if x.dtype.kind != "f" or not (y.dtype == x.dtype or y.dtype.kind in "iu"):
+        raise TypeError(
+            f"pow: the base must be a float array and the exponent an integer "
+            f"array or a float array of the base's dtype, got {x.str_short()} "
+            f"and {y.str_short()}"
+        )
+    if x.shape != y.shape:
+        raise TypeError(
+            f"pow: operands must have the same shape, got {x.str_short()} and "
+            f"{y.str_short()}"
+        )
+
+
+@pow_p.def_rule("impl")
+def _pow_impl(x, y):
+    return [np.power(x, np.asarray(y, x.dtype))]
+
+
+@pow_p.def_rule("abstract_eval")
+def _pow_abstract_eval(x, y):
+    check_pow_types(x, y)
+    return [ShapedArray(x.shape, x.dtype)]
+
+
+_binary_vmap(pow_p)
+
+
+@pow_p.def_rule("lower")
+def _pow_lower(ctx, avals_in, avals_out, x, y):
+    x_aval, y_aval = avals_in
+    if y_aval.dtype != x_aval.dtype:
+        y = hlo.convert(ir_type(ShapedArray(y_aval.shape, x_aval.dtype)), y)
+    return [hlo.power(x, y)]
 
 
 def reshape(x: ArrayLike, shape: int | Sequence[int]) -> ArrayLike:
@@ -4656,9 +4738,38 @@ def numpy_minimum(x: ArrayLike, y: ArrayLike) -> ArrayLike:
 
 
 @numpy_function
-def numpy_power(x: ArrayLike, y: int) -> ArrayLike:
-    """``x ** y`` for an integer ``y``."""
-    return integer_pow(x, y)
+def numpy_power(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """``x ** y``: ``integer_pow`` for a Python or NumPy integer ``y``, as
+    JAX; otherwise ``pow``, after broadcasting, with a float base (an integer
+    exponent is passed as it is, other operands are promoted first)."""
+    if _is_axis(y) or _is_integer_scalar_array(y):  # known now: multiplications
+        return integer_pow(x, int(y))
+    check_power_exponent(y)
+    x_dtype = np.dtype(float) if type(x) is float else get_aval(x, "power").dtype
+    y_dtype = None if _is_python_scalar(y) else get_aval(y, "power", 1).dtype
+    if not (x_dtype.kind == "f" and y_dtype is not None and y_dtype.kind in "iu"):
+        x, y = promote_operands("power", x, y)  # else: a float base, an integer
+        check_power_is_float(x, y)  # exponent, passed as they are
+    return general_pow(*_broadcast_operands("power", x, y))
+
+
+def _is_integer_scalar_array(y: Any) -> bool:
+    """A NumPy integer array of no axes: a known exponent, as in JAX."""
+    return isinstance(y, np.ndarray) and y.ndim == 0 and y.dtype.kind in "iu"
+
+
+def check_power_exponent(y: Any) -> None:
+    if get_aval(_as_input(y, "power"), "power", 1).dtype == np.bool_:
+        raise TypeError(f"power: the exponent must be a number, got {_describe(y)}")
+
+
+def check_power_is_float(x: ArrayLike, y: ArrayLike) -> None:
+    if all(_is_python_scalar(v) or get_aval(v).dtype.kind != "f" for v in (x, y)):
+        raise TypeError(
+            f"power: an integer base with an exponent that is not a Python integer "
+            f"is not supported, got {_describe(x)} and {_describe(y)}; convert the "
+            "base to a float dtype first"
+        )
 
 
 @numpy_function
@@ -4928,6 +5039,184 @@ def numpy_stack(arrays: Sequence[ArrayLike], axis: int = 0) -> ArrayLike:
     return numpy_concatenate(expanded, axis)
 
 
+# @title tril, triu, var, std; the namespaces autodidax.tree and autodidax.tree_util
+@numpy_function
+def numpy_tril(m: ArrayLike, k: int = 0) -> ArrayLike:
+    """``m`` with zeros above the ``k``-th diagonal (of the last two axes)."""
+    return _keep_triangle("tril", m, k, lower=True)
+
+
+@numpy_function
+def numpy_triu(m: ArrayLike, k: int = 0) -> ArrayLike:
+    """``m`` with zeros below the ``k``-th diagonal (of the last two axes)."""
+    return _keep_triangle("triu", m, k, lower=False)
+
+
+def _keep_triangle(name: str, m: ArrayLike, k: int, lower: bool) -> ArrayLike:
+    m = _as_input(m, name)
+    aval = get_aval(m)
+    if aval.ndim < 2:
+        raise ValueError(
+            f"{name}: the array must have at least 2 axes, got {aval.str_short()}"
+        )
+    if not _is_axis(k):
+        raise TypeError(f"{name}: k must be an integer, got {_describe(k)}")
+    rows, cols = aval.shape[-2:]
+    below = np.tri(rows, cols, int(k) if lower else int(k) - 1, dtype=bool)
+    mask = np.broadcast_to(below if lower else ~below, aval.shape)
+    return select(np.ascontiguousarray(mask), m, zeros_like(m))
+
+
+@numpy_function
+def numpy_var(
+    x: ArrayLike,
+    axis: Axes = None,
+    dtype: Any = None,
+    ddof: int = 0,
+    keepdims: bool = False,
+) -> ArrayLike:
+    """Mean squared distance from the mean over ``axis``, divided by N - ddof,
+    as JAX computes it; integers give float64."""
+    x = _as_input(x, "var")
+    if get_aval(x).dtype.kind != "f":
+        x = convert_element_type(x, np.float64)  # JAX's default float, not as_inexact
+    ndim = get_aval(x).ndim
+    axes = range(ndim) if axis is None else _normalize_axes("var", axis, ndim)
+    count = math.prod(get_aval(x).shape[a] for a in axes)
+    centered = numpy_subtract(x, numpy_mean(x, axis, keepdims=True))
+    total = numpy_sum(integer_pow(centered, 2), axis, keepdims)
+    out = div(total, float(count - ddof))
+    return out if dtype is None else convert_element_type(out, dtype)
+
+
+@numpy_function
+def numpy_std(
+    x: ArrayLike,
+    axis: Axes = None,
+    dtype: Any = None,
+    ddof: int = 0,
+    keepdims: bool = False,
+) -> ArrayLike:
+    """The square root of ``var``."""
+    return sqrt(numpy_var(x, axis, dtype, ddof, keepdims))
+
+
+tree = types.ModuleType("autodidax.tree", "jax.tree's names for the tree functions.")
+tree_util = types.ModuleType("autodidax.tree_util", "jax.tree_util's names.")
+if __name__ != "__main__":  # `import autodidax.tree`, as `import jax.tree`
+    sys.modules[f"{__name__}.tree"] = tree
+    sys.modules[f"{__name__}.tree_util"] = tree_util
+tree.map, tree.leaves, tree.structure = tree_map, tree_leaves, tree_structure
+tree.flatten, tree.unflatten = tree_flatten, tree_unflatten
+for _fn in [tree_map, tree_leaves, tree_structure, tree_flatten, tree_unflatten]:
+    setattr(tree_util, _fn.__name__, _fn)
+tree_util.register_pytree_node = register_pytree_node
+
+
+@numpy_function
+def numpy_einsum(subscripts: str, *operands: ArrayLike) -> ArrayLike:
+    """Einstein summation over one or more operands; two operands make one
+    ``dot_general``, more are contracted pairwise, left to right."""
+    operands = promote_operands("einsum", *(_as_input(x, "einsum") for x in operands))
+    ins, out = parse_einsum(subscripts, [get_aval(x) for x in operands])
+    x, sx = _sum_unused_letters(operands[0], ins[0], [out, *ins[1:]])
+    for i in range(1, len(operands)):
+        x, sx = _einsum_pair(x, sx, operands[i], ins[i], [out, *ins[i + 1 :]])
+    return _transpose_unless_identity(x, [sx.index(c) for c in out])
+
+
+def _einsum_pair(x, sx, y, sy, later):
+    """One dot_general. A letter of both operands is a batch dimension if
+    ``later`` (the output, the operands still to come) needs it, else it is
+    contracted. Returns the product and its letters: batch (in the order
+    ``later`` names them), then x's free letters, then y's."""
+    y, sy = _sum_unused_letters(y, sy, [sx, *later])
+    batch = [c for c in dict.fromkeys("".join(later)) if c in sx and c in sy]
+    contract = [c for c in sx if c in sy and c not in batch]
+    dims = (
+        (tuple(map(sx.index, contract)), tuple(map(sy.index, contract))),
+        (tuple(map(sx.index, batch)), tuple(map(sy.index, batch))),
+    )
+    free_x = [c for c in sx if c not in sy]
+    free_y = [c for c in sy if c not in sx]
+    return dot_general(x, y, dims), "".join(batch + free_x + free_y)
+
+
+# @title Summing the letters no one needs; checks: subscripts that fit the operands
+def _sum_unused_letters(x, letters, others):
+    """Sum away the axes whose letter appears nowhere in ``others``."""
+    unused = [i for i, c in enumerate(letters) if not any(c in s for s in others)]
+    if not unused:
+        return x, letters
+    return reduce_sum(x, tuple(unused)), "".join(
+        c for i, c in enumerate(letters) if i not in unused
+    )
+
+
+def parse_einsum(subscripts: Any, avals: list[ShapedArray]) -> tuple[list[str], str]:
+    """The operands' letters and the output's, checked against the operands."""
+    if not isinstance(subscripts, str):
+        raise TypeError(
+            f"einsum: subscripts must be a string, got {_describe(subscripts)}"
+        )
+    spec = subscripts.replace(" ", "")
+    if "." in spec:
+        raise ValueError(
+            f"einsum: '...' in {subscripts!r} is not supported; name every axis "
+            "with a letter"
+        )
+    ins_spec, arrow, out = spec.partition("->")
+    ins = ins_spec.split(",")
+    if len(ins) != len(avals):
+        raise ValueError(
+            f"einsum: subscripts {subscripts!r} name {len(ins)} operand(s), got "
+            f"{len(avals)}"
+        )
+    if not arrow:  # implicit output: the letters used once, in alphabetical order
+        once = [c for c in set(ins_spec) if c.isalpha() and ins_spec.count(c) == 1]
+        out = "".join(sorted(once))
+    sizes: dict[str, tuple[int, int]] = {}
+    for i, (letters, aval) in enumerate(zip(ins, avals)):
+        _check_einsum_operand(subscripts, i, letters, aval, sizes)
+    for c in out:
+        if not c.isalpha() or c not in sizes:
+            raise ValueError(
+                f"einsum: output subscript {c!r} in {subscripts!r} names no axis "
+                "of the operands"
+            )
+        if out.count(c) > 1:
+            raise ValueError(
+                f"einsum: output subscript {c!r} repeats in {subscripts!r}"
+            )
+    return ins, out
+
+
+def _check_einsum_operand(subscripts, i, letters, aval, sizes) -> None:
+    if len(letters) != aval.ndim:
+        raise ValueError(
+            f"einsum: operand {i} is {aval.str_short()}, with {aval.ndim} axes, but "
+            f"its subscripts {letters!r} in {subscripts!r} name {len(letters)}"
+        )
+    for axis, c in enumerate(letters):
+        if not c.isalpha():
+            raise ValueError(
+                f"einsum: subscript {c!r} in {subscripts!r} is not a letter"
+            )
+        if letters.count(c) > 1:
+            raise ValueError(
+                f"einsum: subscript {c!r} repeats within operand {i} ({letters!r}) "
+                f"in {subscripts!r}; diagonals are not supported"
+            )
+        size = aval.shape[axis]
+        if c in sizes and sizes[c][0] != size:
+            raise ValueError(
+                f"einsum: subscript {c!r} in {subscripts!r} has size "
+                f"{sizes[c][0]} in operand {sizes[c][1]} and size {size} in "
+                f"operand {i}"
+            )
+        sizes.setdefault(c, (size, i))
+
+
 def _contract_last_axis(name: str, x: Any, y: Any) -> Any:
     """x's last axis against y's only axis, or y's second-to-last."""
     i, j = check_aligned(name, get_aval(x), get_aval(y))
@@ -4936,18 +5225,11 @@ def _contract_last_axis(name: str, x: Any, y: Any) -> Any:
 
 @numpy_function
 def numpy_matmul(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """NumPy's ``matmul``, the ``@`` operator."""
+    """NumPy's ``matmul``, the ``@`` operator: an einsum, so one dot_general."""
     x, y = promote_operands("matmul", *(_as_input(v, "matmul") for v in (x, y)))
-    x_aval, y_aval = get_aval(x), get_aval(y)
-    check_matmul_operands(x_aval, y_aval)  # no scalars, inner sizes that agree
-    if max(x_aval.ndim, y_aval.ndim) <= 2 or min(x_aval.ndim, y_aval.ndim) == 1:
-        return _contract_last_axis("matmul", x, y)
-    # Two stacks of matrices: broadcast the stacks, then batch over them.
-    batch = _broadcast_stacks(x_aval, y_aval)
-    x = broadcast_to(x, (*batch, *x_aval.shape[-2:]))
-    y = broadcast_to(y, (*batch, *y_aval.shape[-2:]))
-    n = len(batch)
-    return dot_general(x, y, (((n + 1,), (n,)), (tuple(range(n)), tuple(range(n)))))
+    check_matmul_operands(get_aval(x), get_aval(y))  # no scalars, sizes that agree
+    x, y, subscripts = matmul_as_einsum(x, y)  # e.g. "amk,kn->amn"
+    return numpy_einsum(subscripts, x, y)
 
 
 # @title Checks: operands of a product that line up; and numpy.dot
@@ -4979,6 +5261,32 @@ def check_matmul_operands(x: ShapedArray, y: ShapedArray) -> None:
             f"{y.str_short()} (use * to multiply by a scalar)"
         )
     check_aligned("matmul", x, y)
+    _broadcast_stacks(x, y)
+
+
+def matmul_as_einsum(x: ArrayLike, y: ArrayLike) -> tuple[ArrayLike, ArrayLike, str]:
+    """``x @ y`` as einsum subscripts, such as ``"amk,kn->amn"``: a letter per
+    stack axis, shared where both stacks have the axis. A size-1 stack axis
+    that meets a larger one is reshaped away from its operand."""
+    xs, ys = get_aval(x).shape, get_aval(y).shape
+    n = max(len(xs), len(ys)) - 2
+    pad_x = (None,) * (n - len(xs[:-2])) + xs[:-2]  # None: no such axis
+    pad_y = (None,) * (n - len(ys[:-2])) + ys[:-2]
+    lx, ly, out, keep_x, keep_y = "", "", "", [], []
+    for c, dx, dy in zip("abcdefghijlopqrstuvwxyz", pad_x, pad_y):
+        out += c
+        if dx is not None and (dx != 1 or dy in (None, 1)):
+            lx, keep_x = lx + c, [*keep_x, dx]
+        if dy is not None and (dy != 1 or dx in (None, 1)):
+            ly, keep_y = ly + c, [*keep_y, dy]
+    if len(keep_x) < len(xs[:-2]):
+        x = reshape(x, (*keep_x, *xs[-2:]))
+    if len(keep_y) < len(ys[:-2]):
+        y = reshape(y, (*keep_y, *ys[-2:]))
+    lx += "mk" if len(xs) > 1 else "k"
+    ly += "kn" if len(ys) > 1 else "k"
+    out += "m" * (len(xs) > 1) + "n" * (len(ys) > 1)
+    return x, y, f"{lx},{ly}->{out}"
 
 
 def _broadcast_stacks(x: ShapedArray, y: ShapedArray) -> tuple[int, ...]:
@@ -4987,21 +5295,13 @@ def _broadcast_stacks(x: ShapedArray, y: ShapedArray) -> tuple[int, ...]:
     return broadcast_shapes("matmul", x.shape[:-2], y.shape[:-2], described=described)
 
 
-# @title Checks: `**` with an integer exponent only
+# @title `**`: the front end's power, in both directions
 def _power(x: ArrayLike, exponent: Any) -> ArrayLike:
-    if not _is_axis(exponent):  # a Python or NumPy integer
-        raise TypeError(
-            f"**: only integer exponents are supported, got {_describe(exponent)}"
-            "; write exp(y * log(x)) for other powers"
-        )
-    return integer_pow(x, exponent)
+    return numpy_power(x, exponent)
 
 
 def _reflected_power(x: ArrayLike, base: Any) -> ArrayLike:
-    raise TypeError(
-        f"**: only integer exponents are supported, got {_describe(x)} as the "
-        f"exponent of {_describe(base)}; write exp(x * log(base)) instead"
-    )
+    return numpy_power(base, x)
 
 
 OPERATORS.update(add=numpy_add, sub=numpy_subtract, mul=numpy_multiply)
@@ -5150,6 +5450,149 @@ Tracer.__index__ = _tracer_index
 Tracer.__complex__ = lambda self: complex(_tracer_float(self))
 Tracer.__len__ = _tracer_len
 Tracer.__iter__ = _tracer_iter
+
+# @title The module autodidax.nn, and the decorator that fills it
+nn_namespace = types.ModuleType("autodidax.nn", "A few of jax.nn's functions.")
+nn = nn_namespace  # for `from autodidax import nn`
+if __name__ != "__main__":  # `import autodidax.nn`
+    sys.modules[f"{__name__}.nn"] = nn_namespace
+
+
+def nn_function(fn: Callable) -> Callable:
+    """Decorator: put ``nn_<name>`` into autodidax.nn as ``<name>``."""
+    setattr(nn_namespace, fn.__name__.removeprefix("nn_"), fn)
+    return fn
+
+
+@nn_function
+def nn_log_softmax(x: ArrayLike, axis: Axes = -1) -> ArrayLike:
+    x = as_inexact("log_softmax", _as_input(x, "log_softmax"))
+    shifted = x - stop_gradient(numpy_max(x, axis, keepdims=True))
+    return shifted - log(numpy_sum(exp(shifted), axis, keepdims=True))
+
+
+@nn_function
+def nn_softmax(x: ArrayLike, axis: Axes = -1) -> ArrayLike:
+    x = as_inexact("softmax", _as_input(x, "softmax"))
+    unnormalized = exp(x - stop_gradient(numpy_max(x, axis, keepdims=True)))
+    return unnormalized / numpy_sum(unnormalized, axis, keepdims=True)
+
+
+# @title The primitive erf (evaluated by XLA), for gelu(approximate=False)
+from jaxlib.mlir.dialects import chlo
+
+erf_p = Primitive("erf")
+NOT_LINEAR.add("erf")
+
+
+def erf(x: ArrayLike) -> ArrayLike:
+    """The error function, elementwise, of a float array."""
+    _check_kind("erf", x, "f", "a float")
+    return bind(erf_p, x)
+
+
+@erf_p.def_rule("jvp")
+def _erf_jvp(primals, tangents):
+    (x,), (dx,) = primals, tangents  # d/dx erf(x) = 2/sqrt(pi) exp(-x^2)
+    return [erf(x)], [mul(dx, mul(exp(neg(mul(x, x))), 2 / math.sqrt(math.pi)))]
+
+
+@erf_p.def_rule("impl")
+def _erf_impl(x):
+    return [np.asarray(_erf_on_xla(x))]  # NumPy has no erf; XLA's, as under jit
+
+
+_erf_on_xla = jit(lambda x: bind(erf_p, x))
+_unary_abstract_eval(erf_p, "f", "a float")
+_unary_vmap(erf_p)
+
+
+@erf_p.def_rule("lower")
+def _erf_lower(ctx, avals_in, avals_out, x):
+    with_chlo(ir.Context.current)
+    return [chlo.erf(x)]
+
+
+@functools.cache
+def with_chlo(context: ir.Context) -> None:
+    """Register CHLO, XLA's dialect of composite operations such as erf."""
+    chlo.register_dialect(context)
+
+
+lax_namespace.erf = erf
+lax_namespace.pow = general_pow
+
+
+# @title gelu, relu, logsumexp, one_hot
+@nn_function
+def nn_gelu(x: ArrayLike, approximate: bool = True) -> ArrayLike:
+    """x times the normal distribution's CDF at x; by default its tanh
+    approximation, with JAX's constants and order of operations."""
+    x = as_inexact("gelu", _as_input(x, "gelu"))
+    dtype = get_aval(x).dtype
+    if approximate:
+        inner = np.sqrt(2 / np.pi).astype(dtype) * (x + 0.044715 * x**3)
+        return x * (0.5 * (1.0 + tanh(inner)))
+    return 0.5 * x * (1.0 + erf(x * np.sqrt(0.5).astype(dtype)))
+
+
+@nn_function
+def nn_relu(x: ArrayLike) -> ArrayLike:
+    """max(x, 0), with derivative 0 at 0, as JAX's (NaN stays NaN)."""
+    x = _as_input(x, "relu")
+    return numpy_where(x > 0, x, stop_gradient(numpy_maximum(x, 0)))
+
+
+@nn_function
+def nn_logsumexp(a: ArrayLike, axis: Axes = None, keepdims: bool = False) -> ArrayLike:
+    """log(sum(exp(a))) over ``axis``, shifted by the (finite) maximum first."""
+    a = as_inexact("logsumexp", _as_input(a, "logsumexp"))
+    top = numpy_max(a, axis, keepdims=True)
+    top = stop_gradient(numpy_where(numpy_equal(top - top, 0.0), top, 0.0))  # finite
+    out = log(numpy_sum(exp(a - top), axis, keepdims=True)) + top
+    return out if keepdims else _drop_dims(out, axis)
+
+
+def _drop_dims(x: ArrayLike, axis: Axes) -> ArrayLike:
+    shape = get_aval(x).shape
+    axes = range(len(shape)) if axis is None else _normalize_axes("", axis, len(shape))
+    return reshape(x, tuple(n for i, n in enumerate(shape) if i not in axes))
+
+
+@nn_function
+def nn_one_hot(
+    x: ArrayLike, num_classes: int, *, dtype: Any = np.float64, axis: int = -1
+):
+    """1 where the new axis's position equals the index in ``x``, else 0."""
+    x = _as_input(x, "one_hot")
+    aval = get_aval(x)
+    check_one_hot(aval, num_classes, axis)
+    axis = axis % (aval.ndim + 1)
+    shape = (*aval.shape[:axis], 1, *aval.shape[axis:])
+    classes = np.arange(num_classes, dtype=aval.dtype)
+    classes = classes.reshape(
+        [num_classes if i == axis else 1 for i in range(len(shape))]
+    )
+    return convert_element_type(numpy_equal(reshape(x, shape), classes), dtype)
+
+
+def check_one_hot(aval: ShapedArray, num_classes: Any, axis: Any) -> None:
+    if aval.dtype.kind not in "iu":
+        raise TypeError(
+            f"one_hot: the indices must be integers, got {aval.str_short()} "
+            "(JAX has deprecated other dtypes); convert them with astype"
+        )
+    if not _is_axis(num_classes) or num_classes < 0:
+        raise TypeError(
+            f"one_hot: num_classes must be a non-negative Python integer, got "
+            f"{_describe(num_classes)}"
+        )
+    if not _is_axis(axis) or not -aval.ndim - 1 <= axis <= aval.ndim:
+        raise ValueError(
+            f"one_hot: axis {axis!r} is out of range for the {aval.ndim + 1} axes "
+            f"of the result (indices {aval.str_short()})"
+        )
+
 
 # ==== chapter: indexing ====
 
@@ -8920,7 +9363,7 @@ def per_element_cost(prim: Primitive, flops=1, transcendentals=0) -> None:
 
 for prim in [add_p, sub_p, mul_p, div_p, neg_p, max_p, select_p]:
     per_element_cost(prim)
-for prim in [sin_p, cos_p, exp_p, log_p, tanh_p, sqrt_p, rsqrt_p]:
+for prim in [sin_p, cos_p, exp_p, log_p, tanh_p, sqrt_p, rsqrt_p, erf_p]:
     per_element_cost(prim, flops=0, transcendentals=1)
 for prim in [transpose_p, broadcast_p, reshape_p]:
     per_element_cost(prim, flops=0)
@@ -8946,6 +9389,15 @@ def _integer_pow_cost(ctx, avals_in, avals_out, *, y):
     n = abs(y)
     per_element = max(n.bit_length() - 1, 0) + max(n.bit_count() - 1, 0) + (y < 0)
     return Cost(per_element * avals_out[0].size, 0, io_bytes(avals_in, avals_out))
+
+
+@pow_p.def_rule("cost")
+def _pow_cost(ctx, avals_in, avals_out):
+    # one transcendental per element, and one conversion if the exponent is
+    # an integer array (the lowering converts it to the base's dtype)
+    (x, y), (out,) = avals_in, avals_out
+    flops = out.size if y.dtype != x.dtype else 0
+    return Cost(flops, out.size, io_bytes(avals_in, avals_out))
 
 
 def reduction_cost(prim: Primitive) -> None:
@@ -9714,11 +10166,6 @@ _unary_vmap(erf_inv_p)
 def _erf_inv_lower(ctx, avals_in, avals_out, x):
     with_chlo(ir.Context.current)
     return [chlo.erf_inv(x)]
-
-
-@functools.cache
-def with_chlo(context: ir.Context) -> None:
-    chlo.register_dialect(context)
 
 
 @erf_inv_p.def_rule("cost")

@@ -238,7 +238,7 @@ def per_element_cost(prim: Primitive, flops=1, transcendentals=0) -> None:
 
 for prim in [add_p, sub_p, mul_p, div_p, neg_p, max_p, select_p]:
     per_element_cost(prim)
-for prim in [sin_p, cos_p, exp_p, log_p, tanh_p, sqrt_p, rsqrt_p]:
+for prim in [sin_p, cos_p, exp_p, log_p, tanh_p, sqrt_p, rsqrt_p, erf_p]:
     per_element_cost(prim, flops=0, transcendentals=1)
 for prim in [transpose_p, broadcast_p, reshape_p]:
     per_element_cost(prim, flops=0)
@@ -274,6 +274,15 @@ def _integer_pow_cost(ctx, avals_in, avals_out, *, y):
     n = abs(y)
     per_element = max(n.bit_length() - 1, 0) + max(n.bit_count() - 1, 0) + (y < 0)
     return Cost(per_element * avals_out[0].size, 0, io_bytes(avals_in, avals_out))
+
+
+@pow_p.def_rule("cost")
+def _pow_cost(ctx, avals_in, avals_out):
+    # one transcendental per element, and one conversion if the exponent is
+    # an integer array (the lowering converts it to the base's dtype)
+    (x, y), (out,) = avals_in, avals_out
+    flops = out.size if y.dtype != x.dtype else 0
+    return Cost(flops, out.size, io_bytes(avals_in, avals_out))
 
 
 def reduction_cost(prim: Primitive) -> None:

@@ -827,11 +827,6 @@ def _erf_inv_lower(ctx, avals_in, avals_out, x):
     return [chlo.erf_inv(x)]
 
 
-@functools.cache
-def with_chlo(context: ir.Context) -> None:
-    chlo.register_dialect(context)
-
-
 @erf_inv_p.def_rule("cost")
 def _erf_inv_cost(ctx, avals_in, avals_out):
     n, (out,) = avals_out[0].size, avals_out  # XLA's expansion, counted by XLA

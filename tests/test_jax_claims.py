@@ -3275,6 +3275,63 @@ def test_part10_linearize_trace_stages_tangents():
     assert "LinearizeTrace(parent_trace, tangent_trace" in source
 
 
+# ---- appendix_primitives: jax.nn, einsum, pow (issue 34) -----------------------
+
+
+def test_appendix_nn_softmax_shifts_by_a_stop_gradient_max():
+    # "The maximum is wrapped in `stop_gradient`, as in JAX" (softmax's
+    # default path, with jax_softmax_custom_jvp off, and log_softmax).
+    assert jax.config.jax_softmax_custom_jvp is False
+    for fn in (jax.nn.softmax, jax.nn.log_softmax):
+        names = [e.primitive.name for e in jax.make_jaxpr(fn)(np.ones(3)).eqns]
+        inner = str(jax.make_jaxpr(fn)(np.ones(3)))
+        assert "stop_gradient" in names or "stop_gradient" in inner
+        assert "reduce_max" in inner
+
+
+def test_appendix_nn_conventions():
+    # "gelu (JAX's tanh approximation by default ...)", "relu (whose
+    # derivative at 0 is 0, as JAX's)", one_hot: "JAX has deprecated other
+    # dtypes" (than integers), and "a diagonal, which `jnp.einsum` allows".
+    assert inspect.signature(jax.nn.gelu).parameters["approximate"].default is True
+    assert float(jax.grad(jax.nn.relu)(0.0)) == 0.0
+    with pytest.warns(DeprecationWarning, match="integer-typed"):
+        jax.nn.one_hot(np.array([1.0]), 3)
+    np.testing.assert_array_equal(jnp.einsum("ii->i", np.eye(2)), [1.0, 1.0])
+
+
+def test_appendix_pow_takes_an_integer_exponent_unconverted():
+    # "JAX has a second primitive, `pow`, whose exponent is an operand ... an
+    # integer array (which the lowering converts, so that `0.9 ** t` needs no
+    # conversion in the jaxpr)"; `x ** 2` is integer_pow.
+    jaxpr = jax.make_jaxpr(lambda t: 0.9**t)(1)
+    (eqn,) = [e for e in jaxpr.eqns if e.primitive.name == "pow"]
+    assert eqn.invars[1] is jaxpr.jaxpr.invars[0]  # the int64 t itself
+    assert str(eqn.invars[1].aval.dtype) == "int64"
+    text = jax.jit(lambda t: 0.9**t).lower(1).as_text()
+    assert re.search(r"stablehlo.convert %arg0 : \(tensor<i64>\) -> tensor<f64>", text)
+    assert "stablehlo.power" in text
+    assert "integer_pow" in str(jax.make_jaxpr(lambda x: x**2)(1.0))
+
+
+def test_appendix_pow_derivatives_at_zero():
+    # "an integer exponent of 0 has slope 0 in the base ... log x is taken as
+    # log 1 = 0 where x = 0, so that 0**y ... has slope 0 in y"
+    _, dx = jax.jvp(lambda x: x ** np.int64(0) + 0 * x, (0.0,), (1.0,))
+    _, d_int = jax.jvp(lambda x: jax.lax.pow(x, np.int64(0)), (0.0,), (1.0,))
+    _, dy = jax.jvp(lambda y: jax.lax.pow(0.0, y), (2.0,), (1.0,))
+    assert float(dx) == 0.0 and float(d_int) == 0.0 and float(dy) == 0.0
+
+
+def test_appendix_jnp_power_of_ints_squares_six_times():
+    # "JAX's `jnp.power` also raises an integer base to a traced integer
+    # exponent (six rounds of squaring and selecting ...)"
+    jaxpr = jax.make_jaxpr(lambda x, y: x**y)(np.int32(1), 2)
+    assert "pow" not in {e.primitive.name for e in jaxpr.eqns}
+    assert str(jaxpr).count("shift_right_logical") == 6
+    assert jax.jit(lambda x, y: x**y)(np.int32(3), 4) == 81
+
+
 def test_part12_float32_default_and_numpy_scalars():
     # part12_capstone: "JAX's default is 32 bits ... `np.sqrt(D // n_heads)` is
     # a NumPy float64, which would turn a float32 model into float64 in ours
