@@ -48,10 +48,10 @@
 # | the model needs | built in |
 # | --- | --- |
 # | embeddings, `params["tok"][tokens]`, and their gradient | {ref}`indexing <indexing>` (a gather; its transpose adds into the rows read) |
-# | attention: `einsum`, a causal mask, `softmax` | the {ref}`primitives appendix <appendix-primitives>` (`dot_general`, `select`, reductions) |
+# | attention: `einsum`, a causal mask, `softmax` | the {ref}`primitives appendix <appendix>` (`dot_general`, `select`, reductions) |
 # | the layers, run by `lax.scan` over stacked weights | {ref}`Part 7 <part7>` |
 # | each layer under `jax.checkpoint` | {ref}`Part 11 <part11>` |
-# | `jax.jit(jax.value_and_grad(loss))` | {ref}`Parts 3 and 4 <part3>` |
+# | `jax.jit(jax.value_and_grad(loss))` | {ref}`Part 3 <part3>` and {ref}`Part 4 <part4>` |
 # | Adam, written with `jax.tree.map` over a nested dict | {ref}`Part 1 <part1>`'s pytrees |
 # | the batches, drawn with `jax.random` | {ref}`random numbers <random>` |
 # | data parallelism: `jax.pmap` and `lax.pmean` | {ref}`Part 9 <part9>` |
@@ -325,9 +325,9 @@ print(repr("".join(vocab.chars)))
 print(text[:300])
 
 # %% [markdown]
-# The model is small, so that the whole chapter runs in a minute on a laptop:
-# two layers of width 32 with four heads, a context of 32 characters, batches
-# of 16 windows, 300 steps.
+# The model is small, so that the whole chapter runs in about a minute on a
+# laptop: two layers of width 32 with four heads, a context of 32 characters,
+# batches of 16 windows, 200 steps, learning rate 0.003.
 
 # %%
 config = dict(vocab_size=len(vocab), d_model=32, n_layers=2, d_ff=128, context=32)
@@ -335,7 +335,7 @@ n_heads, batch_size, steps, lr = 4, 16, 200, 3e-3
 params0 = init_params(np.random.default_rng(0), **config, dtype=np.float64)
 key = jax.random.PRNGKey(0)
 batches = sample_batches(key, data, steps=steps, batch_size=batch_size, context=32)
-print(sum(leaf.size for leaf in jax.tree_leaves(params0)), "parameters")
+print(sum(leaf.size for leaf in jax.tree.leaves(params0)), "parameters")
 print("inputs, targets:", batches[0].shape, batches[1].shape)
 
 # %% [markdown]
@@ -350,16 +350,20 @@ print(f"loss: {losses[0]:.4f} at the first step, {losses[-1]:.4f} at the last")
 
 # %% [markdown]
 # The first loss is about $\ln 94 \approx 4.54$, the loss of a uniform guess
-# among 94 characters, as it should be for small random weights. Now the same
-# cells on JAX, in float64 like ours (`jax.enable_x64`, for these calls only),
-# from the same `params0` and the same key. First the batches, which must be
-# the same:
+# among 94 characters, as it should be for small random weights. Now JAX. The
+# helper runs this chapter's `model` cells again, after JAX's imports, and
+# returns what they define:
 
-# %% tags=["hide-input"]
-# @title The model's cells again, run on JAX (`model_namespace("jax")`)
-import jax as real_jax  # the name `jax` is autodidax on this page
+# %%
+import jax as real_jax  # JAX itself: on this page, the name `jax` is autodidax
 
-on_jax = capstone_tools.model_namespace("jax")
+on_jax = capstone_tools.model_namespace("jax")  # the model cells, after:
+print(capstone_tools.BACKENDS["jax"])
+
+# %% [markdown]
+# JAX computes in float32 unless `jax_enable_x64` is on; ours, in float64.
+# So the JAX calls run under `jax.enable_x64(True)`, which turns it on for
+# the calls inside the block only. Same key, same batches:
 
 # %%
 with real_jax.enable_x64(True):
@@ -369,7 +373,7 @@ with real_jax.enable_x64(True):
 print("same batches:", all(np.array_equal(a, b) for a, b in zip(batches, jax_batches)))
 
 # %% [markdown]
-# Then the training run:
+# Then the training run, from the same `params0`:
 
 # %%
 with real_jax.enable_x64(True):
@@ -378,16 +382,13 @@ with real_jax.enable_x64(True):
     )
 gap = np.abs(losses - jax_losses) / np.abs(jax_losses)
 print(f"largest relative difference of the losses over {steps} steps: {gap.max():.1e}")
-leaf_gaps = jax.tree_map(
-    lambda a, b: float(np.max(np.abs(np.asarray(a) - np.asarray(b)))),
-    params,
-    jax_params,
+param_gap = max(
+    np.max(np.abs(np.asarray(a) - np.asarray(b)))
+    for a, b in zip(jax.tree.leaves(params), real_jax.tree.leaves(jax_params))
 )
-print(
-    f"largest difference of a trained parameter: {max(jax.tree_leaves(leaf_gaps)):.1e}"
-)
+print(f"largest difference of a trained parameter: {param_gap:.1e}")
 
-# %% mystnb={"image": {"alt": "Training loss against step, 0 to 300, for autodidax (a red line) and JAX (blue rings every 10 steps, lying on the line). The loss falls from about 4.5 to about 2.5."}} tags=["hide-input"]
+# %% mystnb={"image": {"alt": "Training loss against step, 0 to 199, for autodidax (a red line) and JAX (blue rings every 10 steps, lying on the line). The loss falls from about 4.5 to about 2.7, quickly at first, then slowly."}} tags=["hide-input"]
 # @title Figure: the two loss curves
 capstone_tools.loss_chart(
     {"autodidax": losses, "JAX": jax_losses},
@@ -396,55 +397,74 @@ capstone_tools.loss_chart(
 )
 
 # %% [markdown]
-# The curves are one curve. Not because the two libraries compute the same
-# operations (they do not: our `var`, `softmax` and `gelu` are written with
-# other primitives than JAX's, and XLA fuses the two programs differently),
-# but because in float64 those differences are rounding errors of about
-# $10^{-16}$, and 300 steps of Adam do not blow them up to anything visible.
+# The curves are one curve. The two libraries do not run the same compiled
+# program (the next section shows where they differ), but in float64 the
+# differences are rounding errors of about $10^{-16}$, and 200 steps of
+# Adam do not make them visible.
 #
 # ## Float32: how far the curves drift, and why
 #
-# In float32 the rounding errors are of about $10^{-7}$, nine orders of
-# magnitude larger. The same run, 100 steps, with float32 parameters (JAX's
-# default precision, so no `enable_x64`):
+# In float32 a rounding error is about $10^{-7}$ of a value, where in
+# float64 it is about $10^{-16}$. The same training, 50 steps, from the same
+# parameters in float32 (JAX's default precision, so without `enable_x64`):
 
 # %%
 params0_f32 = init_params(np.random.default_rng(0), **config, dtype=np.float32)
-short = (batches[0][:50], batches[1][:50])  # the first 50 batches
-_, losses_f32 = train(params0_f32, short, n_heads=n_heads, lr=lr)
-_, jax_losses_f32 = on_jax["train"](params0_f32, short, n_heads=n_heads, lr=lr)
+first50 = (batches[0][:50], batches[1][:50])
+_, losses_f32 = train(params0_f32, first50, n_heads=n_heads, lr=lr)
+_, jax_losses_f32 = on_jax["train"](params0_f32, first50, n_heads=n_heads, lr=lr)
 drift = np.abs(losses_f32 - jax_losses_f32) / np.abs(jax_losses_f32)
-for step in [0, 1, 10, 30, 49]:
-    print(f"step {step:3}: relative difference {drift[step]:.1e}")
+print("step   float32 gap   float64 gap (from the run above)")
+for step in [0, 1, 10, 20, 30, 40, 49]:
+    print(f"{step:4}   {drift[step]:11.1e}   {gap[step]:11.1e}")
+
+# %% mystnb={"image": {"alt": "The relative difference between the losses of autodidax and JAX against the training step, 0 to 49, on a logarithmic axis, for float32 (upper curve) and float64 (lower curve). Both start near their precision's rounding error, about 1e-7 and 1e-16, and rise together, about nine orders of magnitude apart, to about 1e-3 and 1e-12 at step 49."}} tags=["hide-input"]
+# @title Figure: the gap between the two libraries' losses, float32 and float64
+capstone_tools.drift_chart(
+    {"float32": drift, "float64": gap[:50]},
+    title="Relative difference of the losses, autodidax against JAX",
+    floor=1e-17,
+)
 
 # %% [markdown]
-# At the first step the two losses differ by about one float32 rounding error;
-# then the gap grows. That is what different rounding does to training, not a
-# sign of a wrong derivative: every Adam step feeds the parameters' tiny
-# differences back into the next forward pass, and near the start, where
-# $\sqrt{\hat v}$ is small, Adam divides by it and amplifies them. To check
-# that explanation, train JAX against *itself*, with one parameter changed by
-# the smallest possible float32 step (one unit in the last place):
+# At the first step the float32 losses are a rounding error or two apart.
+# Then the gap grows about tenfold every eight steps, to a few parts in a
+# thousand at step 49: every step feeds the parameters' differences into the
+# next one, and training amplifies them. The float64 gap grows in step with
+# it, about $10^{9}$ times smaller, which is the ratio of the two precisions'
+# rounding errors ($2^{-24}/2^{-53}$). The same amplification acts on both; only
+# the size of what it amplifies differs. A wrong derivative would not look like
+# this: it would show in float64 too.
+#
+# Where do the two libraries round differently? Not in the formulas: our
+# `softmax`, `log_softmax`, `gelu` and `var` compute what JAX's do, in the same
+# order. Compiled alone, the loss of the first batch is the same float32
+# number, to the last bit, in both:
 
 # %%
-nudged = jax.tree_map(np.copy, params0_f32)
-nudged["tok"][0, 0] = np.nextafter(nudged["tok"][0, 0], np.float32(1))
-_, jax_nudged = on_jax["train"](nudged, short, n_heads=n_heads, lr=lr)
-self_drift = np.abs(jax_nudged - jax_losses_f32) / np.abs(jax_losses_f32)
-for step in [0, 1, 10, 30, 49]:
-    print(f"step {step:3}: JAX against JAX nudged by one ulp {self_drift[step]:.1e}")
+inputs, targets = batches[0][0], batches[1][0]  # the first batch
+ours_alone = jax.jit(loss_fn, static_argnums=3)(params0_f32, inputs, targets, n_heads)
+jax_alone = real_jax.jit(on_jax["loss_fn"], static_argnums=3)(
+    params0_f32, inputs, targets, n_heads
+)
+print("compiled alone:           ", float(ours_alone), float(jax_alone))
+print("inside the training step: ", losses_f32[0], jax_losses_f32[0])
 
 # %% [markdown]
-# JAX against a one-ulp nudge of itself drifts by the same order as
-# autodidax against JAX: the size of the gap is set by float32 and by
-# training, not by either library.
+# Inside the training step XLA compiles the same forward pass together with
+# the backward pass and Adam, into one program for each library, and the two
+# programs differ (ours broadcasts where JAX's operations take axes of size
+# 1, for instance, and some derivative rules are written differently: JAX's
+# rule for `tanh`, inside `gelu`, is $(\dot x + \dot x\,y)(1-y)$, ours
+# $\dot x\,(1-y^2)$). XLA fuses and orders the operations of each program
+# its own way, and the roundings follow.
 #
 # (part12-memory)=
 # ## What `checkpoint` saves
 #
 # Part 11's `saved_residuals` lists what reverse mode keeps for the backward
 # pass; `residual_bytes` adds up their sizes (leaving out the arguments, which
-# are alive anyway). Here is the loss on one batch, with and without the
+# are alive anyway). Here is the loss on the first batch, with and without the
 # checkpoint around each layer, in both libraries:
 
 # %% tags=["hide-input"]
@@ -454,31 +474,69 @@ from jax._src.ad_checkpoint import saved_residuals as jax_saved_residuals
 from autodidax import residual_bytes, saved_residuals
 
 # %%
-inputs, targets = batches[0][0], batches[1][0]  # the first batch
-print("             autodidax        JAX")
 for remat in [False, True]:
-
-    def loss_of(p, remat=remat):
-        return loss_fn(p, inputs, targets, n_heads, remat)
-
-    def jax_loss_of(p, remat=remat):
-        return on_jax["loss_fn"](p, inputs, targets, n_heads, remat)
-
-    ours = residual_bytes(saved_residuals(loss_of, params0))
+    ours = saved_residuals(
+        lambda p: loss_fn(p, inputs, targets, n_heads, remat), params0
+    )
     with real_jax.enable_x64(True):
-        theirs = residual_bytes(jax_saved_residuals(jax_loss_of, params0))
-    print(f"remat={remat!s:5}  {ours / 1e3:8.1f} kB  {theirs / 1e3:8.1f} kB")
+        theirs = jax_saved_residuals(
+            lambda p: on_jax["loss_fn"](p, inputs, targets, n_heads, remat), params0
+        )
+    print(
+        f"remat={remat!s:5}  autodidax {residual_bytes(ours) / 1e6:5.2f} MB",
+        f"  JAX {residual_bytes(theirs) / 1e6:5.2f} MB",
+    )
 
 
 # %% [markdown]
-# Without the checkpoint, the scan stacks every intermediate value of the
-# block that the backward pass needs, once per layer: the layer norms'
-# normalized values, the attention weights (batch × heads × 32 × 32 per layer),
-# the MLP's pre-activations. With it, a layer saves its input only, and the
-# backward pass runs the layer forward again first. The attention weights
-# alone are $16 \cdot 4 \cdot 32 \cdot 32 \cdot 8$ bytes = 524 kB a layer,
-# which is why the saving grows with the context: the weights grow as its
-# square.
+# Without the checkpoint, the scan stacks, once per layer, every value of the
+# block that the backward pass reads: the layer norms' normalized values, the
+# attention weights (batch × heads × 32 × 32 numbers a layer, 0.5 MB in
+# float64), the MLP's pre-activations. With it, a layer keeps its input only,
+# and the backward pass runs the layer forward again before going back
+# through it. What is left is outside the layers: the final layer norm and
+# the loss.
+#
+# Checkpointing cuts both libraries' residuals by a large factor, but ours
+# keeps more than JAX's in both cases. Sorting our residuals by where they
+# come from shows why:
+
+
+# %% tags=["hide-input"]
+# @title Our residuals with checkpoint, by where they come from
+def residual_kind(where):
+    if where.startswith("from a constant"):
+        return "constants made while tracing"
+    if where.startswith("output of broadcast"):
+        return "full-size broadcasts"
+    return "everything else"
+
+
+kinds = {}
+for aval, where in saved_residuals(
+    lambda p: loss_fn(p, inputs, targets, n_heads), params0
+):
+    kinds.setdefault(residual_kind(where), []).append((aval, where))
+for kind, found in kinds.items():
+    print(f"{kind:30} {len(found):3} arrays  {residual_bytes(found) / 1e6:5.2f} MB")
+
+
+# %% [markdown]
+# - **Constants made while tracing.** When a derivative rule needs an array
+#   of zeros (the tangent of the mask's `-1e9`, of the maximum that
+#   `softmax` subtracts under `stop_gradient`), ours builds it at once, as an
+#   array; so is the causal mask, which depends on no input. Made while
+#   tracing, they become constants of the program, and a `scan` passes its
+#   constants to its backward pass, which keeps them. JAX keeps a tangent it
+#   knows to be zero as a symbolic `Zero` (`jax/_src/ad_util.py`), and where
+#   it needs the array it builds it inside the program, as an operation.
+# - **Full-size broadcasts.** `x - x.max(axis=-1, keepdims=True)` subtracts an
+#   array with an axis of size 1. Ours broadcasts it to full size first (a
+#   `broadcast` primitive), and when the backward pass needs that operand it
+#   keeps the full-size copy. JAX 0.10.2's element-wise operations take the
+#   size-1 axis as it is, and keep the small array.
+#
+# What is left, 1.4 MB, is close to JAX's 1.2 MB.
 #
 # (part12-pmap)=
 # ## Data parallel, on eight devices
@@ -560,17 +618,122 @@ print()
 print("sampled:", vocab.decode(sampled))
 
 # %% [markdown]
-# Three hundred steps on batches of 16 windows have shown the model about
-# 150,000 characters, a pass and a half over the text: it has learned which
-# characters are common, some short words and where spaces go. Greedy
-# decoding falls into a loop of its likeliest words; sampling is more varied
+# Two hundred steps on batches of 16 windows of 32 characters have shown the
+# model about 100,000 characters, about one pass over the text. It has learned
+# which characters are common, where spaces go and a few short words. Greedy
+# decoding falls into a loop of its likeliest word; sampling is more varied
 # and less English.
 #
 # (part12-longer)=
 # ## A longer run
 #
+# A minute of training shows the machinery working; learning to write takes
+# longer. `bench/bench_capstone.py` trains a larger model of the same source
+# (the numbers are in the report below) for more steps, times both libraries
+# step by step, and records the loss curves and a sample. Its last report:
+
+# %% tags=["hide-input"]
+# @title The benchmark's capstone run, from bench/results.json
+report = capstone_tools.load_report()
+capstone_tools.longer_run(report)
+
+# %% [markdown]
+# (part12-jax)=
 # ## Where real JAX differs
+#
+# The model's source is the same on both; what differs is around it.
+#
+# - **Precision.** Our module computes in 64 bits by default, as JAX does with
+#   `jax_enable_x64` on; JAX's default is 32 bits. This page turns it on for
+#   the float64 runs with `jax.enable_x64(True)`, and leaves it off for the
+#   float32 one. The attention's scale is written `(D // n_heads) ** 0.5`, a
+#   Python float, which takes the dtype of the array it meets in both
+#   libraries. `np.sqrt(D // n_heads)` would be a NumPy float64: it turns a
+#   float32 array into float64 in ours and in JAX with `jax_enable_x64` on,
+#   but JAX's default mode narrows it to float32.
+# - **Memory.** The residuals differ in bytes, not in kind: ours keeps zeros
+#   and masks made while tracing, and full-size broadcasts, where JAX keeps
+#   symbolic zeros and size-1 axes ({ref}`above <part12-memory>`). The
+#   checkpoint's effect is the same in both: each layer keeps its input only.
+# - **`saved_residuals`** is `jax._src.ad_checkpoint.saved_residuals` in JAX
+#   0.10.2, not a public name ({ref}`Part 11 <part11-measured>`).
+# - **Data parallelism.** The docstring of `jax.pmap` in JAX 0.10.2 calls it
+#   the old way of doing a parallel map and points to `jax.shard_map`, on
+#   which `pmap` is now built ({ref}`Part 9 <part9>`). We have built `pmap`
+#   only.
 #
 # ## Summary
 #
+# - A transformer written against JAX's API (embeddings by indexing,
+#   attention with `einsum` and a causal mask, layer norm, `gelu`, layers
+#   stacked and run by `lax.scan` under `jax.checkpoint`, Adam with
+#   `jax.tree.map`, `jax.jit(jax.value_and_grad(loss))`) runs on autodidax
+#   unchanged, and on JAX after changing three imports.
+# - Trained from the same parameters on the same batches (drawn with
+#   `jax.random`, equal bit for bit), the two loss curves agree to about
+#   $10^{-12}$ relative in float64. In float32 they start a rounding error
+#   apart and drift to a few parts in a thousand in fifty steps; the float64
+#   gap grows in step, $10^9$ times smaller. Training amplifies rounding, and
+#   the two libraries' compiled programs round differently.
+# - `checkpoint` around each layer leaves one saved activation per layer and
+#   cuts the residual bytes several times over, in both libraries.
+# - `pmap` with `pmean` over the gradients gives the single-device run again,
+#   on eight devices.
+#
 # ## Exercises
+#
+# **1. Is the model causal?** Change the last character of a window and check
+# that the scores at every earlier position stay the same. Then remove the
+# mask (pass `causal` as all ones) and look again.
+
+# %% tags=["hide-input"]
+# @title Solution: only the last position sees the change
+window = np.asarray(batches[0][0][:1])  # one window of the first batch
+changed = window.copy()
+changed[0, -1] = (changed[0, -1] + 1) % len(vocab)
+scores = jax.jit(forward, static_argnums=2)
+difference = np.abs(
+    np.asarray(scores(params, window, n_heads) - scores(params, changed, n_heads))
+)
+print("largest change of the scores, by position:")
+print(difference.max(axis=-1)[0].round(6))
+# Every position but the last reads only characters before it, so only the
+# last row changes. Without the mask every position would read the last
+# character, and every row would change.
+
+# %% [markdown]
+# **2. Memory at a longer context.** The attention weights are
+# $B \cdot H \cdot T^2$ numbers a layer. Predict how the residual bytes
+# without checkpoint grow from context 32 to 64, then measure.
+
+# %% tags=["hide-input"]
+# @title Solution: the quadratic term doubles, then doubles again
+for context in [32, 64]:
+    wider = init_params(
+        np.random.default_rng(0), **{**config, "context": context}, dtype=np.float64
+    )
+    x = np.zeros((batch_size, context), np.int32)
+    kept = saved_residuals(lambda p: loss_fn(p, x, x, n_heads, remat=False), wider)
+    print(f"context {context}: {residual_bytes(kept) / 1e6:.2f} MB")
+# The terms linear in T double; the attention weights (and the scores they
+# are computed from) grow four times: the total grows by more than 2x.
+
+# %% [markdown]
+# **3. Temperature.** Sample from the trained model at temperature 0.5 and
+# 2.0. What changes, and why?
+
+# %% tags=["hide-input"]
+# @title Solution: low temperature is nearly greedy, high is nearly uniform
+for temperature in [0.5, 2.0]:
+    tokens = generate(
+        params,
+        prompt,
+        100,
+        n_heads=n_heads,
+        key=jax.random.PRNGKey(1),
+        temperature=temperature,
+    )
+    print(f"temperature {temperature}:", repr(vocab.decode(tokens[32:])))
+# Dividing the scores by a temperature below 1 sharpens the distribution
+# (toward the greedy choice); above 1 it flattens it (toward a uniform draw
+# over all 94 characters).

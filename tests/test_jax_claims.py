@@ -3382,3 +3382,35 @@ def test_part12_pmap_docstring_points_to_shard_map():
     assert jax.pmap.__doc__.startswith(
         "Old way of doing parallel map. Use :py:func:`jax.shard_map` instead."
     )
+
+
+def test_part12_elementwise_ops_take_size_one_axes_and_keep_them_small():
+    # part12_capstone: "JAX 0.10.2's element-wise operations take the size-1
+    # axis as it is, and keep the small array" (ours broadcasts it first).
+    x, s = np.ones((2, 3)), np.full((2, 1), 2.0)
+    jaxpr = jax.make_jaxpr(lambda x, s: x - s)(x, s)
+    assert [e.primitive.name for e in jaxpr.eqns] == ["sub"]
+    assert jaxpr.eqns[0].invars[1].aval.shape == (2, 1)
+    found = _checkpoint_module().saved_residuals(
+        lambda x, s: jnp.sum(jnp.sin(x * s)), x, s
+    )
+    assert sorted(aval.shape for aval, _ in found) == [(2, 1), (2, 3), (2, 3)]
+    assert not any("broadcast" in where for _, where in found)
+
+
+def test_part12_zero_tangents_are_symbolic_and_built_inside_the_program():
+    # part12_capstone: "JAX keeps a tangent it knows to be zero as a symbolic
+    # `Zero` (`jax/_src/ad_util.py`), and where it needs the array it builds
+    # it inside the program, as an operation" (no array of zeros becomes a
+    # constant of the program).
+    from jax._src import ad_util
+
+    assert "class Zero" in inspect.getsource(ad_util)
+
+    def masked(x):  # the causal mask and its -1e9, as in the chapter's model
+        causal = jnp.tril(jnp.ones((4, 4), dtype=bool))
+        return jnp.sum(jax.nn.softmax(jnp.where(causal, x, -1e9)) ** 2)
+
+    closed = jax.make_jaxpr(jax.grad(masked))(np.ones((4, 4)))
+    assert closed.consts == []
+    assert "broadcast_in_dim" in str(closed)
