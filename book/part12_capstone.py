@@ -117,16 +117,24 @@ def init_params(rng, *, vocab_size, d_model, n_layers, d_ff, context, dtype):
 
     L, D = n_layers, d_model
     layers = {
-        "ln1_g": np.ones((L, D), dtype), "ln1_b": np.zeros((L, D), dtype),
-        "w_qkv": normal(L, D, 3 * D), "w_o": normal(L, D, D),
-        "ln2_g": np.ones((L, D), dtype), "ln2_b": np.zeros((L, D), dtype),
-        "w_in": normal(L, D, d_ff), "b_in": np.zeros((L, d_ff), dtype),
-        "w_out": normal(L, d_ff, D), "b_out": np.zeros((L, D), dtype),
-    }  # fmt: skip
+        "ln1_g": np.ones((L, D), dtype),
+        "ln1_b": np.zeros((L, D), dtype),
+        "w_qkv": normal(L, D, 3 * D),
+        "w_o": normal(L, D, D),
+        "ln2_g": np.ones((L, D), dtype),
+        "ln2_b": np.zeros((L, D), dtype),
+        "w_in": normal(L, D, d_ff),
+        "b_in": np.zeros((L, d_ff), dtype),
+        "w_out": normal(L, d_ff, D),
+        "b_out": np.zeros((L, D), dtype),
+    }
     return {
-        "tok": normal(vocab_size, D), "pos": normal(context, D), "layers": layers,
-        "lnf_g": np.ones(D, dtype), "lnf_b": np.zeros(D, dtype),
-    }  # fmt: skip
+        "tok": normal(vocab_size, D),
+        "pos": normal(context, D),
+        "layers": layers,
+        "lnf_g": np.ones(D, dtype),
+        "lnf_b": np.zeros(D, dtype),
+    }
 
 
 # %% [markdown]
@@ -482,11 +490,14 @@ from autodidax import residual_bytes, saved_residuals
 # %%
 for remat in [False, True]:
     ours = saved_residuals(
-        lambda p: loss_fn(p, inputs, targets, n_heads, remat), params0
+        lambda p, remat=remat: loss_fn(p, inputs, targets, n_heads, remat), params0
     )
     with real_jax.enable_x64(True):
         theirs = jax_saved_residuals(
-            lambda p: on_jax["loss_fn"](p, inputs, targets, n_heads, remat), params0
+            lambda p, remat=remat: on_jax["loss_fn"](
+                p, inputs, targets, n_heads, remat
+            ),
+            params0,
         )
     print(
         f"remat={remat!s:5}  autodidax {residual_bytes(ours) / 1e6:5.2f} MB",
@@ -531,8 +542,8 @@ for kind, found in kinds.items():
 # - **Constants made while tracing.** When a derivative rule needs an array
 #   of zeros (the tangent of the mask's `-1e9`, of the maximum that
 #   `softmax` subtracts under `stop_gradient`), ours builds it at once, as an
-#   array; so is the causal mask, which depends on no input. Made while
-#   tracing, they become constants of the program, and a `scan` passes its
+#   array; it builds the causal mask at once too, since it depends on no
+#   input. Made while tracing, these become constants of the program, and a `scan` passes its
 #   constants to its backward pass, which keeps them. JAX keeps a tangent it
 #   knows to be zero as a symbolic `Zero` (`jax/_src/ad_util.py`), and where
 #   it needs the array it builds it inside the program, as an operation.
@@ -634,9 +645,11 @@ print("sampled:", vocab.decode(sampled))
 # ## A longer run
 #
 # A minute of training shows the machinery working; learning to write takes
-# longer. `bench/bench_capstone.py` trains a larger model of the same source
-# (the numbers are in the report below) for more steps, times both libraries
-# step by step, and records the loss curves and a sample. Its last report:
+# longer. The benchmark `bench/bench_capstone.py` trains a larger model from
+# the same source (`capstone_tools.model_namespace`), for more steps, in both
+# libraries, and times them. The cell below shows the capstone run of the
+# last report in `bench/results.json`: its settings, each library's time per
+# step and losses, and a sample of text.
 
 # %% tags=["hide-input"]
 # @title The benchmark's capstone run, from bench/results.json
@@ -689,9 +702,8 @@ capstone_tools.longer_run(report)
 #
 # ## Exercises
 #
-# **1. Is the model causal?** Change the last character of a window and check
-# that the scores at every earlier position stay the same. Then remove the
-# mask (pass `causal` as all ones) and look again.
+# **1. Is the model causal?** Change the last character of a window. Which
+# positions' scores change, and which would without the mask?
 
 # %% tags=["hide-input"]
 # @title Solution: only the last position sees the change
@@ -720,7 +732,7 @@ for context in [32, 64]:
         np.random.default_rng(0), **{**config, "context": context}, dtype=np.float64
     )
     x = np.zeros((batch_size, context), np.int32)
-    kept = saved_residuals(lambda p: loss_fn(p, x, x, n_heads, remat=False), wider)
+    kept = saved_residuals(lambda p, x=x: loss_fn(p, x, x, n_heads, False), wider)
     print(f"context {context}: {residual_bytes(kept) / 1e6:.2f} MB")
 # The terms linear in T double; the attention weights (and the scores they
 # are computed from) grow four times: the total grows by more than 2x.

@@ -3414,3 +3414,16 @@ def test_part12_zero_tangents_are_symbolic_and_built_inside_the_program():
     closed = jax.make_jaxpr(jax.grad(masked))(np.ones((4, 4)))
     assert closed.consts == []
     assert "broadcast_in_dim" in str(closed)
+
+
+def test_part12_tanh_jvp_rule():
+    # part12_capstone: "JAX's rule for `tanh`, inside `gelu`, is
+    # (xdot + xdot y)(1 - y)" (at the default accuracy).
+    jaxpr = jax.make_jaxpr(lambda x, t: jax.jvp(jnp.tanh, (x,), (t,)))(0.5, 1.0)
+    assert [e.primitive.name for e in jaxpr.eqns] == [
+        "tanh",
+        "mul",
+        "add",
+        "sub",
+        "mul",
+    ]

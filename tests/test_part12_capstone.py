@@ -5,9 +5,11 @@ cells, run on autodidax and on JAX from the same source
 One training step's loss and gradients equal JAX's (float64 to 1e-9 per
 leaf, float32 to 1e-5); three Adam steps equal; the ``pmap`` data-parallel
 version equals the single-device one; ``checkpoint`` reduces the saved
-residuals in both libraries (the scan keeps only each layer's input); generation is deterministic for a fixed key and picks the tokens JAX's
-does; the helper's errors. The model is the chapter's, made smaller (the
-cost of a test is XLA compiling it, not running it).
+residuals in both libraries (the scan keeps only each layer's input);
+generation is deterministic for a fixed key and picks the tokens JAX's
+does; the batches are JAX's; the helper's errors. The model is the
+chapter's, made smaller (the cost of a test is XLA compiling it, not
+running it).
 """
 
 from __future__ import annotations
