@@ -124,17 +124,15 @@ class Vocabulary:
 _COLORS = ["#c0392b", "#2471a3", "#229954", "#8e44ad"]
 
 
-class SVG:
-    """An SVG text the notebook displays as a picture."""
+def SVG(text: str):
+    """An SVG picture the notebook displays (IPython's, whose text form is
+    the same in every run)."""
+    from IPython.display import SVG as IPythonSVG
 
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def _repr_svg_(self) -> str:
-        return self.text
+    return IPythonSVG(text)
 
 
-def loss_chart(curves: dict, *, title: str, ring_every: int = 0) -> SVG:
+def loss_chart(curves: dict, *, title: str, ring_every: int = 0):
     """Loss against step for each named curve. The first curve is drawn as a
     line; each later one as a line too, or, with ``ring_every``, as rings
     every so many steps, so that a curve lying on the first stays visible."""
@@ -225,95 +223,35 @@ def load_report() -> dict:
     return json.loads(repository_file("bench/results.json").read_text("utf-8"))
 
 
-def longer_run(report: dict):
-    """Show the capstone entry of a benchmark report: the run's settings, each
-    library's time per step and last loss, the loss curves, a sample.
-
-    The entry ``report["results"]["capstone"]`` that ``bench/bench_capstone.py``
-    writes is read as: ``config`` (a dict of the run's settings), one dict per
-    library under ``"autodidax"`` and ``"jax"`` with ``ms_per_step`` and
-    ``losses`` (one per step, or every so many steps), and optionally
-    ``sample`` (generated text). Missing pieces are left out."""
+def longer_run(report: dict) -> None:
+    """Show the capstone entry of a benchmark report, as
+    ``bench/bench_capstone.py`` writes it into ``report["results"]["capstone"]``:
+    ``config`` (the run's settings), ``ms`` (the median time of a training
+    step, per library), ``losses`` (per library, one per step), ``ratio``
+    (autodidax's time over JAX's), ``max_rel_diff`` (of the losses), and
+    ``note``. Missing pieces are left out."""
     from IPython.display import display
 
     entry = report.get("results", {}).get("capstone")
     if not entry:
         print("This report has no capstone run yet: python bench/bench_capstone.py")
         return
-    settings = ", ".join(f"{k} {v}" for k, v in entry.get("config", {}).items())
-    print(f"measured {report['machine']['timestamp'][:10]}; {settings}")
-    curves = {}
-    for library in ["autodidax", "jax"]:
-        run = entry.get(library, {})
-        losses = run.get("losses") or []
-        if losses:
-            curves["JAX" if library == "jax" else library] = losses
-        ms = run.get("ms_per_step")
-        last = f", last loss {losses[-1]:.4f}" if losses else ""
-        timing = f"{ms:.1f} ms a step" if ms is not None else "not timed"
-        print(f"{library:10} {timing}{last}")
-    if len(curves) == 2:
-        display(loss_chart(curves, title="The benchmark's run", ring_every=10))
-    if entry.get("sample"):
-        print("sample:", entry["sample"])
-
-
-def drift_chart(curves: dict, *, title: str, floor: float = 1e-9) -> SVG:
-    """Relative differences against step, the y axis logarithmic; a value
-    below ``floor`` (zero: the two runs agree exactly) is drawn at it."""
-    w, h, left, top = 520, 220, 70, 20
-    width, height = w + left + 260, h + top + 60
-    steps = max(len(curve) for curve in curves.values())
-    top_exp = max(
-        math.ceil(math.log10(max(max(curve), floor))) for curve in curves.values()
-    )
-    bottom_exp = math.floor(math.log10(floor))
-
-    def px(step):
-        return left + step / max(steps - 1, 1) * w
-
-    def py(value):
-        exponent = math.log10(max(value, floor))
-        return top + h - (exponent - bottom_exp) / (top_exp - bottom_exp) * h
-
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
-        f'height="{height}" font-family="sans-serif" font-size="13">',
-        f"<title>{escape(title)}</title>",
-        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + h}" stroke="#333"/>',
-        f'<line x1="{left}" y1="{top + h}" x2="{left + w}" y2="{top + h}" '
-        'stroke="#333"/>',
-        f'<text x="{left + w / 2}" y="{top + h + 42}" text-anchor="middle">'
-        "training step</text>",
-        f'<text x="14" y="{top + h / 2}" text-anchor="middle" '
-        f'transform="rotate(-90 14 {top + h / 2})">relative difference</text>',
-    ]
-    for exponent in range(bottom_exp, top_exp + 1):
-        label = "0" if exponent == bottom_exp else f"1e{exponent}"
-        y = py(10.0**exponent)
-        parts.append(
-            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" '
-            f'fill="#555555">{label}</text>'
-            f'<line x1="{left}" y1="{y:.1f}" x2="{left + w}" y2="{y:.1f}" '
-            'stroke="#eeeeee"/>'
+    config = entry.get("config", {})
+    shown = ["d_model", "n_layers", "n_heads", "d_ff", "context", "batch_size"]
+    print(", ".join(f"{k} {config[k]}" for k in shown if k in config))
+    for library, ms in entry.get("ms", {}).items():
+        print(f"{library:10} {ms:8.1f} ms a training step")
+    if "ratio" in entry:
+        print(f"autodidax's time over JAX's: {entry['ratio']['autodidax']:.2f}")
+    if "max_rel_diff" in entry:
+        gap = entry["max_rel_diff"]["autodidax"]
+        steps = len(entry.get("losses", {}).get("jax", []))
+        print(
+            f"largest relative difference of the losses over {steps} steps: {gap:.0e}"
         )
-    for step in range(0, steps, 10):
-        parts.append(
-            f'<text x="{px(step):.1f}" y="{top + h + 18}" text-anchor="middle" '
-            f'fill="#555555">{step}</text>'
-        )
-    for i, (name, curve) in enumerate(curves.items()):
-        color = _COLORS[i % len(_COLORS)]
-        line = " ".join(f"{px(s):.1f},{py(v):.1f}" for s, v in enumerate(curve))
-        parts.append(
-            f'<polyline points="{line}" fill="none" stroke="{color}" '
-            'stroke-width="1.5"/>'
-        )
-        y = top + 10 + 22 * i
-        parts.append(
-            f'<line x1="{left + w + 14}" y1="{y}" x2="{left + w + 34}" y2="{y}" '
-            f'stroke="{color}" stroke-width="2"/>'
-            f'<text x="{left + w + 42}" y="{y + 4}">{escape(name)}</text>'
-        )
-    parts.append("</svg>")
-    return SVG("".join(parts))
+    curves = {
+        "JAX" if library == "jax" else library: losses
+        for library, losses in entry.get("losses", {}).items()
+    }
+    if len(curves) == 2 and min(map(len, curves.values())) >= 10:
+        display(loss_chart(curves, title="The benchmark's run", ring_every=1))
