@@ -11757,14 +11757,21 @@ def jit(f: Callable, static_argnums=(), static_argnames=()) -> Callable:
 
     @functools.wraps(f)
     def f_jitted(*args: Any, **kwargs: Any) -> Any:
-        # new: the fast path, on a hit (static or keyword arguments: the full path)
-        signature = None if kwargs or call_f.static else input_signature(args)
-        if signature is not None:  # new
-            fast_call = fast_calls.get(signature)  # new
-            if fast_call is not None:  # new
-                return fast_call(args)  # new
-        args_flat, in_tree = tree_flatten(call_f.mark_static(args, kwargs))
-        args_flat = [_as_input(x, "jit argument") for x in args_flat]
+        # new: the fast path, on a hit; flat positional arguments need no flattening
+        flat = not kwargs and not call_f.static  # new
+        signature = input_signature(args) if flat else None  # new
+        fast_call = None if signature is None else fast_calls.get(signature)  # new
+        if fast_call is not None:  # new
+            return fast_call(args)  # new
+        leaves, in_tree = tree_flatten(call_f.mark_static(args, kwargs))
+        if signature is None:  # new: a pytree, keywords or static values
+            leaf_signature = input_signature(leaves)  # new: None for the full path
+            if leaf_signature is not None:  # new
+                signature = (in_tree, leaf_signature)  # new
+                fast_call = fast_calls.get(signature)  # new
+                if fast_call is not None:  # new
+                    return fast_call(leaves)  # new
+        args_flat = [_as_input(x, "jit argument") for x in leaves]
         jaxpr, consts, out_tree = trace_for_call(call_f, traces, args_flat, in_tree)
         outs = bind(xla_call_p, *consts, *args_flat, jaxpr=jaxpr)
         if signature is not None and stands_alone(jaxpr, consts):  # new

@@ -29,7 +29,11 @@ Runs, for autodidax and for JAX on the same programs (float64 throughout):
   check that the bits are equal);
 - ``checkpoint``, from ``bench_checkpoint.py``: ``jit(grad)`` of a 1,024-step
   ``scan`` written three ways (plain, checkpointed body, sqrt(n) nested), with
-  the residual bytes of each, next to ``jax.checkpoint``.
+  the residual bytes of each, next to ``jax.checkpoint``;
+- ``capstone``, from ``bench_capstone.py``: Part 12's training step (a small
+  transformer, ``jit(value_and_grad)`` and Adam) next to the same model in
+  JAX, with the loss curves' largest relative difference and the step-time
+  breakdown (forward, forward and backward, whole step).
 
 It prints one table of the headline numbers (autodidax's time, JAX's time, and
 their ratio, the number the targets of SPEC section 6 are about) and writes a
@@ -75,6 +79,7 @@ BENCH_DIR = str(Path(__file__).resolve().parent)
 if BENCH_DIR not in sys.path:  # find the scripts also when loaded by path (tests)
     sys.path.insert(0, BENCH_DIR)
 
+import bench_capstone  # noqa: E402
 import bench_checkpoint  # noqa: E402
 import bench_dispatch  # noqa: E402
 import bench_grad  # noqa: E402
@@ -246,6 +251,11 @@ def run_checkpoint(variants: dict[str, ModuleType], quick: bool) -> dict | None:
         "config": {"steps": steps, "width": bench_checkpoint.WIDTH, "repeats": repeats},
         "rows": rows,
     }
+
+
+def run_capstone(variants: dict[str, ModuleType], quick: bool) -> dict:
+    """bench_capstone's training steps, side by side."""
+    return bench_capstone.run(variants, bench_capstone.config_for(quick))
 
 
 def run_pmap(variants: dict[str, ModuleType], quick: bool) -> dict | None:
@@ -570,6 +580,28 @@ def headline(results: dict, names: list[str]) -> tuple[list[dict], list[dict]]:
                     target,
                 )
             )
+    if results.get("capstone"):
+        capstone = results["capstone"]
+        config, target = capstone["config"], bench_capstone.TARGET_RATIO
+        values = {name: capstone["ms"][name] for name in names}
+        rows.append(
+            _row(
+                "capstone_step",
+                "capstone",
+                "training step",
+                f"Part 12's training step: d_model {config['d_model']}, "
+                f"{config['n_layers']} layers, context {config['context']}, batch "
+                f"{config['batch_size']}; median of {config['steps']} steps, "
+                "each until its loss is on the host",
+                "ms/step",
+                values,
+                f"≤ {target}×",
+                values["autodidax"] / values["jax"] <= target
+                and capstone["max_rel_diff"]["autodidax"]
+                <= bench_capstone.TARGET_REL_DIFF,
+                target,
+            )
+        )
     return rows, growth
 
 
@@ -681,6 +713,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             ("pmap", run_pmap),
             ("random", run_random),
             ("checkpoint", run_checkpoint),
+            ("capstone", run_capstone),
         ):
             print(f"running {key} ...", flush=True)
             with frozen_heap():

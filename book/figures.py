@@ -859,6 +859,39 @@ def dispatch_kinds_table(dispatch):
     )
 
 
+def capstone_breakdown_table(capstone):
+    """HTML table: where the time of the capstone's training step goes, median
+    ms per piece for autodidax and JAX (bench_capstone.py's report)."""
+    pieces = capstone["pieces_ms"]
+
+    def row(label, values):
+        ours, jax = values["autodidax"], values["jax"]
+        return [
+            escape(label),
+            _bench_number(ours),
+            _bench_number(jax),
+            f"{ours / jax:.2f}",
+        ]
+
+    rows = [
+        row("jit(loss): the forward pass", pieces["forward"]),
+        row("jit(value_and_grad): forward and backward", pieces["value_and_grad"]),
+        row("training step: also Adam's update", pieces["train_step"]),
+        row("… of which until the call returns", pieces["dispatch"]),
+    ]
+    config = capstone["config"]
+    caption = (
+        f"capstone training step (d_model {config['d_model']}, {config['n_layers']} "
+        f"layers, context {config['context']}, batch {config['batch_size']}, "
+        "float64), median ms"
+    )
+    return HTML(
+        _bench_html_table(
+            caption, ["piece", "autodidax", "JAX", "autodidax / JAX"], rows, {1, 2, 3}
+        )
+    )
+
+
 def scaling_chart(report):
     """Two panels, make_jaxpr and grad: each library's time per call against
     program size, both relative to the largest size, so that linear cost is

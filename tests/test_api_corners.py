@@ -201,14 +201,18 @@ def test_bad_static_specifications(kwargs, match):
         jax.jit(scale_by, **kwargs)(np.ones(2), 2)
 
 
-def test_fast_path_skips_calls_with_static_or_keyword_arguments():
+def test_fast_path_keys_static_and_keyword_arguments_by_structure():
     f = ad.jit(lambda x, y=1.0: x * y)
     f(np.ones(2), y=2.0)
-    assert f.fast_calls == {}  # keyword arguments: the full path, every time
+    assert len(f.fast_calls) == 1  # keyed by the keywords and the leaves' types
+    np.testing.assert_array_equal(np.asarray(f(np.ones(2), y=3.0)), [3.0, 3.0])
     g = ad.jit(scale_by, static_argnums=1)
     g(np.ones(2), 2)
-    g(np.ones(2), 2)
-    assert g.fast_calls == {} and len(g.traces) == 1
+    np.testing.assert_array_equal(
+        np.asarray(g(np.ones(2), 2)), np.asarray(scale_by(np.ones(2), 2))
+    )
+    g(np.ones(2), 3)  # another static value: another trace and entry
+    assert len(g.fast_calls) == 2 and len(g.traces) == 2
     h = ad.jit(lambda x, y: x * y)
     h(np.ones(2), 2.0)
     assert len(h.fast_calls) == 1  # positional arrays still take the fast path

@@ -28,6 +28,7 @@ BENCH_PMAP = REPO_ROOT / "bench" / "bench_pmap.py"
 BENCH_INDEXING = REPO_ROOT / "bench" / "bench_indexing.py"
 BENCH_RANDOM = REPO_ROOT / "bench" / "bench_random.py"
 BENCH_DISPATCH = REPO_ROOT / "bench" / "bench_dispatch.py"
+BENCH_CAPSTONE = REPO_ROOT / "bench" / "bench_capstone.py"
 RUN_ALL = REPO_ROOT / "bench" / "run_all.py"
 RESULTS = REPO_ROOT / "bench" / "results.json"
 SCRIPTS = {
@@ -40,6 +41,7 @@ SCRIPTS = {
     "indexing": BENCH_INDEXING,
     "random": BENCH_RANDOM,
     "dispatch": BENCH_DISPATCH,
+    "capstone": BENCH_CAPSTONE,
     "run_all": RUN_ALL,
 }
 
@@ -619,6 +621,45 @@ def test_dispatch_steps_are_the_calls_steps():
 
 
 # ---------------------------------------------------------------------------
+# bench_capstone.py
+# ---------------------------------------------------------------------------
+
+
+def check_capstone_results(results: dict, libraries: set[str], quick: bool) -> None:
+    """Every library trained the same steps; the losses agree (float64)."""
+    config = results["config"]
+    assert config["d_model"] == (32 if quick else 128)  # the issue's model size
+    assert set(results["ms"]) == set(results["losses"]) == libraries
+    for name in libraries:
+        assert len(results["losses"][name]) == config["steps"] + 1
+        assert all(math.isfinite(v) and v > 0 for v in results["losses"][name])
+        assert 0 < results["min_ms"][name] <= results["ms"][name]
+    for name, diff in results["max_rel_diff"].items():
+        assert diff < 1e-6, name  # SPEC section 6: loss curves to 1e-6
+        assert math.isclose(
+            results["ratio"][name], results["ms"][name] / results["ms"]["jax"]
+        )
+    pieces = results["pieces_ms"]
+    assert pieces["train_step"] == results["ms"]
+    timed = {"train_step", "dispatch"}
+    assert set(pieces) == timed if quick else timed | {"forward", "value_and_grad"}
+    assert all(set(row) == libraries for row in pieces.values())
+
+
+def test_capstone_quick_run_in_process(tmp_path, capsys):
+    """The one line the issue asks for, and a report of two training runs."""
+    module = load("capstone")
+    report, printed = run_quick_in_process(module, tmp_path / "cap.json", capsys)
+    assert report["benchmark"] == "capstone" and report["quick"] is True
+    check_capstone_results(report["results"], {"autodidax", "jax"}, quick=True)
+    line = printed.splitlines()[0]
+    assert line.startswith("capstone: ours=") and " jax=" in line
+    for word in ("ratio=", "max_rel_diff=", f"steps={module.QUICK['steps']}"):
+        assert word in line
+    check_machine(report)
+
+
+# ---------------------------------------------------------------------------
 # run_all.py: every benchmark, and the committed results file
 # ---------------------------------------------------------------------------
 
@@ -632,7 +673,8 @@ HEADLINE_IDS |= {
     "jit_dispatch_numpy_array",
 }
 BENCHMARKS = {"jit", "dispatch", "make_jaxpr", "grad", "overhead", "loops", "pmap"}
-BENCHMARKS |= {"indexing", "random", "checkpoint"}
+BENCHMARKS |= {"indexing", "random", "checkpoint", "capstone"}
+HEADLINE_IDS |= {"capstone_step"}
 HEADLINE_IDS |= {"random_uniform", "random_normal"}
 HEADLINE_IDS |= {"checkpoint_plain", "checkpoint_body", "checkpoint_sqrt_n"}
 
@@ -699,6 +741,9 @@ def check_all_report(report: dict, libraries: list[str], quick: bool) -> None:
         assert by_id[row_id]["target_ratio"] == 1.5
         assert by_id[row_id]["values"]["jax"] == row["ms"]["jax"]
         assert row["same_bytes"] is True  # the residuals JAX saves, byte for byte
+    assert by_id["capstone_step"]["target_ratio"] == 1.15  # SPEC section 6
+    check_capstone_results(results["capstone"], set(libraries), quick)
+    assert by_id["capstone_step"]["values"] == results["capstone"]["ms"]
     assert by_id["pmap_dispatch"]["target_ratio"] == 2.0
     pmap = results["pmap"]["pmap"]
     assert pmap["devices"] == 8

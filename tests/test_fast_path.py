@@ -342,3 +342,52 @@ def test_a_repeated_call_skips_bind_and_the_caches():
     assert "bind" not in fast_names and "trace_for_call" not in fast_names
     assert fast_names[:2] == ["f_jitted", "input_signature"]
     assert "__call__" in fast_names and len(fast_names) <= 10
+
+
+def test_pytrees_keywords_and_static_arguments(fast_entries):
+    """A training-step-like call (a dict of parameters, a tuple state, a
+    keyword learning rate, a static keyword) takes the fast path once it has
+    been made; its results equal the full path's and JAX's. A changed dict key,
+    static value or leaf dtype is a new signature: traced, not a fast hit."""
+
+    def step(params, state, x, *, lr, power):
+        m, t = state
+        loss = ((params["w"] * x + params["b"]) ** power).sum()
+        new = {"b": params["b"] - lr * m, "w": params["w"] * (1.0 - lr)}
+        return new, (m + loss, t + 1), loss
+
+    def step_jax(params, state, x, *, lr, power):  # ad.jit's ** takes static ints
+        return step(params, state, x, lr=lr, power=power)
+
+    params = {"w": np.linspace(0.5, 1.5, 3), "b": np.array(0.25)}
+    state, x = (np.array(0.0), 0), np.arange(3.0)
+    traced: list = []
+
+    def body(params, state, x, *, lr, power):
+        traced.append(power)
+        return step(params, state, x, lr=lr, power=power)
+
+    f = ad.jit(body, static_argnames="power")
+    full = ad.full_path_jit(step, static_argnames="power")
+    f_jax = jax.jit(step_jax, static_argnames="power")
+    out = f(params, state, x, lr=0.1, power=2)  # full path: an entry
+    assert fast_entries == [] and len(f.fast_calls) == 1
+    for _ in range(2):  # results fed back in: device Arrays and numbers mixed
+        expected = full(params, state, x, lr=0.1, power=2)
+        out = f(params, state, x, lr=0.1, power=2)
+        assert_same(out, expected)
+        on_host = jax.tree_util.tree_map(np.asarray, (params, state, x))
+        assert_like_jax(out, f_jax(*on_host, lr=0.1, power=2))
+        params, state = out[0], out[1]
+    assert len(fast_entries) == 2 and len(traced) == 1
+    # New signatures: each traces once and misses the entries made before.
+    changed = [
+        (({**params, "extra": x}, state, x), dict(lr=0.1, power=2)),  # a dict key
+        ((params, state, x), dict(lr=0.1, power=3)),  # a static value
+        ((params, state, x.astype(np.float32)), dict(lr=0.1, power=2)),  # a dtype
+        ((params, (state[0], 1.5), x), dict(lr=0.1, power=2)),  # int -> float
+    ]
+    for i, (args, kwargs) in enumerate(changed):
+        assert_same(f(*args, **kwargs), full(*args, **kwargs))
+        assert len(traced) == 2 + i and len(fast_entries) == 2
+    assert len(f.fast_calls) == 1 + len(changed)

@@ -1717,6 +1717,29 @@ def test_performance_vmap_of_jit_goes_through_python_batching_rule(monkeypatch):
     assert "_jax.pjit(" in inspect.getsource(jax_pjit._pjit_call_impl)
 
 
+def test_performance_matmul_of_a_stack_by_a_matrix_is_one_dot_general():
+    # performance: "`x @ w` with a stack of matrices `x` ... and one weight
+    # matrix `w` ... Lowered as one `dot_general` that contracts `x`'s last axis
+    # with `w`'s first, as JAX does".
+    jaxpr = jax.make_jaxpr(lambda x, w: x @ w)(np.ones((2, 3, 4)), np.ones((4, 5)))
+    (eqn,) = jaxpr.eqns
+    assert eqn.primitive.name == "dot_general"
+    assert eqn.params["dimension_numbers"] == (((2,), (0,)), ((), ()))
+
+
+def test_performance_split_gradient_concatenates():
+    # performance: "the gradient of `split`, which we build from three padded
+    # slices where JAX concatenates".
+    def loss(x):
+        a, b, c = jnp.split(x, 3, axis=-1)
+        return (a * b * c).sum()
+
+    names = {
+        e.primitive.name for e in jax.make_jaxpr(jax.grad(loss))(np.ones((2, 6))).eqns
+    }
+    assert "concatenate" in names and "pad" not in names
+
+
 def test_performance_tracer_records_source_effects_and_weak_types():
     # performance: "JAX's tracer does the same and more per equation: it
     # records where in your Python code the equation came from, and it tracks
