@@ -255,3 +255,64 @@ def longer_run(report: dict) -> None:
     }
     if len(curves) == 2 and min(map(len, curves.values())) >= 10:
         display(loss_chart(curves, title="The benchmark's run", ring_every=1))
+
+
+def drift_chart(curves: dict, *, title: str, floor: float = 1e-9):
+    """Relative differences against step, the y axis logarithmic; a value
+    below ``floor`` (zero: the two runs agree exactly) is drawn at it."""
+    w, h, left, top = 520, 220, 70, 20
+    width, height = w + left + 260, h + top + 60
+    steps = max(len(curve) for curve in curves.values())
+    top_exp = max(
+        math.ceil(math.log10(max(max(curve), floor))) for curve in curves.values()
+    )
+    bottom_exp = math.floor(math.log10(floor))
+
+    def px(step):
+        return left + step / max(steps - 1, 1) * w
+
+    def py(value):
+        exponent = math.log10(max(value, floor))
+        return top + h - (exponent - bottom_exp) / (top_exp - bottom_exp) * h
+
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
+        f'height="{height}" font-family="sans-serif" font-size="13">',
+        f"<title>{escape(title)}</title>",
+        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + h}" stroke="#333"/>',
+        f'<line x1="{left}" y1="{top + h}" x2="{left + w}" y2="{top + h}" '
+        'stroke="#333"/>',
+        f'<text x="{left + w / 2}" y="{top + h + 42}" text-anchor="middle">'
+        "training step</text>",
+        f'<text x="14" y="{top + h / 2}" text-anchor="middle" '
+        f'transform="rotate(-90 14 {top + h / 2})">relative difference</text>',
+    ]
+    for exponent in range(bottom_exp, top_exp + 1):
+        label = "0" if exponent == bottom_exp else f"1e{exponent}"
+        y = py(10.0**exponent)
+        parts.append(
+            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" '
+            f'fill="#555555">{label}</text>'
+            f'<line x1="{left}" y1="{y:.1f}" x2="{left + w}" y2="{y:.1f}" '
+            'stroke="#eeeeee"/>'
+        )
+    for step in range(0, steps, 10):
+        parts.append(
+            f'<text x="{px(step):.1f}" y="{top + h + 18}" text-anchor="middle" '
+            f'fill="#555555">{step}</text>'
+        )
+    for i, (name, curve) in enumerate(curves.items()):
+        color = _COLORS[i % len(_COLORS)]
+        line = " ".join(f"{px(s):.1f},{py(v):.1f}" for s, v in enumerate(curve))
+        parts.append(
+            f'<polyline points="{line}" fill="none" stroke="{color}" '
+            'stroke-width="1.5"/>'
+        )
+        y = top + 10 + 22 * i
+        parts.append(
+            f'<line x1="{left + w + 14}" y1="{y}" x2="{left + w + 34}" y2="{y}" '
+            f'stroke="{color}" stroke-width="2"/>'
+            f'<text x="{left + w + 42}" y="{y + 4}">{escape(name)}</text>'
+        )
+    parts.append("</svg>")
+    return SVG("".join(parts))

@@ -641,21 +641,23 @@ print("sampled:", vocab.decode(sampled))
 # and less English.
 #
 # (part12-longer)=
-# ## A longer run
+# ## At a larger size: the benchmark
 #
-# A minute of training shows the machinery working; learning to write takes
-# longer. The benchmark `bench/bench_capstone.py` trains a larger model from
-# the same source (`capstone_tools.model_namespace`), for more steps, in both
-# libraries, and times them. The cell below shows the capstone run of the
-# last report in `bench/results.json`: its settings, each library's time per
-# step and losses, and a sample of text.
+# This page keeps the model small so that it runs in about a minute. The
+# benchmark `bench/bench_capstone.py` runs the same source, read from this
+# page by `capstone_tools.model_namespace`, at a larger size, in float64, in
+# both libraries step for step on the same batches, and times a training step.
+# The capstone run of the last report in `bench/results.json`:
 
 # %% tags=["hide-input"]
 # @title The benchmark's capstone run, from bench/results.json
-report = capstone_tools.load_report()
-capstone_tools.longer_run(report)
+capstone_tools.longer_run(capstone_tools.load_report())
 
 # %% [markdown]
+# At this size most of a step is XLA's work on the matrix products, the same
+# in both libraries; {ref}`How fast is it? <performance>` splits the step into
+# its pieces.
+#
 # (part12-jax)=
 # ## Where real JAX differs
 #
