@@ -654,9 +654,10 @@ print("sampled:", vocab.decode(sampled))
 capstone_tools.longer_run(capstone_tools.load_report())
 
 # %% [markdown]
-# At this size most of a step is XLA's work on the matrix products, the same
-# in both libraries; {ref}`How fast is it? <performance>` splits the step into
-# its pieces.
+# At this size almost all of a step's time is spent in the compiled program,
+# not in Python; {ref}`How fast is it? <performance>` splits the step into
+# its pieces. (The run in this report used a copy of this page's model cells,
+# made before the page existed; the computation is the same.)
 #
 # (part12-jax)=
 # ## Where real JAX differs
