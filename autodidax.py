@@ -11655,6 +11655,8 @@ def _name_lower(ctx, avals_in, avals_out, x, *, name):
 free_cost(name_p)
 NEVER_TRANSPOSED.add("name")  # linear, but its tangent is never named
 
+# ==== chapter: part12_capstone ====
+
 # ==== chapter: performance ====
 
 

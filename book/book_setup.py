@@ -38,7 +38,7 @@ from types import ModuleType
 BOOK_JAX = "0.10.2"  # the JAX and jaxlib release this book is tested with
 BOOK_URL = "https://raw.githubusercontent.com/autodidax-book/autodidax/main/"
 FIRST_CHAPTER = "part1_interpreters"
-HOST_DEVICES = {"part9_named_axes": 8}  # chapters that need several devices
+HOST_DEVICES = {"part9_named_axes": 8, "part12_capstone": 8}  # several devices
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
 
 

@@ -80,6 +80,7 @@ LINT_TARGETS = [
     "bench",
     "book/book_setup.py",
     "book/figures.py",
+    "book/capstone_tools.py",
 ]
 
 

@@ -247,7 +247,7 @@ def load_book_setup(monkeypatch) -> types.ModuleType:
 
 def test_part9_asks_xla_for_host_devices_before_jax_starts(monkeypatch) -> None:
     book_setup = load_book_setup(monkeypatch)
-    assert book_setup.HOST_DEVICES == {"part9_named_axes": 8}
+    assert book_setup.HOST_DEVICES == {"part9_named_axes": 8, "part12_capstone": 8}
     monkeypatch.setattr(book_setup, "jax_backend_started", lambda: False)
     flag = "--xla_force_host_platform_device_count"
     monkeypatch.delenv("XLA_FLAGS", raising=False)

@@ -3355,3 +3355,100 @@ def test_appendix_jnp_power_of_ints_squares_six_times():
     assert "pow" not in {e.primitive.name for e in jaxpr.eqns}
     assert str(jaxpr).count("shift_right_logical") == 6
     assert jax.jit(lambda x, y: x**y)(np.int32(3), 4) == 81
+
+
+def test_part12_float32_default_and_numpy_scalars():
+    # part12_capstone: "JAX's default is 32 bits ... `np.sqrt(D // n_heads)` is
+    # a NumPy float64, which would turn a float32 model into float64 in ours
+    # (and in JAX with `jax_enable_x64` on), but not in JAX's default mode,
+    # which narrows it to float32"; a Python float takes the array's dtype.
+    x = jnp.ones(3, jnp.float32)
+    with jax.enable_x64(False):
+        assert jnp.zeros(2).dtype == jnp.float32
+        assert (x / np.float64(2.0)).dtype == jnp.float32
+        assert (x / 2.0).dtype == jnp.float32
+    with jax.enable_x64(True):
+        assert (x / np.float64(2.0)).dtype == jnp.float64
+        assert (x / 2.0).dtype == jnp.float32
+
+
+def test_part12_softmax_var_gelu_formulas():
+    # part12_capstone: JAX's `softmax` subtracts the maximum under
+    # `stop_gradient` (its custom-JVP version is off by default,
+    # `jax_softmax_custom_jvp`); `jnp.var` squares the centered values with
+    # `square`; `gelu` is by default the tanh approximation, computed as
+    # x * (0.5 * (1 + tanh(...))) with `integer_pow` for the cube.
+    x = np.ones((2, 3), np.float32)
+    assert jax.config.jax_softmax_custom_jvp is False
+
+    def names(fn):
+        found = []
+
+        def walk(jaxpr):
+            for eqn in jaxpr.eqns:
+                found.append(eqn.primitive.name)
+                for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                    walk(sub)
+
+        walk(jax.make_jaxpr(fn)(x).jaxpr)
+        return found
+
+    assert "stop_gradient" in names(jax.nn.softmax)
+    assert "custom_jvp_call" not in names(jax.nn.softmax)
+    assert "square" in names(lambda x: jnp.var(x, axis=-1))
+    gelu = names(jax.nn.gelu)
+    assert gelu[0] == "integer_pow" and gelu[-1] == "mul" and "tanh" in gelu
+    assert inspect.signature(jax.nn.gelu).parameters["approximate"].default is True
+
+
+def test_part12_pmap_docstring_points_to_shard_map():
+    # part12_capstone: "JAX 0.10.2's docstring of `jax.pmap` calls it the old
+    # way of doing a parallel map and points to `jax.shard_map`".
+    assert jax.pmap.__doc__.startswith(
+        "Old way of doing parallel map. Use :py:func:`jax.shard_map` instead."
+    )
+
+
+def test_part12_elementwise_ops_take_size_one_axes_and_keep_them_small():
+    # part12_capstone: "JAX 0.10.2's element-wise operations take the size-1
+    # axis as it is, and keep the small array" (ours broadcasts it first).
+    x, s = np.ones((2, 3)), np.full((2, 1), 2.0)
+    jaxpr = jax.make_jaxpr(lambda x, s: x - s)(x, s)
+    assert [e.primitive.name for e in jaxpr.eqns] == ["sub"]
+    assert jaxpr.eqns[0].invars[1].aval.shape == (2, 1)
+    found = _checkpoint_module().saved_residuals(
+        lambda x, s: jnp.sum(jnp.sin(x * s)), x, s
+    )
+    assert sorted(aval.shape for aval, _ in found) == [(2, 1), (2, 3), (2, 3)]
+    assert not any("broadcast" in where for _, where in found)
+
+
+def test_part12_zero_tangents_are_symbolic_and_built_inside_the_program():
+    # part12_capstone: "JAX keeps a tangent it knows to be zero as a symbolic
+    # `Zero` (`jax/_src/ad_util.py`), and where it needs the array it builds
+    # it inside the program, as an operation" (no array of zeros becomes a
+    # constant of the program).
+    from jax._src import ad_util
+
+    assert "class Zero" in inspect.getsource(ad_util)
+
+    def masked(x):  # the causal mask and its -1e9, as in the chapter's model
+        causal = jnp.tril(jnp.ones((4, 4), dtype=bool))
+        return jnp.sum(jax.nn.softmax(jnp.where(causal, x, -1e9)) ** 2)
+
+    closed = jax.make_jaxpr(jax.grad(masked))(np.ones((4, 4)))
+    assert closed.consts == []
+    assert "broadcast_in_dim" in str(closed)
+
+
+def test_part12_tanh_jvp_rule():
+    # part12_capstone: "JAX's rule for `tanh`, inside `gelu`, is
+    # (xdot + xdot y)(1 - y)" (at the default accuracy).
+    jaxpr = jax.make_jaxpr(lambda x, t: jax.jvp(jnp.tanh, (x,), (t,)))(0.5, 1.0)
+    assert [e.primitive.name for e in jaxpr.eqns] == [
+        "tanh",
+        "mul",
+        "add",
+        "sub",
+        "mul",
+    ]
