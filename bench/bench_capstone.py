@@ -31,8 +31,7 @@ then the breakdown. Run it from the repository root:
     python bench/bench_capstone.py --json PATH     # also write the report
 
 The model's source is Part 12's cells tagged ``model``, read by
-``book/capstone_tools.py``; while that chapter is not in the checkout, the
-temporary copy ``bench/capstone_model_draft.py`` stands in for it.
+``book/capstone_tools.py``.
 """
 
 from __future__ import annotations
@@ -74,39 +73,41 @@ PIECES = ("forward", "value_and_grad", "train_step", "dispatch")
 # ---------------------------------------------------------------------------
 
 
+def capstone_tools() -> ModuleType:
+    """book/capstone_tools.py, loaded by its path (putting book/ on sys.path
+    would let book/random.py shadow the standard library's random)."""
+    import importlib.util
+
+    path = benchlib.REPO_ROOT / "book" / "capstone_tools.py"
+    spec = importlib.util.spec_from_file_location("capstone_tools", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def model_source() -> tuple[str, str]:
-    """The model's code and where it came from: Part 12's cells tagged
-    ``model`` when the chapter is in the checkout, else the temporary copy."""
-    book = benchlib.REPO_ROOT / "book"
-    if (book / "capstone_tools.py").is_file() and (
-        book / "part12_capstone.md"
-    ).is_file():
-        if str(book) not in sys.path:
-            sys.path.insert(0, str(book))
-        import capstone_tools
-
-        return capstone_tools.model_source(), "book/part12_capstone.md"
-    import capstone_model_draft
-
-    return capstone_model_draft.MODEL, "bench/capstone_model_draft.py (temporary)"
+    """The model's code, Part 12's cells tagged ``model``, and where it is."""
+    return capstone_tools().model_source(), "book/part12_capstone.md"
 
 
 def model_namespace(module: ModuleType | None) -> dict:
     """The model's functions on JAX (``module`` None) or on an autodidax
     module (its imports rewritten to that module's name)."""
-    import capstone_model_draft
-
     source, _ = model_source()
     if module is None:
         header = "import jax\nimport jax.numpy as jnp\nfrom jax import lax\n"
     else:
+        missing = [name for name in ("nn", "tree") if not hasattr(module, name)]
+        if missing:
+            raise ValueError(
+                f"bench_capstone: {module.__file__} has no {', '.join(missing)}; "
+                "the capstone needs an autodidax with Part 12's additions"
+            )
         name = module.__name__
         header = f"import {name} as jax\nimport {name}.numpy as jnp\n"
         header += f"from {name} import lax\n"
     namespace: dict = {"__name__": "capstone_model"}
     exec("import numpy as np\n" + header, namespace)
-    if module is not None:
-        source = capstone_model_draft.fill_in(namespace, module, source)
     exec(compile(source, "<capstone model>", "exec"), namespace)
     return namespace
 
