@@ -2349,7 +2349,7 @@ def _broadcast_stacks(x: ShapedArray, y: ShapedArray) -> tuple[int, ...]:
 
 
 # %% [markdown]
-# Activations `(B, T, D)` times weights `(D, F)`, and the same weights on the
+# Activations `(B, T, D)` times weights `(D, F)`, and weights `(F, D)` on the
 # left of `(B, D, T)`: each is one `dot_general`, the second followed by the
 # transpose that puts `B` first, and neither broadcasts the weights:
 

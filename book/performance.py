@@ -575,7 +575,7 @@ scaling_chart(report)
 # ## A training step
 #
 # The capstone, Part 12, trains a small transformer. Its training step is one
-# jitted call whose arguments are a dict of fourteen arrays, Adam's state (two
+# jitted call whose arguments are a nested dict of fourteen arrays, Adam's state (two
 # more such dicts and a step count), a batch, a keyword learning rate and a
 # static `n_heads`: the kind of call the fast path now takes, flattened once
 # and matched by its tree structure. The benchmark `bench/bench_capstone.py` runs
