@@ -60,7 +60,7 @@ FULL = dict(
 )  # fmt: skip
 QUICK = dict(
     vocab_size=65, d_model=32, n_layers=2, n_heads=2, d_ff=64, context=16,
-    batch_size=4, steps=4, pieces=False,
+    batch_size=4, steps=20, pieces=False,
 )  # fmt: skip
 LEARNING_RATE = 1e-3
 TARGET_RATIO = 1.15

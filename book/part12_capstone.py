@@ -43,7 +43,7 @@
 # step for step. In float64 the two loss curves agree to about one part in
 # $10^{12}$ over the whole run.
 #
-# Every part of the book has a job in it:
+# Most parts of the book have a job in it:
 #
 # | the model needs | built in |
 # | --- | --- |
@@ -82,8 +82,9 @@ book_setup.load_book(globals(), before="part12_capstone")
 # (part12-model)=
 # ## The model, as a JAX user writes it
 #
-# The model uses NumPy, for its initial parameters, and three names from
-# autodidax; nothing else:
+# The model's code uses NumPy for its initial parameters and three names from
+# autodidax, and nothing else (the training loop below also cuts the batch
+# windows out of the text with NumPy):
 
 # %%
 import numpy as np
@@ -144,8 +145,9 @@ def init_params(rng, *, vocab_size, d_model, n_layers, d_ff, context, dtype):
 # position from looking at later ones (the model predicts the next character,
 # so it must not see it); `softmax` (which subtracts the row's maximum before
 # it exponentiates) turns scores into weights, and the output is the weighted
-# sum of the values. Then an MLP with `gelu`. Both are added to their input
-# (residual connections), after a layer norm.
+# sum of the values. Then an MLP with `gelu`. Each of the two reads a
+# layer-normed copy of its input, and its output is added back to that input
+# (a residual connection).
 
 
 # %% tags=["model"]
@@ -438,15 +440,14 @@ capstone_tools.drift_chart(
 
 # %% [markdown]
 # At the first step the float32 losses are two rounding errors apart. For
-# twenty steps the gap stays near $10^{-6}$; then it grows about tenfold every
-# eight steps, to four parts in a thousand at step 49: each step feeds the
+# twenty steps the gap stays near $10^{-6}$; from step 20 to step 49 it grows
+# more than a thousandfold, to four parts in a thousand: each step feeds the
 # parameters' differences into the next one, and training amplifies them. In
 # float64 the gap is zero or a single rounding error ($10^{-16}$) for the same
-# twenty steps; then it grows at the same pace as the float32 one (35-fold
-# from step 30 to step 49, in both), ten orders of magnitude lower. The same amplification acts in both precisions on the
-# rounding differences, which float64 makes about $10^9$ times smaller
-# ($2^{-24}$ against $2^{-53}$). A wrong derivative would not look like this:
-# it would show in float64 from the first step.
+# twenty steps; then it grows too, by the same factor as the float32 gap from
+# step 30 to step 49 (35-fold in both), about ten orders of magnitude lower. A
+# wrong derivative would not look like this: it would show in float64 from the
+# first step.
 #
 # Where do the two libraries round differently? Not in the formulas: our
 # `softmax`, `log_softmax`, `gelu` and `var` compute what JAX's do, in the same
@@ -466,11 +467,11 @@ print("inside the training step: ", losses_f32[0], jax_losses_f32[0])
 # Inside the training step, JAX's loss is still that number; ours is two
 # roundings away from it. There XLA compiles the forward pass together with
 # the backward pass and Adam, into one program for each library, and the two
-# programs differ (ours broadcasts where JAX's operations take axes of size
-# 1, for instance, and some derivative rules are written differently: JAX's
-# rule for `tanh`, inside `gelu`, is $(\dot x + \dot x\,y)(1-y)$, ours
-# $\dot x\,(1-y^2)$). XLA fuses and orders the operations of each program
-# its own way, and the roundings follow.
+# programs are not the same program (ours broadcasts where JAX's operations
+# take axes of size 1, for instance), so XLA is free to fuse and order them
+# differently. We have not pinned down which operation rounds differently; in
+# float64 the two programs give the same loss, to the last bit or one rounding,
+# for twenty steps.
 #
 # (part12-memory)=
 # ## What `checkpoint` saves
@@ -552,7 +553,10 @@ for kind, found in kinds.items():
 #   keeps the full-size copy. JAX 0.10.2's element-wise operations take the
 #   size-1 axis as it is, and keep the small array.
 #
-# What is left, 1.4 MB, is close to JAX's 1.2 MB.
+# What is left, 1.4 MB, is close to JAX's 1.2 MB. Both excesses are limits of
+# this book's module, not of the model: it has no symbolic zeros and no
+# element-wise primitives that take size-1 axes, and building them is work
+# for a later chapter.
 #
 # (part12-pmap)=
 # ## Data parallel, on eight devices
@@ -601,8 +605,12 @@ def parallel_train(params, batches, *, n_heads, lr, devices):
 
 
 # %% [markdown]
-# Twenty steps on eight devices, two windows each, against the first twenty
-# steps of the single-device run above:
+# The eight devices are CPU devices: the folded setup cell asks XLA for eight
+# host devices (`--xla_force_host_platform_device_count=8`) before JAX starts,
+# as {ref}`Part 9 <part9>` does; on a machine with eight accelerators the same
+# code runs on them. Twenty steps on eight devices, two windows each, against
+# the first twenty steps of the single-device run above, which is JAX's to
+# about $10^{-12}$:
 
 # %%
 print(len(jax.devices()), "devices")
@@ -656,8 +664,7 @@ capstone_tools.longer_run(capstone_tools.load_report())
 # %% [markdown]
 # At this size almost all of a step's time is spent in the compiled program,
 # not in Python; {ref}`How fast is it? <performance>` splits the step into
-# its pieces. (The run in this report used a copy of this page's model cells,
-# made before the page existed; the computation is the same.)
+# its pieces.
 #
 # (part12-jax)=
 # ## Where real JAX differs
