@@ -410,7 +410,7 @@ capstone_tools.loss_chart(
 
 # %% [markdown]
 # The curves are one curve. The two libraries do not run the same compiled
-# program (the next section shows where they differ), but in float64 the
+# program (the next section shows that their roundings differ), but in float64 the
 # differences are rounding errors of about $10^{-16}$, and 200 steps of
 # Adam do not make them visible.
 #
@@ -730,12 +730,13 @@ print(difference.max(axis=-1)[0].round(6))
 # character, and every row would change.
 
 # %% [markdown]
-# **2. Memory at a longer context.** The attention weights are
-# $B \cdot H \cdot T^2$ numbers a layer. Predict how the residual bytes
-# without checkpoint grow from context 32 to 64, then measure.
+# **2. Memory at a longer context.** Some residuals hold $B \cdot T \cdot D$
+# numbers a layer (activations), others $B \cdot H \cdot T^2$ (attention scores
+# and weights). Which kind grows faster from context 32 to 64? Measure the
+# residual bytes without checkpoint at both.
 
 # %% tags=["hide-input"]
-# @title Solution: the quadratic term doubles, then doubles again
+# @title Solution: more than twice the bytes, since the T² terms grow fourfold
 for context in [32, 64]:
     wider = init_params(
         np.random.default_rng(0), **{**config, "context": context}, dtype=np.float64
