@@ -132,6 +132,20 @@ def SVG(text: str):
     return IPythonSVG(text)
 
 
+def _chart_frame(title, width, height, left, top, w, h) -> list[str]:
+    """The SVG header, the title, both axes and the x label of a chart."""
+    return [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
+        f'height="{height}" font-family="sans-serif" font-size="13">',
+        f"<title>{escape(title)}</title>",
+        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + h}" stroke="#333"/>',
+        f'<line x1="{left}" y1="{top + h}" x2="{left + w}" y2="{top + h}" '
+        'stroke="#333"/>',
+        f'<text x="{left + w / 2}" y="{top + h + 42}" text-anchor="middle">'
+        "training step</text>",
+    ]
+
+
 def loss_chart(curves: dict, *, title: str, ring_every: int = 0):
     """Loss against step for each named curve. The first curve is drawn as a
     line; each later one as a line too, or, with ``ring_every``, as rings
@@ -150,14 +164,7 @@ def loss_chart(curves: dict, *, title: str, ring_every: int = 0):
         return top + h - (loss - lo) / (hi - lo) * h
 
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
-        f'height="{height}" font-family="sans-serif" font-size="13">',
-        f"<title>{escape(title)}</title>",
-        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + h}" stroke="#333"/>',
-        f'<line x1="{left}" y1="{top + h}" x2="{left + w}" y2="{top + h}" '
-        'stroke="#333"/>',
-        f'<text x="{left + w / 2}" y="{top + h + 42}" text-anchor="middle">'
-        "training step</text>",
+        *_chart_frame(title, width, height, left, top, w, h),
         f'<text x="16" y="{top + h / 2}" text-anchor="middle" '
         f'transform="rotate(-90 16 {top + h / 2})">loss (nats per character)</text>',
     ]
@@ -276,14 +283,7 @@ def drift_chart(curves: dict, *, title: str, floor: float = 1e-9):
         return top + h - (exponent - bottom_exp) / (top_exp - bottom_exp) * h
 
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
-        f'height="{height}" font-family="sans-serif" font-size="13">',
-        f"<title>{escape(title)}</title>",
-        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + h}" stroke="#333"/>',
-        f'<line x1="{left}" y1="{top + h}" x2="{left + w}" y2="{top + h}" '
-        'stroke="#333"/>',
-        f'<text x="{left + w / 2}" y="{top + h + 42}" text-anchor="middle">'
-        "training step</text>",
+        *_chart_frame(title, width, height, left, top, w, h),
         f'<text x="14" y="{top + h / 2}" text-anchor="middle" '
         f'transform="rotate(-90 14 {top + h / 2})">relative difference</text>',
     ]
