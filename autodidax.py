@@ -1108,6 +1108,7 @@ def vmap_flat(f, axis: Axis, in_axes, args, out_axes=0):
     ]
 
 
+# @title vmap: pytrees, in_axes and out_axes, keyword arguments, and the checks
 def vmap(
     f: Callable, in_axes: Any = 0, out_axes: Any = 0, axis_name: Hashable = None
 ) -> Callable:
@@ -1131,7 +1132,6 @@ def vmap(
     return batched_f
 
 
-# @title Checks: in_axes, out_axes and batch sizes
 def _flatten_vmap_args(
     in_axes: Any, args: tuple, kwargs: dict | None = None
 ) -> tuple[list, list, PyTreeDef]:

@@ -1753,15 +1753,9 @@ def _broadcast_vmap(axis, vals, dims, *, shape, axes):
 # every output's batch axis to where the caller wants it. Outputs that turn out not
 # to depend on the batch are broadcast, so every output has the batch axis.
 #
-# The user-facing `vmap` adds the pytrees. `in_axes` may be one int or `None` for
-# all arguments, or a tuple with one entry per argument, where each entry is an
-# int, `None`, or a pytree of those matching that argument's structure. Negative
-# axes count from the end. `_flatten_vmap_args` flattens the arguments and
-# `in_axes` into one batch axis per leaf; a leaf whose axis is `None` (a
-# function, a string, any Python object) reaches `f` untouched. `out_axes` is a
-# pytree prefix of the output in the same way, and `None` there keeps an output
-# that does not depend on the batch unbatched. Keyword arguments are batched
-# along axis 0, whatever `in_axes` says, as in JAX.
+# The user-facing `vmap` (folded below) adds pytrees around `vmap_flat`, as
+# `jvp` did around `jvp_flat`: it flattens the arguments and `in_axes` into one
+# batch axis per leaf, runs `vmap_flat`, and rebuilds the output's structure.
 
 
 # %% tags=["export"]
@@ -1782,6 +1776,19 @@ def vmap_flat(f, axis: Axis, in_axes, args, out_axes=0):
     ]
 
 
+# %% [markdown]
+# As in JAX, `in_axes` may be one int or `None` for all arguments, or a tuple
+# with one entry per argument, each an int, `None` or a pytree of those; a
+# leaf whose axis is `None` (a function, a string, any Python object) reaches
+# `f` untouched. `out_axes` is a pytree prefix of the output in the same way.
+# Keyword arguments are batched along axis 0. The checks: `in_axes` must match
+# the arguments' structure, every axis must be in range, all batched inputs
+# must agree on the batch size, and `out_axes` must be in range for every
+# output.
+
+
+# %% tags=["export", "hide-input"]
+# @title vmap: pytrees, in_axes and out_axes, keyword arguments, and the checks
 def vmap(
     f: Callable, in_axes: Any = 0, out_axes: Any = 0, axis_name: Hashable = None
 ) -> Callable:
@@ -1805,14 +1812,6 @@ def vmap(
     return batched_f
 
 
-# %% [markdown]
-# The checks of `vmap` are in the folded cell: `in_axes` must match the
-# arguments' structure, every axis must be in range, and all batched inputs must
-# agree on the batch size; `out_axes` must be in range for every output.
-
-
-# %% tags=["export", "hide-input"]
-# @title Checks: in_axes, out_axes and batch sizes
 def _flatten_vmap_args(
     in_axes: Any, args: tuple, kwargs: dict | None = None
 ) -> tuple[list, list, PyTreeDef]:
