@@ -9,14 +9,16 @@ Usage: python3 build_tools/book.py COMMAND [CHAPTER ...]
   execute   run the chapter notebooks in fresh kernels, storing their outputs
   refresh   after editing a chapter: format its code, sync, tangle, execute
   check     fail if a generated file is out of date (changes nothing)
-  test      install, then check, lint, pytest, nbval and the site build
+  test      install, then check, lint, the site build, pytest and nbval;
+            with chapters (``test book/part7_scan.md``): check, lint, and only
+            those chapters' notebooks and tests (CHAPTER_TESTS), about a minute
   site      install, then build the HTML site into _build/html (English) and
             _build/html/zh_CN (Chinese); --lang en or --lang zh builds one
   catalogues  update the translation catalogues (locales/) from the pages
   translations  per page: messages translated, fuzzy, untranslated; fails
             unless every message is translated
 
-sync, execute and refresh take chapters (``book/<name>.md`` or ``<name>``);
+sync, execute, refresh and test take chapters (``book/<name>.md`` or ``<name>``);
 without any they work on every chapter of _toc.yml. refresh also updates the
 translation catalogues (of every page: a new page gets its catalogue).
 
@@ -115,17 +117,24 @@ def run_together(
     print(f"    ({step}: ok, {elapsed:.1f}s)", flush=True)
 
 
-def junit_counts(path: Path, cells: bool) -> str:
-    """'N passed, M skipped' from a pytest JUnit XML report ('' if unreadable):
-    of the notebook cells nbval ran if ``cells``, else of the other tests."""
+def _junit_cases(paths: Sequence[Path]) -> list:
+    """The test cases of pytest JUnit XML reports (none from an unreadable one)."""
     import xml.etree.ElementTree as ElementTree
 
-    try:
-        suites = ElementTree.parse(path).getroot()
-    except (OSError, ElementTree.ParseError):
-        return ""
+    cases = []
+    for path in paths:
+        try:
+            cases += list(ElementTree.parse(path).getroot().iter("testcase"))
+        except (OSError, ElementTree.ParseError):
+            pass
+    return cases
+
+
+def junit_counts(paths: Sequence[Path], cells: bool) -> str:
+    """'N passed, M skipped' from pytest JUnit XML reports: of the notebook
+    cells nbval ran if ``cells``, else of the other tests."""
     passed = skipped = failed = 0
-    for case in suites.iter("testcase"):
+    for case in _junit_cases(paths):
         # nbval names a cell's class after its notebook: book.part1_x.ipynb
         if case.get("classname", "").endswith(".ipynb") != cells:
             continue
@@ -144,19 +153,15 @@ def junit_counts(path: Path, cells: bool) -> str:
     return counts
 
 
-def skip_reasons(path: Path) -> list[str]:
-    """One line per distinct reason for skipping in a JUnit XML report, with
+def skip_reasons(paths: Sequence[Path]) -> list[str]:
+    """One line per distinct reason for skipping in JUnit XML reports, with
     the number of tests it skipped (pytest's -rs prints one per location)."""
     import collections
-    import xml.etree.ElementTree as ElementTree
 
-    try:
-        suites = ElementTree.parse(path).getroot()
-    except (OSError, ElementTree.ParseError):
-        return []
     reasons = collections.Counter(
         skip.get("message", "").removeprefix("Skipped: ") or "(no reason given)"
-        for skip in suites.iter("skipped")
+        for case in _junit_cases(paths)
+        for skip in case.iter("skipped")
     )
     return [f"{n} skipped: {reason}" for reason, n in sorted(reasons.items())]
 
@@ -325,6 +330,65 @@ def cmd_test(args: argparse.Namespace) -> None:
         shutil.rmtree(scratch / "pycache", ignore_errors=True)
 
 
+# The tests that belong to each chapter, for ``test book/<chapter>.md``: test
+# files (under tests/), and the chapter's claims about JAX in
+# tests/test_jax_claims.py, which are named after their page
+# (test_part7_...). tests/test_pipeline.py checks that every chapter and
+# every test file is here or in WHOLE_BOOK_TESTS.
+CHAPTER_TESTS: dict[str, tuple[str, ...]] = {
+    "part1_interpreters": ("test_part1_differential.py", "test_part1_errors.py"),
+    "part2_jaxprs": ("test_part2_jaxprs.py", "test_part2_errors.py"),
+    "part3_jit": ("test_part3_jit.py", "test_part3_errors.py", "test_host_copies.py"),
+    "part4_grad": ("test_part4_grad.py", "test_part4_errors.py"),
+    "part5_cond": ("test_part5_cond.py", "test_part5_errors.py"),
+    "appendix_primitives": (
+        "test_appendix_primitives.py",
+        "test_appendix_errors.py",
+        "test_comparisons.py",
+        "test_dtypes_and_methods.py",
+        "test_nn_and_numpy.py",
+    ),
+    "indexing": ("test_indexing.py",),
+    "part6_loops": ("test_part6_loops.py", "test_part6_hypothesis.py"),
+    "part7_scan": ("test_part7_scan.py", "test_part7_hypothesis.py"),
+    "part8_custom_rules": (
+        "test_part8_custom_rules.py",
+        "test_custom_rules_semantics.py",
+    ),
+    "part9_named_axes": ("test_part9_named_axes.py", "test_part9_hypothesis.py"),
+    "analysis": ("test_analysis.py",),
+    "random": ("test_random.py",),
+    "part10_stackless": ("test_part10_stackless.py", "test_part10_hypothesis.py"),
+    "part11_checkpoint": ("test_part11_checkpoint.py",),
+    "part12_capstone": ("test_part12_capstone.py",),
+    "performance": ("test_fast_path.py", "test_api_corners.py", "test_bench_smoke.py"),
+    "rule_table": (),
+}
+# Test files about the whole book or module rather than one chapter: the full
+# run only.
+WHOLE_BOOK_TESTS = (
+    "test_book_one_kernel.py",
+    "test_clean_state.py",
+    "test_colab_setup.py",
+    "test_error_catalogue.py",
+    "test_hypothesis.py",
+    "test_jax_api_programs.py",
+    "test_jax_claims.py",
+    "test_jax_upstream.py",
+    "test_pipeline.py",
+    "test_scale.py",
+    "test_site_browser.py",
+    "test_threads.py",
+    "test_translations.py",
+)
+BROWSER_TESTS = "tests/test_site_browser.py"
+
+
+def claims_prefix(chapter: str) -> str:
+    """The name prefix of a chapter's claims in tests/test_jax_claims.py."""
+    return "test_" + chapter.split("_")[0] + "_"
+
+
 def run_tests(args: argparse.Namespace, started: float, reports: Path) -> None:
     cmd_install(args)
     # A fresh interpreter for check: the packages were possibly just installed.
@@ -338,9 +402,12 @@ def run_tests(args: argparse.Namespace, started: float, reports: Path) -> None:
         "ruff format --check",
         [PYTHON, "-m", "ruff", "format", "--check", *lint_targets],
     )
+    if args.chapters:
+        run_chapter_tests(args, started, reports)
+        return
 
-    # The site first: the browser tests in pytest open this build instead of
-    # building the site a second time. Both languages, and the check that the
+    # The site first: the browser tests open this build instead of building
+    # the site a second time. Both languages, and the check that the
     # translation catalogues hold exactly the pages' messages, at once.
     run_together(
         "site build, English and Chinese (warnings are errors), "
@@ -349,35 +416,88 @@ def run_tests(args: argparse.Namespace, started: float, reports: Path) -> None:
     )
     publish_translation()
 
-    # One pytest session runs the tests and re-executes every chapter notebook
-    # (nbval: one fresh kernel per notebook, outputs compared with the stored
-    # ones); two sessions would start workers twice and leave a core idle at the
-    # end of each. loadgroup: the browser tests (one Chromium) and the cells of
-    # each notebook (in order) are xdist groups, each kept on one worker and
-    # scheduled first; other tests spread over both cores, one at a time to
-    # whichever is free, longest modules first (tests/conftest.py). The reasons
-    # for skipping are printed afterwards from the report, each one once.
-    report = reports / "pytest.xml"
+    # Two pytest sessions at once. The main one runs the tests and re-executes
+    # every chapter notebook (nbval: one fresh kernel per notebook, outputs
+    # compared with the stored ones) on both cores; loadgroup keeps the cells
+    # of each notebook (in order) on one worker and schedules the notebooks
+    # and the long modules first (tests/conftest.py). The browser tests run
+    # beside it in a process of their own: they mostly wait for Chromium to
+    # load and settle a page (14 s of CPU in 45 s), so on a worker they kept a
+    # core idle for most of their time. The reasons for skipping are printed
+    # afterwards from the reports, each one once.
+    wait_for_system_packages()
+    main_report, browser_report = reports / "pytest.xml", reports / "browser.xml"
     pytest = [PYTHON, "-m", "pytest", "-n", "2", "--dist", "loadgroup"]
-    pytest += [f"--junitxml={report}", "tests"]
+    pytest += [f"--junitxml={main_report}", "tests", f"--ignore={BROWSER_TESTS}"]
     step = "pytest tests/"
     if chapter_list:
         pytest += ["--nbval", "--nbval-current-env", "--nbval-cell-timeout=600"]
         pytest += [chapter.rel(chapter.ipynb) for chapter in chapter_list]
-        step += " and nbval (re-execute every chapter, compare outputs)"
+        step += ", nbval (re-execute every chapter, compare outputs)"
+    browser = [PYTHON, "-m", "pytest", "-q", f"--junitxml={browser_report}"]
+    browser += [BROWSER_TESTS]
+    step += " and the browser tests"
     env = {**os.environ, "AUTODIDAX_SITE_HTML": str(SITE_INDEX.parent)}
-    run(step, pytest, env=env)
-    for line in skip_reasons(report):
-        print(f"    {line}")
-    summary = [f"pytest {junit_counts(report, cells=False)}"]
-    if chapter_list:
-        summary.append(
-            f"nbval {len(chapter_list)} chapters, "
-            f"{junit_counts(report, cells=True)} cells"
-        )
-    else:
-        banner("nbval: no chapters yet, skipped")
+    run_together(step, [pytest, browser], env=env)
+    report_summary(started, [main_report, browser_report], len(chapter_list))
 
+
+def wait_for_system_packages() -> None:
+    """Wait for the Debian packages ``.ci/run`` installs in the background
+    (Chromium and a Chinese font, for the browser tests), if it does: the
+    file AUTODIDAX_SYSTEM_PACKAGES names appears holding apt's exit status."""
+    status_file = os.environ.get("AUTODIDAX_SYSTEM_PACKAGES")
+    if not status_file:
+        return
+    banner("wait for the Debian packages .ci/run installs")
+    waited = time.monotonic()
+    while not os.path.exists(status_file):
+        time.sleep(0.5)
+    status = Path(status_file).read_text().strip()
+    STEP_TIMES.append(("wait for Debian packages", time.monotonic() - waited))
+    if status != "0":
+        log = Path(status_file + ".log")
+        print(log.read_text() if log.exists() else "(no log)", flush=True)
+        raise StepFailed(f"installing the Debian packages failed (exit code {status})")
+    print(f"    (installed; waited {time.monotonic() - waited:.1f}s)", flush=True)
+
+
+def run_chapter_tests(args: argparse.Namespace, started: float, reports: Path) -> None:
+    """``test book/<chapter>.md``: the chapters' notebooks (nbval) and the
+    tests that belong to them (CHAPTER_TESTS), no site build."""
+    selected = chapters.select_chapters(ROOT, args.chapters)
+    files, claims = [], []
+    for chapter in selected:
+        files += [f"tests/{name}" for name in CHAPTER_TESTS.get(chapter.name, ())]
+        claims.append(claims_prefix(chapter.name))
+    report = reports / "pytest.xml"
+    pytest = [PYTHON, "-m", "pytest", "-n", "2", "--dist", "loadgroup"]
+    pytest += [f"--junitxml={report}", "--nbval", "--nbval-current-env"]
+    pytest += ["--nbval-cell-timeout=600"]
+    pytest += [chapter.rel(chapter.ipynb) for chapter in selected]
+    # The chapters' claims about JAX, by name, from test_jax_claims.py; -k
+    # keeps every other test (the chapters' own files, the cells).
+    keep = " or ".join(claims)
+    pytest += ["-k", f"not test_jax_claims or {keep}", "tests/test_jax_claims.py"]
+    pytest += files
+    names = ", ".join(chapter.name for chapter in selected)
+    run(f"pytest: nbval of {names} and its tests", pytest)
+    report_summary(started, [report], len(selected))
+    print(
+        "\nThat was one chapter's loop. Before submitting, run the whole "
+        "suite (what CI runs): python3 build_tools/book.py test",
+        flush=True,
+    )
+
+
+def report_summary(started: float, reports: Sequence[Path], notebooks: int) -> None:
+    for line in skip_reasons(reports):
+        print(f"    {line}")
+    summary = [f"pytest {junit_counts(reports, cells=False)}"]
+    if notebooks:
+        summary.append(
+            f"nbval {notebooks} chapters, {junit_counts(reports, cells=True)} cells"
+        )
     steps = ", ".join(f"{step.split(' (')[0]} {sec:.0f}s" for step, sec in STEP_TIMES)
     banner(
         f"test: all steps passed in {minutes(time.monotonic() - started)}: "
@@ -426,7 +546,11 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], None], bool, str]] = {
         "format, sync, tangle and execute; update the catalogues",
     ),
     "check": (cmd_check, False, "fail if a generated file is out of date"),
-    "test": (cmd_test, False, "install and run every check and test"),
+    "test": (
+        cmd_test,
+        True,
+        "install and run every check and test; with chapters, their loop only",
+    ),
     "site": (cmd_site, False, "install and build the HTML site"),
     "catalogues": (cmd_catalogues, False, "update the translation catalogues"),
     "translations": (cmd_translations, False, "report the translation coverage"),
@@ -437,8 +561,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="book.py",
         description="Driver for the Autodidax book pipeline.",
-        epilog="sync, execute and refresh take chapters (book/<name>.md or <name>); "
-        "without any they work on every chapter of _toc.yml.",
+        epilog="sync, execute, refresh and test take chapters (book/<name>.md or "
+        "<name>); without any they work on every chapter of _toc.yml.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (function, takes_chapters, help_text) in COMMANDS.items():

@@ -6,10 +6,12 @@
 # every kernel a test starts (it inherits the environment) sees 8 devices. Other
 # flags already in XLA_FLAGS are kept; a different device count is replaced.
 # Nothing else changes: jax.devices()[0] stays the default device.
+import functools
 import gc
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 HOST_DEVICES = 8
 _flags = [
@@ -88,6 +90,8 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 def pytest_unconfigure(config) -> None:
     if _OWN_JAX_CACHE:
         shutil.rmtree(_JAX_CACHE, ignore_errors=True)
+    if _OWN_STATE_DIR:
+        shutil.rmtree(_STATE_DIR, ignore_errors=True)
 
 
 FAST_COMPILE_FLAGS = {
@@ -106,6 +110,69 @@ if not os.environ.get("AUTODIDAX_XLA_DEFAULTS"):
         del os.environ["XLA_FLAGS"]
     else:
         os.environ["XLA_FLAGS"] = _before
+
+
+# ---- One MLIR context per thread for JAX's references ----------------------
+# JAX lowers every program it compiles into a new MLIR context, and making one
+# (registering and loading some twenty dialects) takes about 4 ms: the suite's
+# JAX references lower some 20,000 programs, so a tenth of the suite's CPU went
+# into making contexts. A context can hold any number of modules, so the test
+# processes give JAX one context per thread and reuse it: the lowered modules,
+# and so the references, are the same (tests/test_suite_caches.py checks the
+# text). Kernels and scripts the tests start are not affected.
+def _reuse_jax_mlir_contexts() -> None:
+    import threading
+
+    from jax._src.interpreters import mlir
+
+    fresh_context = getattr(mlir, "make_ir_context", None)
+    if fresh_context is None:  # another JAX: nothing to reuse
+        return
+    per_thread = threading.local()
+
+    def reused_context():
+        context = getattr(per_thread, "context", None)
+        if context is None:
+            context = per_thread.context = fresh_context()
+        return context
+
+    reused_context.fresh = fresh_context
+    mlir.make_ir_context = reused_context
+
+
+_reuse_jax_mlir_contexts()
+
+
+# ---- One XLA compilation per distinct program of ours -----------------------
+# Tests build new functions, so autodidax traces and compiles the same small
+# programs again in test after test (a quarter of its XLA compilations in the
+# tests of Parts 3-5 and the appendix were repeats). In the test processes,
+# XLA's executable for a StableHLO module is kept by the module's text and
+# reused: the same text compiles to the same program. Modules that call back
+# into Python (debug.print) are compiled each time, since their callbacks are
+# bound when they compile. autodidax's own caches (jit's traces, compiled
+# jaxprs) are untouched, so the tests that count traces and compilations
+# count what they did.
+def _share_compiled_programs() -> None:
+    import autodidax
+
+    compile_module = autodidax.xla_compile
+    executables: dict[str, object] = {}
+
+    def compile_once(module_text: str):
+        if "python_cpu_callback" in module_text:
+            return compile_module(module_text)
+        found = executables.get(module_text)
+        if found is None:
+            found = executables[module_text] = compile_module(module_text)
+        return found
+
+    compile_once.uncached = compile_module
+    compile_once.executables = executables
+    autodidax.xla_compile = compile_once
+
+
+_share_compiled_programs()
 
 
 @pytest.fixture
@@ -220,3 +287,132 @@ def pytest_collection_finish(session) -> None:
 def pytest_runtest_teardown(item, nextitem) -> None:
     gc.collect()
     gc.freeze()
+
+
+# ---- The book in one kernel (tests/book_state.py) -----------------------------
+# nbval runs each chapter once, in a fresh kernel. That reading the whole book
+# in one kernel prints the same is checked at the chapters' seams instead of by
+# running every cell a second time: each chapter's kernel writes a fingerprint
+# of its state after its first cell ("start") and, after its last cell, once
+# the next chapter's first cell has run there too ("next"), which is where the
+# next chapter starts from in a shared kernel. Chapter k's "next" must equal
+# chapter k+1's "start" (tests/book_state.py says why that suffices). The two
+# fingerprints come from different kernels, perhaps on different workers, so
+# whichever of the two cells finishes second compares them, and fails if they
+# differ. One directory per run, like the JAX cache above.
+import book_state  # noqa: E402
+
+_STATE_DIR = os.environ.get("AUTODIDAX_BOOK_STATE")
+_OWN_STATE_DIR = _STATE_DIR is None
+if _OWN_STATE_DIR:
+    _STATE_DIR = os.environ["AUTODIDAX_BOOK_STATE"] = tempfile.mkdtemp(
+        prefix="autodidax-book-state-"
+    )
+_BOOK_STATE_CODE = os.path.join(os.path.dirname(__file__), "book_state.py")
+
+
+@functools.cache
+def _chapters() -> dict:
+    """The book's chapters by name, in table-of-contents order."""
+    from build_tools.chapters import find_chapters
+
+    root = Path(__file__).resolve().parent.parent
+    return {chapter.name: chapter for chapter in find_chapters(root)}
+
+
+def _first_code_cell(chapter) -> str:
+    import nbformat
+
+    notebook = nbformat.read(chapter.ipynb, as_version=4)
+    return next(cell.source for cell in notebook.cells if cell.cell_type == "code")
+
+
+def _run_in_kernel(kernel, code: str, what: str) -> None:
+    """Run ``code`` in an nbval kernel; fail with its error if it raises. Its
+    messages are read here, so the next cell sees only its own."""
+    import queue
+
+    msg_id = kernel.execute_cell_input(code, allow_stdin=False)
+    while True:
+        try:
+            reply = kernel.get_message(stream="shell", timeout=600)
+        except queue.Empty:
+            pytest.fail(f"{what}: the kernel did not answer", pytrace=False)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            break
+    kernel.await_idle(msg_id, timeout=600)
+    content = reply["content"]
+    if content["status"] != "ok":
+        trace = "\n".join(content.get("traceback", []))
+        pytest.fail(f"{what} failed in the kernel:\n{trace}", pytrace=False)
+
+
+def _fingerprint_code(path: str) -> str:
+    return (
+        "def _autodidax_book_state():\n"
+        "    helper = {}\n"
+        f"    with open({_BOOK_STATE_CODE!r}, encoding='utf-8') as source:\n"
+        f"        exec(compile(source.read(), {_BOOK_STATE_CODE!r}, 'exec'), helper)\n"
+        f"    helper['write_fingerprint'](globals(), {path!r})\n"
+        "_autodidax_book_state()\n"
+        "del _autodidax_book_state\n"
+    )
+
+
+def _compare_seam(before: str, chapter: str) -> None:
+    """Compare chapter ``before``'s "next" with ``chapter``'s "start" if both
+    have been written; fail on a difference."""
+    import json
+
+    after_path = os.path.join(_STATE_DIR, f"{before}.next.json")
+    alone_path = os.path.join(_STATE_DIR, f"{chapter}.start.json")
+    if not (os.path.exists(after_path) and os.path.exists(alone_path)):
+        return  # the other kernel has not got there yet: it will compare
+    with open(after_path, encoding="utf-8") as file:
+        after = json.load(file)
+    with open(alone_path, encoding="utf-8") as file:
+        alone = json.load(file)
+    found = book_state.differences(alone, after)
+    if found:
+        listed = "\n  ".join(found[:20])
+        more = f"\n  ... and {len(found) - 20} more" if len(found) > 20 else ""
+        pytest.fail(
+            f"{chapter} would start differently after {before} in one kernel "
+            f"than on its own:\n  {listed}{more}",
+            pytrace=False,
+        )
+
+
+class _BookSeams:
+    """A plugin, not a conftest hook: hooks of tests/conftest.py apply to the
+    tests under tests/ only, and the notebooks' cells are under book/."""
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item):
+        result = yield  # the cell itself; its failure is reported as it is
+        notebook = getattr(item.parent, "nb", None)
+        chapters = _chapters()
+        name = item.path.stem
+        if notebook is None or item.path.suffix != ".ipynb" or name not in chapters:
+            return result
+        order = list(chapters)
+        position = order.index(name)
+        kernel = item.parent.kernel
+        if item.cell_num == 0:
+            path = os.path.join(_STATE_DIR, f"{name}.start.json")
+            _run_in_kernel(kernel, _fingerprint_code(path), f"{name}: fingerprint")
+            if position > 0:
+                _compare_seam(order[position - 1], name)
+        last = sum(cell.cell_type == "code" for cell in notebook.cells) - 1
+        if item.cell_num == last and position + 1 < len(order):
+            following = order[position + 1]
+            what = f"{following}'s first cell, run after {name} in its kernel"
+            _run_in_kernel(kernel, _first_code_cell(chapters[following]), what)
+            path = os.path.join(_STATE_DIR, f"{name}.next.json")
+            _run_in_kernel(kernel, _fingerprint_code(path), f"{name}: fingerprint")
+            _compare_seam(name, following)
+        return result
+
+
+def pytest_configure(config) -> None:
+    config.pluginmanager.register(_BookSeams(), "autodidax-book-seams")

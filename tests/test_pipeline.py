@@ -504,3 +504,20 @@ def test_load_chapters_tracebacks_point_into_the_module(tmp_path: Path) -> None:
     assert Path(str(frame.path)) == tmp_path / "autodidax.py"
     line = (tmp_path / "autodidax.py").read_text().splitlines()[frame.lineno]
     assert "raise RuntimeError" in line
+
+
+def test_every_chapter_and_test_file_has_a_place_in_the_test_table() -> None:
+    """``book.py test book/<chapter>.md`` runs the files CHAPTER_TESTS gives
+    the chapter; every test file belongs to a chapter or to the whole book,
+    and every chapter's claims are found by the name prefix it uses."""
+    from build_tools import book
+
+    names = {chapter.name for chapter in find_chapters(REPO_ROOT)}
+    assert set(book.CHAPTER_TESTS) == names
+    listed = [f for files in book.CHAPTER_TESTS.values() for f in files]
+    listed += list(book.WHOLE_BOOK_TESTS)
+    on_disk = sorted(path.name for path in (REPO_ROOT / "tests").glob("test_*.py"))
+    assert sorted(listed) == on_disk  # each once
+    claims = (REPO_ROOT / "tests" / "test_jax_claims.py").read_text()
+    for name in names:
+        assert f"def {book.claims_prefix(name)}" in claims, name
