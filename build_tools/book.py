@@ -389,43 +389,65 @@ def claims_prefix(chapter: str) -> str:
     return "test_" + chapter.split("_")[0] + "_"
 
 
+class Background:
+    """A step's processes running while other steps run, their output kept
+    in a file and printed when the step ends (whole if it failed, else its
+    last line), so that it does not interleave with pytest's progress."""
+
+    def __init__(
+        self,
+        step: str,
+        commands: Sequence[Sequence[str]],
+        log: Path,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.step, self.log = step, log
+        self.started = time.monotonic()
+        self.file = log.open("w", encoding="utf-8")
+        self.processes = [
+            subprocess.Popen(
+                argv, cwd=ROOT, env=env, stdout=self.file, stderr=subprocess.STDOUT
+            )
+            for argv in commands
+        ]
+
+    def wait(self) -> bool:
+        """Wait for the step; print how it went; True if it succeeded."""
+        code = max(process.wait() for process in self.processes)
+        elapsed = time.monotonic() - self.started
+        self.file.close()
+        STEP_TIMES.append((self.step, elapsed))
+        banner(self.step)
+        text = self.log.read_text(encoding="utf-8", errors="replace").rstrip()
+        if code != 0:
+            print(text, flush=True)
+            print(f"    ({self.step}: FAILED, exit code {code})", flush=True)
+            return False
+        last = text.splitlines()[-1] if text else ""
+        print(f"    {last}\n    ({self.step}: ok, {elapsed:.1f}s)", flush=True)
+        return True
+
+
 def run_tests(args: argparse.Namespace, started: float, reports: Path) -> None:
     cmd_install(args)
-    # A fresh interpreter for check: the packages were possibly just installed.
-    run("check", [PYTHON, __file__, "check"])
-
-    chapter_list = chapters.find_chapters(ROOT)
-    lint_targets = [target for target in LINT_TARGETS if (ROOT / target).exists()]
-    lint_targets += [chapter.rel(chapter.py) for chapter in chapter_list]
-    run("ruff check", [PYTHON, "-m", "ruff", "check", *lint_targets])
-    run(
-        "ruff format --check",
-        [PYTHON, "-m", "ruff", "format", "--check", *lint_targets],
-    )
     if args.chapters:
+        run_checks_and_lint()
         run_chapter_tests(args, started, reports)
         return
 
-    # The site first: the browser tests open this build instead of building
-    # the site a second time. Both languages, and the check that the
-    # translation catalogues hold exactly the pages' messages, at once.
-    run_together(
-        "site build, English and Chinese (warnings are errors), "
-        "and the translation catalogues check",
-        [SITE_BUILD, ZH_SITE_BUILD, CATALOGUE_CHECK],
-    )
-    publish_translation()
-
-    # Two pytest sessions at once. The main one runs the tests and re-executes
-    # every chapter notebook (nbval: one fresh kernel per notebook, outputs
-    # compared with the stored ones) on both cores; loadgroup keeps the cells
-    # of each notebook (in order) on one worker and schedules the notebooks
-    # and the long modules first (tests/conftest.py). The browser tests run
-    # beside it in a process of their own: they mostly wait for Chromium to
-    # load and settle a page (14 s of CPU in 45 s), so on a worker they kept a
-    # core idle for most of their time. The reasons for skipping are printed
-    # afterwards from the reports, each one once.
-    wait_for_system_packages()
+    # The whole suite, on both cores all the time: the main pytest session
+    # (the tests and nbval, which re-executes every chapter notebook in a
+    # fresh kernel and compares its outputs with the stored ones) starts at
+    # once, and the other steps run beside it: check and lint, then the site
+    # build (both languages, and the check that the translation catalogues
+    # hold exactly the pages' messages), then the browser tests on that build
+    # (which spend most of their time waiting for Chromium to load and settle
+    # a page: 14 s of CPU in 45 s). Run one after another, the single-process
+    # steps left a core idle. loadgroup keeps the cells of each notebook (in
+    # order) on one worker and schedules the notebooks and the long modules
+    # first (tests/conftest.py). Every step runs to its end; the command
+    # fails if any failed, after saying which.
+    chapter_list = chapters.find_chapters(ROOT)
     main_report, browser_report = reports / "pytest.xml", reports / "browser.xml"
     pytest = [PYTHON, "-m", "pytest", "-n", "2", "--dist", "loadgroup"]
     pytest += [f"--junitxml={main_report}", "tests", f"--ignore={BROWSER_TESTS}"]
@@ -433,13 +455,68 @@ def run_tests(args: argparse.Namespace, started: float, reports: Path) -> None:
     if chapter_list:
         pytest += ["--nbval", "--nbval-current-env", "--nbval-cell-timeout=600"]
         pytest += [chapter.rel(chapter.ipynb) for chapter in chapter_list]
-        step += ", nbval (re-execute every chapter, compare outputs)"
-    browser = [PYTHON, "-m", "pytest", "-q", f"--junitxml={browser_report}"]
-    browser += [BROWSER_TESTS]
-    step += " and the browser tests"
-    env = {**os.environ, "AUTODIDAX_SITE_HTML": str(SITE_INDEX.parent)}
-    run_together(step, [pytest, browser], env=env)
+        step += " and nbval (re-execute every chapter, compare outputs)"
+    banner(f"{step}, with the other steps beside it")
+    main_started = time.monotonic()
+    main = subprocess.Popen(pytest, cwd=ROOT)
+
+    failed = []
+    for name, argv in checks_and_lint(chapter_list):
+        if not Background(name, [argv], reports / "step.log").wait():
+            failed.append(name)
+    site = Background(
+        "site build, English and Chinese (warnings are errors), "
+        "and the translation catalogues check",
+        [SITE_BUILD, ZH_SITE_BUILD, CATALOGUE_CHECK],
+        reports / "site.log",
+    )
+    if site.wait():
+        publish_translation()
+        try:
+            wait_for_system_packages()
+        except StepFailed as failure:
+            print(f"    {failure}", flush=True)
+            failed.append("the Debian packages")
+        else:
+            browser = [PYTHON, "-m", "pytest", "-q", f"--junitxml={browser_report}"]
+            env = {**os.environ, "AUTODIDAX_SITE_HTML": str(SITE_INDEX.parent)}
+            tests = Background(
+                "the browser tests", [browser + [BROWSER_TESTS]], reports / "b.log", env
+            )
+            if not tests.wait():
+                failed.append("the browser tests")
+    else:
+        failed += ["site build", "the browser tests (no site to open)"]
+
+    code = main.wait()
+    STEP_TIMES.append((step, time.monotonic() - main_started))
+    banner(step)
+    print(f"    ({step}: {'ok' if code == 0 else 'FAILED'})", flush=True)
+    if code != 0:
+        failed.append("pytest tests/ and nbval")
+    if failed:
+        raise StepFailed(f"these steps failed: {'; '.join(failed)}")
     report_summary(started, [main_report, browser_report], len(chapter_list))
+
+
+def checks_and_lint(chapter_list: Sequence) -> list[tuple[str, list[str]]]:
+    """check (generated files in sync), ruff check and ruff format --check."""
+    lint_targets = [target for target in LINT_TARGETS if (ROOT / target).exists()]
+    lint_targets += [chapter.rel(chapter.py) for chapter in chapter_list]
+    # A fresh interpreter for check: the packages were possibly just installed.
+    return [
+        ("check", [PYTHON, __file__, "check"]),
+        ("ruff check", [PYTHON, "-m", "ruff", "check", *lint_targets]),
+        (
+            "ruff format --check",
+            [PYTHON, "-m", "ruff", "format", "--check", *lint_targets],
+        ),
+    ]
+
+
+def run_checks_and_lint() -> None:
+    for name, argv in checks_and_lint(chapters.find_chapters(ROOT)):
+        run(name, argv)
 
 
 def wait_for_system_packages() -> None:

@@ -180,7 +180,8 @@ def test_a_chapter_that_leaves_state_behind_fails_at_the_seam(tmp_path) -> None:
     _small_book(tmp_path)
     pages = [f"book/{name}.ipynb" for name in ("one", "two", "three")]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("AUTODIDAX_BOOK_STATE", None)  # a directory of its own
+    for name in ("AUTODIDAX_BOOK_STATE", "PYTEST_ADDOPTS"):
+        env.pop(name, None)  # a directory of its own; this run's options only
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"]
         + ["--nbval-lax", "--nbval-current-env", "tests/test_nothing.py", *pages],
