@@ -115,7 +115,8 @@ def _describe(value: Any, depth: int) -> str:
         items = sorted(
             (describe(k, depth - 1), describe(v, depth - 1)) for k, v in value.items()
         )
-        return f"dict {_digest(items)}"
+        shown = "{" + ", ".join(f"{k}: {v}" for k, v in items) + "}"
+        return shown if len(shown) <= 400 else f"dict {_digest(items)}"
     state = getattr(value, "__dict__", None)
     if isinstance(state, dict):
         return f"{kind.__qualname__} {describe(state, depth - 1)}"

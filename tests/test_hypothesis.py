@@ -199,6 +199,36 @@ for _kind in ["reduce_sum", "reduce_max", "transpose"]:
 BINARY = ["add", "mul", "sub", "div", "maximum", "minimum", *COMPARISONS]
 
 
+class _MadeOnce:
+    """``hypothesis.strategies``, each strategy made once per argument list.
+
+    The program generator draws every choice with a strategy it makes on the
+    spot (``st.sampled_from([...])``, ``st.integers(0, n)``), and Hypothesis
+    validates each new strategy object before its first draw, which took a
+    third of this file's time. The strategies are values, so one made for the
+    same arguments draws the same choices: the examples are the same."""
+
+    def __getattr__(self, name: str) -> Callable:
+        factory = getattr(st, name)
+        made: dict = {}
+
+        def make_once(*args: Any) -> st.SearchStrategy:
+            key = tuple(tuple(a) if isinstance(a, list) else a for a in args)
+            try:
+                return made[key]
+            except KeyError:
+                strategy = made[key] = factory(*args)
+                return strategy
+            except TypeError:  # an argument that cannot be a key
+                return factory(*args)
+
+        setattr(self, name, make_once)  # found directly from now on
+        return make_once
+
+
+cst = _MadeOnce()
+
+
 def size(shape: Shape) -> int:
     return math.prod(shape)
 
@@ -288,7 +318,7 @@ class Builder:
         ]
         if not ids:
             return None
-        back = self.draw(st.one_of(st.just(0), st.integers(0, len(ids) - 1)))
+        back = self.draw(cst.one_of(cst.just(0), cst.integers(0, len(ids) - 1)))
         return ids[-1 - back]
 
     def pick_float(self) -> int:
@@ -298,7 +328,7 @@ class Builder:
 
     def pick_number(self) -> int:
         """A float, or now and then an int (a new one if there is none)."""
-        if self.draw(st.integers(0, 3)) == 3:
+        if self.draw(cst.integers(0, 3)) == 3:
             index = self.pick(lambda t: t[1] == INT)
             if index is not None:
                 return index
@@ -316,12 +346,12 @@ class Builder:
         """A float of ``shape``: an existing one, another one reshaped, or a
         sum of another value broadcast to ``shape``."""
         same = self.pick(lambda t: t == (shape, FLT))
-        if same is not None and self.draw(st.booleans()) is False:
+        if same is not None and self.draw(cst.booleans()) is False:
             return same
         other = self.pick_float()
         if self.types[other] == (shape, FLT):
             return other
-        if size(self.shape(other)) == size(shape) and self.draw(st.booleans()):
+        if size(self.shape(other)) == size(shape) and self.draw(cst.booleans()):
             return self.reshape(other, shape)
         total = self.emit(
             "reduce_sum", [other], (None,), [((), FLT)], STYLES["reduce_sum"]
@@ -336,70 +366,70 @@ class Builder:
         """An int32 of ``shape``: an existing one, a converted boolean, or a
         float in (-2.5, 2.5) converted (truncated toward zero)."""
         same = self.pick(lambda t: t == (shape, INT))
-        if same is not None and self.draw(st.booleans()) is False:
+        if same is not None and self.draw(cst.booleans()) is False:
             return same
-        if self.draw(st.integers(0, 2)) == 2:
+        if self.draw(cst.integers(0, 2)) == 2:
             return self.convert(self.bool_of_shape(shape), INT)
         return self.to_int(self.float_of_shape(shape))
 
     def to_int(self, x: int) -> int:
         """The float ``x`` squashed into (-2.5, 2.5) and converted to int32."""
-        scaled = self.scalar("mul", self.bounded_of(x), 2.5, self.draw(st.booleans()))
+        scaled = self.scalar("mul", self.bounded_of(x), 2.5, self.draw(cst.booleans()))
         return self.convert(scaled, INT)
 
     def bool_of_shape(self, shape: Shape) -> int:
         """A boolean of ``shape``: an existing one, a comparison, or a
         conversion of a number."""
         same = self.pick(lambda t: t == (shape, BOOL))
-        if same is not None and self.draw(st.booleans()) is False:
+        if same is not None and self.draw(cst.booleans()) is False:
             return same
-        how = self.draw(st.sampled_from(["compare", "convert", "f32"]))
+        how = self.draw(cst.sampled_from(["compare", "convert", "f32"]))
         if how == "f32":
             a, b = self.float_of_shape(shape), self.float_of_shape(shape)
-            name = self.draw(st.sampled_from(COMPARISONS))
+            name = self.draw(cst.sampled_from(COMPARISONS))
             return self.emit("f32_compare", [a, b], (name,), [(shape, BOOL)])
-        dtype = self.draw(st.sampled_from([FLT, INT]))
+        dtype = self.draw(cst.sampled_from([FLT, INT]))
         a = self.value_of(shape, dtype)
         if how == "convert":
             return self.convert(a, BOOL)
-        name = self.draw(st.sampled_from(COMPARISONS))
-        if self.draw(st.booleans()):
+        name = self.draw(cst.sampled_from(COMPARISONS))
+        if self.draw(cst.booleans()):
             return self.binary(name, a, self.value_of(shape, dtype))
-        return self.scalar(name, a, self.constant(dtype), self.draw(st.booleans()))
+        return self.scalar(name, a, self.constant(dtype), self.draw(cst.booleans()))
 
     def bounded_of(self, x: int) -> int:
         """``x`` if it is known to lie in [-1, 1], else tanh, sin or cos of it."""
         if x in self.bounded:
             return x
-        name = self.draw(st.sampled_from(["tanh", "sin", "cos"]))
+        name = self.draw(cst.sampled_from(["tanh", "sin", "cos"]))
         return self.unary(name, x)
 
     def positive_of_shape(self, shape: Shape) -> int:
         """A float of ``shape`` with every element at least 1/e: an existing
         one, or 1 + x*x, 1 + x**2 or exp(tanh(x)) (or sin, cos) of a float x."""
         same = self.pick(lambda t: t == (shape, FLT), among=self.positive)
-        if same is not None and self.draw(st.booleans()) is False:
+        if same is not None and self.draw(cst.booleans()) is False:
             return same
         x = self.float_of_shape(shape)
-        how = self.draw(st.sampled_from(["square", "pow", "exp"]))
+        how = self.draw(cst.sampled_from(["square", "pow", "exp"]))
         if how == "exp":
             return self.unary("exp", self.bounded_of(x))
         if how == "square":
             square = self.binary("mul", x, x, why="1 + x*x > 0")
         else:
             square = self.emit("pow", [x], (2,), [self.types[x]], STYLES["pow"])
-        out = self.scalar("add", square, 1.0, self.draw(st.booleans()))
+        out = self.scalar("add", square, 1.0, self.draw(cst.booleans()))
         self.positive.add(out)
         return out
 
     def constant(self, dtype: str) -> Any:
-        return self.draw(st.sampled_from(INT_SCALARS if dtype == INT else SCALARS))
+        return self.draw(cst.sampled_from(INT_SCALARS if dtype == INT else SCALARS))
 
     def compatible_shape(self, shape: Shape) -> Shape:
         """A shape that broadcasts with ``shape`` (fewer or more axes, size-1
         axes on either side), or ``shape`` itself if the drawn one does not
         fit."""
-        rank = self.draw(st.integers(0, MAX_RANK))
+        rank = self.draw(cst.integers(0, MAX_RANK))
         dims = []
         for k in range(1, rank + 1):
             if k > len(shape):
@@ -408,7 +438,7 @@ class Builder:
                 options = [1, 2, 3]
             else:
                 options = [shape[-k], 1]
-            dims.append(self.draw(st.sampled_from(options)))
+            dims.append(self.draw(cst.sampled_from(options)))
         other = tuple(reversed(dims))
         return other if broadcast_shape(shape, other) is not None else shape
 
@@ -416,7 +446,7 @@ class Builder:
         """A value to combine with ``a``: of its dtype, and of its shape or of
         a shape that broadcasts with it (an existing value, or a new one)."""
         shape, dtype = self.types[a]
-        how = self.draw(st.sampled_from(["same", "existing", "new"]))
+        how = self.draw(cst.sampled_from(["same", "existing", "new"]))
         if how == "existing":
             found = self.pick(
                 lambda t: (
@@ -434,30 +464,30 @@ class Builder:
     def copy_of(self, a: int) -> int:
         """A value equal to ``a`` (bit for bit) computed by other ops."""
         shape, dtype = self.types[a]
-        how = self.draw(st.sampled_from(["mul", "add", "reshape"]))
+        how = self.draw(cst.sampled_from(["mul", "add", "reshape"]))
         if how == "reshape":
             flat = self.reshape(a, (size(shape),))
             return self.reshape(flat, shape, why="a copy")
         one, zero = (1, 0) if dtype == INT else (1.0, 0.0)
         const = one if how == "mul" else zero
-        return self.scalar(how, a, const, self.draw(st.booleans()), why="a copy")
+        return self.scalar(how, a, const, self.draw(cst.booleans()), why="a copy")
 
     def axis(self, axis: int, ndim: int) -> int:
         """``axis``, or the same axis counted from the end."""
-        return axis - ndim if self.draw(st.booleans()) else axis
+        return axis - ndim if self.draw(cst.booleans()) else axis
 
     def reduction_axes(self, shape: Shape) -> tuple[Any, Shape, tuple[int, ...]]:
         """Drawn axes to reduce: (axis param, kept shape, reduced axes)."""
         ndim = len(shape)
-        how = self.draw(st.sampled_from(["all", "one", "some"]))
+        how = self.draw(cst.sampled_from(["all", "one", "some"]))
         if how == "all":
             return None, (), tuple(range(ndim))
         if how == "one" and ndim:
-            ax = self.draw(st.integers(0, ndim - 1))
+            ax = self.draw(cst.integers(0, ndim - 1))
             kept = tuple(d for i, d in enumerate(shape) if i != ax)
             return self.axis(ax, ndim), kept, (ax,)
-        chosen = self.draw(st.permutations(range(ndim)))
-        chosen = chosen[: self.draw(st.integers(0, ndim))]
+        chosen = self.draw(cst.permutations(range(ndim)))
+        chosen = chosen[: self.draw(cst.integers(0, ndim))]
         axis = tuple(self.axis(i, ndim) for i in chosen)
         kept = tuple(d for i, d in enumerate(shape) if i not in chosen)
         return axis, kept, tuple(chosen)
@@ -468,7 +498,7 @@ class Builder:
         self, kind: str, args, params=(), out_types=(), styles=("fn",), why=""
     ) -> int:
         assert all(fits(shape) for shape, _ in out_types), (kind, out_types)
-        style = self.draw(st.sampled_from(styles)) if len(styles) > 1 else styles[0]
+        style = self.draw(cst.sampled_from(styles)) if len(styles) > 1 else styles[0]
         self.ops.append(Op(kind, tuple(args), tuple(params), style, why))
         first = len(self.types)
         self.types.extend(out_types)
@@ -505,7 +535,7 @@ class Builder:
     def reshape(self, a: int, shape: Shape, why: str = "") -> int:
         """``a`` reshaped to ``shape``, spelled with a -1 now and then."""
         holes = [k for k in range(len(shape)) if size(shape[:k] + shape[k + 1 :])]
-        hole = self.draw(st.sampled_from([None, *holes]))
+        hole = self.draw(cst.sampled_from([None, *holes]))
         spelled = tuple(-1 if k == hole else d for k, d in enumerate(shape))
         out = (shape, self.dtype(a))
         return self.emit("reshape", [a], (spelled,), [out], STYLES["reshape"], why)
@@ -517,28 +547,28 @@ class Builder:
         kinds += ["product", "where", "mixed", "indexing"]
         if self.depth < MAX_COND_DEPTH:
             kinds += ["cond", "cond"]  # the most intricate primitive
-        kind = self.draw(st.sampled_from(kinds))
+        kind = self.draw(cst.sampled_from(kinds))
         getattr(self, "step_" + kind)()
 
     def basic_index(self, shape: Shape) -> tuple:
         """A NumPy basic index for ``shape`` as data: ("i", k), ("s", start,
         stop, step) or ("n",) per entry (ints and slices stay in range)."""
         entries = []
-        for n in shape[: self.draw(st.integers(0, len(shape)))]:
-            how = self.draw(st.sampled_from(["s", "i", "s", "n"] if n else ["s", "n"]))
+        for n in shape[: self.draw(cst.integers(0, len(shape)))]:
+            how = self.draw(cst.sampled_from(["s", "i", "s", "n"] if n else ["s", "n"]))
             if how == "n":
                 entries.append(("n",))
             if how == "i":
-                entries.append(("i", self.draw(st.integers(-n, n - 1))))
+                entries.append(("i", self.draw(cst.integers(-n, n - 1))))
             if how in ("s", "n"):
-                start = self.draw(st.sampled_from([None, 0, 1, -1]))
-                stop = self.draw(st.sampled_from([None, n, -1, 2]))
-                step = self.draw(st.sampled_from([None, 1, 2, -1]))
+                start = self.draw(cst.sampled_from([None, 0, 1, -1]))
+                stop = self.draw(cst.sampled_from([None, n, -1, 2]))
+                step = self.draw(cst.sampled_from([None, 1, 2, -1]))
                 entries.append(("s", start, stop, step))
         return tuple(entries)
 
     def step_indexing(self) -> None:
-        how = self.draw(st.sampled_from(["index", "gather", "at_add"]))
+        how = self.draw(cst.sampled_from(["index", "gather", "at_add"]))
         getattr(self, "step_" + how)()
 
     def step_index(self) -> None:
@@ -558,10 +588,10 @@ class Builder:
         axes = [k for k, n in enumerate(shape) if n]
         if not axes:
             return None
-        axis = self.draw(st.sampled_from(axes))
+        axis = self.draw(cst.sampled_from(axes))
         n = shape[axis]
-        count = self.draw(st.integers(1, 3))
-        positions = tuple(self.draw(st.integers(-n, n - 1)) for _ in range(count))
+        count = self.draw(cst.integers(1, 3))
+        positions = tuple(self.draw(cst.integers(-n, n - 1)) for _ in range(count))
         return axis, positions
 
     def step_gather(self) -> None:
@@ -593,13 +623,13 @@ class Builder:
     def step_unary(self) -> None:
         a = self.pick_number()
         names = ["neg"] if self.dtype(a) == INT else ["sin", "neg", "cos", "tanh"]
-        self.unary(self.draw(st.sampled_from(names)), a)
+        self.unary(self.draw(cst.sampled_from(names)), a)
 
     def step_binary(self) -> None:
         a = self.pick_number()
-        name = self.draw(st.sampled_from(["add", "mul", "sub"]))
+        name = self.draw(cst.sampled_from(["add", "mul", "sub"]))
         b = self.partner(a)
-        if self.draw(st.booleans()):
+        if self.draw(cst.booleans()):
             a, b = b, a
         self.binary(name, a, b)
 
@@ -609,52 +639,52 @@ class Builder:
         names = ["add", "mul", "sub", *COMPARISONS, "maximum", "minimum"]
         if dtype == FLT:
             names.append("div")
-        name = self.draw(st.sampled_from(names))
+        name = self.draw(cst.sampled_from(names))
         if name == "div":
             self.scalar_div(a)
         else:
-            self.scalar(name, a, self.constant(dtype), self.draw(st.booleans()))
+            self.scalar(name, a, self.constant(dtype), self.draw(cst.booleans()))
 
     def step_mixed(self) -> None:
         """JAX's promotion across kinds, through the NumPy functions and the
         operators: an int32 and a float64 operand (a float64 result), or an
         int32 value and a weak Python float (a float64 result too)."""
         names = ["add", "mul", "sub", "maximum", "minimum", *COMPARISONS]
-        name = self.draw(st.sampled_from(names))
+        name = self.draw(cst.sampled_from(names))
         styles = tuple(s for s in STYLES[name] if s != "fn")
         out_dtype = BOOL if name in COMPARISONS else FLT
-        if self.draw(st.booleans()):
+        if self.draw(cst.booleans()):
             a = self.pick_float()
             b = self.int_of_shape(self.compatible_shape(self.shape(a)))
-            if self.draw(st.booleans()):
+            if self.draw(cst.booleans()):
                 a, b = b, a
             out = (broadcast_shape(self.shape(a), self.shape(b)), out_dtype)
             self.emit(name, [a, b], (), [out], styles, "int and float")
         else:
             a = self.int_of_shape(self.shape(self.pick_float()))
-            c = self.draw(st.sampled_from([0.5, -1.25, 3.0, 0.0]))
-            params = (name, c, self.draw(st.booleans()))
+            c = self.draw(cst.sampled_from([0.5, -1.25, 3.0, 0.0]))
+            params = (name, c, self.draw(cst.booleans()))
             out = (self.shape(a), out_dtype)
             self.emit("scalar", [a], params, [out], styles, "a float with an int")
 
     def scalar_div(self, a: int) -> None:
         """x / c with c a nonzero number, or c / y with y >= 1/e."""
-        if self.draw(st.booleans()):
+        if self.draw(cst.booleans()):
             den = self.positive_of_shape(self.shape(a))
             self.scalar("div", den, self.constant(FLT), left=True)
         else:
-            self.scalar("div", a, self.draw(st.sampled_from(NONZERO_SCALARS)), False)
+            self.scalar("div", a, self.draw(cst.sampled_from(NONZERO_SCALARS)), False)
 
     def step_compare(self) -> None:
         a = self.pick_number()
-        if self.draw(st.booleans()) is False:
+        if self.draw(cst.booleans()) is False:
             self.bool_of_shape(self.shape(a))
             return
         # Two values of the same or broadcasting shapes.
         b = self.partner(a)
-        if self.draw(st.booleans()):
+        if self.draw(cst.booleans()):
             a, b = b, a
-        self.binary(self.draw(st.sampled_from(COMPARISONS)), a, b)
+        self.binary(self.draw(cst.sampled_from(COMPARISONS)), a, b)
 
     def step_reduce_sum(self) -> None:
         a = self.pick_number()
@@ -666,9 +696,9 @@ class Builder:
         a = self.pick_number()
         shape, dtype = self.types[a]
         why = ""
-        if len(shape) < MAX_RANK and self.draw(st.integers(0, 3)) == 3:
+        if len(shape) < MAX_RANK and self.draw(cst.integers(0, 3)) == 3:
             # Ties: a broadcast along a new leading axis, reduced over it.
-            new = (self.draw(st.sampled_from([2, 3])), *shape)
+            new = (self.draw(cst.sampled_from([2, 3])), *shape)
             if size(new) <= MAX_SIZE:
                 a = self.emit("broadcast", [a], (new, (0,)), [(new, dtype)])
                 axis, kept, reduced, why = 0, shape, (0,), "ties"
@@ -680,7 +710,7 @@ class Builder:
     def step_transpose(self) -> None:
         a = self.pick(lambda t: True)
         shape, dtype = self.types[a]
-        perm = self.draw(st.permutations(range(len(shape))))
+        perm = self.draw(cst.permutations(range(len(shape))))
         out = tuple(shape[p] for p in perm)
         spelled = tuple(self.axis(p, len(shape)) for p in perm)
         self.emit("transpose", [a], (spelled,), [(out, dtype)], STYLES["transpose"])
@@ -691,22 +721,24 @@ class Builder:
         room = MAX_RANK - len(shape)
         if room <= 0:
             return self.step_unary()
-        new = self.draw(st.integers(1, min(2, room)))
+        new = self.draw(cst.integers(1, min(2, room)))
         out_ndim = len(shape) + new
-        axes = sorted(self.draw(st.permutations(range(out_ndim)))[:new])
+        axes = sorted(self.draw(cst.permutations(range(out_ndim)))[:new])
         sizes = iter(shape)
         out = tuple(
-            self.draw(st.sampled_from(DIMS)) if i in axes else next(sizes)
+            self.draw(cst.sampled_from(DIMS)) if i in axes else next(sizes)
             for i in range(out_ndim)
         )
         if int(np.prod(out)) > MAX_SIZE:
             return self.step_unary()
-        spelled = self.draw(st.permutations([self.axis(i, out_ndim) for i in axes]))
+        spelled = self.draw(cst.permutations([self.axis(i, out_ndim) for i in axes]))
         self.emit("broadcast", [a], (out, tuple(spelled)), [(out, dtype)])
 
     def step_reshape(self) -> None:
         a = self.pick(lambda t: True)
-        self.reshape(a, self.draw(st.sampled_from(shapes_of_size(size(self.shape(a))))))
+        self.reshape(
+            a, self.draw(cst.sampled_from(shapes_of_size(size(self.shape(a)))))
+        )
 
     def step_select(self) -> None:
         a = self.pick_number()
@@ -719,15 +751,15 @@ class Builder:
         """anp.where(pred, x, y), the three broadcasting, or x or y a number."""
         a = self.pick_number()
         shape, dtype = self.types[a]
-        form = self.draw(st.sampled_from(["arrays", "scalar"]))
+        form = self.draw(cst.sampled_from(["arrays", "scalar"]))
         if form == "arrays":
             b = self.partner(a)
-            values_ = [a, b] if self.draw(st.booleans()) else [b, a]
+            values_ = [a, b] if self.draw(cst.booleans()) else [b, a]
             shape = broadcast_shape(shape, self.shape(b))
             params: tuple = (None, None)
         else:
             values_ = [a]
-            params = (self.draw(st.sampled_from([1, 2])), self.constant(dtype))
+            params = (self.draw(cst.sampled_from([1, 2])), self.constant(dtype))
         pred = self.bool_of_shape(self.compatible_shape(shape))
         out_shape = broadcast_shape(shape, self.shape(pred))
         assert out_shape is not None
@@ -737,14 +769,14 @@ class Builder:
         """x / y with y >= 1/e, of the same or broadcasting shapes, or a
         division with a Python number."""
         a = self.pick_float()
-        if self.draw(st.booleans()):
+        if self.draw(cst.booleans()):
             return self.scalar_div(a)
         den = self.positive_of_shape(self.compatible_shape(self.shape(a)))
         self.binary("div", a, den)
 
     def step_exp_log(self) -> None:
         a = self.pick_float()
-        if self.draw(st.booleans()):
+        if self.draw(cst.booleans()):
             self.unary("exp", self.bounded_of(a))
         else:
             self.unary("log", self.positive_of_shape(self.shape(a)))
@@ -752,9 +784,9 @@ class Builder:
     def step_pow(self) -> None:
         a = self.pick_number()
         if self.dtype(a) == INT:
-            exponent = self.draw(st.sampled_from([2, 1, 3, 0]))
+            exponent = self.draw(cst.sampled_from([2, 1, 3, 0]))
         else:
-            exponent = self.draw(st.sampled_from(EXPONENTS))
+            exponent = self.draw(cst.sampled_from(EXPONENTS))
             if exponent < 0:
                 a = self.positive_of_shape(self.shape(a))
             elif exponent > 2 and a not in self.tame:
@@ -765,8 +797,8 @@ class Builder:
         """maximum or minimum, with ties now and then."""
         a = self.pick_number()
         shape, dtype = self.types[a]
-        name = self.draw(st.sampled_from(["maximum", "minimum"]))
-        how = self.draw(st.sampled_from(["other", "itself", "copy", "its_max"]))
+        name = self.draw(cst.sampled_from(["maximum", "minimum"]))
+        how = self.draw(cst.sampled_from(["other", "itself", "copy", "its_max"]))
         if how == "itself":
             return self.binary(name, a, a, why="ties")
         if how == "copy":
@@ -783,13 +815,13 @@ class Builder:
             top = self.reshape(top, ones)
             return self.binary(name, a, top, why="ties at the maxima")
         b = self.partner(a)
-        if self.draw(st.booleans()):
+        if self.draw(cst.booleans()):
             a, b = b, a
         self.binary(name, a, b)
 
     def step_convert(self) -> None:
         a = self.pick(lambda t: True)
-        target = self.draw(st.sampled_from([FLT, INT, BOOL]))
+        target = self.draw(cst.sampled_from([FLT, INT, BOOL]))
         if self.dtype(a) == FLT and target == INT:
             self.to_int(a)
         else:
@@ -800,12 +832,12 @@ class Builder:
         operation in between; or a comparison of two values in float32."""
         a = self.pick_float()
         shape = self.shape(a)
-        if self.draw(st.booleans()):
+        if self.draw(cst.booleans()):
             b = self.float_of_shape(shape)
-            name = self.draw(st.sampled_from(COMPARISONS))
+            name = self.draw(cst.sampled_from(COMPARISONS))
             self.emit("f32_compare", [a, b], (name,), [(shape, BOOL)])
             return
-        inner = self.draw(st.sampled_from(["none", "neg", "max", "transpose", "flat"]))
+        inner = self.draw(cst.sampled_from(["none", "neg", "max", "transpose", "flat"]))
         out = {"transpose": shape[::-1], "flat": (size(shape),)}.get(inner, shape)
         self.emit("f32", [a], (inner,), [(out, FLT)])
 
@@ -816,24 +848,24 @@ class Builder:
         x = self.pick_number()
         dtype = self.dtype(x)
         sx = self.shape(x)
-        if self.draw(st.booleans()):
+        if self.draw(cst.booleans()):
             y = self.pick(lambda t: t[1] == dtype)
             sy = self.shape(y)
             pairs = []  # (x axis, y axis, is_batch)
-            for i in self.draw(st.permutations(range(len(sx)))):
+            for i in self.draw(cst.permutations(range(len(sx)))):
                 used = {j for _, j, _ in pairs}
                 free = [j for j in range(len(sy)) if j not in used and sy[j] == sx[i]]
-                j = self.draw(st.sampled_from([None, *free]))
+                j = self.draw(cst.sampled_from([None, *free]))
                 if j is not None:
-                    pairs.append((i, j, self.draw(st.booleans())))
+                    pairs.append((i, j, self.draw(cst.booleans())))
         else:
-            roles = [self.draw(st.sampled_from([None, False, True])) for _ in sx]
+            roles = [self.draw(cst.sampled_from([None, False, True])) for _ in sx]
             paired = [i for i, role in enumerate(roles) if role is not None]
-            extra = self.draw(st.lists(st.sampled_from(DIMS), max_size=1))
+            extra = self.draw(st.lists(cst.sampled_from(DIMS), max_size=1))
             sizes = [sx[i] for i in paired] + extra
             if not fits(tuple(sizes)):
                 sizes = sizes[: len(paired)]
-            order = self.draw(st.permutations(range(len(sizes))))
+            order = self.draw(cst.permutations(range(len(sizes))))
             sy = tuple(sizes[k] for k in order)
             # paired[k] of x pairs with the axis of y where position k went.
             pairs = [(i, order.index(k), roles[i]) for k, i in enumerate(paired)]
@@ -874,7 +906,7 @@ class Builder:
     def step_product(self) -> None:
         """anp.dot, anp.matmul or ``@``: with an existing operand of a
         fitting shape, or a new one."""
-        kind = self.draw(st.sampled_from(["matmul", "dot"]))
+        kind = self.draw(cst.sampled_from(["matmul", "dot"]))
         a = self.pick_number()
         if kind == "matmul" and not self.shape(a):  # not for scalars
             dtype = self.dtype(a)
@@ -886,18 +918,18 @@ class Builder:
         def ok(t: Type) -> bool:
             return t[1] == dtype and product_shape(kind, sa, t[0]) is not None
 
-        b = self.pick(ok) if self.draw(st.booleans()) else None
+        b = self.pick(ok) if self.draw(cst.booleans()) else None
         if b is None:
             k = sa[-1] if sa else 1
-            options = [(k,), (k, self.draw(st.sampled_from(DIMS)))]
-            options.append((self.draw(st.sampled_from(DIMS)), *options[1]))
+            options = [(k,), (k, self.draw(cst.sampled_from(DIMS)))]
+            options.append((self.draw(cst.sampled_from(DIMS)), *options[1]))
             if kind == "dot":
                 options.append(())
             options = [s for s in options if product_shape(kind, sa, s) is not None]
             if not options:
                 return self.step_unary()
-            b = self.value_of(self.draw(st.sampled_from(options)), dtype)
-        x, y = (b, a) if self.draw(st.booleans()) else (a, b)
+            b = self.value_of(self.draw(cst.sampled_from(options)), dtype)
+        x, y = (b, a) if self.draw(cst.booleans()) else (a, b)
         out = product_shape(kind, self.shape(x), self.shape(y))
         if out is None:  # the swapped order does not multiply
             x, y = a, b
@@ -907,15 +939,15 @@ class Builder:
     def step_cond(self) -> None:
         # The predicate: a Python bool, or a traced boolean scalar.
         pred_const = None
-        if self.draw(st.integers(0, 4)) == 0:
-            pred_const = self.draw(st.booleans())
+        if self.draw(cst.integers(0, 4)) == 0:
+            pred_const = self.draw(cst.booleans())
             pred_args = []
         else:
             pred_args = [self.bool_of_shape(())]
         # Operands, and outer values the branches close over; the first of
         # them is a float, so both branches have a float to work with.
-        n_operands = self.draw(st.integers(0, 2))
-        n_captured = self.draw(st.integers(0 if n_operands else 1, 1))
+        n_operands = self.draw(cst.integers(0, 2))
+        n_captured = self.draw(cst.integers(0 if n_operands else 1, 1))
         inputs = [self.pick_float()]
         inputs += [
             self.pick(lambda t: True) for _ in range(n_operands + n_captured - 1)
@@ -924,10 +956,10 @@ class Builder:
         float_shapes = [s for s, dtype in branch_in if dtype == FLT]
         out_types = [
             (
-                self.draw(st.sampled_from(float_shapes)),
-                self.draw(st.sampled_from([FLT, FLT, FLT, BOOL, INT])),
+                self.draw(cst.sampled_from(float_shapes)),
+                self.draw(cst.sampled_from([FLT, FLT, FLT, BOOL, INT])),
             )
-            for _ in range(self.draw(st.integers(1, 2)))
+            for _ in range(self.draw(cst.integers(1, 2)))
         ]
         true_prog = branch(self.draw, branch_in, out_types, self.depth + 1)
         false_prog = branch(self.draw, branch_in, out_types, self.depth + 1)
@@ -941,24 +973,27 @@ class Builder:
 def branch(draw, in_types: list[Type], out_types: list[Type], depth: int) -> Program:
     """A branch of a cond: a program from ``in_types`` to ``out_types``."""
     builder = Builder(draw, in_types, depth)
-    for _ in range(draw(st.integers(0, 3))):
+    for _ in range(draw(cst.integers(0, 3))):
         builder.step()
     outs = [builder.value_of(shape, dtype) for shape, dtype in out_types]
     return builder.finish(outs)
+
+
+INPUT_SHAPES = st.lists(shapes(), min_size=1, max_size=3)  # of a program
 
 
 @st.composite
 def programs(draw, max_ops: int = 8) -> Program:
     """A program of 1-3 float inputs. Its first output is its last float
     value; up to two more outputs are any values (floats, ints or booleans)."""
-    in_types = [(s, FLT) for s in draw(st.lists(shapes(), min_size=1, max_size=3))]
+    in_types = [(s, FLT) for s in draw(INPUT_SHAPES)]
     builder = Builder(draw, in_types, depth=0)
-    for _ in range(draw(st.integers(1, max_ops))):
+    for _ in range(draw(cst.integers(1, max_ops))):
         if len(builder.ops) >= max_ops:  # steps that build operands emit more
             break
         builder.step()
     main = max(i for i, (_, dtype) in enumerate(builder.types) if dtype == FLT)
-    extra = [builder.pick(lambda t: True) for _ in range(draw(st.integers(0, 2)))]
+    extra = [builder.pick(lambda t: True) for _ in range(draw(cst.integers(0, 2)))]
     return builder.finish([main, *extra])
 
 
@@ -1284,7 +1319,7 @@ def their_leaves(tree: Any) -> list:
 
 def values(draw, shapes_: Sequence[Shape]) -> list[np.ndarray]:
     """Float64 arrays of ``shapes_``, from a drawn seed (shrinks to seed 0)."""
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    rng = np.random.default_rng(draw(cst.integers(0, 2**32 - 1)))
     return [rng.uniform(-2.0, 2.0, size=s) for s in shapes_]
 
 
@@ -1312,21 +1347,21 @@ def t_make_jaxpr(fns: Fns, draw) -> Fns:
 
 def t_vmap(fns: Fns, draw) -> Fns:
     """vmap with drawn in_axes (int, negative int or None) and out_axes."""
-    size = draw(st.sampled_from([2, 1, 3]))
+    size = draw(cst.sampled_from([2, 1, 3]))
     axes, shapes_ = [], []
     for shape in fns.arg_shapes:
-        pos = draw(st.one_of(st.none(), st.integers(0, len(shape))))
+        pos = draw(cst.one_of(cst.none(), cst.integers(0, len(shape))))
         if pos is None:
             axes.append(None)
             shapes_.append(shape)
             continue
         shapes_.append(shape[:pos] + (size,) + shape[pos:])
-        axes.append(pos - len(shape) - 1 if draw(st.booleans()) else pos)
+        axes.append(pos - len(shape) - 1 if draw(cst.booleans()) else pos)
     if all(a is None for a in axes):
         axes[0] = 0
         shapes_[0] = (size,) + fns.arg_shapes[0]
     rank = min(len(s.shape) for s in fns.out_specs()) + 1
-    out_axis = draw(st.integers(-rank, rank - 1))
+    out_axis = draw(cst.integers(-rank, rank - 1))
     in_axes = tuple(axes)
     return Fns(
         ad.vmap(fns.ours, in_axes, out_axis),
@@ -1409,7 +1444,7 @@ def t_grad(fns: Fns, draw) -> Fns:
     """grad of a weighted sum of the float outputs w.r.t. a drawn argument
     (moved to the front, since grad differentiates the first argument)."""
     n = len(fns.arg_shapes)
-    at = draw(st.integers(0, n - 1))
+    at = draw(cst.integers(0, n - 1))
 
     def front(f: Callable) -> Callable:
         return lambda x, *rest: f(*rest[:at], x, *rest[at:])
