@@ -213,7 +213,7 @@ class _MadeOnce:
         made: dict = {}
 
         def make_once(*args: Any) -> st.SearchStrategy:
-            key = tuple(tuple(a) if isinstance(a, list) else a for a in args)
+            key = _typed_key(args)
             try:
                 return made[key]
             except KeyError:
@@ -224,6 +224,16 @@ class _MadeOnce:
 
         setattr(self, name, make_once)  # found directly from now on
         return make_once
+
+
+def _typed_key(value: Any) -> Any:
+    """A dict key for strategy arguments that tells apart what compares equal
+    but draws differently: False and 0, 1 and 1.0, 0.0 and -0.0."""
+    if isinstance(value, (list, tuple)):
+        return (type(value), tuple(_typed_key(v) for v in value))
+    if isinstance(value, float):
+        return (float, repr(value))
+    return (type(value), value)
 
 
 cst = _MadeOnce()
