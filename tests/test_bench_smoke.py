@@ -11,12 +11,14 @@ import functools
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import jax
 import pytest
+from conftest import FAST_COMPILE_FLAGS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BENCH = REPO_ROOT / "bench" / "bench_make_jaxpr.py"
@@ -116,9 +118,25 @@ def run_command_line(script: Path, out_file: Path, *flags: str) -> tuple[dict, s
         capture_output=True,
         text=True,
         timeout=300,
+        env=fast_compiling_environment(),
     )
     assert done.returncode == 0, done.stderr
     return json.loads(out_file.read_text()), done.stdout
+
+
+def fast_compiling_environment() -> dict[str, str]:
+    """This process's environment, with the XLA flags the test processes
+    compile with (tests/conftest.py): a smoke run's numbers are not compared
+    with anything stored, so it need not pay for XLA's optimisation passes
+    (about half of the time of run_all.py --quick). AUTODIDAX_XLA_DEFAULTS=1
+    leaves XLA's defaults."""
+    env = dict(os.environ)
+    if not env.get("AUTODIDAX_XLA_DEFAULTS"):
+        given = env.get("XLA_FLAGS", "").split()
+        names = {flag.split("=")[0] for flag in given}
+        given += [f"{k}={v}" for k, v in FAST_COMPILE_FLAGS.items() if k not in names]
+        env["XLA_FLAGS"] = " ".join(given)
+    return env
 
 
 @pytest.mark.parametrize(
@@ -893,7 +911,6 @@ def test_pmap_without_jax(capsys):
 def test_pmap_command_line_asks_for_eight_devices(tmp_path):
     """As a script in a fresh process whose environment has no XLA_FLAGS:
     the script itself asks XLA for the 8 host devices."""
-    import os
 
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     out_file = tmp_path / "cli.json"
