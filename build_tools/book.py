@@ -572,9 +572,9 @@ def report_summary(started: float, reports: Sequence[Path], notebooks: int) -> N
         print(f"    {line}")
     summary = [f"pytest {junit_counts(reports, cells=False)}"]
     if notebooks:
-        summary.append(
-            f"nbval {notebooks} chapters, {junit_counts(reports, cells=True)} cells"
-        )
+        chapters_run = f"{notebooks} chapter{'s' if notebooks > 1 else ''}"
+        cells = junit_counts(reports, cells=True)
+        summary.append(f"nbval {chapters_run}, {cells} cells")
     steps = ", ".join(f"{step.split(' (')[0]} {sec:.0f}s" for step, sec in STEP_TIMES)
     banner(
         f"test: all steps passed in {minutes(time.monotonic() - started)}: "
