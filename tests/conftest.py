@@ -87,6 +87,41 @@ jax.config.update("jax_compilation_cache_dir", _JAX_CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
+# JAX's compilation cache above is on disk, so that the two workers share it;
+# a repeat within one process then still read the file, decompressed and
+# deserialized the executable (half the cost of compiling it again). The
+# executables this process compiled or read are kept in memory too, by the
+# same key, and a repeat takes them from there.
+def _keep_jax_executables_in_memory() -> None:
+    from jax._src import compiler
+
+    read, write = compiler._cache_read, compiler._cache_write
+    kept: dict[str, tuple] = {}
+
+    def read_kept(module_name, cache_key, *args, **kwargs):
+        if cache_key in kept:
+            return kept[cache_key]
+        found = read(module_name, cache_key, *args, **kwargs)
+        if found[0] is not None:
+            kept[cache_key] = found
+        return found
+
+    def write_kept(cache_key, compile_time_secs, module_name, backend, executable,
+                   host_callbacks):  # fmt: skip
+        if not host_callbacks:
+            kept[cache_key] = (executable, int(compile_time_secs))
+        write(cache_key, compile_time_secs, module_name, backend, executable,
+              host_callbacks)  # fmt: skip
+
+    compiler._cache_read, compiler._cache_write = read_kept, write_kept
+
+
+if hasattr(
+    __import__("jax._src.compiler", fromlist=["_"]), "_cache_read"
+):  # JAX 0.10.2's names; another JAX simply reads the disk
+    _keep_jax_executables_in_memory()
+
+
 def pytest_unconfigure(config) -> None:
     if _OWN_JAX_CACHE:
         shutil.rmtree(_JAX_CACHE, ignore_errors=True)
